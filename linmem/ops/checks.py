@@ -1,0 +1,110 @@
+"""Input checks shared by every backend: errors a user can act on, raised before any work is done."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def check_float(name: str, t: torch.Tensor | None) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor; got dtype {t.dtype}")
+
+
+def check_log_decay(g: torch.Tensor) -> None:
+    """``g = log α`` must be ≤ 0 everywhere (and not NaN): a positive value would make the memory grow."""
+    bad = ~(g <= 0)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"g must be <= 0 (log decay, g = log alpha); got max {g.max().item():.4g}, first bad value "
+            f"{g[idx].item():.4g} at {list(idx)}"
+        )
+
+
+def check_sequence_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    rule: str,
+    residual: bool,
+    time_dim: bool = True,
+) -> None:
+    """Shapes of the per-token inputs: ``q, k [B, T, H, K]``, ``v [B, T, H, V]``, gates ``[B, T, H]``
+    (``g`` may be ``[B, T, H, K]`` for the additive rule). With ``time_dim=False`` the ``T`` axis is absent (a step).
+    """
+    lead = "[B, T, H, " if time_dim else "[B, H, "
+    ndim = 4 if time_dim else 3
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("gamma", gamma)):
+        check_float(name, t)
+    if q.dim() != ndim:
+        raise ValueError(f"q must have shape {lead}K]; got {_shape(q)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {lead}K] = {_shape(q)}; got {_shape(k)}")
+    if v.dim() != ndim or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"v must have shape {lead}V] with {lead[1:-2]} = {list(q.shape[:-1])}; got {_shape(v)}")
+    heads = q.shape[:-1]
+    for name, t in (("beta", beta), ("gamma", gamma)):
+        if t is not None and t.shape != heads:
+            raise ValueError(f"{name} must have shape {lead[:-2]}] = {list(heads)}; got {_shape(t)}")
+    if g is not None:
+        per_key = g.shape == q.shape
+        if g.shape != heads and not per_key:
+            raise ValueError(
+                f"g must have shape {lead[:-2]}] = {list(heads)} (per head) or {lead}K] = {list(q.shape)} "
+                f"(per key channel); got {_shape(g)}"
+            )
+        if per_key and rule == "delta":
+            raise ValueError(f"g per key channel {lead}K] is only defined for rule='additive'; the delta rule "
+                             f"takes one decay per head {lead[:-2]}]")
+        check_log_decay(g)
+    if residual and gamma is None:
+        raise ValueError("residual=True needs gamma, the residual write/read strength, of shape "
+                         f"{lead[:-2]}] = {list(heads)}")
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> list[int]:
+    """``cu_seqlens`` like flash-attention's: int tensor ``[N + 1]``, 0 first, total length last, non-decreasing."""
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs packed sequences in one row (B == 1); got B = {batch}")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence boundaries")
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != length:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T = {length}; got {bounds}")
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must be non-decreasing; got {bounds}")
+    return bounds
+
+
+def check_state(name: str, state: torch.Tensor | None, expected: tuple[int, ...]) -> None:
+    """A state must be ``[N, H, V, K]``."""
+    if state is None:
+        return
+    check_float(name, state)
+    if tuple(state.shape) != expected:
+        raise ValueError(f"{name} must have shape [N, H, V, K] = {list(expected)}; got {_shape(state)}")
+
+
+def split_state(initial_state, residual: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``initial_state`` is ``S0`` without a residual memory and ``(S0, R0)`` (either may be None) with one."""
+    if initial_state is None:
+        return None, None
+    if residual:
+        if not isinstance(initial_state, tuple | list) or len(initial_state) != 2:
+            raise ValueError("with residual=True, initial_state must be a pair (S0, R0) of [N, H, V, K] tensors "
+                             "(either may be None)")
+        return initial_state[0], initial_state[1]
+    if isinstance(initial_state, tuple | list):
+        raise ValueError("with residual=False, initial_state must be one tensor S0 [N, H, V, K], not a pair")
+    return initial_state, None

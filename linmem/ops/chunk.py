@@ -1,0 +1,193 @@
+"""The chunk backend: the chunk-parallel form of every memory in plain PyTorch (any device, autograd).
+
+The sequence is cut into chunks of C tokens. Inside a chunk, with ``b_t = Σ_{s≤t} g_s`` the cumulative log decay
+since the chunk start and ``S_0`` the state before the chunk, every memory is
+
+    S_t = e^{b_t} S_0 + Σ_{s≤t} e^{b_t − b_s} u_s k_sᵀ
+
+for effective writes ``u_s``. The additive rule has ``u_s = β_s v_s``. The delta rule has
+``u_t = β_t (v_t − α_t S_{t−1} k_t)``, a unit lower-triangular system over the chunk (the WY/UT representation
+of DeltaNet): ``(I + diag(β) A) U = diag(β)(V − diag(e^b) K S_0ᵀ)`` with ``A_ts = e^{b_t − b_s} k_tᵀ k_s`` (s < t).
+So ``U = U' − W S_0ᵀ`` where ``U'`` and ``W`` need no state and are solved for all chunks at once; only the
+``[V, K]`` state hand-over between chunks is sequential.
+
+A read ``S_{t'} x_t`` (``t' = t`` inclusive, ``t − 1`` strict) is
+``S_0 (x_t e^{e_t}) + Σ_s e^{e_t − b_s} (x_tᵀ k_s) u_s`` with ``e_t`` the read's own log decay; every exponent
+is ≤ 0 where it is used, so nothing overflows.
+
+RLA/RDN run two such memories: the base pass also yields ``S_{t−1} k_t`` (for r) and ``α_t S_{t−1} q_t``, then
+the residual memory runs on values ``r`` with strength γ. Per-key-channel decay (GLA) uses a ``[C, C, K]`` decay
+tensor and a smaller chunk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from linmem.ops.config import MemoryConfig
+from linmem.ops.step import residual_target
+
+CHUNK_SIZE = 64
+CHUNK_SIZE_PER_KEY_DECAY = 16
+
+
+def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[B, T, H, *]`` → ``[B, H, N, C, *]``, zero-padded to ``N·C`` tokens (a zero token with g = β = 0 and
+    k = 0 leaves every state unchanged)."""
+    batch, length, heads = x.shape[:3]
+    n = max(1, math.ceil(length / chunk))
+    x = x.transpose(1, 2)
+    pad = n * chunk - length
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+    return x.reshape(batch, heads, n, chunk, *x.shape[3:])
+
+
+def from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, H, N, C, *]`` → ``[B, T, H, *]``."""
+    batch, heads, n, chunk = x.shape[:4]
+    return x.reshape(batch, heads, n * chunk, *x.shape[4:])[:, :, :length].transpose(1, 2)
+
+
+class ChunkedKeys:
+    """Keys and decays of one sequence batch in chunk layout, with the decay-weighted score matrices that both
+    memories of RLA/RDN share (computed once, on first use).
+
+    k: ``[B, H, N, C, K]``; g, b: ``[B, H, N, C]`` (per head) or ``[B, H, N, C, K]`` (per key channel).
+    """
+
+    def __init__(self, k: torch.Tensor, g: torch.Tensor):
+        self.k = k
+        self.g = g
+        self.b = g.cumsum(dim=3)
+        self.per_key = g.dim() == k.dim()
+        chunk = k.shape[3]
+        self.causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
+        self.strictly_causal = self.causal.tril(-1)
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def exp_decay(self, e: torch.Tensor) -> torch.Tensor:
+        """``e^{e}`` shaped to multiply a ``[.., C, D]`` tensor row-wise (per head) or elementwise (per key)."""
+        return e.exp() if self.per_key else e.exp().unsqueeze(-1)
+
+    def scores(self, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
+        """``M_ts = e^{e_t − b_s} x_tᵀ k_s`` for ``s ≤ t`` (``s < t`` if strict), else 0: ``[B, H, N, C, C]``."""
+        mask = self.strictly_causal if strict else self.causal
+        if self.per_key:
+            diff = e.unsqueeze(-2) - self.b.unsqueeze(-3)  # [B, H, N, C, C, K]
+            decay = torch.where(mask.unsqueeze(-1), diff, float("-inf")).exp()
+            return torch.einsum("bhntk,bhnsk,bhntsk->bhnts", x, self.k, decay)
+        diff = e.unsqueeze(-1) - self.b.unsqueeze(-2)
+        decay = torch.where(mask, diff, float("-inf")).exp()
+        return (x @ self.k.transpose(-1, -2)) * decay
+
+    def cached_scores(self, name: str, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
+        if name not in self._cache:
+            self._cache[name] = self.scores(x, e, strict)
+        return self._cache[name]
+
+    def key_scores(self) -> torch.Tensor:
+        """``A_ts = e^{b_t − b_s} k_tᵀ k_s`` for s < t: the delta rule's in-chunk interaction."""
+        return self.cached_scores("keys", self.k, self.b, strict=True)
+
+
+class ChunkedMemory:
+    """One memory run over all chunks: effective writes ``u [B, H, N, C, V]`` and the state before each chunk
+    ``starts [B, H, N, V, K]``; ``final [B, H, V, K]`` is the state after the last token."""
+
+    def __init__(self, keys: ChunkedKeys, values: torch.Tensor, strength: torch.Tensor, state0: torch.Tensor,
+                 rule: str):
+        self.keys = keys
+        k, b = keys.k, keys.b
+        writes = strength.unsqueeze(-1) * values
+        to_end = keys.exp_decay(b[:, :, :, -1:] - b) * k  # e^{b_C − b_s} k_s: how each key reaches the chunk end
+        chunk_decay = b[:, :, :, -1].exp()  # [B, H, N] or [B, H, N, K]
+        if rule == "delta":
+            system = torch.eye(k.shape[3], dtype=k.dtype, device=k.device) + strength.unsqueeze(-1) * keys.key_scores()
+            solved = torch.linalg.solve_triangular(
+                system, torch.cat([writes, strength.unsqueeze(-1) * keys.exp_decay(b) * k], dim=-1),
+                upper=False, unitriangular=True,
+            )
+            writes, state_weights = solved.split([values.shape[-1], k.shape[-1]], dim=-1)
+            self.u, self.starts, self.final = self._hand_over_delta(writes, state_weights, to_end, chunk_decay, state0)
+        else:
+            increments = writes.transpose(-1, -2) @ to_end  # [B, H, N, V, K]
+            self.u = writes
+            self.starts, self.final = self._hand_over_additive(increments, chunk_decay, state0)
+
+    def _decay_state(self, state: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+        return state * (decay.unsqueeze(-2) if self.keys.per_key else decay[..., None, None])
+
+    def _hand_over_additive(self, increments, chunk_decay, state):
+        starts = []
+        for n in range(increments.shape[2]):
+            starts.append(state)
+            state = self._decay_state(state, chunk_decay[:, :, n]) + increments[:, :, n]
+        return torch.stack(starts, dim=2), state
+
+    def _hand_over_delta(self, writes, state_weights, to_end, chunk_decay, state):
+        starts, us = [], []
+        for n in range(writes.shape[2]):
+            starts.append(state)
+            u = writes[:, :, n] - state_weights[:, :, n] @ state.transpose(-1, -2)  # U = U' − W S_0ᵀ
+            us.append(u)
+            state = self._decay_state(state, chunk_decay[:, :, n]) + u.transpose(-1, -2) @ to_end[:, :, n]
+        return torch.stack(us, dim=2), torch.stack(starts, dim=2), state
+
+    def read(self, x: torch.Tensor, e: torch.Tensor, strict: bool, cache_as: str | None = None) -> torch.Tensor:
+        """``S_{t'} x_t`` scaled by ``e^{e_t − b_t'}``: ``[B, H, N, C, V]``. See the module docstring."""
+        keys = self.keys
+        scores = keys.cached_scores(cache_as, x, e, strict) if cache_as else keys.scores(x, e, strict)
+        from_start = torch.einsum("bhnck,bhnvk->bhncv", keys.exp_decay(e) * x, self.starts)
+        return from_start + scores @ self.u
+
+
+def chunk_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    gamma: torch.Tensor | None,
+    base_state: torch.Tensor,
+    residual_state: torch.Tensor | None,
+    config: MemoryConfig,
+    scale: float,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Same contract as ``reference_forward``: ``q, k [B, T, H, K]``, ``v [B, T, H, V]``, gates ``[B, T, H]``
+    (``g`` may be ``[B, T, H, K]``), states ``[B, H, V, K]``; returns ``o [B, T, H, V]`` and the final states."""
+    length = q.shape[1]
+    if length == 0:
+        return v.new_zeros(v.shape), base_state, residual_state
+    per_key = g.dim() == 4
+    chunk = chunk_size or (CHUNK_SIZE_PER_KEY_DECAY if per_key else CHUNK_SIZE)
+    qc, kc, vc, gc, betac = (to_chunks(t, chunk) for t in (q, k, v, g, beta))
+    keys = ChunkedKeys(kc, gc)
+    base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
+    if not config.residual:
+        o = base.read(qc, keys.b, strict=False)
+        return from_chunks(scale * o, length), base.final, None
+
+    gammac = to_chunks(gamma, chunk)
+    before_step = keys.b - gc  # log decay from the chunk start to t − 1
+    r = residual_target(vc - base.read(kc, before_step, strict=True), config.residual_target, config.clip)
+    if config.output_gates:
+        base_read = base.read(qc, keys.b, strict=True)  # α_t S_{t−1} q_t
+    else:
+        base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
+
+    if config.fit_history:
+        residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
+        residual_read = residual.read(qc, keys.b, strict=False)
+        residual_final = residual.final
+    else:  # R_t = r_t k_tᵀ: only this step's correction
+        residual_read = r * (qc * kc).sum(-1, keepdim=True)
+        last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
+        residual_final = torch.einsum("bhv,bhk->bhvk", *last)
+    if config.output_gates:
+        residual_read = gammac.unsqueeze(-1) * residual_read
+    return from_chunks(scale * (base_read + residual_read), length), base.final, residual_final
