@@ -85,9 +85,12 @@ class ChunkedKeys:
         return (x @ self.k.transpose(-1, -2)) * decay
 
     def cached_scores(self, name: str, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
+        """``scores`` kept under ``name`` (same x and e on every call): the inclusive matrix is kept and the strict
+        one derived from it, so RLA/RDN's strict base read and inclusive residual read of q share one."""
         if name not in self._cache:
-            self._cache[name] = self.scores(x, e, strict)
-        return self._cache[name]
+            self._cache[name] = self.scores(x, e, strict=False)
+        inclusive = self._cache[name]
+        return inclusive * self.strictly_causal if strict else inclusive
 
     def key_scores(self) -> torch.Tensor:
         """``A_ts = e^{b_t − b_s} k_tᵀ k_s`` for s < t: the delta rule's in-chunk interaction."""
@@ -116,25 +119,41 @@ class ChunkedMemory:
         else:
             increments = writes.transpose(-1, -2) @ to_end  # [B, H, N, V, K]
             self.u = writes
-            self.starts, self.final = self._hand_over_additive(increments, chunk_decay, state0)
+            self.starts, self.final = self._hand_over_additive(increments, b[:, :, :, -1], state0)
 
     def _decay_state(self, state: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
         return state * (decay.unsqueeze(-2) if self.keys.per_key else decay[..., None, None])
 
-    def _hand_over_additive(self, increments, chunk_decay, state):
-        starts = []
-        for n in range(increments.shape[2]):
-            starts.append(state)
-            state = self._decay_state(state, chunk_decay[:, :, n]) + increments[:, :, n]
-        return torch.stack(starts, dim=2), state
+    def _hand_over_additive(self, increments, chunk_decay_log, state):
+        """Additive states need no loop: ``S_n = e^{P_n} S_0 + Σ_{m<n} e^{P_n − P_{m+1}} ΔS_m`` with ``P_n`` the log
+        decay of chunks ``0..n−1``, one small ``[N+1, N]`` weight matrix. ``P`` is summed in float64 so that
+        differences of long sums stay exact."""
+        total = chunk_decay_log.double().cumsum(dim=2)  # P_{m+1}: [B, H, N] or [B, H, N, K]
+        before = torch.cat([torch.zeros_like(total[:, :, :1]), total], dim=2)  # P_n for n = 0..N
+        n = total.shape[2]
+        reach = torch.ones(n + 1, n, dtype=torch.bool, device=total.device).tril(-1)  # chunk m before state n
+        if self.keys.per_key:
+            diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N+1, N, K]
+            weights = torch.where(reach.unsqueeze(-1), diff, float("-inf")).exp().to(increments.dtype)
+            states = torch.einsum("bhnmk,bhmvk->bhnvk", weights, increments)
+            states = states + before.exp().to(state.dtype).unsqueeze(-2) * state.unsqueeze(2)
+        else:
+            diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N+1, N]
+            weights = torch.where(reach, diff, float("-inf")).exp().to(increments.dtype)
+            states = torch.einsum("bhnm,bhmvk->bhnvk", weights, increments)
+            states = states + before.exp().to(state.dtype)[..., None, None] * state.unsqueeze(2)
+        return states[:, :, :-1], states[:, :, -1]
 
+    # The delta hand-over loop unbinds its inputs along the chunk axis once: indexing chunk n inside the loop
+    # would make autograd scatter every chunk's gradient into a full-size zero tensor (quadratic in chunk count).
     def _hand_over_delta(self, writes, state_weights, to_end, chunk_decay, state):
         starts, us = [], []
-        for n in range(writes.shape[2]):
+        chunks = zip(writes.unbind(2), state_weights.unbind(2), to_end.unbind(2), chunk_decay.unbind(2))
+        for write, weight, reach, decay in chunks:
             starts.append(state)
-            u = writes[:, :, n] - state_weights[:, :, n] @ state.transpose(-1, -2)  # U = U' − W S_0ᵀ
+            u = write - weight @ state.transpose(-1, -2)  # U = U' − W S_0ᵀ
             us.append(u)
-            state = self._decay_state(state, chunk_decay[:, :, n]) + u.transpose(-1, -2) @ to_end[:, :, n]
+            state = self._decay_state(state, decay) + u.transpose(-1, -2) @ reach
         return torch.stack(us, dim=2), torch.stack(starts, dim=2), state
 
     def read(self, x: torch.Tensor, e: torch.Tensor, strict: bool, cache_as: str | None = None) -> torch.Tensor:
@@ -169,20 +188,20 @@ def chunk_forward(
     keys = ChunkedKeys(kc, gc)
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
-        o = base.read(qc, keys.b, strict=False)
+        o = base.read(qc, keys.b, strict=False, cache_as="queries")
         return from_chunks(scale * o, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
     before_step = keys.b - gc  # log decay from the chunk start to t − 1
     r = residual_target(vc - base.read(kc, before_step, strict=True), config.residual_target, config.clip)
     if config.output_gates:
-        base_read = base.read(qc, keys.b, strict=True)  # α_t S_{t−1} q_t
+        base_read = base.read(qc, keys.b, strict=True, cache_as="queries")  # α_t S_{t−1} q_t
     else:
         base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
 
     if config.fit_history:
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
-        residual_read = residual.read(qc, keys.b, strict=False)
+        residual_read = residual.read(qc, keys.b, strict=False, cache_as="queries")
         residual_final = residual.final
     else:  # R_t = r_t k_tᵀ: only this step's correction
         residual_read = r * (qc * kc).sum(-1, keepdim=True)
