@@ -105,11 +105,16 @@ def linear_memory(
     scale = key_dim**-0.5 if scale is None else float(scale)
 
     out_dtype = q.dtype
-    q, k, v, g, beta, gamma = _in_state_dtype(q, k, v, g, beta, gamma, residual)
-    base0, residual0 = _states_or_zeros(base0, residual0, residual, q, (num_seqs, heads, value_dim, key_dim))
+    # the triton backend takes bf16/fp16 q, k, v as they are and packed sequences natively
+    native = getattr(forward, "native_inputs", False)
+    q, k, v, g, beta, gamma = _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=native)
+    base0, residual0 = _states_or_zeros(base0, residual0, residual, g, (num_seqs, heads, value_dim, key_dim))
 
     if bounds is None:
         o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale)
+    elif native:
+        o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale,
+                                                cu_seqlens=cu_seqlens)
     else:
         o, base_final, residual_final = _run_varlen(forward, bounds, q, k, v, g, beta, gamma, base0, residual0,
                                                     config, scale)
@@ -119,12 +124,15 @@ def linear_memory(
     return o, ((base_final, residual_final) if residual else base_final)
 
 
-def _in_state_dtype(q, k, v, g, beta, gamma, residual):
-    """Cast every per-token input to the state dtype and fill the defaults (no decay, β = 1)."""
+def _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=False):
+    """Cast every per-token input to the state dtype (gates only, with ``keep_qkv``) and fill the defaults (no
+    decay, β = 1)."""
     dtype = state_dtype_for(q.dtype)
-    q, k, v = (t.to(dtype) for t in (q, k, v))
-    g = q.new_zeros(q.shape[:-1]) if g is None else g.to(dtype)
-    beta = q.new_ones(q.shape[:-1]) if beta is None else beta.to(dtype)
+    gate_like = q.new_empty(0, dtype=dtype)
+    if not keep_qkv:
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+    g = gate_like.new_zeros(q.shape[:-1]) if g is None else g.to(dtype)
+    beta = gate_like.new_ones(q.shape[:-1]) if beta is None else beta.to(dtype)
     gamma = gamma.to(dtype) if residual else None
     return q, k, v, g, beta, gamma
 

@@ -1,0 +1,130 @@
+"""Per-chunk gradients that need a sum over the value dimension: dv, dβ, dγ, the in-chunk score gradients and their
+share of the decay gradient.
+
+One program per (chunk, head) loops over value blocks and accumulates four ``[C, C]`` products of row gradients
+with writes (``ō uᵀ``, ``d̄ wᵀ``, ``(β∘dU_T) uᵀ + (γ∘dW_T) wᵀ`` for the delta rule's ``A``, ``d_err uᵀ`` for
+``A'``). From them it stores
+
+- ``E_Q = (ō uᵀ)∘Γ_base + (d̄ wᵀ)∘Γ_res`` with ``dQ += E_Q K`` and ``dK += E_Qᵀ Q``;
+- ``E_K = −(β∘dU_T uᵀ + γ∘dW_T wᵀ)∘Γ(b) − (d_err uᵀ)∘Γ(bm)`` (strictly lower) with ``dK += (E_K + E_Kᵀ) K``;
+- the decay gradient of these terms: each score ``e^{e_t − b_s} x_tᵀk_s`` with upstream gradient ``G_ts`` adds
+  ``G_ts·score_ts`` to the gradient of ``e_t`` (b or bm) and subtracts it from that of ``b_s``.
+
+Per token: ``dv = β∘dU_T + d_err``, ``dβ = dU_T·((1 − α)v + α·err)`` (delta; ``dU_T·v`` additive) and
+``dγ = dW_T·ε + scale·dO·(R_t q_t)`` (the last term with output gates).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from linmem.ops.triton.primitives import decay, load_gate, load_rows, mm, store_rows
+
+
+@triton.jit
+def backward_scores_kernel(
+    v, do, b, g, beta, gamma, key_scores, base_scores, res_scores, u_in, w_in, err_in, eps_in, res_read_in,
+    du_in, dw_in, derr_in, dv, dbeta, dgamma, e_q, e_k, db_part, dbm_part, cu_seqlens, chunk_indices, scale,
+    H: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr,
+    RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_indices + 2 * i_c)
+    j = tl.load(chunk_indices + 2 * i_c + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    pos = tl.arange(0, C)
+    all_c = pos < C
+    tok = bos + j * C + pos
+    m_t = tok < eos
+    bb = load_gate(b, tok, m_t, i_h, H)
+    gg = load_gate(g, tok, m_t, i_h, H)
+    bm = bb - gg
+    alpha = tl.exp(gg)
+    beta_t = load_gate(beta, tok, m_t, i_h, H)
+    if RESIDUAL:
+        gamma_t = load_gate(gamma, tok, m_t, i_h, H)
+
+    g_base = tl.zeros([C, C], dtype=tl.float32)
+    g_res = tl.zeros([C, C], dtype=tl.float32)
+    g_keys = tl.zeros([C, C], dtype=tl.float32)
+    g_keys_prev = tl.zeros([C, C], dtype=tl.float32)
+    d_beta = tl.zeros([C], dtype=tl.float32)
+    d_gamma = tl.zeros([C], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        rows = v0 + tl.arange(0, BV)
+        m_v = rows < V
+        d_base_read = scale * load_rows(do, tok, m_t, i_h, H, V, rows, m_v)
+        u = load_rows(u_in, tok, m_t, i_h, H, V, rows, m_v)
+        du = load_rows(du_in, tok, m_t, i_h, H, V, rows, m_v)
+        vb = load_rows(v, tok, m_t, i_h, H, V, rows, m_v)
+        g_base += mm(d_base_read, tl.trans(u), DT)
+        dv_block = beta_t[:, None] * du
+        if DELTA:
+            err = load_rows(err_in, tok, m_t, i_h, H, V, rows, m_v)
+            d_beta += tl.sum(du * ((1.0 - alpha)[:, None] * vb + alpha[:, None] * err), 1)
+            g_keys += mm(beta_t[:, None] * du, tl.trans(u), DT)
+        else:
+            d_beta += tl.sum(du * vb, 1)
+        if RESIDUAL:
+            if OUTPUT_GATES:
+                d_res_read = gamma_t[:, None] * d_base_read
+                res_read = load_rows(res_read_in, tok, m_t, i_h, H, V, rows, m_v)
+                d_gamma += tl.sum(d_base_read * res_read, 1)
+            else:
+                d_res_read = d_base_read
+            w = load_rows(w_in, tok, m_t, i_h, H, V, rows, m_v)
+            dw = load_rows(dw_in, tok, m_t, i_h, H, V, rows, m_v)
+            eps = load_rows(eps_in, tok, m_t, i_h, H, V, rows, m_v)
+            d_err = load_rows(derr_in, tok, m_t, i_h, H, V, rows, m_v)
+            g_res += mm(d_res_read, tl.trans(w), DT)
+            d_gamma += tl.sum(dw * eps, 1)
+            if DELTA:
+                g_keys += mm(gamma_t[:, None] * dw, tl.trans(w), DT)
+            g_keys_prev += mm(d_err, tl.trans(u), DT)
+            dv_block += d_err
+        store_rows(dv, dv_block, tok, m_t, i_h, H, V, rows, m_v)
+
+    strict = pos[:, None] > pos[None, :]
+    causal = pos[:, None] >= pos[None, :]
+    # each score e^{e_t − b_s} x_tᵀk_s with gradient G_ts: G∘score adds to de_t (rows) and −db_s (columns)
+    p_base = load_rows(base_scores, tok, m_t, i_h, H, C, pos, all_c)
+    m_base = g_base * p_base
+    if RESIDUAL:
+        if OUTPUT_GATES:
+            d_b = tl.sum(m_base, 1) - tl.sum(m_base, 0)
+            d_bm = tl.zeros([C], dtype=tl.float32)
+            eq = g_base * decay(bb, bb, strict)
+        else:
+            d_b = -tl.sum(m_base, 0)
+            d_bm = tl.sum(m_base, 1)
+            eq = g_base * decay(bm, bb, strict)
+        p_res = load_rows(res_scores, tok, m_t, i_h, H, C, pos, all_c)
+        m_res = g_res * p_res
+        d_b += tl.sum(m_res, 1) - tl.sum(m_res, 0)
+        eq += g_res * decay(bb, bb, causal)
+        a_prev = load_rows(key_scores, tok, m_t, i_h, H, C, pos, all_c)
+        m_prev = -g_keys_prev * a_prev
+        d_bm += tl.sum(m_prev, 1)
+        d_b -= tl.sum(m_prev, 0)
+        ek = -g_keys_prev * decay(bm, bb, strict)
+    else:
+        d_b = tl.sum(m_base, 1) - tl.sum(m_base, 0)
+        d_bm = tl.zeros([C], dtype=tl.float32)
+        eq = g_base * decay(bb, bb, causal)
+        ek = tl.zeros([C, C], dtype=tl.float32)
+    if DELTA:
+        if not RESIDUAL:
+            a_prev = load_rows(key_scores, tok, m_t, i_h, H, C, pos, all_c)
+        m_keys = -g_keys * (alpha[:, None] * a_prev)
+        d_b += tl.sum(m_keys, 1) - tl.sum(m_keys, 0)
+        ek -= g_keys * decay(bb, bb, strict)
+
+    store_rows(e_q, eq, tok, m_t, i_h, H, C, pos, all_c)
+    store_rows(e_k, ek, tok, m_t, i_h, H, C, pos, all_c)
+    tl.store(db_part + tok * H + i_h, d_b, mask=m_t)
+    tl.store(dbm_part + tok * H + i_h, d_bm, mask=m_t)
+    tl.store(dbeta + tok * H + i_h, d_beta, mask=m_t)
+    if RESIDUAL:
+        tl.store(dgamma + tok * H + i_h, d_gamma, mask=m_t)

@@ -1,0 +1,38 @@
+"""The gradient of the log decay g from the gradients of its in-chunk cumulative sums.
+
+``b_t = Σ_{s≤t} g_s`` and ``bm_t = b_t − g_t`` inside a chunk, so ``dg_s = Σ_{t≥s} (db_t + dbm_t) − dbm_s``: a
+reversed cumulative sum per chunk, after adding up the partial sums (one per key block, one from the score kernel)
+and the chunk-end term ``db_{C}`` at the chunk's last token.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decay_grad_kernel(db_part, dbm_part, db_end_part, dg, cu_seqlens, chunk_indices, n_tok, n_chunks_total,
+                      H: tl.constexpr, C: tl.constexpr, PARTS: tl.constexpr, END_PARTS: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_indices + 2 * i_c)
+    j = tl.load(chunk_indices + 2 * i_c + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    pos = tl.arange(0, C)
+    tok = bos + j * C + pos
+    m_t = tok < eos
+    last = tl.minimum(bos + j * C + C, eos) - 1
+    d_b = tl.zeros([C], dtype=tl.float32)
+    d_bm = tl.zeros([C], dtype=tl.float32)
+    for p in tl.static_range(PARTS):
+        d_b += tl.load(db_part + p * n_tok * H + tok * H + i_h, mask=m_t, other=0.0)
+        d_bm += tl.load(dbm_part + p * n_tok * H + tok * H + i_h, mask=m_t, other=0.0)
+    d_end = 0.0
+    for p in tl.static_range(END_PARTS):
+        d_end += tl.load(db_end_part + (p * n_chunks_total + i_c) * H + i_h)
+    d_b += tl.where(tok == last, d_end, 0.0)
+    total = d_b + d_bm
+    # reversed cumulative sum without a reversed scan: Σ_{t≥s} x_t = Σ_t x_t − Σ_{t<s} x_t
+    after = tl.sum(total, 0) - tl.cumsum(total, 0) + total
+    tl.store(dg + tok * H + i_h, after - d_bm, mask=m_t)

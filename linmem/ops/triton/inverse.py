@@ -1,0 +1,119 @@
+"""The delta rule's in-chunk inverse ``T = (I + diag(σ) A)^{-1}`` (the WY/UT representation), for σ = β and σ = γ.
+
+``A = diag(α) A'`` is strictly lower triangular (``A'`` from scores.py), so ``L = I + diag(σα) A'`` is unit lower
+triangular. The chunk of 64 is cut into 4×4 blocks of 16: each diagonal block is inverted by forward substitution
+in float32, and the blocks below the diagonal follow from ``T_ij = −T_ii Σ_{j≤m<i} L_im T_mj`` (float32 dots).
+Rows past the end of a sequence load as zero, so their rows of T are rows of the identity.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from linmem.ops.triton.layout import CHUNK, SequenceLayout
+
+
+@triton.jit
+def _scaled_block(key_scores, tok0, len_left, i_h, H: tl.constexpr, C: tl.constexpr, scale_ptr, g, I: tl.constexpr,
+                  J: tl.constexpr):
+    """Block (I, J) of ``diag(σα) A'``: ``[16, 16]``."""
+    r = tl.arange(0, 16)
+    row = I * 16 + r
+    valid = row < len_left
+    tok = tok0 + row
+    scale = tl.load(scale_ptr + tok * H + i_h, mask=valid, other=0.0) * tl.exp(
+        tl.load(g + tok * H + i_h, mask=valid, other=0.0))
+    block = tl.load(key_scores + (tok * H + i_h)[:, None] * C + (J * 16 + r)[None, :], mask=valid[:, None], other=0.0)
+    return block * scale[:, None]
+
+
+@triton.jit
+def _unit_lower_inverse16(n):
+    """``(I + n)^{-1}`` for a strictly lower ``[16, 16]`` block, row by row."""
+    r = tl.arange(0, 16)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    inv = eye
+    for i in tl.static_range(1, 16):
+        n_row = tl.sum(tl.where(r[:, None] == i, n, 0.0), 0)  # n[i, :]
+        new_row = -tl.sum(n_row[:, None] * inv, 0)  # −Σ_{j<i} n[i, j] inv[j, :]
+        inv = tl.where(r[:, None] == i, new_row[None, :] + eye, inv)
+    return inv
+
+
+@triton.jit
+def _mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _store_block(out, block, tok0, len_left, i_h, H: tl.constexpr, C: tl.constexpr, I: tl.constexpr, J: tl.constexpr):
+    r = tl.arange(0, 16)
+    row = I * 16 + r
+    tok = tok0 + row
+    tl.store(out + (tok * H + i_h)[:, None] * C + (J * 16 + r)[None, :], block, mask=(row < len_left)[:, None])
+
+
+@triton.jit
+def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seqlens, chunk_indices,
+                         H: tl.constexpr, C: tl.constexpr):
+    i_c, i_h, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n = tl.load(chunk_indices + 2 * i_c)
+    j = tl.load(chunk_indices + 2 * i_c + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    tok0 = bos + j * C
+    left = eos - tok0
+    if which == 0:
+        strength, out = beta, inv_beta
+    else:
+        strength, out = gamma, inv_gamma
+
+    d0 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 0, 0))
+    d1 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 1, 1))
+    d2 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 2, 2))
+    d3 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 3))
+    n10 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 1, 0)
+    n20 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 2, 0)
+    n21 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 2, 1)
+    n30 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 0)
+    n31 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 1)
+    n32 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 2)
+
+    t10 = -_mm(d1, _mm(n10, d0))
+    t21 = -_mm(d2, _mm(n21, d1))
+    t32 = -_mm(d3, _mm(n32, d2))
+    t20 = -_mm(d2, _mm(n20, d0) + _mm(n21, t10))
+    t31 = -_mm(d3, _mm(n31, d1) + _mm(n32, t21))
+    t30 = -_mm(d3, _mm(n30, d0) + _mm(n31, t10) + _mm(n32, t20))
+
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    _store_block(out, d0, tok0, left, i_h, H, C, 0, 0)
+    _store_block(out, zero, tok0, left, i_h, H, C, 0, 1)
+    _store_block(out, zero, tok0, left, i_h, H, C, 0, 2)
+    _store_block(out, zero, tok0, left, i_h, H, C, 0, 3)
+    _store_block(out, t10, tok0, left, i_h, H, C, 1, 0)
+    _store_block(out, d1, tok0, left, i_h, H, C, 1, 1)
+    _store_block(out, zero, tok0, left, i_h, H, C, 1, 2)
+    _store_block(out, zero, tok0, left, i_h, H, C, 1, 3)
+    _store_block(out, t20, tok0, left, i_h, H, C, 2, 0)
+    _store_block(out, t21, tok0, left, i_h, H, C, 2, 1)
+    _store_block(out, d2, tok0, left, i_h, H, C, 2, 2)
+    _store_block(out, zero, tok0, left, i_h, H, C, 2, 3)
+    _store_block(out, t30, tok0, left, i_h, H, C, 3, 0)
+    _store_block(out, t31, tok0, left, i_h, H, C, 3, 1)
+    _store_block(out, t32, tok0, left, i_h, H, C, 3, 2)
+    _store_block(out, d3, tok0, left, i_h, H, C, 3, 3)
+
+
+def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout):
+    """``T_β`` and (with ``gamma``) ``T_γ``, each ``[N_tok, H, C]`` float32 rows of the chunk's ``[C, C]`` inverse."""
+    inv_beta = torch.empty_like(key_scores)
+    inv_gamma = torch.empty_like(key_scores) if gamma is not None else None
+    heads = key_scores.shape[1]
+    chunk_inverse_kernel[(layout.num_chunks, heads, 1 if gamma is None else 2)](
+        key_scores, g, beta, gamma if gamma is not None else beta, inv_beta,
+        inv_gamma if inv_gamma is not None else inv_beta, layout.cu_seqlens, layout.chunk_indices, H=heads, C=CHUNK,
+    )
+    return inv_beta, inv_gamma

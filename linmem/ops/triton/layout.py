@@ -1,0 +1,71 @@
+"""Where every sequence and chunk lives on the flattened token axis, and the launch choices all kernels share.
+
+Every kernel sees its inputs as ``[N_tok, H, D]`` with ``N_tok = B·T`` (a fixed-length batch is a packed batch whose
+``cu_seqlens`` are ``0, T, 2T, …``). Chunks never cross a sequence boundary: sequence ``n`` owns the global chunks
+``chunk_offsets[n] … chunk_offsets[n] + ceil(len_n / C) − 1``; ``chunk_indices[c] = (n, j)`` names chunk ``c`` as
+chunk ``j`` of sequence ``n``. Per-chunk tensors (states, the ``[C, C]`` score rows) are indexed by ``c``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64  # tokens per chunk; the in-chunk inverse (inverse.py) is written for 4 blocks of 16
+
+
+def interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1`` (the CPU interpreter: no autotuning, no bf16 dots)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_dtype(dtype: torch.dtype):
+    """The operand type of ``tl.dot``: the input type on a GPU (bf16/fp16 tensor cores, tf32 for float32), float32
+    under the interpreter, whose bf16 dots are wrong (seen with triton 3.9)."""
+    if interpreting() or dtype == torch.float32:
+        return tl.float32
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
+
+
+def key_block(key_dim: int) -> int:
+    """The padded key width a kernel holds in one tile (powers of two, at least 16 for ``tl.dot``)."""
+    return max(16, triton.next_power_of_2(key_dim))
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Sequences and chunks of one call. ``cu_seqlens`` int32 ``[N + 1]``, ``chunk_indices`` int32 ``[NT, 2]``,
+    ``chunk_offsets`` int32 ``[N]``."""
+
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    num_seqs: int
+    num_chunks: int
+    num_tokens: int
+
+    @classmethod
+    def fixed(cls, batch: int, length: int, device: torch.device, chunk: int = CHUNK) -> SequenceLayout:
+        """``batch`` sequences of ``length`` tokens each (no host synchronisation)."""
+        per_seq = triton.cdiv(length, chunk)
+        seqs = torch.arange(batch, device=device, dtype=torch.int32)
+        indices = torch.stack([seqs.repeat_interleave(per_seq),
+                               torch.arange(per_seq, device=device, dtype=torch.int32).repeat(batch)], dim=1)
+        bounds = torch.arange(batch + 1, device=device, dtype=torch.int32) * length
+        return cls(bounds, indices.contiguous(), seqs * per_seq, batch, batch * per_seq, batch * length)
+
+    @classmethod
+    def packed(cls, bounds: list[int], device: torch.device, chunk: int = CHUNK) -> SequenceLayout:
+        """Sequences packed in one row with boundaries ``bounds`` (``cu_seqlens`` as a host list)."""
+        counts = [triton.cdiv(end - start, chunk) for start, end in zip(bounds, bounds[1:])]
+        offsets = [0]
+        for count in counts:
+            offsets.append(offsets[-1] + count)
+        indices = [(n, j) for n, count in enumerate(counts) for j in range(count)]
+        as_int = dict(device=device, dtype=torch.int32)
+        return cls(torch.tensor(bounds, **as_int), torch.tensor(indices, **as_int).reshape(-1, 2),
+                   torch.tensor(offsets[:-1], **as_int), len(counts), offsets[-1], bounds[-1])

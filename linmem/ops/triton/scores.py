@@ -1,0 +1,81 @@
+"""Per-chunk preparation shared by both memories: the in-chunk cumulative log decay and the decayed score matrices.
+
+For chunk-local positions t, s with ``b_t = Σ_{s'≤t} g_{s'}`` and ``bm_t = b_t − g_t`` (the decay up to t − 1):
+
+- ``key_scores``   ``A'_ts = e^{bm_t − b_s} k_tᵀk_s`` (s < t): reads ``S_{t−1}k_t`` inside the chunk; the delta rule's
+  ``A = diag(α) A'`` is built from it (inverse.py);
+- ``base_scores``  ``e^{e_t − b_s} q_tᵀk_s`` on the base read's mask: s < t and ``e = b`` (``α_t S_{t−1}q_t``) with a
+  residual memory, ``e = bm`` without output gates; s ≤ t and ``e = b`` without a residual memory (``S_t q_t``);
+- ``res_scores``   ``e^{b_t − b_s} q_tᵀk_s`` (s ≤ t): the residual read ``R_t q_t``.
+
+Each is stored as ``[N_tok, H, C]``: row t of its chunk's ``[C, C]`` matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, key_block
+from linmem.ops.triton.primitives import decay, load_gate, load_rows, mm, store_rows
+
+
+@triton.jit
+def chunk_scores_kernel(
+    q, k, g, b_out, key_scores, base_scores, res_scores, cu_seqlens, chunk_indices,
+    H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+    KEY_SCORES: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_indices + 2 * i_c)
+    j = tl.load(chunk_indices + 2 * i_c + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    pos = tl.arange(0, C)
+    tok = bos + j * C + pos
+    m_t = tok < eos
+
+    gate = load_gate(g, tok, m_t, i_h, H)
+    b = tl.cumsum(gate, 0)
+    bm = b - gate
+    tl.store(b_out + tok * H + i_h, b, mask=m_t)
+
+    cols = tl.arange(0, BK)
+    m_k = cols < K
+    kb = load_rows(k, tok, m_t, i_h, H, K, cols, m_k)
+    qb = load_rows(q, tok, m_t, i_h, H, K, cols, m_k)
+    strict = pos[:, None] > pos[None, :]
+    causal = pos[:, None] >= pos[None, :]
+    all_c = pos < C
+    if KEY_SCORES:
+        kk = mm(kb, tl.trans(kb), DT)
+        store_rows(key_scores, kk * decay(bm, b, strict), tok, m_t, i_h, H, C, pos, all_c)
+    qk = mm(qb, tl.trans(kb), DT)
+    if RESIDUAL:
+        if OUTPUT_GATES:
+            store_rows(base_scores, qk * decay(b, b, strict), tok, m_t, i_h, H, C, pos, all_c)
+        else:
+            store_rows(base_scores, qk * decay(bm, b, strict), tok, m_t, i_h, H, C, pos, all_c)
+        store_rows(res_scores, qk * decay(b, b, causal), tok, m_t, i_h, H, C, pos, all_c)
+    else:
+        store_rows(base_scores, qk * decay(b, b, causal), tok, m_t, i_h, H, C, pos, all_c)
+
+
+def chunk_scores(q, k, g, layout: SequenceLayout, *, delta: bool, residual: bool, output_gates: bool):
+    """``q, k [N_tok, H, K]``, ``g [N_tok, H]`` float32 → ``b [N_tok, H]`` and the score rows (module docstring);
+    ``key_scores`` is None when neither the delta rule nor a residual memory needs it, ``res_scores`` None without
+    a residual memory."""
+    n_tok, heads, key_dim = k.shape
+    b = torch.empty(n_tok, heads, device=k.device, dtype=torch.float32)
+    rows = lambda: torch.empty(n_tok, heads, CHUNK, device=k.device, dtype=torch.float32)  # noqa: E731
+    key_scores = rows() if (delta or residual) else None
+    base_scores = rows()
+    res_scores = rows() if residual else None
+    chunk_scores_kernel[(layout.num_chunks, heads)](
+        q, k, g, b, key_scores if key_scores is not None else b, base_scores,
+        res_scores if res_scores is not None else b, layout.cu_seqlens, layout.chunk_indices,
+        H=heads, K=key_dim, C=CHUNK, BK=key_block(key_dim), DT=dot_dtype(k.dtype),
+        KEY_SCORES=key_scores is not None, RESIDUAL=residual, OUTPUT_GATES=output_gates,
+    )
+    return b, key_scores, base_scores, res_scores
