@@ -92,6 +92,12 @@ class ChunkedKeys:
         inclusive = self._cache[name]
         return inclusive * self.strictly_causal if strict else inclusive
 
+    def keys_to_chunk_end(self) -> torch.Tensor:
+        """``e^{b_C − b_s} k_s``: how each key's write reaches the end of its chunk, ``[B, H, N, C, K]``."""
+        if "to_end" not in self._cache:
+            self._cache["to_end"] = self.exp_decay(self.b[:, :, :, -1:] - self.b) * self.k
+        return self._cache["to_end"]
+
     def key_scores(self) -> torch.Tensor:
         """``A_ts = e^{b_t − b_s} k_tᵀ k_s`` for s < t: the delta rule's in-chunk interaction."""
         return self.cached_scores("keys", self.k, self.b, strict=True)
@@ -106,7 +112,7 @@ class ChunkedMemory:
         self.keys = keys
         k, b = keys.k, keys.b
         writes = strength.unsqueeze(-1) * values
-        to_end = keys.exp_decay(b[:, :, :, -1:] - b) * k  # e^{b_C − b_s} k_s: how each key reaches the chunk end
+        to_end = keys.keys_to_chunk_end()
         chunk_decay = b[:, :, :, -1].exp()  # [B, H, N] or [B, H, N, K]
         if rule == "delta":
             system = torch.eye(k.shape[3], dtype=k.dtype, device=k.device) + strength.unsqueeze(-1) * keys.key_scores()
