@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linmem.ops.triton.primitives import load_gate, load_rows, load_state, mm, store_rows
+from linmem.ops.triton.primitives import load_decay, load_gate, load_rows, load_state, mm, store_rows
 
 
 @triton.jit
@@ -40,7 +40,7 @@ def backward_keys_kernel(
     m_t = tok < eos
     last = tl.minimum(bos + j * C + C, eos) - 1
     b_last = tl.load(b + last * H + i_h)
-    bb = load_gate(b, tok, m_t, i_h, H)
+    bb = load_decay(b, tok, m_t, i_h, H, b_last)
     gg = load_gate(g, tok, m_t, i_h, H)
     bm = bb - gg
     beta_t = load_gate(beta, tok, m_t, i_h, H)
@@ -95,7 +95,8 @@ def backward_keys_kernel(
     dk_b = -dk_b * tl.exp(bb)[:, None]
     dk_bm = -dk_bm * tl.exp(bm)[:, None]
     dk_end = dk_end * tl.exp(b_last - bb)[:, None]
-    end_terms = tl.sum(kb * dk_end, 1)
+    # the chunk's last key reaches the chunk end undecayed (e^0): it adds nothing to db, so leave it out of both sides
+    end_terms = tl.where(tok == last, 0.0, tl.sum(kb * dk_end, 1))
     d_b = tl.sum(qb * dq_b, 1) + tl.sum(kb * dk_b, 1) - end_terms
     d_bm = tl.sum(qb * dq_bm, 1) + tl.sum(kb * dk_bm, 1)
     d_end = tl.sum(end_terms, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linmem.ops.triton.primitives import decay, load_gate, load_rows, mm, store_rows
+from linmem.ops.triton.primitives import decay, load_decay, load_gate, load_rows, mm, store_rows
 
 
 @triton.jit
@@ -38,7 +38,8 @@ def backward_scores_kernel(
     all_c = pos < C
     tok = bos + j * C + pos
     m_t = tok < eos
-    bb = load_gate(b, tok, m_t, i_h, H)
+    last = tl.minimum(bos + j * C + C, eos) - 1
+    bb = load_decay(b, tok, m_t, i_h, H, tl.load(b + last * H + i_h))
     gg = load_gate(g, tok, m_t, i_h, H)
     bm = bb - gg
     alpha = tl.exp(gg)
@@ -88,28 +89,34 @@ def backward_scores_kernel(
 
     strict = pos[:, None] > pos[None, :]
     causal = pos[:, None] >= pos[None, :]
-    # each score e^{e_t − b_s} x_tᵀk_s with gradient G_ts: G∘score adds to de_t (rows) and −db_s (columns)
+    # A score e^{e_t − b_s} x_tᵀk_s with gradient G_ts adds G∘score to de_t (row sums) and subtracts it from db_s
+    # (column sums). Entries whose exponent is identically 0 (e = b on the diagonal, e = bm one below it) have no
+    # decay to differentiate: leaving them out keeps their large, exactly cancelling terms out of dg.
+    diag = pos[:, None] == pos[None, :]
+    below = pos[:, None] == pos[None, :] + 1
     p_base = load_rows(base_scores, tok, m_t, i_h, H, C, pos, all_c)
-    m_base = g_base * p_base
     if RESIDUAL:
-        if OUTPUT_GATES:
-            d_b = tl.sum(m_base, 1) - tl.sum(m_base, 0)
-            d_bm = tl.zeros([C], dtype=tl.float32)
-            eq = g_base * decay(bb, bb, strict)
-        else:
-            d_b = -tl.sum(m_base, 0)
-            d_bm = tl.sum(m_base, 1)
-            eq = g_base * decay(bm, bb, strict)
         p_res = load_rows(res_scores, tok, m_t, i_h, H, C, pos, all_c)
-        m_res = g_res * p_res
-        d_b += tl.sum(m_res, 1) - tl.sum(m_res, 0)
-        eq += g_res * decay(bb, bb, causal)
+        m_res = tl.where(diag, 0.0, g_res * p_res)
+        d_b = tl.sum(m_res, 1) - tl.sum(m_res, 0)
+        eq = g_res * decay(bb, bb, causal)
+        if OUTPUT_GATES:
+            m_base = g_base * p_base  # strictly lower: no diagonal
+            d_b += tl.sum(m_base, 1) - tl.sum(m_base, 0)
+            d_bm = tl.zeros([C], dtype=tl.float32)
+            eq += g_base * decay(bb, bb, strict)
+        else:
+            m_base = tl.where(below, 0.0, g_base * p_base)
+            d_b -= tl.sum(m_base, 0)
+            d_bm = tl.sum(m_base, 1)
+            eq += g_base * decay(bm, bb, strict)
         a_prev = load_rows(key_scores, tok, m_t, i_h, H, C, pos, all_c)
-        m_prev = -g_keys_prev * a_prev
+        m_prev = tl.where(below, 0.0, -g_keys_prev * a_prev)
         d_bm += tl.sum(m_prev, 1)
         d_b -= tl.sum(m_prev, 0)
         ek = -g_keys_prev * decay(bm, bb, strict)
     else:
+        m_base = tl.where(diag, 0.0, g_base * p_base)
         d_b = tl.sum(m_base, 1) - tl.sum(m_base, 0)
         d_bm = tl.zeros([C], dtype=tl.float32)
         eq = g_base * decay(bb, bb, causal)
@@ -117,7 +124,7 @@ def backward_scores_kernel(
     if DELTA:
         if not RESIDUAL:
             a_prev = load_rows(key_scores, tok, m_t, i_h, H, C, pos, all_c)
-        m_keys = -g_keys * (alpha[:, None] * a_prev)
+        m_keys = -g_keys * (alpha[:, None] * a_prev)  # strictly lower
         d_b += tl.sum(m_keys, 1) - tl.sum(m_keys, 0)
         ek -= g_keys * decay(bb, bb, strict)
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.primitives import (
+    load_decay,
     load_gate,
     load_rows,
     load_state,
@@ -65,7 +66,7 @@ def backward_states_kernel(
         m_t = tok < eos
         last = tl.minimum(bos + j * C + C, eos) - 1
         b_last = tl.load(b + last * H + i_h)
-        bb = load_gate(b, tok, m_t, i_h, H)
+        bb = load_decay(b, tok, m_t, i_h, H, b_last)
         gg = load_gate(g, tok, m_t, i_h, H)
         bm = bb - gg
         kb = load_rows(k, tok, m_t, i_h, H, K, cols, m_k)

@@ -1,7 +1,7 @@
 """The gradient of the log decay g from the gradients of its in-chunk cumulative sums.
 
-``b_t = Σ_{s≤t} g_s`` and ``bm_t = b_t − g_t`` inside a chunk, so ``dg_s = Σ_{t≥s} (db_t + dbm_t) − dbm_s``: a
-reversed cumulative sum per chunk, after adding up the partial sums (one per key block, one from the score kernel)
+``b_t = Σ_{s≤t} g_s`` and ``bm_t = b_t − g_t`` inside a chunk, so ``dg_s = Σ_{t≥s} db_t + Σ_{t>s} dbm_t``: reversed
+cumulative sums per chunk, after adding up the partial sums (one per key block, one from the score kernel)
 and the chunk-end term ``db_{C}`` at the chunk's last token.
 """
 
@@ -32,7 +32,8 @@ def decay_grad_kernel(db_part, dbm_part, db_end_part, dg, cu_seqlens, chunk_indi
     for p in tl.static_range(END_PARTS):
         d_end += tl.load(db_end_part + (p * n_chunks_total + i_c) * H + i_h)
     d_b += tl.where(tok == last, d_end, 0.0)
-    total = d_b + d_bm
-    # reversed cumulative sum without a reversed scan: Σ_{t≥s} x_t = Σ_t x_t − Σ_{t<s} x_t
-    after = tl.sum(total, 0) - tl.cumsum(total, 0) + total
-    tl.store(dg + tok * H + i_h, after - d_bm, mask=m_t)
+    # dg_s = Σ_{t≥s} db_t + Σ_{t>s} dbm_t, as masked column sums (no cancellation between large partial sums)
+    after = pos[:, None] >= pos[None, :]
+    d_g = tl.sum(tl.where(after, d_b[:, None], 0.0), 0) + tl.sum(tl.where(after & (pos[:, None] != pos[None, :]),
+                                                                          d_bm[:, None], 0.0), 0)
+    tl.store(dg + tok * H + i_h, d_g, mask=m_t)

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from linmem.ops.config import MemoryConfig
+from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
 from linmem.ops.triton.backward_states import backward_states_kernel
@@ -57,24 +58,24 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     if flags.delta:
         inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout)
 
-    f32 = dict(device=k.device, dtype=torch.float32)
-    o = torch.empty(n_tok, heads, value_dim, device=k.device, dtype=v.dtype)
-    base_final = torch.empty(layout.num_seqs, heads, value_dim, key_dim, **f32)
-    res_final = torch.empty_like(base_final) if flags.residual else None
+    dev = k.device
+    o = _buf((n_tok, heads, value_dim), dev, v.dtype)
+    base_final = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
+    res_final = _buf(base_final.shape, dev, base_final.dtype) if flags.residual else None
     saved = {}
     if store:
         per_chunk = (layout.num_chunks, heads, value_dim, key_dim)
         per_token = (n_tok, heads, value_dim)
-        saved["base_chunks"] = torch.empty(per_chunk, **f32)
-        saved["u"] = torch.empty(per_token, **f32)
+        saved["base_chunks"] = _buf(per_chunk, dev)
+        saved["u"] = _buf(per_token, dev)
         if flags.delta or flags.residual:
-            saved["err"] = torch.empty(per_token, **f32)
+            saved["err"] = _buf(per_token, dev)
         if flags.residual:
-            saved["res_chunks"] = torch.empty(per_chunk, **f32)
-            saved["w"] = torch.empty(per_token, **f32)
-            saved["eps"] = torch.empty(per_token, **f32)
+            saved["res_chunks"] = _buf(per_chunk, dev)
+            saved["w"] = _buf(per_token, dev)
+            saved["eps"] = _buf(per_token, dev)
             if flags.gates:
-                saved["res_read"] = torch.empty(per_token, **f32)
+                saved["res_read"] = _buf(per_token, dev)
     dummy = b
     block_v = _value_block(key_dim, value_dim)
     grid = (triton.cdiv(value_dim, block_v), layout.num_seqs * heads)
@@ -92,6 +93,10 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     return o, base_final, res_final, prepared, saved
 
 
+def _buf(shape, device, dtype=torch.float32):
+    return _layout.new_buffer(shape, device, dtype)
+
+
 def _or(t, dummy):
     return dummy if t is None else t
 
@@ -100,7 +105,6 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     dev = k.device
-    f32 = dict(device=dev, dtype=torch.float32)
     dummy = prepared["b"]
     b = prepared["b"]
     p = {name: _or(t, dummy) for name, t in prepared.items()}
@@ -108,13 +112,13 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
 
     per_chunk = (layout.num_chunks, heads, value_dim, key_dim)
     per_token = (n_tok, heads, value_dim)
-    d_base_chunks = torch.empty(per_chunk, **f32)
-    d_res_chunks = torch.empty(per_chunk, **f32) if flags.residual else dummy
-    du = torch.empty(per_token, **f32)
-    dw = torch.empty(per_token, **f32) if flags.residual else dummy
-    d_err = torch.empty(per_token, **f32) if flags.residual else dummy
-    d_base0 = torch.empty(layout.num_seqs, heads, value_dim, key_dim, **f32)
-    d_res0 = torch.empty_like(d_base0) if flags.residual else None
+    d_base_chunks = _buf(per_chunk, dev)
+    d_res_chunks = _buf(per_chunk, dev) if flags.residual else dummy
+    du = _buf(per_token, dev)
+    dw = _buf(per_token, dev) if flags.residual else dummy
+    d_err = _buf(per_token, dev) if flags.residual else dummy
+    d_base0 = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
+    d_res0 = _buf(d_base0.shape, dev, d_base0.dtype) if flags.residual else None
     block_v = _value_block(key_dim, value_dim)
     backward_states_kernel[(triton.cdiv(value_dim, block_v), layout.num_seqs * heads)](
         q, k, do, b, g, beta, _or(gamma, dummy), p["key_scores"], p["base_scores"], p["res_scores"], p["inv_beta"],
@@ -126,13 +130,13 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
 
     bk = min(64, key_block(key_dim))
     n_kblocks = triton.cdiv(key_dim, bk)
-    dv = torch.empty(n_tok, heads, value_dim, device=dev, dtype=v.dtype)
-    dbeta = torch.empty(n_tok, heads, **f32)
-    dgamma = torch.empty(n_tok, heads, **f32) if flags.residual else dummy
-    e_q = torch.empty(n_tok, heads, CHUNK, **f32)
-    e_k = torch.empty(n_tok, heads, CHUNK, **f32)
-    db_part = torch.empty(n_kblocks + 1, n_tok, heads, **f32)
-    dbm_part = torch.empty(n_kblocks + 1, n_tok, heads, **f32)
+    dv = _buf((n_tok, heads, value_dim), dev, v.dtype)
+    dbeta = _buf((n_tok, heads), dev)
+    dgamma = _buf((n_tok, heads), dev) if flags.residual else dummy
+    e_q = _buf((n_tok, heads, CHUNK), dev)
+    e_k = _buf((n_tok, heads, CHUNK), dev)
+    db_part = _buf((n_kblocks + 1, n_tok, heads), dev)
+    dbm_part = _buf((n_kblocks + 1, n_tok, heads), dev)
     score_block_v = min(64, max(16, triton.next_power_of_2(value_dim)))
     backward_scores_kernel[(layout.num_chunks, heads)](
         v, do, b, g, beta, _or(gamma, dummy), p["key_scores"], p["base_scores"], p["res_scores"], s["u"], s["w"],
@@ -141,9 +145,9 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         H=heads, V=value_dim, C=CHUNK, BV=score_block_v, **flags.kernel_args(), **_warps(),
     )
 
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    db_end_part = torch.empty(n_kblocks, layout.num_chunks, heads, **f32)
+    dq = _buf(q.shape, dev, q.dtype)
+    dk = _buf(k.shape, dev, k.dtype)
+    db_end_part = _buf((n_kblocks, layout.num_chunks, heads), dev)
     backward_keys_kernel[(layout.num_chunks, heads, n_kblocks)](
         q, k, do, b, g, beta, _or(gamma, dummy), e_q, e_k, s["u"], s["w"], du, dw, d_err,
         s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk, db_part, dbm_part, db_end_part,
@@ -151,7 +155,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, BV=32, **flags.kernel_args(), **_warps(),
     )
 
-    dg = torch.empty(n_tok, heads, **f32)
+    dg = _buf((n_tok, heads), dev)
     decay_grad_kernel[(layout.num_chunks, heads)](
         db_part, dbm_part, db_end_part, dg, layout.cu_seqlens, layout.chunk_indices, n_tok, layout.num_chunks,
         H=heads, C=CHUNK, PARTS=n_kblocks + 1, END_PARTS=n_kblocks,

@@ -8,11 +8,10 @@ Rows past the end of a sequence load as zero, so their rows of T are rows of the
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from linmem.ops.triton.layout import CHUNK, SequenceLayout
+from linmem.ops.triton.layout import CHUNK, SequenceLayout, new_buffer
 
 
 @triton.jit
@@ -109,8 +108,8 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
 
 def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout):
     """``T_β`` and (with ``gamma``) ``T_γ``, each ``[N_tok, H, C]`` float32 rows of the chunk's ``[C, C]`` inverse."""
-    inv_beta = torch.empty_like(key_scores)
-    inv_gamma = torch.empty_like(key_scores) if gamma is not None else None
+    inv_beta = new_buffer(key_scores.shape, key_scores.device)
+    inv_gamma = new_buffer(key_scores.shape, key_scores.device) if gamma is not None else None
     heads = key_scores.shape[1]
     chunk_inverse_kernel[(layout.num_chunks, heads, 1 if gamma is None else 2)](
         key_scores, g, beta, gamma if gamma is not None else beta, inv_beta,

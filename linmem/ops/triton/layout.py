@@ -69,3 +69,13 @@ class SequenceLayout:
         as_int = dict(device=device, dtype=torch.int32)
         return cls(torch.tensor(bounds, **as_int), torch.tensor(indices, **as_int).reshape(-1, 2),
                    torch.tensor(offsets[:-1], **as_int), len(counts), offsets[-1], bounds[-1])
+
+
+# Tests set this to fill every kernel output buffer with NaN, so that an element no kernel writes shows up.
+POISON_BUFFERS = False
+
+
+def new_buffer(shape, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An output buffer for a kernel (uninitialised; NaN-filled under ``POISON_BUFFERS``)."""
+    out = torch.empty(shape, device=device, dtype=dtype)
+    return out.fill_(float("nan")) if POISON_BUFFERS else out

@@ -36,6 +36,13 @@ def load_gate(ptr, tok, mask_t, i_h, H: tl.constexpr):
 
 
 @triton.jit
+def load_decay(b, tok, mask_t, i_h, H: tl.constexpr, b_last):
+    """The in-chunk cumulative log decay ``b`` at rows ``tok``; rows past the sequence end repeat ``b_last`` (the
+    value a zero-padded g gives), so that no decay exponent between rows is ever positive."""
+    return tl.where(mask_t, tl.load(b + tok * H + i_h, mask=mask_t, other=0.0), b_last)
+
+
+@triton.jit
 def load_state(ptr, index, i_h, H: tl.constexpr, V: tl.constexpr, K: tl.constexpr, rows, mask_r, cols, mask_c):
     """Block ``[rows, cols]`` of state ``index`` of a ``[*, H, V, K]`` float32 tensor."""
     base = (index * H + i_h).to(tl.int64) * (V * K)

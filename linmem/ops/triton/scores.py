@@ -13,11 +13,10 @@ Each is stored as ``[N_tok, H, C]``: row t of its chunk's ``[C, C]`` matrix.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, key_block
+from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, key_block, new_buffer
 from linmem.ops.triton.primitives import decay, load_gate, load_rows, mm, store_rows
 
 
@@ -67,8 +66,8 @@ def chunk_scores(q, k, g, layout: SequenceLayout, *, delta: bool, residual: bool
     ``key_scores`` is None when neither the delta rule nor a residual memory needs it, ``res_scores`` None without
     a residual memory."""
     n_tok, heads, key_dim = k.shape
-    b = torch.empty(n_tok, heads, device=k.device, dtype=torch.float32)
-    rows = lambda: torch.empty(n_tok, heads, CHUNK, device=k.device, dtype=torch.float32)  # noqa: E731
+    b = new_buffer((n_tok, heads), k.device)
+    rows = lambda: new_buffer((n_tok, heads, CHUNK), k.device)  # noqa: E731
     key_scores = rows() if (delta or residual) else None
     base_scores = rows()
     res_scores = rows() if residual else None

@@ -1,0 +1,154 @@
+"""The Triton backend against the float64 reference: outputs, final states and every gradient.
+
+On a machine without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set here before the
+kernels are imported) at tiny shapes; with CUDA they run compiled, with tolerances for tf32/bf16 dots. Every kernel
+output buffer is filled with NaN first (``layout.POISON_BUFFERS``), so an element no kernel writes cannot hide.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+    # kernels decorated before the variable was set would be compiled ones: import them again
+    for name in [m for m in sys.modules if m.startswith("linmem.ops.triton")]:
+        del sys.modules[name]
+
+triton = pytest.importorskip("triton")
+
+from linmem.ops import linear_memory  # noqa: E402
+from linmem.ops.triton import layout  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+TOL = 3e-3 if ON_GPU else 1e-5  # tf32 dots on a GPU; float32 arithmetic in the interpreter
+NAMES = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    monkeypatch.setattr(layout, "POISON_BUFFERS", True)
+
+
+def make_inputs(B, T, H, K, V, seed, g_scale=0.2):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    k = torch.nn.functional.normalize(rand(B, T, H, K), dim=-1)
+    g = -torch.rand(B, T, H, generator=gen, dtype=torch.float64) * g_scale
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    gamma = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    return dict(q=rand(B, T, H, K), k=k, v=rand(B, T, H, V), g=g, beta=beta, gamma=gamma,
+                S0=0.3 * rand(B, H, V, K), R0=0.3 * rand(B, H, V, K))
+
+
+def run(backend, inputs, dtype, residual, **options):
+    """Forward and backward of a fixed random projection of the output and the final states."""
+    leaves = {}
+    for name, t in inputs.items():
+        cast = t.to(dtype) if name in ("q", "k", "v") else (t if backend == "reference" else t.float())
+        leaves[name] = cast.to(DEVICE).detach().requires_grad_(True)
+    init = (leaves["S0"], leaves["R0"]) if residual else leaves["S0"]
+    o, final = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                             leaves["gamma"] if residual else None, residual=residual, initial_state=init,
+                             output_final_state=True, backend=backend, **options)
+    finals = final if residual else (final,)
+    gen = torch.Generator().manual_seed(1234)
+    loss = 0.0
+    for t in (o, *finals):
+        loss = loss + (t.double() * torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.device)).sum()
+    loss.backward()
+    grads = {name: t.grad for name, t in leaves.items() if t.grad is not None}
+    return o, finals, grads
+
+
+def assert_close(name, got, want, tol):
+    assert got is not None, f"{name}: no gradient"
+    got, want = got.double().cpu(), want.double().cpu()
+    assert torch.isfinite(got).all(), f"{name}: NaN/Inf (an unwritten element or an overflow)"
+    err = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+    assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
+
+
+def compare(inputs, residual, dtype=torch.float32, tol=TOL, **options):
+    reference_inputs = {n: t.to(dtype).double() if n in ("q", "k", "v") else t for n, t in inputs.items()}
+    o_ref, finals_ref, grads_ref = run("reference", reference_inputs, torch.float64, residual, **options)
+    o, finals, grads = run("triton", inputs, dtype, residual, **options)
+    assert o.dtype == dtype
+    assert_close("o", o, o_ref, tol)
+    for i, (got, want) in enumerate(zip(finals, finals_ref)):
+        assert_close(f"final state {i}", got, want, tol)
+    for name in grads_ref:
+        if name == "R0" and not residual:
+            continue
+        assert_close(f"d{name}", grads.get(name), grads_ref[name], tol)
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_matches_reference(rule, residual):
+    """Two chunks, the second partial (T = 100 with chunks of 64), two sequences, two heads."""
+    compare(make_inputs(2, 100, 2, 32, 16, seed=0), residual, rule=rule)
+
+
+@pytest.mark.parametrize("rule, options", [
+    ("delta", dict(output_gates=False)),
+    ("additive", dict(output_gates=False, residual_target="tanh", clip=0.5)),
+    ("delta", dict(residual_target="identity", scale=0.7)),
+    ("delta", dict(residual_target="tanh", clip=2.0)),
+    ("additive", dict(residual_target="clip", clip=0.2)),
+])
+def test_switches(rule, options):
+    compare(make_inputs(1, 70, 2, 32, 16, seed=1), True, rule=rule, **options)
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_packed_sequences(rule):
+    """cu_seqlens with an empty sequence, one shorter than a chunk and one spanning three chunks."""
+    inputs = make_inputs(1, 180, 2, 32, 16, seed=2)
+    for name in ("S0", "R0"):
+        inputs[name] = 0.3 * torch.randn(5, 2, 16, 32, generator=torch.Generator().manual_seed(3),
+                                         dtype=torch.float64)
+    cu_seqlens = torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE)
+    compare(inputs, True, rule=rule, cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize("g_fill", [0.0, -30.0, "mixed"])
+def test_extreme_decays(g_fill):
+    """No decay at all (α = 1), a decay that wipes the state (α = e^-30), and both mixed in one chunk."""
+    inputs = make_inputs(1, 80, 1, 32, 16, seed=4)
+    if g_fill == "mixed":
+        inputs["g"] = torch.where(torch.rand(inputs["g"].shape, generator=torch.Generator().manual_seed(5)) < 0.2,
+                                  -30.0, 0.0).double()
+    else:
+        inputs["g"] = torch.full_like(inputs["g"], g_fill)
+    compare(inputs, True, rule="delta")
+
+
+def test_key_and_value_widths():
+    """A key width that is not a power of two (padded in the kernels) and a wider value than key."""
+    compare(make_inputs(1, 66, 1, 48, 40, seed=6), True, rule="delta")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs(dtype):
+    """q, k, v in half precision reach the kernels as they are (the reference sees the same rounded values; o and
+    dq, dk, dv come back rounded to half precision)."""
+    compare(make_inputs(1, 70, 2, 32, 16, seed=7), True, dtype=dtype, tol=2e-2, rule="delta")
+
+
+@pytest.mark.parametrize("options", [dict(fit_history=False), dict(per_key=True)])
+def test_chunk_fallbacks(options):
+    """fit_history=False and per-key-channel decay run on the chunk backend behind backend='triton'."""
+    inputs = make_inputs(1, 20, 1, 16, 16, seed=8)
+    if options.pop("per_key", False):
+        inputs["g"] = -0.2 * torch.rand(1, 20, 1, 16, generator=torch.Generator().manual_seed(9),
+                                        dtype=torch.float64)
+    compare(inputs, True, tol=max(TOL, 1e-5), rule="additive", **options)
