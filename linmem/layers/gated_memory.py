@@ -1,0 +1,176 @@
+"""The mixer of sGLA, GDN, RLA and RDN: one implementation, two switches (``rule``, ``residual``).
+
+===============================  ============  ==========  ==============================================
+class                            rule          residual    memory (docs/math.md)
+===============================  ============  ==========  ==============================================
+``SimpleGatedLinearAttention``   additive      no          ``S_t = α S + β v kᵀ``
+``GatedDeltaNet``                delta         no          ``S_t = α S (I − β k kᵀ) + β v kᵀ``
+``ResidualLinearAttention``      additive      yes         + ``R_t = α R + γ r kᵀ``, ``r = clip(v − S_{t−1}k)``
+``ResidualDeltaNet``             delta         yes         + ``R_t = α R (I − γ k kᵀ) + γ r kᵀ``
+===============================  ============  ==========  ==============================================
+
+Per token x (seed notes §2.2, Fig. 1; FLA's ``GatedDeltaNet`` layer):
+
+- ``q, k = l2norm(silu(conv(W_q x)))``, ``l2norm(silu(conv(W_k x)))``; ``v = silu(conv(W_v x))`` (no conv: only SiLU);
+- ``g = log α = −exp(A_log) · softplus(W_a x + dt_bias)`` (Mamba2), ``β = sigmoid(W_b x)``,
+  ``γ = sigmoid(W_c x)`` (``gamma="independent"``, ``c_proj``: the correction gate) or ``γ = β`` (``"tied"``);
+- ``o = W_o · gated_rmsnorm(read-out, W_g x)`` per head with a swish gate.
+
+Parameter names and shapes equal FLA 0.6.0's ``GatedDeltaNet`` (``q_proj, k_proj, v_proj, a_proj, b_proj, A_log,
+dt_bias, q_conv1d, k_conv1d, v_conv1d, g_proj, o_norm, o_proj``); the residual mixers add ``c_proj [H, D]`` for γ
+(absent with ``gamma="tied"``).
+
+Padding (``attention_mask`` 0) never writes: there the conv inputs, q, k, v and ``g, β, γ`` are all zero.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linmem.layers.norm import GatedRMSNorm
+from linmem.layers.recurrent import RecurrentMixer, l2_normalize, padding_mask, zero_padding
+from linmem.ops import MemoryConfig
+
+if TYPE_CHECKING:
+    from linmem.models.cache import RecurrentLayerCache
+
+GAMMA_MODES = ("independent", "tied")
+
+
+class GatedMemoryMixer(RecurrentMixer):
+    """sGLA / GDN / RLA / RDN mixer: ``[B, T, D] → [B, T, D]``.
+
+    Args:
+        hidden_size: D. num_heads: H. head_dim: K, the key width per head. expand_v: value width ``V = K·expand_v``.
+        rule: ``"additive"`` or ``"delta"``. residual: add the residual memory R (RLA / RDN).
+        gamma: ``"independent"`` (own projection ``c_proj``) or ``"tied"`` (γ = β; the paper's "w/o γ").
+        residual_target, clip, fit_history, output_gates: the op's ablation switches (``MemoryConfig``).
+        use_short_conv, conv_size, conv_bias: the q/k/v short convolutions.
+        norm_eps: eps of the per-head output norm. backend: the op's backend.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        expand_v: float = 2.0,
+        rule: str = "delta",
+        residual: bool = False,
+        gamma: str = "independent",
+        residual_target: str = "clip",
+        clip: float = 1.0,
+        fit_history: bool = True,
+        output_gates: bool = True,
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        norm_eps: float = 1e-5,
+        backend: str = "auto",
+        layer_idx: int | None = None,
+    ):
+        super().__init__(MemoryConfig(rule, residual, residual_target, clip, fit_history, output_gates), backend,
+                         layer_idx)
+        if gamma not in GAMMA_MODES:
+            raise ValueError(f"gamma must be one of {GAMMA_MODES}; got {gamma!r}")
+        head_v_dim = head_dim * expand_v
+        if not math.isclose(head_v_dim, round(head_v_dim)) or round(head_v_dim) < 1:
+            raise ValueError(f"head_dim * expand_v must be a positive integer; got {head_dim} * {expand_v}")
+        self.num_heads, self.head_k_dim, self.head_v_dim = num_heads, head_dim, round(head_v_dim)
+        self.gamma_mode = gamma
+        self.use_short_conv = use_short_conv
+        key_dim, value_dim = num_heads * self.head_k_dim, num_heads * self.head_v_dim
+
+        self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        if residual and gamma == "independent":
+            self.c_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        A_log, dt_bias = mamba2_decay_init(num_heads)
+        self.A_log, self.dt_bias = nn.Parameter(A_log), nn.Parameter(dt_bias)
+        self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
+        if use_short_conv:
+            self._make_convs({"q": key_dim, "k": key_dim, "v": value_dim}, conv_size, conv_bias)
+        self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps, activation="swish")
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
+
+    def gates(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """``g, β, γ`` each ``[B, T, H]`` (γ None without a residual memory), zero at padding."""
+        g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
+        beta = self.b_proj(x).sigmoid()
+        gamma = None
+        if self.memory.residual:
+            gamma = beta if self.gamma_mode == "tied" else self.c_proj(x).sigmoid()
+        g, beta = zero_padding(g, mask), zero_padding(beta, mask)
+        return g, beta, None if gamma is None else zero_padding(gamma, mask)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: RecurrentLayerCache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """``hidden_states [B, T, D]`` → ``[B, T, D]``.
+
+        Args:
+            attention_mask: ``[B, past + T]``, 1 for real tokens and 0 for padding (only the last T columns are used).
+            cache: this layer's ``RecurrentLayerCache``; read and updated in place (None: start from zeros).
+            kwargs: ignored (``position_ids`` for attention layers).
+        """
+        batch, length, _ = hidden_states.shape
+        mask = padding_mask(attention_mask, length)
+        heads = (batch, length, self.num_heads, -1)
+        q = l2_normalize(self.project("q", hidden_states, mask, cache, silu_without_conv=True).reshape(heads))
+        k = l2_normalize(self.project("k", hidden_states, mask, cache, silu_without_conv=True).reshape(heads))
+        v = self.project("v", hidden_states, mask, cache, silu_without_conv=True).reshape(heads)
+        g, beta, gamma = self.gates(hidden_states, mask)
+        o = self.run_memory(q, k, v, g, beta, gamma, cache)
+        o = self.o_norm(o, self.g_proj(hidden_states).reshape(heads))
+        return self.o_proj(o.reshape(batch, length, -1))
+
+
+def mamba2_decay_init(num_heads: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba2 / FLA initialisation of ``(A_log, dt_bias)``, each ``[H]``: ``A ~ U(0, 16)``; ``dt`` log-uniform in
+    [1e-3, 0.1] (floor 1e-4) and ``dt_bias = softplus⁻¹(dt)``, so the initial decays ``exp(−A·dt)`` spread over many
+    time scales."""
+    A = torch.empty(num_heads, device=device).uniform_(0, 16)
+    u = torch.rand(num_heads, device=device)
+    dt = (u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).exp().clamp(min=1e-4)
+    return A.log(), dt + torch.log(-torch.expm1(-dt))
+
+
+class SimpleGatedLinearAttention(GatedMemoryMixer):
+    """sGLA: additive rule, normalised q/k, scalar α and β per head (the RLA paper's baseline)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, **kwargs):
+        super().__init__(hidden_size, num_heads, head_dim, rule="additive", residual=False, **kwargs)
+
+
+class GatedDeltaNet(GatedMemoryMixer):
+    """GDN: delta rule with scalar decay per head (FLA's ``GatedDeltaNet`` layer)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, **kwargs):
+        super().__init__(hidden_size, num_heads, head_dim, rule="delta", residual=False, **kwargs)
+
+
+class ResidualLinearAttention(GatedMemoryMixer):
+    """RLA: sGLA plus a residual memory that fits the clipped prediction error (additive rule for both)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, **kwargs):
+        super().__init__(hidden_size, num_heads, head_dim, rule="additive", residual=True, **kwargs)
+
+
+class ResidualDeltaNet(GatedMemoryMixer):
+    """RDN: GDN plus a residual memory, the delta rule for both memories."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, **kwargs):
+        super().__init__(hidden_size, num_heads, head_dim, rule="delta", residual=True, **kwargs)

@@ -1,0 +1,60 @@
+"""RMSNorm and the gated RMSNorm of FLA's output path (``o_norm`` / ``g_norm_swish_gate``).
+
+Both compute in at least float32 (float64 stays float64, so tests can compare tightly) and return the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x²) + eps)`` over the last axis, in at least float32."""
+    x = x.to(_compute_dtype(x.dtype))
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """``y = x / rms(x) · weight`` over the last axis; ``weight [D]``."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (rms_normalize(x, self.eps) * self.weight).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GatedRMSNorm(nn.Module):
+    """``y = x / rms(x) · weight · act(gate)`` with ``act`` = swish (SiLU, default) or sigmoid; ``weight [D]``.
+
+    This is FLA's ``FusedRMSNormGated`` written out: the norm runs over the last axis (one head's values when
+    called on ``[B, T, H, V]``), the gate is elementwise.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, activation: str = "swish"):
+        super().__init__()
+        if activation not in ("swish", "silu", "sigmoid"):
+            raise ValueError(f"activation must be 'swish', 'silu' or 'sigmoid'; got {activation!r}")
+        self.eps = eps
+        self.activation = activation
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """``x, gate [..., D]`` → ``[..., D]`` in x's dtype."""
+        gate = gate.to(_compute_dtype(gate.dtype))
+        gate = torch.sigmoid(gate) if self.activation == "sigmoid" else F.silu(gate)
+        return (rms_normalize(x, self.eps) * self.weight * gate).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, activation={self.activation}"

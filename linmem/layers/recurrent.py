@@ -1,0 +1,151 @@
+"""What every linear-memory mixer shares: q/k/v projections with short convolutions, the hook points, and the
+hand-off to the op (``linear_memory`` over a sequence, ``linear_memory_step`` for one decoding token).
+
+A subclass builds its parameters, turns ``hidden_states`` into the per-head write inputs (q, k, v, g, β, γ) and calls
+``self.run_memory(...)``, which fires the hooks, runs the op from the cached state and stores the new state.
+
+Hook points (identity modules, see ``linmem.layers.hooks``), per head, after all preprocessing:
+
+=====================  ==============================  =========================================================
+name                   shape                           what
+=====================  ==============================  =========================================================
+``hook_q``             ``[B, T, H, K]``                query (after conv, activation, L2 norm where used; 0 at padding)
+``hook_k``             ``[B, T, H, K]``                key
+``hook_v``             ``[B, T, H, V]``                value
+``hook_g``             ``[B, T, H]`` (GLA ``[..., K]``)  log decay ``log α`` (0 at padding)
+``hook_beta``          ``[B, T, H]``                   base write strength β (0 at padding)
+``hook_gamma``         ``[B, T, H]``                   residual strength γ (RLA/RDN only)
+``hook_readout``       ``[B, T, H, V]``                the op's read-out, before the output norm and gate
+``hook_state``         ``[B, H, V, K]``                final base state S after this forward (float32/float64)
+``hook_residual_state``  ``[B, H, V, K]``              final residual state R (RLA/RDN only)
+=====================  ==============================  =========================================================
+
+What a hook returns replaces the tensor: a replaced ``hook_state`` is what the cache keeps for the next tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linmem.layers.conv import ShortConvolution
+from linmem.layers.hooks import HookPoint
+from linmem.ops import BACKENDS, MemoryConfig, linear_memory, linear_memory_step
+
+if TYPE_CHECKING:
+    from linmem.models.cache import RecurrentLayerCache
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(Σx² + eps)`` over the last axis (FLA's ``l2norm``, eps inside the root)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """The last ``length`` columns of a ``[B, past + T]`` 0/1 mask as a bool ``[B, T]`` (True = real), or None."""
+    if attention_mask is None:
+        return None
+    return attention_mask[:, -length:].bool()
+
+
+def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``x [B, T, ...]`` with every padded position set to 0 (``where``, not a product: garbage, even NaN, in
+    padded hidden states cannot leak)."""
+    if mask is None:
+        return x
+    return torch.where(mask.view(*mask.shape, *([1] * (x.dim() - 2))), x, torch.zeros((), dtype=x.dtype))
+
+
+class RecurrentMixer(nn.Module):
+    """Base class of the linear-memory mixers (not used on its own).
+
+    Args:
+        memory: which memory the op computes (rule, residual and the ablation switches).
+        backend: the op's backend, ``"auto"`` | ``"reference"`` | ``"chunk"`` | ``"triton"``.
+    """
+
+    def __init__(self, memory: MemoryConfig, backend: str = "auto", layer_idx: int | None = None):
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+        self.memory = memory
+        self.backend = backend
+        self.layer_idx = layer_idx
+        for name in ("q", "k", "v", "g", "beta", "readout", "state"):
+            setattr(self, f"hook_{name}", HookPoint())
+        if memory.residual:
+            self.hook_gamma = HookPoint()
+            self.hook_residual_state = HookPoint()
+
+    def _make_convs(self, dims: dict[str, int], conv_size: int, conv_bias: bool) -> None:
+        """``q_conv1d``, ``k_conv1d``, ``v_conv1d`` with SiLU (FLA's names and shapes)."""
+        for name, dim in dims.items():
+            setattr(self, f"{name}_conv1d", ShortConvolution(dim, conv_size, bias=conv_bias, activation="silu"))
+
+    def project(
+        self,
+        name: str,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: RecurrentLayerCache | None,
+        silu_without_conv: bool,
+    ) -> torch.Tensor:
+        """``{name}_proj(x)`` then the short conv + SiLU (or only SiLU / nothing without convs), zero at padding:
+        ``[B, T, D]``."""
+        x = getattr(self, f"{name}_proj")(x)
+        if not self.use_short_conv:
+            return zero_padding(F.silu(x) if silu_without_conv else x, mask)
+        state = None if cache is None else cache.conv_states.get(name)
+        y, new_state = getattr(self, f"{name}_conv1d")(x, state=state, mask=mask)
+        if cache is not None:
+            cache.conv_states[name] = new_state
+        return zero_padding(y, mask)
+
+    def run_memory(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        gamma: torch.Tensor | None,
+        cache: RecurrentLayerCache | None,
+    ) -> torch.Tensor:
+        """Fire the write hooks, run the memory from the cached state, store the new state.
+
+        Args:
+            q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` or ``[B, T, H, K]``; beta, gamma:
+                ``[B, T, H]`` (gamma None without a residual memory).
+            cache: this layer's cache, updated in place; None runs from zero states and keeps nothing.
+        Returns:
+            the read-out ``[B, T, H, V]`` (after ``hook_readout``).
+        """
+        q, k, v, g, beta = self.hook_q(q), self.hook_k(k), self.hook_v(v), self.hook_g(g), self.hook_beta(beta)
+        if self.memory.residual:
+            gamma = self.hook_gamma(gamma)
+        state = None if cache is None else cache.memory_state(self.memory.residual)
+        options = asdict(self.memory)
+        if cache is not None and q.shape[1] == 1:  # decoding: one step of the recurrence
+            o, final = linear_memory_step(
+                q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], None if gamma is None else gamma[:, 0], state,
+                **options,
+            )
+            o = o.unsqueeze(1)
+        else:
+            o, final = linear_memory(q, k, v, g, beta, gamma, **options, initial_state=state,
+                                     output_final_state=True, backend=self.backend)
+        self._keep_state(final, cache, q.shape[1])
+        return self.hook_readout(o)
+
+    def _keep_state(self, final, cache: RecurrentLayerCache | None, length: int) -> None:
+        base, resid = final if self.memory.residual else (final, None)
+        base = self.hook_state(base)
+        if self.memory.residual:
+            resid = self.hook_residual_state(resid)
+        if cache is not None:
+            cache.base_state, cache.residual_state = base, resid
+            cache.seen_tokens += length

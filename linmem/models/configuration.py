@@ -1,0 +1,138 @@
+"""``LinMemConfig``: one configuration for every linmem model (sGLA, GLA, GDN, RLA, RDN, and hybrids)."""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PretrainedConfig
+
+from linmem.ops import BACKENDS
+from linmem.ops.config import RESIDUAL_TARGETS
+
+MIXERS = ("sgla", "gla", "gdn", "rla", "rdn")
+GAMMA_MODES = ("independent", "tied")
+
+
+class LinMemConfig(PretrainedConfig):
+    """Configuration of ``LinMemModel`` / ``LinMemForCausalLM`` (``model_type = "linmem"``).
+
+    Sizes: ``vocab_size``, ``hidden_size`` (D), ``num_hidden_layers``, ``num_heads`` (H) and ``head_dim`` (K, the key
+    width per head) of the linear mixers, ``expand_v`` (value width per head ``V = K·expand_v``), the SwiGLU MLP
+    (``intermediate_size``, or FLA's rule from ``hidden_ratio``).
+
+    ``mixer``: ``"sgla"`` | ``"gla"`` | ``"gdn"`` | ``"rla"`` | ``"rdn"``. For ``"gla"`` the same H, K, V give FLA's
+    ``expand_k = H·K / D`` and ``expand_v = H·V / D`` (FLA's GLA defaults 0.5 / 1.0 are ``K = D/(2H)``,
+    ``expand_v = 2``); its gate uses ``gate_logit_normalizer``, ``gate_low_rank_dim`` and ``clamp_min``.
+
+    Hybrids: ``attn_layers`` lists the layer indices that are softmax attention, with ``attn_num_heads`` (None: H;
+    head_dim = D / attn_num_heads), ``attn_num_kv_heads`` (None: attn_num_heads), ``attn_qk_norm``,
+    ``attn_window_size`` and ``rope_theta``.
+
+    Memory switches (docs/math.md): ``residual_target`` (``"clip"`` | ``"tanh"`` | ``"identity"``), ``clip``,
+    ``fit_history``, ``output_gates`` (RLA/RDN only) and ``gamma`` (``"independent"`` | ``"tied"``: γ = β).
+    ``use_short_conv``, ``conv_size``, ``conv_bias``: the q/k/v short convolutions. ``backend``: the op's backend.
+
+    Invalid values raise ``ValueError`` when the config is built.
+    """
+
+    model_type = "linmem"
+    keys_to_ignore_at_inference = ["cache"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 1024,
+        num_hidden_layers: int = 24,
+        num_heads: int = 4,
+        head_dim: int = 128,
+        expand_v: float = 2.0,
+        mixer: str = "rdn",
+        attn_layers: list[int] | tuple[int, ...] = (),
+        attn_num_heads: int | None = None,
+        attn_num_kv_heads: int | None = None,
+        attn_qk_norm: bool = False,
+        attn_window_size: int | None = None,
+        rope_theta: float = 10000.0,
+        max_position_embeddings: int = 2048,
+        residual_target: str = "clip",
+        clip: float = 1.0,
+        fit_history: bool = True,
+        output_gates: bool = True,
+        gamma: str = "independent",
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        gate_logit_normalizer: float = 16,
+        gate_low_rank_dim: int = 16,
+        clamp_min: float | None = None,
+        hidden_ratio: float | None = 4,
+        intermediate_size: int | None = None,
+        norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        tie_word_embeddings: bool = False,
+        backend: str = "auto",
+        use_cache: bool = True,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        **kwargs,
+    ):
+        self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
+        self.num_heads, self.head_dim, self.expand_v, self.mixer = num_heads, head_dim, expand_v, mixer
+        self.attn_layers = list(attn_layers)
+        self.attn_num_heads = num_heads if attn_num_heads is None else attn_num_heads
+        self.attn_num_kv_heads = self.attn_num_heads if attn_num_kv_heads is None else attn_num_kv_heads
+        self.attn_qk_norm, self.attn_window_size, self.rope_theta = attn_qk_norm, attn_window_size, rope_theta
+        self.max_position_embeddings = max_position_embeddings
+        self.residual_target, self.clip, self.fit_history, self.output_gates = (residual_target, clip,
+                                                                                fit_history, output_gates)
+        self.gamma, self.backend = gamma, backend
+        self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias
+        self.gate_logit_normalizer, self.gate_low_rank_dim, self.clamp_min = (gate_logit_normalizer,
+                                                                             gate_low_rank_dim, clamp_min)
+        self.hidden_ratio, self.intermediate_size = hidden_ratio, intermediate_size
+        self.norm_eps, self.initializer_range, self.use_cache = norm_eps, initializer_range, use_cache
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        self.validate_architecture()
+
+    def validate_architecture(self) -> None:
+        """Raise ``ValueError`` naming the field for any value the model cannot be built with (run at the end of
+        ``__init__``, so also when a config is loaded)."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "conv_size",
+                     "attn_num_heads", "attn_num_kv_heads", "gate_low_rank_dim"):
+            _check_positive_int(name, getattr(self, name))
+        _check_choice("mixer", self.mixer, MIXERS)
+        _check_choice("gamma", self.gamma, GAMMA_MODES)
+        _check_choice("residual_target", self.residual_target, RESIDUAL_TARGETS)
+        _check_choice("backend", self.backend, BACKENDS)
+        value_width = self.head_dim * self.expand_v
+        if not math.isclose(value_width, round(value_width)) or round(value_width) < 1:
+            raise ValueError(f"head_dim * expand_v must be a positive integer; got {self.head_dim} * {self.expand_v}")
+        if not self.clip > 0:
+            raise ValueError(f"clip must be > 0; got {self.clip}")
+        self._validate_attention()
+
+    def _validate_attention(self) -> None:
+        layers = self.attn_layers
+        if any(not isinstance(i, int) or isinstance(i, bool) for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"attn_layers must be distinct integer layer indices; got {layers}")
+        if layers and not 0 <= min(layers) <= max(layers) < self.num_hidden_layers:
+            raise ValueError(f"attn_layers must lie in [0, num_hidden_layers = {self.num_hidden_layers}); got {layers}")
+        if layers and (self.hidden_size % self.attn_num_heads or (self.hidden_size // self.attn_num_heads) % 2
+                       or self.attn_num_heads % self.attn_num_kv_heads):
+            raise ValueError(f"attention layers need hidden_size ({self.hidden_size}) = attn_num_heads "
+                             f"({self.attn_num_heads}) x an even head dim, and attn_num_heads divisible by "
+                             f"attn_num_kv_heads ({self.attn_num_kv_heads})")
+        if self.attn_window_size is not None:
+            _check_positive_int("attn_window_size", self.attn_window_size)
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}; got {value!r}")

@@ -1,0 +1,234 @@
+"""One Hugging Face model for every linmem mixer: ``LinMemModel`` and ``LinMemForCausalLM``.
+
+ids → ``embeddings`` → blocks (``attn_norm`` → mixer ``attn`` → residual add → ``mlp_norm`` → SwiGLU ``mlp`` →
+residual add) → ``norm`` → ``lm_head``. The mixer of layer i is softmax ``Attention`` if i is in ``attn_layers``,
+else the linear memory named by ``config.mixer``. Module names follow FLA 0.6.0 (``model.embeddings``,
+``model.layers.{i}.attn_norm|attn|mlp_norm|mlp``, ``model.norm``, ``lm_head``) so its checkpoints map one to one.
+
+Padding: ``attention_mask [B, past + T]`` (1 real, 0 padding, padding on the left) keeps padded tokens out of every
+memory and every attention, and RoPE positions count real tokens only, so each row gives the logits it would
+give alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from linmem.layers.attention import Attention
+from linmem.layers.conv import ShortConvolution
+from linmem.layers.gated_memory import (
+    GatedDeltaNet,
+    GatedMemoryMixer,
+    ResidualDeltaNet,
+    ResidualLinearAttention,
+    SimpleGatedLinearAttention,
+    mamba2_decay_init,
+)
+from linmem.layers.gla import GatedLinearAttention
+from linmem.layers.mlp import SwiGLU
+from linmem.layers.norm import GatedRMSNorm, RMSNorm
+from linmem.models.cache import LinMemCache
+from linmem.models.configuration import LinMemConfig
+
+GATED_MEMORY_MIXERS = {
+    "sgla": SimpleGatedLinearAttention,
+    "gdn": GatedDeltaNet,
+    "rla": ResidualLinearAttention,
+    "rdn": ResidualDeltaNet,
+}
+
+
+def build_mixer(config: LinMemConfig, layer_idx: int) -> nn.Module:
+    """The mixer of layer ``layer_idx``: ``Attention`` for hybrid layers, else the config's linear memory."""
+    if layer_idx in config.attn_layers:
+        return Attention(config.hidden_size, config.attn_num_heads, config.attn_num_kv_heads,
+                         qk_norm=config.attn_qk_norm, window_size=config.attn_window_size,
+                         rope_theta=config.rope_theta, norm_eps=config.norm_eps, layer_idx=layer_idx)
+    key_width = config.num_heads * config.head_dim
+    conv = dict(use_short_conv=config.use_short_conv, conv_size=config.conv_size, conv_bias=config.conv_bias)
+    common = dict(**conv, norm_eps=config.norm_eps, backend=config.backend, layer_idx=layer_idx)
+    if config.mixer == "gla":
+        return GatedLinearAttention(
+            config.hidden_size, config.num_heads, expand_k=key_width / config.hidden_size,
+            expand_v=key_width * config.expand_v / config.hidden_size,
+            gate_logit_normalizer=config.gate_logit_normalizer, gate_low_rank_dim=config.gate_low_rank_dim,
+            clamp_min=config.clamp_min, **common,
+        )
+    return GATED_MEMORY_MIXERS[config.mixer](
+        config.hidden_size, config.num_heads, config.head_dim, expand_v=config.expand_v, gamma=config.gamma,
+        residual_target=config.residual_target, clip=config.clip, fit_history=config.fit_history,
+        output_gates=config.output_gates, **common,
+    )
+
+
+class LinMemBlock(nn.Module):
+    """Pre-norm block: ``h + attn(attn_norm(h))``, then ``h + mlp(mlp_norm(h))``; ``[B, T, D] → [B, T, D]``."""
+
+    def __init__(self, config: LinMemConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = build_mixer(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.hidden_ratio, config.intermediate_size)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, layer_cache=None) -> torch.Tensor:
+        hidden_states = hidden_states + self.attn(self.attn_norm(hidden_states), attention_mask=attention_mask,
+                                                  cache=layer_cache, position_ids=position_ids)
+        return hidden_states + self.mlp(self.mlp_norm(hidden_states))
+
+
+class LinMemPreTrainedModel(PreTrainedModel):
+    """Weights init and the Hugging Face plumbing shared by ``LinMemModel`` and ``LinMemForCausalLM``."""
+
+    config_class = LinMemConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["LinMemBlock"]
+    _input_embed_layer = "embeddings"
+    _is_stateful = True  # a recurrent state cannot be rolled back: no assisted decoding
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Normal(0, ``initializer_range``) for linear, conv and embedding weights, zero biases, unit norm weights,
+        Mamba2 / FLA decay parameters (``A_log``, ``dt_bias``). Loaded weights are left alone."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, ShortConvolution)):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (RMSNorm, GatedRMSNorm)):
+            init.ones_(module.weight)
+        elif isinstance(module, GatedMemoryMixer):
+            A_log, dt_bias = mamba2_decay_init(module.A_log.shape[0], module.A_log.device)
+            init.copy_(module.A_log, A_log)
+            init.copy_(module.dt_bias, dt_bias)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model builds its own LinMemCache
+
+
+class LinMemModel(LinMemPreTrainedModel):
+    """The backbone: ``input_ids [B, T]`` → final hidden states ``[B, T, D]`` (after ``norm``)."""
+
+    def __init__(self, config: LinMemConfig):
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.layers = nn.ModuleList([LinMemBlock(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: LinMemCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: LinMemCache | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """Run the blocks.
+
+        Args:
+            input_ids: ``[B, T]`` (or ``inputs_embeds [B, T, D]``).
+            attention_mask: ``[B, past + T]``, 1 real, 0 padding (left padding); None: all real.
+            position_ids: RoPE positions ``[B, T]``; None: real tokens counted from the mask (or from the cache).
+            cache: a ``LinMemCache`` to continue from (``past_key_values`` is accepted as an alias); with
+                ``use_cache`` and no cache a new one is made. It is updated in place and returned.
+        """
+        cache = cache if cache is not None else past_key_values
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, D]")
+        hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if use_cache and cache is None:
+            cache = LinMemCache.from_config(self.config)
+        past = 0 if cache is None else cache.get_seq_length()
+        position_ids = self._positions(attention_mask, position_ids, past, hidden_states)
+
+        all_hidden = [] if output_hidden_states else None
+        for i, block in enumerate(self.layers):
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+            hidden_states = block(hidden_states, attention_mask, position_ids,
+                                  None if cache is None else cache.layers[i])
+        hidden_states = self.norm(hidden_states)
+        if all_hidden is not None:
+            all_hidden.append(hidden_states)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None,
+                                       hidden_states=None if all_hidden is None else tuple(all_hidden))
+
+    @staticmethod
+    def _positions(attention_mask, position_ids, past: int, hidden_states: torch.Tensor) -> torch.Tensor:
+        """RoPE positions ``[B, T]``: given, or real tokens counted along the mask (padding at 0), or
+        ``past, past + 1, ...``. Also checks the mask covers ``past + T`` tokens."""
+        batch, length = hidden_states.shape[:2]
+        if attention_mask is not None and tuple(attention_mask.shape) != (batch, past + length):
+            raise ValueError(f"attention_mask must be [B, past + T] = [{batch}, {past + length}] (the cached and "
+                             f"the new tokens); got {list(attention_mask.shape)}")
+        if position_ids is not None:
+            return position_ids
+        if attention_mask is not None:
+            return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        return torch.arange(past, past + length, device=hidden_states.device).expand(batch, length)
+
+
+class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
+    """``LinMemModel`` plus ``lm_head`` (tied to ``model.embeddings`` when ``tie_word_embeddings``)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+
+    def __init__(self, config: LinMemConfig):
+        super().__init__(config)
+        self.model = LinMemModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: LinMemCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        past_key_values: LinMemCache | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits ``[B, T, vocab]`` (the last ``logits_to_keep`` positions if > 0) and, with ``labels [B, T]``,
+        the mean next-token cross entropy (labels shifted inside; -100 is ignored). Other arguments as in
+        ``LinMemModel.forward``."""
+        outputs = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
+                             output_hidden_states, past_key_values=past_key_values)
+        hidden_states = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            shifted = logits[:, :-1].flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
+            loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+                                      hidden_states=outputs.hidden_states)

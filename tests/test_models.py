@@ -1,0 +1,248 @@
+"""The Hugging Face models: built through the Auto classes for every mixer and an RDN hybrid, decoding equals the
+full forward (float64), generate equals an argmax loop, save/load round-trips through safetensors only, left
+padding is invisible, every parameter gets a gradient, bad configs raise, FLA 0.6.0's parameter names."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import linmem  # noqa: F401  (registers the Auto classes)
+from linmem.layers import recurrent
+from linmem.models import AttentionLayerCache, LinMemCache, LinMemConfig, LinMemModel, RecurrentLayerCache
+
+TOL = 1e-10
+VOCAB = 64
+CASES = {
+    "sgla": dict(mixer="sgla"),
+    "gla": dict(mixer="gla"),
+    "gdn": dict(mixer="gdn"),
+    "rla": dict(mixer="rla"),
+    "rdn": dict(mixer="rdn"),
+    "rdn_hybrid": dict(mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4, attn_num_kv_heads=2),
+}
+
+
+def tiny_config(**overrides) -> LinMemConfig:
+    base = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8, expand_v=2.0,
+                hidden_ratio=2, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    return LinMemConfig(**{**base, **overrides})
+
+
+def build(case: str, dtype=torch.float64, **overrides):
+    model = AutoModelForCausalLM.from_config(tiny_config(**CASES[case], **overrides))
+    assert type(model).__name__ == "LinMemForCausalLM"
+    with torch.no_grad():  # larger decay-path weights than the 0.02 init, so the memories matter
+        for name, p in model.named_parameters():
+            if name.endswith(("a_proj.weight", "b_proj.weight", "c_proj.weight")):
+                p.normal_(0, 0.5)
+    return model.to(dtype).eval()
+
+
+def ids(batch: int, length: int) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (batch, length))
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, atol=TOL, rtol=0)
+
+
+@pytest.fixture(params=list(CASES))
+def case(request) -> str:
+    return request.param
+
+
+@torch.no_grad()
+def test_decoding_token_by_token_equals_forward(case):
+    model = build(case)
+    x = ids(2, 9)
+    full = model(x, use_cache=False).logits
+    cache, steps = None, []
+    for t in range(x.shape[1]):
+        out = model(x[:, t: t + 1], cache=cache, use_cache=True)
+        cache = out.cache
+        steps.append(out.logits)
+    assert close(torch.cat(steps, 1), full)
+
+
+@torch.no_grad()
+def test_prefill_then_steps_equal_forward(case, monkeypatch):
+    """Prefill runs ``linear_memory`` from the cache, each further token one ``linear_memory_step``."""
+    model = build(case)
+    x = ids(2, 11)
+    full = model(x).logits
+    steps = []
+    step = recurrent.linear_memory_step
+    monkeypatch.setattr(recurrent, "linear_memory_step", lambda *a, **k: steps.append(1) or step(*a, **k))
+    out = model(x[:, :6], use_cache=True)
+    cache, logits = out.cache, [out.logits]
+    for t in range(6, 11):
+        out = model(x[:, t: t + 1], cache=cache, use_cache=True)
+        logits.append(out.logits)
+    assert close(torch.cat(logits, 1), full)
+    assert len(steps) == 5 * (model.config.num_hidden_layers - len(model.config.attn_layers))
+    check_cache_contents(model.config, cache, batch=2, seen=11)
+
+
+def check_cache_contents(config: LinMemConfig, cache: LinMemCache, batch: int, seen: int) -> None:
+    """The documented attributes and shapes of every layer's cache."""
+    assert isinstance(cache, LinMemCache) and cache.get_seq_length() == seen
+    head_v = int(config.head_dim * config.expand_v)
+    for i, layer in enumerate(cache.layers):
+        if i in config.attn_layers:
+            assert isinstance(layer, AttentionLayerCache)
+            head_dim = config.hidden_size // config.attn_num_heads
+            assert layer.keys.shape == layer.values.shape == (batch, seen, config.attn_num_kv_heads, head_dim)
+            continue
+        assert isinstance(layer, RecurrentLayerCache) and layer.seen_tokens == seen
+        assert layer.base_state.shape == (batch, config.num_heads, head_v, config.head_dim)
+        assert layer.base_state.dtype == torch.float64
+        assert (layer.residual_state is not None) == (config.mixer in ("rla", "rdn"))
+        assert sorted(layer.conv_states) == ["k", "q", "v"]
+        assert layer.conv_states["q"].shape == (batch, config.num_heads * config.head_dim, config.conv_size - 1)
+
+
+@torch.no_grad()
+def test_greedy_generate_equals_argmax_loop(case):
+    model = build(case)
+    prompt = ids(2, 5)
+    generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False)
+    sequence = prompt
+    for _ in range(6):
+        next_token = model(sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat([sequence, next_token], dim=1)
+    assert torch.equal(generated, sequence)
+
+
+@torch.no_grad()
+def test_save_load_round_trip(case, tmp_path, monkeypatch):
+    model = build(case, dtype=torch.float32)
+    model.save_pretrained(tmp_path)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert "model.safetensors" in files and "config.json" in files
+    assert not any(name.endswith((".bin", ".pt", ".pth", ".pkl")) for name in files)
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("loading must not unpickle")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    monkeypatch.setattr(pickle, "load", no_unpickling)
+    monkeypatch.setattr(pickle, "loads", no_unpickling)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    without_path = lambda c: {k: v for k, v in c.to_dict().items() if k != "_name_or_path"}  # noqa: E731
+    assert type(loaded) is type(model) and without_path(loaded.config) == without_path(model.config)
+    for (name, p), (name2, p2) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert name == name2 and torch.equal(p, p2), name
+    x = ids(2, 7)
+    assert torch.equal(loaded(x).logits, model(x).logits)
+
+
+@torch.no_grad()
+def test_left_padding_is_invisible(case):
+    """A left-padded batch gives each row's logits, and its decoding steps, as that row alone."""
+    model = build(case)
+    short, long = ids(1, 4), ids(1, 7)
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = torch.ones_like(batch)
+    mask[0, :3] = 0
+    out = model(batch, attention_mask=mask, use_cache=True)
+    assert close(out.logits[0, 3:], model(short).logits[0])
+    assert close(out.logits[1], model(long).logits[0])
+    step = ids(2, 1)
+    mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+    next_logits = model(step, attention_mask=mask, cache=out.cache, use_cache=True).logits
+    assert close(next_logits[0], model(torch.cat([short, step[:1]], 1)).logits[0, -1:])
+    assert close(next_logits[1], model(torch.cat([long, step[1:]], 1)).logits[0, -1:])
+
+
+@torch.no_grad()
+def test_left_padded_generate_equals_each_row_alone():
+    model = build("rdn_hybrid")
+    short, long = ids(1, 3), ids(1, 6)
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = (torch.arange(6) >= torch.tensor([[3], [0]])).long()
+    together = model.generate(batch, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    alone = [model.generate(row, attention_mask=torch.ones_like(row), max_new_tokens=4, do_sample=False)
+             for row in (short, long)]
+    assert torch.equal(together[0, 3:], alone[0][0]) and torch.equal(together[1], alone[1][0])
+
+
+@torch.no_grad()
+def test_rope_positions_count_real_tokens():
+    """RoPE is shift invariant, so parity alone cannot see positions: read them at the attention layer."""
+    model = build("rdn_hybrid")
+    seen = []
+    model.model.layers[1].attn.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["position_ids"].tolist()), with_kwargs=True)
+    batch = ids(2, 5)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    out = model(batch, attention_mask=mask, use_cache=True)
+    model(ids(2, 1), attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1), cache=out.cache)
+    assert seen == [[[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]], [[3], [5]]]
+
+
+def test_gradients_reach_every_parameter(case):
+    model = build(case, dtype=torch.float32).train()
+    x = ids(2, 8)
+    loss = model(x, labels=x).loss
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_tied_embeddings_and_auto_model():
+    model = AutoModelForCausalLM.from_config(tiny_config(mixer="rla", tie_word_embeddings=True))
+    assert model.lm_head.weight is model.model.embeddings.weight
+    assert isinstance(AutoModel.from_config(tiny_config(mixer="gdn")), LinMemModel)
+    assert isinstance(AutoConfig.for_model("linmem", hidden_size=32, num_heads=2, head_dim=8), LinMemConfig)
+
+
+BAD_CONFIGS = [
+    dict(mixer="mamba"),
+    dict(attn_layers=[2]),
+    dict(attn_layers=[-1]),
+    dict(attn_layers=[0, 0]),
+    dict(attn_layers=[0], attn_num_heads=3),
+    dict(attn_layers=[0], attn_num_heads=4, attn_num_kv_heads=3),
+    dict(head_dim=0),
+    dict(hidden_size=-8),
+    dict(head_dim=8, expand_v=0.3),
+    dict(gamma="shared"),
+    dict(residual_target="huber"),
+    dict(clip=0.0),
+    dict(backend="cuda"),
+]
+
+
+@pytest.mark.parametrize("overrides", BAD_CONFIGS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_bad_config_raises(overrides):
+    with pytest.raises(ValueError):
+        tiny_config(**overrides)
+
+
+@torch.no_grad()
+def test_inspectable_cache_and_hooks_in_model():
+    """The model's hooks are addressable by name, and the cache of a hook-edited run holds the edited state."""
+    model = build("rdn_hybrid")
+    states = {}
+    layer = model.model.layers[2].attn
+    layer.hook_state.register_forward_hook(lambda m, a, out: states.setdefault("S", out))
+    out = model(ids(1, 5), use_cache=True)
+    assert out.cache.layers[2].base_state is states["S"]
+    assert "LinMemCache" in repr(out.cache)
+
+
+def test_parameter_names_match_fla():
+    fla_models = pytest.importorskip("fla.models")
+    shapes = lambda m: {n: tuple(t.shape) for n, t in m.state_dict().items()}  # noqa: E731
+    kw = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=2)
+    theirs = fla_models.GatedDeltaNetForCausalLM(fla_models.GatedDeltaNetConfig(head_dim=8, **kw))
+    ours = AutoModelForCausalLM.from_config(tiny_config(mixer="gdn", hidden_ratio=4))
+    assert shapes(ours) == shapes(theirs)
+    theirs = fla_models.GLAForCausalLM(fla_models.GLAConfig(use_short_conv=True, **kw))  # expand_k 0.5, expand_v 1
+    ours = AutoModelForCausalLM.from_config(tiny_config(mixer="gla", hidden_ratio=4))
+    assert shapes(ours) == shapes(theirs)
