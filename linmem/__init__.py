@@ -1,7 +1,10 @@
 """linmem: the memory of linear-attention language models."""
 
+from linmem.models import LinMemConfig, LinMemForCausalLM, LinMemModel, register_auto_classes
 from linmem.ops import linear_memory, linear_memory_step
+
+register_auto_classes()
 
 __version__ = "0.1.0"
 
-__all__ = ["linear_memory", "linear_memory_step", "__version__"]
+__all__ = ["LinMemConfig", "LinMemForCausalLM", "LinMemModel", "linear_memory", "linear_memory_step", "__version__"]
