@@ -1,0 +1,55 @@
+"""``linmem <command>``: a thin front door; each command lives in its own module and calls library functions.
+
+A command is one entry in ``COMMANDS``: its name, the module that implements it, and a one-line help. The module
+defines ``register(parser: argparse.ArgumentParser) -> None``, which adds the command's arguments (or its own
+subcommands) and sets ``func``, a function ``(args) -> int | None`` that runs it. Only the module of the command
+being run is imported, so ``linmem --help`` stays fast and one command's dependencies never burden another.
+
+User errors (``ValueError``, ``FileNotFoundError`` and its subclasses) print as one line and exit with 2; set
+``LINMEM_DEBUG=1`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+# name -> (module with register(parser), one-line help). Add a command with one line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("linmem.data.commands", "build and inspect corpora, tokenizers and token shards"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``linmem`` parser; only ``command``'s module is imported to fill in its arguments."""
+    parser = argparse.ArgumentParser(prog="linmem", description="The memory of linear-attention language models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).register(command_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.parse_args([args.command, "--help"])
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        if os.environ.get("LINMEM_DEBUG"):
+            raise
+        print(f"linmem {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""``linmem data build`` and ``linmem data info``: thin wrappers around ``build_dataset`` and ``TokenShards``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from linmem.data.build import CARD_NAME, BuildOptions, build_dataset
+from linmem.data.shards import DEFAULT_SHARD_TOKENS, TokenShards
+from linmem.data.sources import open_source
+from linmem.data.splits import SPLITS, SplitFractions
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``build`` and ``info`` subcommands to ``linmem data``."""
+    sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    build = sub.add_parser("build", help="tokenize sources into a dataset folder (tokenizer, shards, index, card)")
+    build.add_argument("--sources", required=True,
+                       help="comma-separated built-in names (stdlib, shakespeare, bible-kjv) and paths (text files "
+                            "or folders, .jsonl, .parquet, datasets folders)")
+    build.add_argument("--tokenizer", default="train", help="'train' (byte-level BPE on the training split) or a "
+                                                            "tokenizer.json / folder holding one (default: train)")
+    build.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained tokenizer (8192)")
+    build.add_argument("--min-frequency", type=int, default=2, help="min pair count for a BPE merge (2)")
+    build.add_argument("--out", required=True, type=Path, help="dataset folder to write")
+    build.add_argument("--splits", default="0.98,0.01,0.01", help="train,validation,test fractions of documents")
+    build.add_argument("--text-field", default="text", help="text field of JSONL / parquet / datasets rows (text)")
+    build.add_argument("--id-field", default=None, help="id field of rows (default: the row number)")
+    build.add_argument("--eos-token", default=None, help="end-of-text token of a given tokenizer (auto)")
+    build.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard (16M)")
+    build.add_argument("--no-progress", action="store_true", help="no progress bars")
+    build.set_defaults(func=run_build)
+    info = sub.add_parser("info", help="summarize a dataset folder")
+    info.add_argument("folder", type=Path)
+    info.add_argument("--verify", action="store_true", help="also recompute every shard's checksum")
+    info.add_argument("--json", action="store_true", help="print the data card as JSON")
+    info.set_defaults(func=run_info)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(map(str, header))] + [[f"{c:,}" if isinstance(c, int) else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def run_build(args: argparse.Namespace) -> int:
+    specs = [s.strip() for s in args.sources.split(",") if s.strip()]
+    if not specs:
+        raise ValueError("--sources is empty")
+    sources = [open_source(spec, args.text_field, args.id_field) for spec in specs]  # fail before any work
+    options = BuildOptions(tokenizer=args.tokenizer, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+                           fractions=SplitFractions.parse(args.splits), shard_tokens=args.shard_tokens,
+                           eos_token=args.eos_token, progress=not args.no_progress)
+    card = build_dataset(sources, args.out, options, source_specs=specs)
+    print(f"wrote {args.out} in {card['build_seconds']:.1f} s")
+    print(_summary(card))
+    return 0
+
+
+def _summary(card: dict) -> str:
+    tok = card["tokenizer"]
+    lines = [f"tokenizer: {tok['kind']}, vocab {tok['vocab_size']:,}, eos {tok['eos_token']!r} = {tok['eos_id']}, "
+             f"hash {tok['hash'][:12]}, {tok['seconds']:.1f} s"]
+    header = ["source", *(f"{s} docs" for s in SPLITS), "tokens", "chars"]
+    rows = [[src, *(per[s]["documents"] for s in SPLITS), sum(p["tokens"] for p in per.values()),
+             sum(p["chars"] for p in per.values())] for src, per in card["by_source"].items()]
+    rows.append(["total", *(card["documents"]["by_split"][s] for s in SPLITS), card["tokens"]["total"],
+                 card["chars"]["total"]])
+    lines.append(_table(header, rows))
+    if card.get("skipped_empty_documents"):
+        lines.append(f"skipped {card['skipped_empty_documents']:,} empty documents")
+    return "\n".join(lines)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    data = TokenShards(args.folder)
+    if args.verify:
+        data.verify()
+    card_path = args.folder / CARD_NAME
+    card = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else None
+    if args.json:
+        print(json.dumps(card if card is not None else {}, indent=2))
+        return 0
+    print(f"{args.folder}: vocab {data.vocab_size:,}, {data.dtype.name}, eos {data.eos_id}, "
+          f"tokenizer hash {data.tokenizer_hash[:12]}" + (", checksums ok" if args.verify else ""))
+    rows = []
+    for name in data.splits:
+        split = data.split(name)
+        rows.append([name, len(split.shards), split.num_documents, split.num_tokens])
+    print(_table(["split", "shards", "documents", "tokens"], rows))
+    if card is not None:
+        print(_summary(card))
+    else:
+        print(f"(no {CARD_NAME})")
+    return 0

