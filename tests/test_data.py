@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,8 @@ def test_windows_deterministic_per_seed_and_real_slices(shards: TokenShards):
     for row in batch["input_ids"].numpy():
         assert any(row.astype(shards.dtype).tobytes() in t for t in texts)  # a contiguous slice of one shard
     np.testing.assert_array_equal(a[41]["input_ids"].numpy(), a.window_tokens(np.array([41]))[0])
+    blob = pickle.dumps(a)  # for DataLoader workers: paths travel, not the tokens
+    assert len(blob) < 20_000 and torch.equal(pickle.loads(blob).batch(5, 8)["input_ids"], batch["input_ids"])
 
 
 def test_windows_resume_at_step_k_equals_continuing(shards: TokenShards):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from linmem.data.atomic import write_json_atomic
@@ -56,45 +57,52 @@ def _documents(sources: Sequence[Source], desc: str, progress: bool) -> Iterator
                         leave=False)
 
 
-def _prepare_tokenizer(sources: Sequence[Source], out: Path, opts: BuildOptions) -> dict[str, Any]:
-    """Train (on the training split) or load the tokenizer, save it into ``out``; returns its card entry."""
+def _prepare_tokenizer(sources: Sequence[Source], out: Path, opts: BuildOptions) -> tuple[Tokenizer, dict]:
+    """Train (on the training split) or load the tokenizer and save it into ``out``; returns the tokenizer as
+    saved and its data-card entry."""
     start = time.perf_counter()
     if opts.tokenizer == "train":
-        chars = [0, 0]  # documents, characters seen by the trainer
+        seen = {"documents": 0, "chars": 0}
 
         def texts() -> Iterator[str]:
             for doc in _documents(sources, "tokenizer", opts.progress):
                 if doc.text.strip() and split_of(doc.source_id, opts.fractions, opts.salt) == "train":
-                    chars[0], chars[1] = chars[0] + 1, chars[1] + len(doc.text)
+                    seen["documents"] += 1
+                    seen["chars"] += len(doc.text)
                     yield doc.text
 
-        tokenizer = train_tokenizer(texts(), opts.vocab_size, opts.min_frequency)
-        if chars[0] == 0:
+        tokenizer = train_tokenizer(texts(), opts.vocab_size, opts.min_frequency, show_progress=opts.progress)
+        if seen["documents"] == 0:
             raise ValueError("no training documents to train a tokenizer on (sources empty, or every document "
                              "fell into validation/test): add data or change --splits")
         eos_token, _ = find_eos(tokenizer, opts.eos_token)
         entry = {"kind": "byte-level BPE, trained", "requested_vocab_size": opts.vocab_size,
-                 "min_frequency": opts.min_frequency, "train_documents": chars[0], "train_chars": chars[1]}
+                 "min_frequency": opts.min_frequency, "train_documents": seen["documents"],
+                 "train_chars": seen["chars"]}
     else:
         tokenizer = load_tokenizer(opts.tokenizer)
         eos_token, _ = find_eos(tokenizer, opts.eos_token, opts.tokenizer)
         entry = {"kind": "given", "path": str(opts.tokenizer)}
     seconds = time.perf_counter() - start
     saved = load_tokenizer(save_tokenizer(tokenizer, out, eos_token=eos_token))  # hash what was written
-    return {**entry, "vocab_size": saved.get_vocab_size(with_added_tokens=True), "eos_token": eos_token,
-            "eos_id": saved.token_to_id(eos_token), "hash": tokenizer_hash(saved), "seconds": round(seconds, 3),
-            "_tokenizer": saved}
+    return saved, {**entry, "vocab_size": saved.get_vocab_size(with_added_tokens=True), "eos_token": eos_token,
+                   "eos_id": saved.token_to_id(eos_token), "hash": tokenizer_hash(saved), "seconds": round(seconds, 3)}
 
 
 def _count_tree() -> defaultdict:
     return defaultdict(lambda: defaultdict(lambda: {"documents": 0, "tokens": 0, "chars": 0}))
 
 
-def _write_shards(sources: Sequence[Source], out: Path, opts: BuildOptions, tok: dict[str, Any]):
+def _count(entry: dict[str, int], tokens: int, chars: int) -> None:
+    entry["documents"] += 1
+    entry["tokens"] += tokens
+    entry["chars"] += chars
+
+
+def _write_shards(sources: Sequence[Source], out: Path, opts: BuildOptions, tokenizer: Tokenizer, eos_id: int):
     """Tokenize every document into its split's shards; returns ``(shards per split, source names, counts,
     skipped)``."""
-    tokenizer, eos_id = tok["_tokenizer"], tok["eos_id"]
-    dtype = token_dtype(tok["vocab_size"])
+    dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     writers = {s: ShardWriter(out, s, dtype, eos_id, opts.shard_tokens) for s in SPLITS}
     source_names: list[str] = []
     seen: dict[str, str] = {}
@@ -112,9 +120,7 @@ def _write_shards(sources: Sequence[Source], out: Path, opts: BuildOptions, tok:
                 source_names.append(doc.source)
             split = split_of(doc.source_id, opts.fractions, opts.salt)
             writers[split].add(np.asarray(enc.ids), doc.source_id, source_names.index(doc.source))
-            c = counts[doc.source][split]
-            c["documents"], c["tokens"], c["chars"] = c["documents"] + 1, c["tokens"] + len(enc.ids) + 1, \
-                c["chars"] + len(doc.text)
+            _count(counts[doc.source][split], tokens=len(enc.ids) + 1, chars=len(doc.text))
     return {s: w.close() for s, w in writers.items()}, source_names, counts, skipped
 
 
@@ -139,15 +145,14 @@ def build_dataset(sources: Sequence[Source], out_dir: str | Path, options: Build
     out.mkdir(parents=True, exist_ok=True)
     remove_shards(out)  # the index goes first: from here until the end the folder is not a dataset
     (out / CARD_NAME).unlink(missing_ok=True)
-    tok = _prepare_tokenizer(sources, out, opts)
-    splits, source_names, counts, skipped = _write_shards(sources, out, opts, tok)
-    tokenizer_entry = {k: v for k, v in tok.items() if not k.startswith("_")}
+    tokenizer, tok = _prepare_tokenizer(sources, out, opts)
+    splits, source_names, counts, skipped = _write_shards(sources, out, opts, tokenizer, tok["eos_id"])
     card = {
         "created_by": "linmem data build",
         "sources": list(source_specs or [s.name for s in sources]),
         "split_fractions": opts.fractions.as_dict(),
         "split_salt": opts.salt,
-        "tokenizer": tokenizer_entry,
+        "tokenizer": tok,
         **_totals(counts),
         "by_source": {src: {s: dict(per[s]) for s in SPLITS} for src, per in counts.items()},
         "skipped_empty_documents": skipped,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,50 +37,48 @@ def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:05d}.bin"
 
 
-@dataclass
 class ShardWriter:
     """Collects the documents of one split and writes them as shards of about ``shard_tokens`` tokens.
 
     A document never straddles two shards (a document longer than ``shard_tokens`` gets a shard of its own).
-    ``add`` takes the token ids of one document, without the EOS, which the writer appends.
+    ``add`` takes the token ids of one document, without the EOS, which the writer appends. ``shards`` lists the
+    index entries of the shards written so far.
     """
 
-    folder: Path
-    split: str
-    dtype: np.dtype
-    eos_id: int
-    shard_tokens: int = DEFAULT_SHARD_TOKENS
-    shards: list[dict[str, Any]] = field(default_factory=list)
-    _pending: list[np.ndarray] = field(default_factory=list)
-    _docs: dict[str, list] = field(default_factory=lambda: {"doc_starts": [], "doc_lengths": [], "source_ids": [],
-                                                             "sources": []})
-    _size: int = 0
+    def __init__(self, folder: Path, split: str, dtype: np.dtype, eos_id: int,
+                 shard_tokens: int = DEFAULT_SHARD_TOKENS):
+        self.folder, self.split, self.dtype, self.eos_id = Path(folder), split, np.dtype(dtype), eos_id
+        self.shard_tokens = shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._start_shard()
+
+    def _start_shard(self) -> None:
+        self._pending: list[np.ndarray] = []
+        self._docs: dict[str, list] = {"doc_starts": [], "doc_lengths": [], "source_ids": [], "sources": []}
+        self._size = 0
 
     def add(self, tokens: np.ndarray, source_id: str, source: int) -> None:
         """Append a document (``tokens [n]`` ids) from the source numbered ``source`` in the index."""
         if self._size and self._size + len(tokens) + 1 > self.shard_tokens:
             self.flush()
-        self._docs["doc_starts"].append(self._size)
-        self._docs["doc_lengths"].append(len(tokens))
-        self._docs["source_ids"].append(source_id)
-        self._docs["sources"].append(source)
-        self._pending.append(np.asarray(tokens).astype(self.dtype, casting="unsafe"))
-        self._pending.append(np.array([self.eos_id], dtype=self.dtype))
+        for key, value in zip(self._docs, (self._size, len(tokens), source_id, source)):
+            self._docs[key].append(value)
+        self._pending += [np.asarray(tokens).astype(self.dtype), np.array([self.eos_id], dtype=self.dtype)]
         self._size += len(tokens) + 1
 
     def flush(self) -> None:
         """Write the pending documents as one shard (nothing if there are none)."""
         if not self._size:
             return
-        data = np.concatenate(self._pending).astype(self.dtype, copy=False)
+        data = np.ascontiguousarray(np.concatenate(self._pending), dtype=self.dtype)
         name = shard_name(self.split, len(self.shards))
-        write_bytes_atomic(self.folder / name, data.tobytes())
-        self.shards.append({"file": name, "num_tokens": int(data.size),
-                            "sha256": hashlib.sha256(data.tobytes()).hexdigest(), **self._docs})
-        self._pending, self._size = [], 0
-        self._docs = {key: [] for key in self._docs}
+        write_bytes_atomic(self.folder / name, memoryview(data).cast("B"))
+        self.shards.append({"file": name, "num_tokens": int(data.size), "sha256": hashlib.sha256(data).hexdigest(),
+                            **self._docs})
+        self._start_shard()
 
     def close(self) -> list[dict[str, Any]]:
+        """Write what is pending; returns the index entries of all shards."""
         self.flush()
         return self.shards
 
@@ -102,25 +100,36 @@ def write_index(folder: Path, meta: dict[str, Any], splits: dict[str, list[dict[
     return folder / INDEX_NAME
 
 
-@dataclass
 class SplitTokens:
-    """The shards of one split, memory-mapped: ``shards[i]`` is a read-only ``[num_tokens_i]`` array."""
+    """The shards of one split, memory-mapped on first use: ``shards[i]`` is a read-only ``[num_tokens_i]`` array.
 
-    name: str
-    shards: list[np.ndarray]
-    entries: list[dict[str, Any]]
-    source_names: list[str]
-    eos_id: int
+    Pickles as paths, not data (a DataLoader worker maps the files itself).
+    """
+
+    def __init__(self, name: str, folder: Path, dtype: np.dtype, entries: list[dict[str, Any]],
+                 source_names: list[str], eos_id: int):
+        self.name, self.folder, self.dtype, self.entries = name, Path(folder), np.dtype(dtype), entries
+        self.source_names, self.eos_id = source_names, eos_id
+        self._shards: list[np.ndarray] | None = None
+
+    @property
+    def shards(self) -> list[np.ndarray]:
+        if self._shards is None:
+            self._shards = [np.memmap(self.folder / e["file"], dtype=self.dtype, mode="r") for e in self.entries]
+        return self._shards
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_shards": None}
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(s) for s in self.shards)
+        return sum(e["num_tokens"] for e in self.entries)
 
     @property
     def num_documents(self) -> int:
         return sum(len(e["doc_starts"]) for e in self.entries)
 
-    def documents(self):
+    def documents(self) -> Iterator[tuple[str, str, np.ndarray]]:
         """Yield ``(source, source_id, tokens [n])`` for every document in order (tokens without the EOS)."""
         for shard, entry in zip(self.shards, self.entries):
             for start, length, sid, src in zip(entry["doc_starts"], entry["doc_lengths"], entry["source_ids"],
@@ -178,9 +187,8 @@ class TokenShards:
         """The memory-mapped shards of split ``name``."""
         if name not in self.index["splits"]:
             raise KeyError(f"{self.folder}: no split {name!r}; splits: {', '.join(self.splits)}")
-        entries = self.index["splits"][name]
-        shards = [np.memmap(self.folder / e["file"], dtype=self.dtype, mode="r") for e in entries]
-        return SplitTokens(name, shards, entries, self.index["source_names"], self.eos_id)
+        return SplitTokens(name, self.folder, self.dtype, self.index["splits"][name], self.index["source_names"],
+                           self.eos_id)
 
     def verify(self) -> None:
         """Recompute every shard's SHA-256 and compare it with the index (reads every byte)."""
