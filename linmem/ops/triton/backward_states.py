@@ -23,8 +23,10 @@ from linmem.ops.triton.primitives import (
     load_gate,
     load_rows,
     load_state,
+    load_tile,
     mm,
     residual_target_grad,
+    sequence_start,
     store_rows,
     store_state,
 )
@@ -43,8 +45,25 @@ def backward_states_kernel(
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    length = (eos - bos).to(tl.int32)
+    q = sequence_start(q, bos, i_h, H, K)
+    k = sequence_start(k, bos, i_h, H, K)
+    do = sequence_start(do, bos, i_h, H, V)
+    err_in = sequence_start(err_in, bos, i_h, H, V)
+    du_out = sequence_start(du_out, bos, i_h, H, V)
+    dw_out = sequence_start(dw_out, bos, i_h, H, V)
+    derr_out = sequence_start(derr_out, bos, i_h, H, V)
+    b = sequence_start(b, bos, i_h, H, 1)
+    g = sequence_start(g, bos, i_h, H, 1)
+    beta = sequence_start(beta, bos, i_h, H, 1)
+    gamma = sequence_start(gamma, bos, i_h, H, 1)
+    key_scores = sequence_start(key_scores, bos, i_h, H, C)
+    base_scores = sequence_start(base_scores, bos, i_h, H, C)
+    res_scores = sequence_start(res_scores, bos, i_h, H, C)
+    inv_beta = sequence_start(inv_beta, bos, i_h, H, C)
+    inv_gamma = sequence_start(inv_gamma, bos, i_h, H, C)
     c0 = tl.load(chunk_offsets + i_n)
-    n_chunks = tl.cdiv(eos - bos, C)
+    n_chunks = tl.cdiv(length, C)
 
     pos = tl.arange(0, C)
     all_c = pos < C
@@ -62,48 +81,48 @@ def backward_states_kernel(
         store_state(d_base_chunks, d_state, c0 + j, i_h, H, V, K, rows, m_v, cols, m_k)
         if RESIDUAL:
             store_state(d_res_chunks, d_res_state, c0 + j, i_h, H, V, K, rows, m_v, cols, m_k)
-        tok = bos + j * C + pos
-        m_t = tok < eos
-        last = tl.minimum(bos + j * C + C, eos) - 1
-        b_last = tl.load(b + last * H + i_h)
-        bb = load_decay(b, tok, m_t, i_h, H, b_last)
-        gg = load_gate(g, tok, m_t, i_h, H)
+        r = j * C + pos
+        m_t = r < length
+        last = tl.minimum(j * C + C, length) - 1
+        b_last = tl.load(b + last * H)
+        bb = load_decay(b, r, m_t, H, b_last)
+        gg = load_gate(g, r, m_t, H)
         bm = bb - gg
-        kb = load_rows(k, tok, m_t, i_h, H, K, cols, m_k)
-        qb = load_rows(q, tok, m_t, i_h, H, K, cols, m_k)
-        d_out = load_rows(do, tok, m_t, i_h, H, V, rows, m_v)
+        kb = load_tile(k, r, m_t, H, K, cols, m_k)
+        qb = load_tile(q, r, m_t, H, K, cols, m_k)
+        d_out = load_rows(do, r, m_t, H, V, rows, m_v)
         d_base_read = scale * d_out
         k_end = kb * tl.exp(b_last - bb)[:, None]
 
         if RESIDUAL:
-            gamma_t = load_gate(gamma, tok, m_t, i_h, H)
+            gamma_t = load_gate(gamma, r, m_t, H)
             if OUTPUT_GATES:
                 d_res_read = gamma_t[:, None] * d_base_read
             else:
                 d_res_read = d_base_read
-            p_res = load_rows(res_scores, tok, m_t, i_h, H, C, pos, all_c)
+            p_res = load_tile(res_scores, r, m_t, H, C, pos, all_c)
             dw = mm(k_end, tl.trans(d_res_state), DT) + mm(tl.trans(p_res), d_res_read, DT)
             if DELTA:
-                t_gamma = load_rows(inv_gamma, tok, m_t, i_h, H, C, pos, all_c)
+                t_gamma = load_tile(inv_gamma, r, m_t, H, C, pos, all_c)
                 dw = mm(tl.trans(t_gamma), dw, DT)
-            store_rows(dw_out, dw, tok, m_t, i_h, H, V, rows, m_v)
+            store_rows(dw_out, dw, r, m_t, H, V, rows, m_v)
             d_target = gamma_t[:, None] * dw
             d_res_state = tl.exp(b_last) * d_res_state + mm(tl.trans(d_res_read), qb * tl.exp(bb)[:, None], DT)
             if DELTA:
                 d_res_state -= mm(tl.trans(d_target), kb * tl.exp(bb)[:, None], DT)
-            err = load_rows(err_in, tok, m_t, i_h, H, V, rows, m_v)
+            err = load_rows(err_in, r, m_t, H, V, rows, m_v)
             d_err = residual_target_grad(err, clip, TARGET) * d_target
-            store_rows(derr_out, d_err, tok, m_t, i_h, H, V, rows, m_v)
+            store_rows(derr_out, d_err, r, m_t, H, V, rows, m_v)
 
-        p_base = load_rows(base_scores, tok, m_t, i_h, H, C, pos, all_c)
+        p_base = load_tile(base_scores, r, m_t, H, C, pos, all_c)
         du = mm(k_end, tl.trans(d_state), DT) + mm(tl.trans(p_base), d_base_read, DT)
         if RESIDUAL:
-            a_prev = load_rows(key_scores, tok, m_t, i_h, H, C, pos, all_c)
+            a_prev = load_tile(key_scores, r, m_t, H, C, pos, all_c)
             du -= mm(tl.trans(a_prev), d_err, DT)
         if DELTA:
-            t_beta = load_rows(inv_beta, tok, m_t, i_h, H, C, pos, all_c)
+            t_beta = load_tile(inv_beta, r, m_t, H, C, pos, all_c)
             du = mm(tl.trans(t_beta), du, DT)
-        store_rows(du_out, du, tok, m_t, i_h, H, V, rows, m_v)
+        store_rows(du_out, du, r, m_t, H, V, rows, m_v)
 
         if RESIDUAL and not OUTPUT_GATES:
             read_decay = tl.exp(bm)
@@ -113,7 +132,7 @@ def backward_states_kernel(
         if RESIDUAL:
             d_state -= mm(tl.trans(d_err), kb * tl.exp(bm)[:, None], DT)
         if DELTA:
-            beta_t = load_gate(beta, tok, m_t, i_h, H)
+            beta_t = load_gate(beta, r, m_t, H)
             d_state -= mm(tl.trans(beta_t[:, None] * du), kb * tl.exp(bb)[:, None], DT)
 
     store_state(d_base0, d_state, i_n, i_h, H, V, K, rows, m_v, cols, m_k)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linmem.ops.triton.primitives import sequence_start
+
 
 @triton.jit
 def decay_grad_kernel(db_part, dbm_part, db_end_part, dg, cu_seqlens, chunk_indices, n_tok, n_chunks_total,
@@ -19,21 +21,25 @@ def decay_grad_kernel(db_part, dbm_part, db_end_part, dg, cu_seqlens, chunk_indi
     j = tl.load(chunk_indices + 2 * i_c + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    length = (eos - bos).to(tl.int32)
+    db_part = sequence_start(db_part, bos, i_h, H, 1)
+    dbm_part = sequence_start(dbm_part, bos, i_h, H, 1)
+    dg = sequence_start(dg, bos, i_h, H, 1)
     pos = tl.arange(0, C)
-    tok = bos + j * C + pos
-    m_t = tok < eos
-    last = tl.minimum(bos + j * C + C, eos) - 1
+    r = j * C + pos
+    m_t = r < length
+    last = tl.minimum(j * C + C, length) - 1
     d_b = tl.zeros([C], dtype=tl.float32)
     d_bm = tl.zeros([C], dtype=tl.float32)
     for p in tl.static_range(PARTS):
-        d_b += tl.load(db_part + p * n_tok * H + tok * H + i_h, mask=m_t, other=0.0)
-        d_bm += tl.load(dbm_part + p * n_tok * H + tok * H + i_h, mask=m_t, other=0.0)
+        d_b += tl.load(db_part + p * n_tok * H + r * H, mask=m_t, other=0.0)
+        d_bm += tl.load(dbm_part + p * n_tok * H + r * H, mask=m_t, other=0.0)
     d_end = 0.0
     for p in tl.static_range(END_PARTS):
         d_end += tl.load(db_end_part + (p * n_chunks_total + i_c) * H + i_h)
-    d_b += tl.where(tok == last, d_end, 0.0)
+    d_b += tl.where(r == last, d_end, 0.0)
     # dg_s = Σ_{t≥s} db_t + Σ_{t>s} dbm_t, as masked column sums (no cancellation between large partial sums)
     after = pos[:, None] >= pos[None, :]
     d_g = tl.sum(tl.where(after, d_b[:, None], 0.0), 0) + tl.sum(tl.where(after & (pos[:, None] != pos[None, :]),
                                                                           d_bm[:, None], 0.0), 0)
-    tl.store(dg + tok * H + i_h, d_g, mask=m_t)
+    tl.store(dg + r * H, d_g, mask=m_t)

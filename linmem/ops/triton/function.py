@@ -23,15 +23,30 @@ from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, interpret
 from linmem.ops.triton.primitives import TARGET_CODES
 from linmem.ops.triton.scores import chunk_scores
 
+# Launch options per kernel on a GPU (linmem.bench.kernels times alternatives; the interpreter ignores warps).
+# BV: value rows per program (the sequential passes hold two [BV, K] float32 states), BK: key columns per program.
+KERNEL_OPTIONS = {
+    "scores": dict(num_warps=4),
+    "inverse": dict(num_warps=4),
+    "forward": dict(num_warps=8, BV=32),
+    "backward_states": dict(num_warps=8, BV=32),
+    "backward_scores": dict(num_warps=8, BV=64),
+    "backward_keys": dict(num_warps=8, BK=64, BV=32),
+    "decay_grad": dict(num_warps=4),
+}
 
-def _value_block(key_dim: int, value_dim: int) -> int:
-    """Value rows per program of the sequential passes: two ``[BV, K]`` float32 states stay in registers."""
-    block = 16 if key_dim > 128 else 32
-    return min(block, max(16, triton.next_power_of_2(value_dim)))
 
-
-def _warps() -> dict:
-    return {} if interpreting() else {"num_warps": 4}
+def _options(name: str, key_dim: int = 0, value_dim: int = 0) -> tuple[dict, dict]:
+    """(block sizes, launch options) of one kernel for these widths."""
+    opts = dict(KERNEL_OPTIONS[name])
+    launch = {} if interpreting() else {"num_warps": opts.pop("num_warps")}
+    opts.pop("num_warps", None)
+    if "BV" in opts:
+        cap = 16 if key_dim > 128 and name in ("forward", "backward_states") else opts["BV"]
+        opts["BV"] = min(cap, max(16, triton.next_power_of_2(value_dim)))
+    if "BK" in opts:
+        opts["BK"] = min(opts["BK"], key_block(key_dim))
+    return opts, launch
 
 
 class _Flags:
@@ -53,10 +68,12 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     b, key_scores, base_scores, res_scores = chunk_scores(q, k, g, layout, delta=flags.delta,
-                                                          residual=flags.residual, output_gates=flags.gates)
+                                                          residual=flags.residual, output_gates=flags.gates,
+                                                          launch=_options("scores")[1])
     inv_beta = inv_gamma = None
     if flags.delta:
-        inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout)
+        inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
+                                            _options("inverse")[1])
 
     dev = k.device
     o = _buf((n_tok, heads, value_dim), dev, v.dtype)
@@ -77,16 +94,16 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
             if flags.gates:
                 saved["res_read"] = _buf(per_token, dev)
     dummy = b
-    block_v = _value_block(key_dim, value_dim)
-    grid = (triton.cdiv(value_dim, block_v), layout.num_seqs * heads)
+    blocks, launch = _options("forward", key_dim, value_dim)
+    grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     forward_kernel[grid](
         q, k, v, b, g, beta, gamma if gamma is not None else dummy,
         _or(key_scores, dummy), base_scores, _or(res_scores, dummy), _or(inv_beta, dummy), _or(inv_gamma, dummy),
         base0, _or(res0, dummy), o, base_final, _or(res_final, dummy),
         *(saved.get(name, dummy) for name in ("base_chunks", "res_chunks", "u", "w", "err", "eps", "res_read")),
         layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=key_block(key_dim), BV=block_v, TARGET=flags.target,
-        STORE=store, **flags.kernel_args(), **_warps(),
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=key_block(key_dim), TARGET=flags.target,
+        STORE=store, **blocks, **flags.kernel_args(), **launch,
     )
     prepared = dict(b=b, key_scores=key_scores, base_scores=base_scores, res_scores=res_scores, inv_beta=inv_beta,
                     inv_gamma=inv_gamma)
@@ -119,17 +136,17 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     d_err = _buf(per_token, dev) if flags.residual else dummy
     d_base0 = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
     d_res0 = _buf(d_base0.shape, dev, d_base0.dtype) if flags.residual else None
-    block_v = _value_block(key_dim, value_dim)
-    backward_states_kernel[(triton.cdiv(value_dim, block_v), layout.num_seqs * heads)](
+    blocks, launch = _options("backward_states", key_dim, value_dim)
+    backward_states_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)](
         q, k, do, b, g, beta, _or(gamma, dummy), p["key_scores"], p["base_scores"], p["res_scores"], p["inv_beta"],
         p["inv_gamma"], s["err"], d_base_final, _or(d_res_final, dummy), d_base0, _or(d_res0, dummy),
         d_base_chunks, d_res_chunks, du, dw, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=key_block(key_dim), BV=block_v, TARGET=flags.target,
-        **flags.kernel_args(), **_warps(),
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=key_block(key_dim), TARGET=flags.target,
+        **blocks, **flags.kernel_args(), **launch,
     )
 
-    bk = min(64, key_block(key_dim))
-    n_kblocks = triton.cdiv(key_dim, bk)
+    key_blocks, key_launch = _options("backward_keys", key_dim, value_dim)
+    n_kblocks = triton.cdiv(key_dim, key_blocks["BK"])
     dv = _buf((n_tok, heads, value_dim), dev, v.dtype)
     dbeta = _buf((n_tok, heads), dev)
     dgamma = _buf((n_tok, heads), dev) if flags.residual else dummy
@@ -137,12 +154,12 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     e_k = _buf((n_tok, heads, CHUNK), dev)
     db_part = _buf((n_kblocks + 1, n_tok, heads), dev)
     dbm_part = _buf((n_kblocks + 1, n_tok, heads), dev)
-    score_block_v = min(64, max(16, triton.next_power_of_2(value_dim)))
+    blocks, launch = _options("backward_scores", key_dim, value_dim)
     backward_scores_kernel[(layout.num_chunks, heads)](
         v, do, b, g, beta, _or(gamma, dummy), p["key_scores"], p["base_scores"], p["res_scores"], s["u"], s["w"],
         s["err"], s["eps"], s["res_read"], du, dw, d_err, dv, dbeta, dgamma, e_q, e_k, db_part[n_kblocks],
         dbm_part[n_kblocks], layout.cu_seqlens, layout.chunk_indices, scale,
-        H=heads, V=value_dim, C=CHUNK, BV=score_block_v, **flags.kernel_args(), **_warps(),
+        H=heads, V=value_dim, C=CHUNK, **blocks, **flags.kernel_args(), **launch,
     )
 
     dq = _buf(q.shape, dev, q.dtype)
@@ -152,13 +169,13 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         q, k, do, b, g, beta, _or(gamma, dummy), e_q, e_k, s["u"], s["w"], du, dw, d_err,
         s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk, db_part, dbm_part, db_end_part,
         layout.cu_seqlens, layout.chunk_indices, scale, n_tok, layout.num_chunks,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, BV=32, **flags.kernel_args(), **_warps(),
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, **key_blocks, **flags.kernel_args(), **key_launch,
     )
 
     dg = _buf((n_tok, heads), dev)
     decay_grad_kernel[(layout.num_chunks, heads)](
         db_part, dbm_part, db_end_part, dg, layout.cu_seqlens, layout.chunk_indices, n_tok, layout.num_chunks,
-        H=heads, C=CHUNK, PARTS=n_kblocks + 1, END_PARTS=n_kblocks,
+        H=heads, C=CHUNK, PARTS=n_kblocks + 1, END_PARTS=n_kblocks, **_options("decay_grad")[1],
     )
     return dq, dk, dv, dg, dbeta, (dgamma if flags.residual else None), d_base0, d_res0
 

@@ -12,20 +12,19 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.layout import CHUNK, SequenceLayout, new_buffer
+from linmem.ops.triton.primitives import sequence_start
 
 
 @triton.jit
-def _scaled_block(key_scores, tok0, len_left, i_h, H: tl.constexpr, C: tl.constexpr, scale_ptr, g, I: tl.constexpr,
+def _scaled_block(key_scores, len_left, H: tl.constexpr, C: tl.constexpr, scale_ptr, g, I: tl.constexpr,
                   J: tl.constexpr):
-    """Block (I, J) of ``diag(σα) A'``: ``[16, 16]``."""
+    """Block (I, J) of ``diag(σα) A'``: ``[16, 16]`` (pointers at the chunk's first token and the head)."""
     r = tl.arange(0, 16)
     row = I * 16 + r
     valid = row < len_left
-    tok = tok0 + row
-    scale = tl.load(scale_ptr + tok * H + i_h, mask=valid, other=0.0) * tl.exp(
-        tl.load(g + tok * H + i_h, mask=valid, other=0.0))
-    block = tl.load(key_scores + (tok * H + i_h)[:, None] * C + (J * 16 + r)[None, :], mask=valid[:, None], other=0.0)
-    return block * scale[:, None]
+    scale = tl.load(scale_ptr + row * H, mask=valid, other=0.0) * tl.exp(tl.load(g + row * H, mask=valid, other=0.0))
+    block = tl.load(key_scores + row[:, None] * (H * C) + (J * 16 + r)[None, :], mask=valid[:, None], other=0.0)
+    return block.to(tl.float32) * scale[:, None]
 
 
 @triton.jit
@@ -47,11 +46,11 @@ def _mm(a, b):
 
 
 @triton.jit
-def _store_block(out, block, tok0, len_left, i_h, H: tl.constexpr, C: tl.constexpr, I: tl.constexpr, J: tl.constexpr):
+def _store_block(out, block, len_left, H: tl.constexpr, C: tl.constexpr, I: tl.constexpr, J: tl.constexpr):
     r = tl.arange(0, 16)
     row = I * 16 + r
-    tok = tok0 + row
-    tl.store(out + (tok * H + i_h)[:, None] * C + (J * 16 + r)[None, :], block, mask=(row < len_left)[:, None])
+    tl.store(out + row[:, None] * (H * C) + (J * 16 + r)[None, :], block.to(out.dtype.element_ty),
+             mask=(row < len_left)[:, None])
 
 
 @triton.jit
@@ -63,22 +62,26 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     tok0 = bos + j * C
-    left = eos - tok0
+    left = (eos - tok0).to(tl.int32)
     if which == 0:
         strength, out = beta, inv_beta
     else:
         strength, out = gamma, inv_gamma
+    key_scores = sequence_start(key_scores, tok0, i_h, H, C)
+    out = sequence_start(out, tok0, i_h, H, C)
+    strength = sequence_start(strength, tok0, i_h, H, 1)
+    g = sequence_start(g, tok0, i_h, H, 1)
 
-    d0 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 0, 0))
-    d1 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 1, 1))
-    d2 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 2, 2))
-    d3 = _unit_lower_inverse16(_scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 3))
-    n10 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 1, 0)
-    n20 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 2, 0)
-    n21 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 2, 1)
-    n30 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 0)
-    n31 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 1)
-    n32 = _scaled_block(key_scores, tok0, left, i_h, H, C, strength, g, 3, 2)
+    d0 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 0, 0))
+    d1 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 1, 1))
+    d2 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 2, 2))
+    d3 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 3, 3))
+    n10 = _scaled_block(key_scores, left, H, C, strength, g, 1, 0)
+    n20 = _scaled_block(key_scores, left, H, C, strength, g, 2, 0)
+    n21 = _scaled_block(key_scores, left, H, C, strength, g, 2, 1)
+    n30 = _scaled_block(key_scores, left, H, C, strength, g, 3, 0)
+    n31 = _scaled_block(key_scores, left, H, C, strength, g, 3, 1)
+    n32 = _scaled_block(key_scores, left, H, C, strength, g, 3, 2)
 
     t10 = -_mm(d1, _mm(n10, d0))
     t21 = -_mm(d2, _mm(n21, d1))
@@ -88,31 +91,33 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     t30 = -_mm(d3, _mm(n30, d0) + _mm(n31, t10) + _mm(n32, t20))
 
     zero = tl.zeros([16, 16], dtype=tl.float32)
-    _store_block(out, d0, tok0, left, i_h, H, C, 0, 0)
-    _store_block(out, zero, tok0, left, i_h, H, C, 0, 1)
-    _store_block(out, zero, tok0, left, i_h, H, C, 0, 2)
-    _store_block(out, zero, tok0, left, i_h, H, C, 0, 3)
-    _store_block(out, t10, tok0, left, i_h, H, C, 1, 0)
-    _store_block(out, d1, tok0, left, i_h, H, C, 1, 1)
-    _store_block(out, zero, tok0, left, i_h, H, C, 1, 2)
-    _store_block(out, zero, tok0, left, i_h, H, C, 1, 3)
-    _store_block(out, t20, tok0, left, i_h, H, C, 2, 0)
-    _store_block(out, t21, tok0, left, i_h, H, C, 2, 1)
-    _store_block(out, d2, tok0, left, i_h, H, C, 2, 2)
-    _store_block(out, zero, tok0, left, i_h, H, C, 2, 3)
-    _store_block(out, t30, tok0, left, i_h, H, C, 3, 0)
-    _store_block(out, t31, tok0, left, i_h, H, C, 3, 1)
-    _store_block(out, t32, tok0, left, i_h, H, C, 3, 2)
-    _store_block(out, d3, tok0, left, i_h, H, C, 3, 3)
+    _store_block(out, d0, left, H, C, 0, 0)
+    _store_block(out, zero, left, H, C, 0, 1)
+    _store_block(out, zero, left, H, C, 0, 2)
+    _store_block(out, zero, left, H, C, 0, 3)
+    _store_block(out, t10, left, H, C, 1, 0)
+    _store_block(out, d1, left, H, C, 1, 1)
+    _store_block(out, zero, left, H, C, 1, 2)
+    _store_block(out, zero, left, H, C, 1, 3)
+    _store_block(out, t20, left, H, C, 2, 0)
+    _store_block(out, t21, left, H, C, 2, 1)
+    _store_block(out, d2, left, H, C, 2, 2)
+    _store_block(out, zero, left, H, C, 2, 3)
+    _store_block(out, t30, left, H, C, 3, 0)
+    _store_block(out, t31, left, H, C, 3, 1)
+    _store_block(out, t32, left, H, C, 3, 2)
+    _store_block(out, d3, left, H, C, 3, 3)
 
 
-def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout):
-    """``T_β`` and (with ``gamma``) ``T_γ``, each ``[N_tok, H, C]`` float32 rows of the chunk's ``[C, C]`` inverse."""
-    inv_beta = new_buffer(key_scores.shape, key_scores.device)
-    inv_gamma = new_buffer(key_scores.shape, key_scores.device) if gamma is not None else None
+def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout, launch: dict | None = None):
+    """``T_β`` and (with ``gamma``) ``T_γ``, each ``[N_tok, H, C]`` rows of the chunk's ``[C, C]`` inverse (in the
+    type of ``key_scores``)."""
+    inv_beta = new_buffer(key_scores.shape, key_scores.device, key_scores.dtype)
+    inv_gamma = new_buffer(key_scores.shape, key_scores.device, key_scores.dtype) if gamma is not None else None
     heads = key_scores.shape[1]
     chunk_inverse_kernel[(layout.num_chunks, heads, 1 if gamma is None else 2)](
         key_scores, g, beta, gamma if gamma is not None else beta, inv_beta,
         inv_gamma if inv_gamma is not None else inv_beta, layout.cu_seqlens, layout.chunk_indices, H=heads, C=CHUNK,
+        **(launch or {}),
     )
     return inv_beta, inv_gamma

@@ -31,6 +31,12 @@ def dot_dtype(dtype: torch.dtype):
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
 
 
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage type of the ``[C, C]`` score rows and inverses: the input type (they feed dots in that type, as in
+    flash-linear-attention), float32 for float32 inputs."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def key_block(key_dim: int) -> int:
     """The padded key width a kernel holds in one tile (powers of two, at least 16 for ``tl.dot``)."""
     return max(16, triton.next_power_of_2(key_dim))

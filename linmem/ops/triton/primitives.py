@@ -1,5 +1,9 @@
 """Small Triton helpers every kernel of the package uses: tile loads and stores on the ``[N_tok, H, D]`` layout,
-the dot with an explicit operand type, in-chunk decay matrices, and the residual target ρ with its derivative."""
+the dot with an explicit operand type, in-chunk decay matrices, and the residual target ρ with its derivative.
+
+Kernels first move each per-token pointer to its sequence's first token and their head (``ptr += (bos·H + h)·D``,
+64-bit, once); the helpers then address rows ``r`` of the sequence with 32-bit offsets ``r·H·D + column``, which
+keeps the per-element address arithmetic (and the registers it takes) small."""
 
 from __future__ import annotations
 
@@ -17,45 +21,59 @@ def mm(a, b, DT: tl.constexpr):
 
 
 @triton.jit
-def load_rows(ptr, tok, mask_t, i_h, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
-    """Rows ``tok`` of head ``i_h`` of a ``[N_tok, H, WIDTH]`` tensor, columns ``cols``, as float32 (0 outside)."""
-    offs = (tok * H + i_h)[:, None] * WIDTH + cols[None, :]
+def load_rows(ptr, r, mask_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
+    """Rows ``r`` of a ``[N_tok, H, WIDTH]`` tensor (pointer at the sequence start and head), columns ``cols``, as
+    float32 (0 outside)."""
+    offs = r[:, None] * (H * WIDTH) + cols[None, :]
     return tl.load(ptr + offs, mask=mask_t[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def store_rows(ptr, value, tok, mask_t, i_h, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
-    offs = (tok * H + i_h)[:, None] * WIDTH + cols[None, :]
+def load_tile(ptr, r, mask_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
+    """As ``load_rows`` but in the tensor's own type (for tiles that only feed dots)."""
+    offs = r[:, None] * (H * WIDTH) + cols[None, :]
+    return tl.load(ptr + offs, mask=mask_t[:, None] & mask_c[None, :], other=0.0)
+
+
+@triton.jit
+def store_rows(ptr, value, r, mask_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
+    offs = r[:, None] * (H * WIDTH) + cols[None, :]
     tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask_t[:, None] & mask_c[None, :])
 
 
 @triton.jit
-def load_gate(ptr, tok, mask_t, i_h, H: tl.constexpr):
-    """A per-token gate ``[N_tok, H]`` at rows ``tok`` (0 outside the sequence)."""
-    return tl.load(ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+def load_gate(ptr, r, mask_t, H: tl.constexpr):
+    """A per-token gate ``[N_tok, H]`` at rows ``r`` (0 outside the sequence)."""
+    return tl.load(ptr + r * H, mask=mask_t, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def load_decay(b, tok, mask_t, i_h, H: tl.constexpr, b_last):
-    """The in-chunk cumulative log decay ``b`` at rows ``tok``; rows past the sequence end repeat ``b_last`` (the
+def load_decay(b, r, mask_t, H: tl.constexpr, b_last):
+    """The in-chunk cumulative log decay ``b`` at rows ``r``; rows past the sequence end repeat ``b_last`` (the
     value a zero-padded g gives), so that no decay exponent between rows is ever positive."""
-    return tl.where(mask_t, tl.load(b + tok * H + i_h, mask=mask_t, other=0.0), b_last)
+    return tl.where(mask_t, tl.load(b + r * H, mask=mask_t, other=0.0), b_last)
 
 
 @triton.jit
 def load_state(ptr, index, i_h, H: tl.constexpr, V: tl.constexpr, K: tl.constexpr, rows, mask_r, cols, mask_c):
     """Block ``[rows, cols]`` of state ``index`` of a ``[*, H, V, K]`` float32 tensor."""
-    base = (index * H + i_h).to(tl.int64) * (V * K)
-    offs = base + rows[:, None] * K + cols[None, :]
-    return tl.load(ptr + offs, mask=mask_r[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+    start = ptr + (index * H + i_h).to(tl.int64) * (V * K)
+    offs = rows[:, None] * K + cols[None, :]
+    return tl.load(start + offs, mask=mask_r[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
 def store_state(ptr, value, index, i_h, H: tl.constexpr, V: tl.constexpr, K: tl.constexpr, rows, mask_r, cols,
                 mask_c):
-    base = (index * H + i_h).to(tl.int64) * (V * K)
-    offs = base + rows[:, None] * K + cols[None, :]
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask_r[:, None] & mask_c[None, :])
+    start = ptr + (index * H + i_h).to(tl.int64) * (V * K)
+    offs = rows[:, None] * K + cols[None, :]
+    tl.store(start + offs, value.to(ptr.dtype.element_ty), mask=mask_r[:, None] & mask_c[None, :])
+
+
+@triton.jit
+def sequence_start(ptr, bos, i_h, H: tl.constexpr, WIDTH: tl.constexpr):
+    """``ptr`` moved to token ``bos`` (int64) and head ``i_h`` of a ``[N_tok, H, WIDTH]`` tensor."""
+    return ptr + (bos * H + i_h) * WIDTH
 
 
 @triton.jit
