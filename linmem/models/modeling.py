@@ -35,6 +35,9 @@ from linmem.layers.norm import GatedRMSNorm, RMSNorm
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
 
+# transformers 5.2x renamed the outputs' `past_key_values` to `cache`; speak whichever the installed version uses
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 GATED_MEMORY_MIXERS = {
     "sgla": SimpleGatedLinearAttention,
     "gdn": GatedDeltaNet,
@@ -146,7 +149,8 @@ class LinMemModel(LinMemPreTrainedModel):
             attention_mask: ``[B, past + T]``, 1 real, 0 padding (left padding); None: all real.
             position_ids: RoPE positions ``[B, T]``; None: real tokens counted from the mask (or from the cache).
             cache: a ``LinMemCache`` to continue from (``past_key_values`` is accepted as an alias); with
-                ``use_cache`` and no cache a new one is made. It is updated in place and returned.
+                ``use_cache`` and no cache a new one is made. It is updated in place and returned as the output's
+                ``cache`` (``past_key_values`` under transformers < 5.2x, see ``CACHE_FIELD``).
         """
         cache = cache if cache is not None else past_key_values
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
@@ -167,7 +171,7 @@ class LinMemModel(LinMemPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if all_hidden is not None:
             all_hidden.append(hidden_states)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None,
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None},
                                        hidden_states=None if all_hidden is None else tuple(all_hidden))
 
     @staticmethod
@@ -230,5 +234,5 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         if labels is not None:
             shifted = logits[:, :-1].flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
             loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
                                       hidden_states=outputs.hidden_states)
