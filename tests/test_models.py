@@ -201,6 +201,20 @@ def test_tied_embeddings_and_auto_model():
     assert isinstance(AutoConfig.for_model("linmem", hidden_size=32, num_heads=2, head_dim=8), LinMemConfig)
 
 
+def test_initialisation():
+    """Normal(0, initializer_range) weights, unit norms, Mamba2 decay parameters: A ∈ (0, 16], softplus(dt_bias) in
+    [1e-4, 0.1]."""
+    model = AutoModelForCausalLM.from_config(tiny_config(mixer="rdn", hidden_size=64, initializer_range=0.1))
+    mixer = model.model.layers[0].attn
+    for weight in (mixer.q_proj.weight, mixer.q_conv1d.weight, model.model.embeddings.weight, model.lm_head.weight):
+        assert abs(weight.std().item() - 0.1) < 0.02 and abs(weight.mean().item()) < 0.02
+    assert torch.equal(mixer.o_norm.weight, torch.ones_like(mixer.o_norm.weight))
+    assert torch.equal(model.model.norm.weight, torch.ones_like(model.model.norm.weight))
+    A, dt = mixer.A_log.exp(), torch.nn.functional.softplus(mixer.dt_bias)
+    assert (A > 0).all() and (A <= 16).all() and (dt >= 1e-4 - 1e-7).all() and (dt <= 0.1 + 1e-7).all()
+    assert mixer.A_log.std() > 0 and mixer.dt_bias.std() > 0  # spread over heads, not one value
+
+
 BAD_CONFIGS = [
     dict(mixer="mamba"),
     dict(attn_layers=[2]),

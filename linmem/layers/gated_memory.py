@@ -103,12 +103,14 @@ class GatedMemoryMixer(RecurrentMixer):
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
     def gates(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """``g, β, γ`` each ``[B, T, H]`` (γ None without a residual memory), zero at padding."""
-        g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
-        beta = self.b_proj(x).sigmoid()
+        """``g, β, γ`` each ``[B, T, H]`` (γ None without a residual memory), zero at padding; computed in at least
+        float32 (a bf16 decay would round ``log α`` coarsely)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        g = -self.A_log.to(dtype).exp() * F.softplus(self.a_proj(x).to(dtype) + self.dt_bias.to(dtype))
+        beta = self.b_proj(x).to(dtype).sigmoid()
         gamma = None
         if self.memory.residual:
-            gamma = beta if self.gamma_mode == "tied" else self.c_proj(x).sigmoid()
+            gamma = beta if self.gamma_mode == "tied" else self.c_proj(x).to(dtype).sigmoid()
         g, beta = zero_padding(g, mask), zero_padding(beta, mask)
         return g, beta, None if gamma is None else zero_padding(gamma, mask)
 

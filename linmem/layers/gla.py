@@ -108,7 +108,8 @@ class GatedLinearAttention(RecurrentMixer):
         q = self._heads(self.project("q", hidden_states, mask, cache, silu_without_conv=False), self.num_heads)
         k = self._heads(self.project("k", hidden_states, mask, cache, silu_without_conv=False), self.num_kv_heads)
         v = self._heads(self.project("v", hidden_states, mask, cache, silu_without_conv=False), self.num_kv_heads)
-        g = F.logsigmoid(self._heads(self.gk_proj(hidden_states), self.num_kv_heads)) / self.gate_logit_normalizer
+        gate_logits = self.gk_proj(hidden_states).to(torch.promote_types(hidden_states.dtype, torch.float32))
+        g = F.logsigmoid(self._heads(gate_logits, self.num_kv_heads)) / self.gate_logit_normalizer
         if self.clamp_min is not None:
             g = g.clamp_min(self.clamp_min)
         beta = zero_padding(hidden_states.new_ones(batch, length, self.num_heads), mask)

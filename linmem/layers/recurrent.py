@@ -4,23 +4,22 @@ hand-off to the op (``linear_memory`` over a sequence, ``linear_memory_step`` fo
 A subclass builds its parameters, turns ``hidden_states`` into the per-head write inputs (q, k, v, g, β, γ) and calls
 ``self.run_memory(...)``, which fires the hooks, runs the op from the cached state and stores the new state.
 
-Hook points (identity modules, see ``linmem.layers.hooks``), per head, after all preprocessing:
+Hook points (identity modules, see ``linmem.layers.hooks``), per head, after all preprocessing; every write input is
+0 at padded positions:
 
-=====================  ==============================  =========================================================
-name                   shape                           what
-=====================  ==============================  =========================================================
-``hook_q``             ``[B, T, H, K]``                query (after conv, activation, L2 norm where used; 0 at padding)
-``hook_k``             ``[B, T, H, K]``                key
-``hook_v``             ``[B, T, H, V]``                value
-``hook_g``             ``[B, T, H]`` (GLA ``[..., K]``)  log decay ``log α`` (0 at padding)
-``hook_beta``          ``[B, T, H]``                   base write strength β (0 at padding)
-``hook_gamma``         ``[B, T, H]``                   residual strength γ (RLA/RDN only)
-``hook_readout``       ``[B, T, H, V]``                the op's read-out, before the output norm and gate
-``hook_state``         ``[B, H, V, K]``                final base state S after this forward (float32/float64)
-``hook_residual_state``  ``[B, H, V, K]``              final residual state R (RLA/RDN only)
-=====================  ==============================  =========================================================
+- ``hook_q``, ``hook_k`` ``[B, T, H, K]``: query and key after projection, short conv / activation and L2 norm (GLA:
+  no norm, no activation without conv);
+- ``hook_v`` ``[B, T, H, V]``: value;
+- ``hook_g`` ``[B, T, H]`` (GLA: ``[B, T, H, K]``, per key channel): log decay ``log α ≤ 0``;
+- ``hook_beta`` ``[B, T, H]``: base write strength β (GLA: 1);
+- ``hook_gamma`` ``[B, T, H]``: residual write/read strength γ (RLA / RDN only; with ``gamma="tied"`` a copy of β
+  taken before ``hook_beta``);
+- ``hook_readout`` ``[B, T, H, V]``: the op's read-out ``o``, before the output norm and gate;
+- ``hook_state`` ``[B, H, V, K]``: the base state S after the last token of this forward (float32 / float64);
+- ``hook_residual_state`` ``[B, H, V, K]``: the residual state R (RLA / RDN only).
 
-What a hook returns replaces the tensor: a replaced ``hook_state`` is what the cache keeps for the next tokens.
+In a decoding step T = 1. What a hook returns replaces the tensor: a replaced ``hook_state`` is what the cache keeps
+for the next tokens.
 """
 
 from __future__ import annotations
