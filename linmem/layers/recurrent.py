@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(Σx² + eps)`` over the last axis (FLA's ``l2norm``, eps inside the root)."""
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+    """``x / sqrt(Σx² + eps)`` over the last axis (FLA's ``l2norm``, eps inside the root), in at least float32."""
+    y = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (y * torch.rsqrt(y.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
