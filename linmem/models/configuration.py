@@ -22,11 +22,12 @@ class LinMemConfig(PretrainedConfig):
 
     ``mixer``: ``"sgla"`` | ``"gla"`` | ``"gdn"`` | ``"rla"`` | ``"rdn"``. For ``"gla"`` the same H, K, V give FLA's
     ``expand_k = H·K / D`` and ``expand_v = H·V / D`` (FLA's GLA defaults 0.5 / 1.0 are ``K = D/(2H)``,
-    ``expand_v = 2``); its gate uses ``gate_logit_normalizer``, ``gate_low_rank_dim`` and ``clamp_min``.
+    ``expand_v = 2``); its gate uses ``gate_logit_normalizer``, ``gate_low_rank_dim`` and ``clamp_min``, and
+    ``num_kv_heads`` (None: H; GLA only) shares k, v and the gate across groups of query heads (FLA's GQA option).
 
     Hybrids: ``attn_layers`` lists the layer indices that are softmax attention, with ``attn_num_heads`` (None: H;
-    head_dim = D / attn_num_heads), ``attn_num_kv_heads`` (None: attn_num_heads), ``attn_qk_norm``,
-    ``attn_window_size`` and ``rope_theta``.
+    head_dim = D / attn_num_heads), ``attn_num_kv_heads`` (None: attn_num_heads), ``attn_qkv_bias`` (biases on the
+    q/k/v projections), ``attn_qk_norm``, ``attn_window_size`` and ``rope_theta``.
 
     Memory switches (docs/math.md): ``residual_target`` (``"clip"`` | ``"tanh"`` | ``"identity"``), ``clip``,
     ``fit_history``, ``output_gates`` (RLA/RDN only) and ``gamma`` (``"independent"`` | ``"tied"``: γ = β).
@@ -47,9 +48,11 @@ class LinMemConfig(PretrainedConfig):
         head_dim: int = 128,
         expand_v: float = 2.0,
         mixer: str = "rdn",
+        num_kv_heads: int | None = None,
         attn_layers: list[int] | tuple[int, ...] = (),
         attn_num_heads: int | None = None,
         attn_num_kv_heads: int | None = None,
+        attn_qkv_bias: bool = False,
         attn_qk_norm: bool = False,
         attn_window_size: int | None = None,
         rope_theta: float = 10000.0,
@@ -79,9 +82,11 @@ class LinMemConfig(PretrainedConfig):
     ):
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_heads, self.head_dim, self.expand_v, self.mixer = num_heads, head_dim, expand_v, mixer
+        self.num_kv_heads = num_kv_heads
         self.attn_layers = list(attn_layers)
         self.attn_num_heads = num_heads if attn_num_heads is None else attn_num_heads
         self.attn_num_kv_heads = self.attn_num_heads if attn_num_kv_heads is None else attn_num_kv_heads
+        self.attn_qkv_bias = attn_qkv_bias
         self.attn_qk_norm, self.attn_window_size, self.rope_theta = attn_qk_norm, attn_window_size, rope_theta
         self.max_position_embeddings = max_position_embeddings
         self.residual_target, self.clip, self.fit_history, self.output_gates = (residual_target, clip,
@@ -111,6 +116,11 @@ class LinMemConfig(PretrainedConfig):
             raise ValueError(f"head_dim * expand_v must be a positive integer; got {self.head_dim} * {self.expand_v}")
         if not self.clip > 0:
             raise ValueError(f"clip must be > 0; got {self.clip}")
+        if self.num_kv_heads is not None:
+            _check_positive_int("num_kv_heads", self.num_kv_heads)
+            if self.mixer != "gla" or self.num_heads % self.num_kv_heads:
+                raise ValueError(f"num_kv_heads (grouped k/v heads) needs mixer='gla' and num_heads ({self.num_heads}) "
+                                 f"divisible by it; got mixer={self.mixer!r}, num_kv_heads={self.num_kv_heads}")
         self._validate_attention()
 
     def _validate_attention(self) -> None:

@@ -50,15 +50,16 @@ def build_mixer(config: LinMemConfig, layer_idx: int) -> nn.Module:
     """The mixer of layer ``layer_idx``: ``Attention`` for hybrid layers, else the config's linear memory."""
     if layer_idx in config.attn_layers:
         return Attention(config.hidden_size, config.attn_num_heads, config.attn_num_kv_heads,
-                         qk_norm=config.attn_qk_norm, window_size=config.attn_window_size,
-                         rope_theta=config.rope_theta, norm_eps=config.norm_eps, layer_idx=layer_idx)
+                         qkv_bias=config.attn_qkv_bias, qk_norm=config.attn_qk_norm,
+                         window_size=config.attn_window_size, rope_theta=config.rope_theta, norm_eps=config.norm_eps,
+                         layer_idx=layer_idx)
     key_width = config.num_heads * config.head_dim
     conv = dict(use_short_conv=config.use_short_conv, conv_size=config.conv_size, conv_bias=config.conv_bias)
     common = dict(**conv, norm_eps=config.norm_eps, backend=config.backend, layer_idx=layer_idx)
     if config.mixer == "gla":
         return GatedLinearAttention(
             config.hidden_size, config.num_heads, expand_k=key_width / config.hidden_size,
-            expand_v=key_width * config.expand_v / config.hidden_size,
+            expand_v=key_width * config.expand_v / config.hidden_size, num_kv_heads=config.num_kv_heads,
             gate_logit_normalizer=config.gate_logit_normalizer, gate_low_rank_dim=config.gate_low_rank_dim,
             clamp_min=config.clamp_min, **common,
         )
