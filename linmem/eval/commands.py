@@ -1,0 +1,58 @@
+"""``linmem eval MODEL_DIR --tasks ppl,cloze,mqar,niah,recall,stability [--data DIR]``: a wrapper of ``evaluate``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from linmem.eval.runner import TASKS, EvalOptions, evaluate, parse_tasks
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", type=Path, help="a model folder (OUT/model of linmem train, or a checkpoint)")
+    parser.add_argument("--tasks", default="ppl,cloze,mqar,niah,recall,stability",
+                        help=f"comma-separated from {', '.join(TASKS)}, or all")
+    parser.add_argument("--data", default=None, help="dataset folder for held-out text (default: the training one)")
+    parser.add_argument("--split", default="test", help="held-out split (test)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default MODEL_DIR/eval)")
+    parser.add_argument("--seq-len", type=int, default=None, help="window length (default: the training length)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=262_144, help="held-out tokens for perplexity")
+    parser.add_argument("--cloze-examples", type=int, default=500)
+    parser.add_argument("--mqar-pairs", type=_ints, default=[2, 4, 8, 16, 32, 64])
+    parser.add_argument("--mqar-samples", type=int, default=64)
+    parser.add_argument("--niah-lengths", type=_ints, default=[256, 512, 1024, 2048])
+    parser.add_argument("--niah-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--niah-samples", type=int, default=20)
+    parser.add_argument("--stability-windows", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks = parse_tasks(args.tasks)
+    options = EvalOptions(data=args.data, split=args.split, seq_len=args.seq_len, batch_size=args.batch_size,
+                          max_tokens=args.max_tokens, cloze_examples=args.cloze_examples, mqar_pairs=args.mqar_pairs,
+                          mqar_samples=args.mqar_samples, niah_lengths=args.niah_lengths,
+                          niah_depths=args.niah_depths, niah_samples=args.niah_samples,
+                          stability_windows=args.stability_windows, seed=args.seed, device=args.device)
+    report = evaluate(args.model_dir, tasks, options, args.out)
+    out = args.out or Path(report["model"]) / "eval"
+    for name, result in report["tasks"].items():
+        if result.get("available") is False:
+            print(f"{name}: {result['reason']}")
+        else:
+            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in result["metrics"].items())
+            print(f"{name}: {shown}")
+    print(f"report: {out / 'results.md'}")
+    return 0

@@ -1,0 +1,95 @@
+"""Open what an evaluation needs: a model folder (weights, config, tokenizer, training record) and held-out text.
+
+A model folder is what ``linmem train`` writes to ``OUT/model`` (or any checkpoint folder, or a folder saved with
+``save_pretrained`` plus a ``tokenizer.json``). Held-out text comes from a dataset folder built with the same
+tokenizer: the one the model was trained on (recorded in ``train_info.json``) or ``--data DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from linmem.data.shards import INDEX_NAME, SplitTokens, TokenShards
+from linmem.data.tokenizer import find_eos, load_tokenizer, tokenizer_hash
+from linmem.models import LinMemForCausalLM
+
+TRAIN_INFO = "train_info.json"
+
+
+@dataclass
+class EvalModel:
+    """A model ready for evaluation (eval mode, on ``device``) with its tokenizer and training record."""
+
+    model: LinMemForCausalLM
+    tokenizer: Tokenizer
+    folder: Path
+    device: torch.device
+    eos_id: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def seq_len(self) -> int:
+        """The training window length (512 if unknown)."""
+        return int(self.info.get("seq_len", 512))
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """``path`` itself if it holds ``config.json``, else a run folder's ``model/`` or newest checkpoint."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    if (path / "model" / "config.json").is_file():
+        return path / "model"
+    checkpoints = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
+    if checkpoints:
+        return checkpoints[-1]
+    raise FileNotFoundError(f"{path}: not a model folder (no config.json, no model/ or checkpoints/ inside)")
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torch.float32) -> EvalModel:
+    """Load a model folder (see ``resolve_model_dir``) with its tokenizer; weights as ``dtype`` on ``device``."""
+    folder = resolve_model_dir(path)
+    tokenizer = load_tokenizer(folder)
+    _, eos_id = find_eos(tokenizer, None, folder)
+    model = LinMemForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    target = pick_device(device)
+    model.to(target).eval()
+    info_path = folder / TRAIN_INFO
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    return EvalModel(model, tokenizer, folder, target, eos_id, info)
+
+
+def open_heldout(em: EvalModel, data_dir: str | Path | None, split: str) -> SplitTokens:
+    """Split ``split`` of ``data_dir`` (default: the dataset recorded in ``train_info.json``), checked to use the
+    model's tokenizer."""
+    folder = Path(data_dir) if data_dir else (Path(em.info["dataset"]) if em.info.get("dataset") else None)
+    if folder is None or not (folder / INDEX_NAME).is_file():
+        where = f"{folder} has no dataset" if folder else "the model folder records no dataset"
+        raise FileNotFoundError(f"held-out text needed and {where}: pass --data DIR, a dataset built with the "
+                                f"model's tokenizer (linmem data build --sources stdlib --tokenizer {em.folder} "
+                                f"--out DIR)")
+    shards = TokenShards(folder)
+    if shards.tokenizer_hash != tokenizer_hash(em.tokenizer):
+        raise ValueError(f"{folder} was tokenized with another tokenizer than {em.folder}'s; rebuild it with "
+                         f"--tokenizer {em.folder}")
+    if split not in shards.splits or shards.split(split).num_tokens == 0:
+        raise ValueError(f"{folder} has no tokens in split {split!r}; choose --split among {shards.splits}")
+    return shards.split(split)

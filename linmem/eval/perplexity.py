@@ -1,0 +1,34 @@
+"""Perplexity on held-out text: non-overlapping windows of the split, every target token counted once."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from linmem.data.shards import SplitTokens
+from linmem.data.windows import sequential_windows
+from linmem.eval.loading import EvalModel
+from linmem.eval.scoring import window_losses
+
+
+def perplexity(em: EvalModel, split: SplitTokens, seq_len: int, max_tokens: int = 262_144,
+               batch_size: int = 8) -> dict[str, Any]:
+    """Mean next-token loss and perplexity over the first ``max_tokens // seq_len`` windows ``[seq_len]`` of
+    ``split`` (the first token of a window is context only)."""
+    windows = []
+    for window in sequential_windows(split, seq_len):
+        if len(windows) * seq_len >= max_tokens:
+            break
+        windows.append(window)
+    if not windows:
+        raise ValueError(f"split {split.name!r} has no window of {seq_len} tokens; use a smaller --seq-len")
+    total, count = 0.0, 0
+    for chunk in torch.stack(windows).split(batch_size):
+        losses = window_losses(em, chunk)
+        total += float(losses.double().sum())
+        count += losses.numel()
+    loss = total / count
+    return {"metrics": {"loss": loss, "ppl": math.exp(loss), "tokens": count, "windows": len(windows),
+                        "seq_len": seq_len, "split": split.name}}

@@ -1,0 +1,152 @@
+"""``evaluate(model_dir, tasks, options)``: run the chosen tasks and write ``results.json``, ``results.md`` and
+the figures into one folder."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from linmem.data.atomic import write_json_atomic
+from linmem.eval import plots
+from linmem.eval.cloze import cloze
+from linmem.eval.loading import EvalModel, load_model, open_heldout
+from linmem.eval.memory_recall import memory_recall
+from linmem.eval.mqar import mqar
+from linmem.eval.niah import niah
+from linmem.eval.perplexity import perplexity
+from linmem.eval.stability import stability
+
+TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
+NEEDS_TEXT = {"ppl", "cloze", "niah", "stability"}
+
+
+@dataclass
+class EvalOptions:
+    """Sizes of every task; ``seq_len`` None means the model's training length."""
+
+    data: str | None = None
+    split: str = "test"
+    seq_len: int | None = None
+    batch_size: int = 8
+    max_tokens: int = 262_144
+    cloze_examples: int = 500
+    mqar_pairs: Sequence[int] = (2, 4, 8, 16, 32, 64)
+    mqar_samples: int = 64
+    niah_lengths: Sequence[int] = (256, 512, 1024, 2048)
+    niah_depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    niah_samples: int = 20
+    stability_windows: int = 16
+    seed: int = 0
+    device: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_tasks(text: str) -> list[str]:
+    """``"ppl,mqar"`` → ``["ppl", "mqar"]``; ``"all"`` → every task; unknown names raise ``ValueError``."""
+    names = list(TASKS) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        raise ValueError(f"unknown task(s) {unknown or text!r}; choose from {', '.join(TASKS)} or all")
+    return names
+
+
+def run_task(name: str, em: EvalModel, split, o: EvalOptions) -> dict[str, Any]:
+    seq_len = o.seq_len or em.seq_len
+    if name == "ppl":
+        return perplexity(em, split, seq_len, o.max_tokens, o.batch_size)
+    if name == "cloze":
+        return cloze(em, split, o.cloze_examples, batch_size=o.batch_size)
+    if name == "mqar":
+        return mqar(em, o.mqar_pairs, seq_len, o.mqar_samples, o.seed, batch_size=o.batch_size)
+    if name == "niah":
+        return niah(em, split, o.niah_lengths, o.niah_depths, o.niah_samples, o.seed, o.batch_size)
+    if name == "stability":
+        return stability(em, split, seq_len, o.stability_windows, o.batch_size)
+    return memory_recall(em, o.seed)
+
+
+def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions | None = None,
+             out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run ``tasks`` on a model folder; writes the report into ``out_dir`` (default ``MODEL_DIR/eval``)."""
+    o = options or EvalOptions()
+    em = load_model(model_dir, o.device)
+    split = open_heldout(em, o.data, o.split) if NEEDS_TEXT & set(tasks) else None  # fail before any work
+    results: dict[str, Any] = {}
+    for name in tasks:
+        start = time.perf_counter()
+        if progress:
+            print(f"[eval] {name} ...", flush=True)
+        results[name] = {**run_task(name, em, split, o), "seconds": round(time.perf_counter() - start, 2)}
+    report = {"model": str(em.folder), "name": em.info.get("name", em.folder.name),
+              "parameters": sum(p.numel() for p in em.model.parameters()), "trained_tokens": em.info.get("tokens"),
+              "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(o).items()},
+              "tasks": results}
+    write_report(report, Path(out_dir) if out_dir else em.folder / "eval")
+    return report
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """``results.json``, figures (if matplotlib is installed) and ``results.md``."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = make_figures(report, out)
+    report["figures"] = figures
+    write_json_atomic(out / "results.json", report)
+    (out / "results.md").write_text(markdown(report), encoding="utf-8")
+
+
+def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
+    tasks, name, figures = report["tasks"], report["name"], {}
+    if not plots.have_matplotlib():
+        return {}
+    if "niah" in tasks:
+        figures["niah"] = plots.niah_heatmap(tasks["niah"]["grid"], out / "niah.png", f"{name}: NIAH").name
+    if "stability" in tasks:
+        figures["stability"] = plots.stability_plot(tasks["stability"]["table"], out / "stability.png",
+                                                    f"{name}: per-layer norms").name
+    if "mqar" in tasks:
+        figures["mqar"] = plots.mqar_plot(tasks["mqar"]["table"], out / "mqar.png", f"{name}: MQAR").name
+    return figures
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "–" if value is None else str(value)
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    header = list(rows[0])
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(_fmt(r[k]) for k in header) + " |" for r in rows)]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a markdown page: a summary table, then each task's table or grid and figure."""
+    lines = [f"# Evaluation of {report['name']}", "", f"Model folder: `{report['model']}`, "
+             f"{report['parameters']:,} parameters, trained tokens: {_fmt(report['trained_tokens'])}.", ""]
+    for name, result in report["tasks"].items():
+        lines += [f"## {name}", ""]
+        if result.get("available") is False:
+            lines += [result["reason"], ""]
+            continue
+        lines += _table([{"metric": k, "value": v} for k, v in result.get("metrics", {}).items()]) + [""]
+        if "table" in result:
+            lines += _table(result["table"]) + [""]
+        if "grid" in result:
+            grid = result["grid"]
+            rows = [{"length": n, **{f"depth {d:.0%}": a for d, a in zip(grid["depths"], row)}}
+                    for n, row in zip(grid["lengths"], grid["accuracy"])]
+            lines += _table(rows) + [""]
+        if name in report.get("figures", {}):
+            lines += [f"![{name}]({report['figures'][name]})", ""]
+    if not report.get("figures") and any(k in report["tasks"] for k in ("niah", "stability", "mqar")):
+        lines += ["(figures need matplotlib: `pip install linmem[eval]`)", ""]
+    return "\n".join(lines)
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))

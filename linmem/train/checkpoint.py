@@ -1,0 +1,260 @@
+"""Checkpoints: a folder per step, written in a hidden temp folder and renamed into place when complete.
+
+``OUT/checkpoints/step-00000100/``::
+
+    config.json, model.safetensors     the model (loadable with ``AutoModelForCausalLM.from_pretrained``)
+    tokenizer.json, tokenizer_config.json
+    optimizer.safetensors              AdamW moments and step counts, keyed ``state/<param name>/<field>``
+    optimizer.json                     the param groups (hyperparameters and parameter names)
+    rng-rank<R>.json                   each process's Python / NumPy / torch (/ CUDA) generator states
+    trainer_state.json                 steps done, tokens seen, the next data position, the resolved config
+    manifest.json                      written last: every file's size and SHA-256
+
+Nothing is pickled (no ``torch.load``). The folder appears under its final name only by ``os.rename`` after the
+manifest is on disk, so a crash mid-write leaves a ``.tmp-step-*`` folder (removed on the next start) and never a
+checkpoint that looks complete. Only the newest ``keep`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from linmem.data.atomic import write_json_atomic
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+MANIFEST = "manifest.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+@dataclass
+class Checkpoint:
+    """What ``read_checkpoint`` returns: full (unsharded) model and optimizer state dicts and the trainer state."""
+
+    path: Path
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.trainer_state["step"])
+
+
+# ---------------------------------------------------------------- random generator states
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This process's generator states as JSON-ready lists (Python, NumPy, torch CPU, and CUDA if used)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss], "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+             "torch": torch.get_rng_state().tolist()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device).tolist()
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back the states ``capture_rng`` took."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8), device)
+
+
+# ---------------------------------------------------------------- optimizer state without pickle
+
+
+def flatten_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A full optimizer state dict keyed by parameter names (``get_optimizer_state_dict``) as
+    ``(tensors for safetensors, JSON: param groups and non-tensor values)``."""
+    tensors, scalars = {}, {}
+    for param, fields in state["state"].items():
+        for name, value in fields.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state/{param}/{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{param}/{name}"] = value
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of ``flatten_optimizer_state``."""
+    state: dict[str, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, rest = key.split("/", 1)
+        param, name = rest.rsplit("/", 1)
+        state.setdefault(param, {})[name] = value
+    for key, value in meta["scalars"].items():
+        param, name = key.rsplit("/", 1)
+        state.setdefault(param, {})[name] = value
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make renames inside ``folder`` durable (POSIX; ignored where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def temp_dir(root: Path, step: int) -> Path:
+    return root / f".tmp-{step_dir_name(step)}"
+
+
+def prepare_temp_dir(root: Path, step: int) -> Path:
+    """A fresh, empty hidden folder for checkpoint ``step`` (rank 0 calls this before any rank writes)."""
+    tmp = temp_dir(root, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_rng(tmp: Path, rank: int, state: dict[str, Any]) -> None:
+    write_json_atomic(tmp / f"rng-rank{rank}.json", state)
+
+
+def write_model(folder: Path, model_state: dict[str, torch.Tensor], config, dtype: torch.dtype | None = None) -> None:
+    """``config.json`` + ``model.safetensors`` (tied ``lm_head.weight`` left out, as Hugging Face does)."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model_state.items()}
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.to_json_file(str(folder / "config.json"))
+
+
+def copy_tokenizer(source: Path, folder: Path) -> None:
+    """Copy the tokenizer files found in ``source`` (a dataset or model folder) into ``folder``."""
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, folder / name)
+
+
+def finish_checkpoint(root: Path, step: int, keep: int) -> Path:
+    """Write the manifest into the temp folder, fsync, rename it to ``step-XXXXXXXX``, prune old ones (rank 0)."""
+    tmp = temp_dir(root, step)
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        _fsync_file(path)
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    write_json_atomic(tmp / MANIFEST, {"step": step, "files": files})
+    _fsync_dir(tmp)
+    final = root / step_dir_name(step)
+    if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
+        old = root / f".old-{step_dir_name(step)}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(root)
+    prune_checkpoints(root, keep)
+    return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints."""
+    for path in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(path)
+
+
+def remove_stale_temp(root: Path) -> None:
+    """Remove leftovers of interrupted writes (``.tmp-step-*``, ``.old-step-*``)."""
+    if root.is_dir():
+        for path in list(root.glob(".tmp-step-*")) + list(root.glob(".old-step-*")):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint folders under ``root`` with a manifest, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Check every file the manifest lists exists with its size (``ValueError`` otherwise)."""
+    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    for name, entry in manifest["files"].items():
+        size = (path / name).stat().st_size if (path / name).is_file() else None
+        if size != entry["bytes"]:
+            raise ValueError(f"{path / name}: {'missing' if size is None else f'{size} bytes'}, manifest says "
+                             f"{entry['bytes']}; the checkpoint is damaged (delete it to resume from an older one)")
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Model, optimizer and trainer state of the checkpoint folder ``path`` (verified against its manifest)."""
+    verify_checkpoint(path)
+    model_state = load_file(str(path / "model.safetensors"))
+    optimizer = unflatten_optimizer_state(load_file(str(path / "optimizer.safetensors")),
+                                          json.loads((path / "optimizer.json").read_text(encoding="utf-8")))
+    trainer_state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    return Checkpoint(path, model_state, optimizer, trainer_state)
+
+
+def read_rng(path: Path, rank: int) -> dict[str, Any] | None:
+    """Process ``rank``'s generator states, or None if that rank did not exist when the checkpoint was written."""
+    file = path / f"rng-rank{rank}.json"
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+
+
+def write_optimizer(folder: Path, state: dict[str, Any]) -> None:
+    tensors, meta = flatten_optimizer_state(state)
+    save_file(tensors, str(folder / "optimizer.safetensors"), metadata={"format": "pt"})
+    write_json_atomic(folder / "optimizer.json", meta)

@@ -1,0 +1,41 @@
+"""``linmem train CONFIG.yaml --out DIR [--max-steps N] [--resume]``: a thin wrapper around ``train``.
+
+Several processes: ``torchrun --nproc_per_node N -m linmem.cli train CONFIG.yaml --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from linmem.train.config import load_config
+from linmem.train.trainer import train
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="training config (YAML: model, data, optim, train)")
+    parser.add_argument("--out", required=True, type=Path, help="run folder: metrics.jsonl, checkpoints/, model/")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop after this update (the schedule still follows train.steps; --resume continues)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    parser.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.device:
+        config.train.device = args.device
+    if args.no_progress:
+        config.train.progress = False
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1; got {args.max_steps}")
+    info = train(config, args.out, args.max_steps, args.resume, where=str(args.config))
+    if info:
+        metrics = info["final_metrics"]
+        val = f", val loss {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
+        print(f"trained {info['steps']} steps, {info['tokens']:,} tokens, {info['parameters']:,} parameters in "
+              f"{info['train_seconds']:.1f} s: loss {metrics.get('loss', float('nan')):.4f}{val}; model in "
+              f"{Path(args.out) / 'model'}")
+    return 0

@@ -1,0 +1,254 @@
+"""The training config: a YAML file with four sections, checked key by key before any work starts.
+
+```yaml
+model: {hidden_size: 256, num_hidden_layers: 6, mixer: rdn, ...}   # LinMemConfig fields; vocab_size: auto
+data:  {dir: data/zoo, sources: [stdlib], seq_len: 512, recall_fraction: 0.25, recall: [{name: mqar}]}
+optim: {lr: 3.0e-4, min_lr: 3.0e-5, warmup_steps: 100, weight_decay: 0.1, grad_clip: 1.0}
+train: {steps: 2000, batch_size: 32, micro_batch_size: 16, eval_interval: 200, checkpoint_interval: 500}
+```
+
+Defaults follow the RLA paper's Table 7 recipe, scaled down (AdamW, cosine schedule from 3e-4 to 3e-5 after a
+linear warmup, weight decay 0.1, gradient clipping 1.0, init std 0.006). Every error names the key
+(``optim.lrr``, ``train.batch_size``) so a user can fix the file without reading code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from linmem.models.configuration import LinMemConfig
+
+# LinMemConfig / PretrainedConfig arguments a training config may not set (the trainer owns them).
+MODEL_KEYS_OWNED = {"self", "kwargs", "use_cache"}
+DEFAULT_INIT_STD = 0.006  # RLA Table 7
+DTYPES = ("auto", "float32", "bfloat16")
+PARALLEL = ("auto", "none", "ddp", "fsdp")
+
+
+@dataclass
+class DataSection:
+    """Where the tokens come from and how windows are cut.
+
+    ``dir``: a dataset folder (``linmem data build``); when it holds no dataset yet and ``sources`` is given, the
+    trainer builds it there first (``vocab_size``, ``splits``). ``seq_len``: tokens per training window.
+    ``recall_fraction``: share of training sequences replaced by synthetic recall sequences, made by ``recall``,
+    a list of generator specs ``{name: mqar, weight: 1, ...generator options}`` (``module`` imports a module that
+    registers further generators). ``eval_split``: the held-out split for validation loss during training.
+    """
+
+    dir: str | None = None
+    sources: list[str] = field(default_factory=list)
+    vocab_size: int = 4096
+    splits: str = "0.96,0.02,0.02"
+    seq_len: int = 512
+    recall_fraction: float = 0.0
+    recall: list[dict] = field(default_factory=list)
+    eval_split: str = "validation"
+
+
+@dataclass
+class OptimSection:
+    """AdamW with a cosine schedule: linear warmup to ``lr`` over ``warmup_steps``, cosine down to ``min_lr`` at
+    ``train.steps``. Weight decay applies to matrices only (not norms, biases or decay parameters)."""
+
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+
+@dataclass
+class TrainSection:
+    """The run: ``steps`` optimizer updates of ``batch_size`` sequences each (global, over all processes),
+    ``micro_batch_size`` sequences per process and forward pass (gradient accumulation makes up the rest).
+
+    ``eval_interval`` / ``checkpoint_interval`` in steps (0: never; a last checkpoint is always written),
+    ``eval_tokens`` held-out tokens per evaluation, ``keep_checkpoints`` (the newest N stay), ``seed``,
+    ``device`` (``auto``: CUDA if present), ``dtype`` (``auto``: bfloat16 autocast on GPU, float32 on CPU),
+    ``parallel`` (``auto``: DDP when launched with more than one process), ``save_dtype`` of the final model.
+    """
+
+    steps: int = 1000
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    eval_interval: int = 200
+    eval_tokens: int = 65536
+    eval_recall_samples: int = 64
+    checkpoint_interval: int = 500
+    keep_checkpoints: int = 2
+    log_interval: int = 1
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    parallel: str = "auto"
+    save_dtype: str = "float32"
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """The whole config; ``model`` is kept as a dict of ``LinMemConfig`` arguments (``vocab_size`` may be
+    ``"auto"``: the dataset's vocabulary rounded up to a multiple of 64)."""
+
+    model: dict[str, Any] = field(default_factory=dict)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    name: str = ""
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (YAML / JSON ready)."""
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"data": DataSection, "optim": OptimSection, "train": TrainSection}
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read and check a YAML config (``FileNotFoundError`` / ``ValueError`` naming the key)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no config file at {str(path)!r}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    return parse_config(raw or {}, where=str(path))
+
+
+def parse_config(raw: dict[str, Any], where: str = "config") -> TrainConfig:
+    """A ``TrainConfig`` from a dict as YAML gives it; unknown keys and wrong types raise ``ValueError``."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: the top level must be a mapping with keys model, data, optim, train")
+    known = {"model", "name", "description", *SECTIONS}
+    _reject_unknown(raw, known, "", where)
+    sections = {}
+    for name, cls in SECTIONS.items():
+        value = raw.get(name) or {}
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {name} must be a mapping; got {type(value).__name__}")
+        sections[name] = _build_section(cls, value, name, where)
+    model = _check_model_section(raw.get("model") or {}, where)
+    config = TrainConfig(model=model, name=str(raw.get("name", "")), description=str(raw.get("description", "")),
+                         **sections)
+    check_config(config, where)
+    return config
+
+
+def _reject_unknown(values: dict, known: set[str], prefix: str, where: str) -> None:
+    unknown = sorted(set(values) - known)
+    if unknown:
+        names = ", ".join(f"{prefix}{k}" for k in unknown)
+        raise ValueError(f"{where}: unknown key {names}; known keys{' of ' + prefix[:-1] if prefix else ''}: "
+                         f"{', '.join(sorted(known))}")
+
+
+def _build_section(cls: type, values: dict[str, Any], name: str, where: str):
+    """``cls(**values)`` after checking names and types (YAML reads ``3e-4`` as a string: floats are parsed)."""
+    hints = typing.get_type_hints(cls)
+    _reject_unknown(values, set(hints), f"{name}.", where)
+    return cls(**{key: _coerce(value, hints[key], f"{name}.{key}", where) for key, value in values.items()})
+
+
+def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
+    """``value`` checked against the annotation ``hint`` (int, float, str, bool, list, dict, optional)."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    base = next(o for o in options if o is not type(None))
+    origin = typing.get_origin(base) or base
+    if origin is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if origin is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin is str and isinstance(value, (list, tuple)) and key == "data.splits":
+        return ",".join(map(str, value))
+    ok = isinstance(value, origin) and not (origin in (int, float) and isinstance(value, bool))
+    if not ok:
+        raise ValueError(f"{where}: {key} must be {getattr(origin, '__name__', origin)}; got {value!r}")
+    return value
+
+
+def _check_model_section(model: dict[str, Any], where: str) -> dict[str, Any]:
+    """Model keys must be ``LinMemConfig`` arguments; defaults the init std to the recipe's 0.006."""
+    if not isinstance(model, dict):
+        raise ValueError(f"{where}: model must be a mapping of LinMemConfig fields")
+    known = set(inspect.signature(LinMemConfig.__init__).parameters) - MODEL_KEYS_OWNED
+    _reject_unknown(model, known, "model.", where)
+    return {"initializer_range": DEFAULT_INIT_STD, "vocab_size": "auto", **model}
+
+
+def check_config(config: TrainConfig, where: str = "config", world_size: int = 1) -> None:
+    """Values the trainer cannot run with, as ``ValueError`` naming the key (shapes that depend on the dataset
+    are checked when it is opened)."""
+    t, o, d = config.train, config.optim, config.data
+    for key, value in (("train.steps", t.steps), ("train.batch_size", t.batch_size), ("data.seq_len", d.seq_len),
+                       ("train.log_interval", t.log_interval), ("train.keep_checkpoints", t.keep_checkpoints)):
+        if value < 1:
+            raise ValueError(f"{where}: {key} must be >= 1; got {value}")
+    for key, value in (("train.eval_interval", t.eval_interval), ("train.checkpoint_interval",
+                       t.checkpoint_interval), ("optim.warmup_steps", o.warmup_steps), ("train.eval_tokens",
+                       t.eval_tokens), ("train.eval_recall_samples", t.eval_recall_samples)):
+        if value < 0:
+            raise ValueError(f"{where}: {key} must be >= 0; got {value}")
+    if d.seq_len < 2:
+        raise ValueError(f"{where}: data.seq_len must be >= 2; got {d.seq_len}")
+    if not (0 < o.min_lr <= o.lr) or not math.isfinite(o.lr):
+        raise ValueError(f"{where}: need 0 < optim.min_lr <= optim.lr; got min_lr {o.min_lr}, lr {o.lr}")
+    for key, value in (("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip)):
+        if value < 0:
+            raise ValueError(f"{where}: {key} must be >= 0; got {value}")
+    if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps > 0):
+        raise ValueError(f"{where}: need 0 <= optim.beta1, optim.beta2 < 1 and optim.eps > 0")
+    if not 0.0 <= d.recall_fraction <= 1.0:
+        raise ValueError(f"{where}: data.recall_fraction must be in [0, 1]; got {d.recall_fraction}")
+    if d.recall_fraction > 0 and not d.recall:
+        raise ValueError(f"{where}: data.recall_fraction > 0 needs at least one generator in data.recall")
+    if d.dir is None and not d.sources:
+        raise ValueError(f"{where}: data.dir (a dataset folder) or data.sources (to build one) is required")
+    for key, value, choices in (("train.dtype", t.dtype, DTYPES), ("train.parallel", t.parallel, PARALLEL),
+                                ("train.save_dtype", t.save_dtype, ("float32", "bfloat16"))):
+        if value not in choices:
+            raise ValueError(f"{where}: {key} must be one of {choices}; got {value!r}")
+    micro_batch_size(config, world_size, where)
+
+
+def micro_batch_size(config: TrainConfig, world_size: int, where: str = "config") -> tuple[int, int]:
+    """``(micro_batch_size, accumulation_steps)`` per process: ``batch_size = micro · accumulation · world``."""
+    t = config.train
+    micro = t.micro_batch_size or max(1, t.batch_size // world_size)
+    if micro < 1 or t.batch_size % (micro * world_size):
+        raise ValueError(f"{where}: train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
+                         f"({micro}) x processes ({world_size})")
+    return micro, t.batch_size // (micro * world_size)
+
+
+def build_model_config(config: TrainConfig, data_vocab_size: int, where: str = "config") -> LinMemConfig:
+    """The ``LinMemConfig`` of the run; ``vocab_size: auto`` becomes the dataset's vocabulary rounded up to 64."""
+    model = dict(config.model)
+    if model.get("vocab_size") == "auto":
+        model["vocab_size"] = -(-data_vocab_size // 64) * 64
+    elif not isinstance(model.get("vocab_size"), int) or model["vocab_size"] < data_vocab_size:
+        raise ValueError(f"{where}: model.vocab_size ({model.get('vocab_size')}) must be 'auto' or an integer >= the "
+                         f"dataset's vocabulary ({data_vocab_size})")
+    try:
+        return LinMemConfig(**model)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: model: {e}") from None

@@ -1,0 +1,117 @@
+"""torch.distributed plumbing: one process per device under ``torchrun``, DDP or FSDP2 wrapping, reductions.
+
+Launched plainly, the trainer is a single process and none of this starts a process group. Under
+``torchrun --nproc_per_node N`` (or across nodes), ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are set and a group
+starts: NCCL on GPUs, gloo on CPU. Checkpoints of a multi-node run need a file system all nodes share.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class Distributed:
+    """Where this process stands: ``rank`` of ``world_size`` processes, its ``device``."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto``: this process's CUDA device if there is one, else CPU; ``cuda`` takes ``LOCAL_RANK``'s GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("train.device is 'cuda' but torch sees no GPU; use 'cpu' or 'auto'")
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def init_distributed(device_name: str = "auto") -> Distributed:
+    """Start the process group if ``torchrun`` launched us (``WORLD_SIZE`` > 1); pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_name, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Distributed(rank, world_size, local_rank, device)
+
+
+def shutdown(state: Distributed) -> None:
+    """End the process group (if this process started one)."""
+    if state.active and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(state: Distributed) -> None:
+    if state.active:
+        dist.barrier()
+
+
+def all_reduce_sum(values: torch.Tensor, state: Distributed) -> torch.Tensor:
+    """Sum of ``values`` over all processes (a float64 copy; the input is left alone)."""
+    out = values.detach().to(torch.float64).clone()
+    if state.active:
+        device = state.device if state.device.type == "cuda" else torch.device("cpu")
+        out = out.to(device)
+        dist.all_reduce(out)
+    return out.cpu()
+
+
+def broadcast_object(obj, state: Distributed):
+    """Rank 0's ``obj`` on every process (small picklable values only: paths, flags, errors)."""
+    if not state.active:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def wrap_model(model: nn.Module, parallel: str, state: Distributed) -> nn.Module:
+    """``model`` as the run trains it: unchanged for one process, else DDP or FSDP2 (``fully_shard`` on each
+    block, then on the whole model). ``parallel``: ``auto`` (DDP when distributed), ``none``, ``ddp``, ``fsdp``."""
+    if parallel == "auto":
+        parallel = "ddp" if state.active else "none"
+    if parallel == "none":
+        if state.active:
+            raise ValueError("train.parallel is 'none' but several processes were launched; use ddp or fsdp")
+        return model
+    if not state.active:
+        return model  # one process: DDP / FSDP would only add overhead
+    if parallel == "ddp":
+        device_ids = [state.device.index] if state.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Skip the gradient all-reduce on accumulation micro-steps (DDP: ``require_backward_grad_sync``; FSDP2:
+    ``set_requires_gradient_sync``); no-op for a plain module."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model.require_backward_grad_sync = enabled
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)

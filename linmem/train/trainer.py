@@ -1,0 +1,393 @@
+"""The training loop: ``train(config, out)`` runs a config to the end (or to ``max_steps``), resumable bit for bit.
+
+One update ``s``: the micro-batches of ``s`` (``TrainData.batch``) go forward and backward with the loss summed
+over tokens and divided by the global number of target tokens of the update, so the gradient equals that of one
+big batch whatever the number of processes and micro-batches; then clipping, AdamW at ``cosine_lr(s)``, and a line
+of ``metrics.jsonl``. A checkpoint holds everything the next update depends on (weights, AdamW state, generator
+states, and the step, which fixes the data position), so ``--resume`` continues exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from tqdm.auto import tqdm
+
+from linmem.data.atomic import write_json_atomic
+from linmem.data.windows import IGNORE_INDEX
+from linmem.models import LinMemConfig, LinMemForCausalLM
+from linmem.train import checkpoint as ckpt
+from linmem.train.config import TrainConfig, build_model_config, check_config, micro_batch_size
+from linmem.train.data import TrainData, eval_windows, open_train_data, recall_eval_batch
+from linmem.train.distributed import (
+    Distributed,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    set_gradient_sync,
+    shutdown,
+    wrap_model,
+)
+from linmem.train.schedule import cosine_lr
+
+METRICS = "metrics.jsonl"
+MODEL_DIR = "model"
+TRAIN_INFO = "train_info.json"
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass
+class Run:
+    """Everything one training process holds."""
+
+    config: TrainConfig
+    out: Path
+    state: Distributed
+    data: TrainData
+    model_config: LinMemConfig
+    model: nn.Module  # possibly wrapped (DDP / FSDP2)
+    optimizer: torch.optim.Optimizer
+    micro_batch_size: int
+    accumulation: int
+    autocast_dtype: torch.dtype | None
+    step: int = 0  # updates done
+    tokens: int = 0  # input tokens consumed, all processes
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.state.device.type, dtype=self.autocast_dtype)
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (2-d and up) only, never on norms, biases or ``_no_weight_decay`` tensors."""
+    o = config.optim
+    decay, no_decay, seen = [], [], set()
+    for param in model.parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        (no_decay if param.dim() < 2 or getattr(param, "_no_weight_decay", False) else decay).append(param)
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=False)
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """``train.dtype`` as an autocast dtype (None: plain float32). ``auto``: bfloat16 on CUDA, float32 elsewhere."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
+    return torch.bfloat16 if dtype == "bfloat16" else None
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run:
+    """Open the data, build the model (same seed on every process) and the optimizer."""
+    check_config(config, where, state.world_size)
+    micro, accumulation = micro_batch_size(config, state.world_size, where)
+    data = open_train_data(config.data, config.train.seed, state, where)
+    model_config = build_model_config(config, data.vocab_size, where)
+    torch.manual_seed(config.train.seed)
+    model = LinMemForCausalLM(model_config).to(state.device)
+    model = wrap_model(model, config.train.parallel, state)
+    optimizer = build_optimizer(model, config)
+    return Run(config, out, state, data, model_config, model, optimizer, micro, accumulation,
+               autocast_dtype(config.train.dtype, state.device))
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+# ---------------------------------------------------------------- one update
+
+
+def token_losses(run: Run, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy ``[B, T-1]`` in float32 (0 where the label is ignored)."""
+    with run.autocast():
+        logits = run.model(input_ids=input_ids.to(run.state.device), use_cache=False).logits
+    targets = labels[:, 1:].to(run.state.device)
+    flat = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="none")
+    return flat.view(targets.shape)
+
+
+def loss_sums(losses: torch.Tensor, labels: torch.Tensor, synthetic: torch.Tensor) -> torch.Tensor:
+    """``[text loss sum, text targets, recall loss sum, recall targets]`` (float64) of a micro-batch."""
+    counts = (labels[:, 1:] != IGNORE_INDEX).sum(1).to(torch.float64)
+    rows = losses.detach().sum(1).to(torch.float64).cpu()
+    synthetic = synthetic.bool()
+    return torch.stack([rows[~synthetic].sum(), counts[~synthetic].sum(), rows[synthetic].sum(),
+                        counts[synthetic].sum()])
+
+
+def train_step(run: Run, step: int) -> dict[str, Any]:
+    """Update ``step`` (0-based); returns its metrics line."""
+    c, state = run.config, run.state
+    start = time.perf_counter()
+    lr = cosine_lr(step, c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.train.steps)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    batches = [run.data.batch(step, i, run.accumulation, run.micro_batch_size, state.rank, state.world_size)
+               for i in range(run.accumulation)]
+    local_targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+    targets = float(all_reduce_sum(torch.tensor([local_targets]), state)[0])
+    sums = torch.zeros(4, dtype=torch.float64)
+    for i, batch in enumerate(batches):
+        set_gradient_sync(run.model, i == len(batches) - 1)
+        losses = token_losses(run, batch["input_ids"], batch["labels"])
+        (losses.sum() * (state.world_size / max(targets, 1.0))).backward()
+        sums += loss_sums(losses, batch["labels"], batch["synthetic"])
+    grad_norm = clip_gradients(run.model, c.optim.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    sums = all_reduce_sum(sums, state)
+    step_tokens = c.train.batch_size * c.data.seq_len
+    run.tokens += step_tokens
+    seconds = time.perf_counter() - start
+    text, text_n, recall, recall_n = sums.tolist()
+    return {"step": step + 1, "loss": (text + recall) / max(text_n + recall_n, 1.0),
+            "text_loss": text / text_n if text_n else None, "recall_loss": recall / recall_n if recall_n else None,
+            "lr": lr, "grad_norm": grad_norm, "tokens": run.tokens, "tokens_per_s": step_tokens / seconds}
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm`` (0: measure only); returns the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+# ---------------------------------------------------------------- held-out evaluation
+
+
+@torch.no_grad()
+def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """Validation loss on ``windows [N, T]`` and recall accuracy on held-out synthetic samples, over all
+    processes (each takes an equal share, so FSDP's collectives line up)."""
+    run.model.eval()
+    state, out = run.state, {}
+    sums = torch.zeros(4, dtype=torch.float64)  # text loss, text targets, recall hits, recall targets
+    share = windows[state.rank::state.world_size][: len(windows) // state.world_size]
+    for chunk in share.split(run.micro_batch_size):
+        losses = token_losses(run, chunk, chunk)
+        sums[0] += float(losses.double().sum())
+        sums[1] += losses.numel()
+    if recall is not None:
+        n = len(recall["input_ids"]) // state.world_size
+        ids, labels = (recall[k][state.rank::state.world_size][:n] for k in ("input_ids", "labels"))
+        for chunk_ids, chunk_labels in zip(ids.split(run.micro_batch_size), labels.split(run.micro_batch_size)):
+            with run.autocast():
+                logits = run.model(input_ids=chunk_ids.to(state.device), use_cache=False).logits
+            mask = chunk_labels[:, 1:] != IGNORE_INDEX
+            hits = logits[:, :-1].argmax(-1).cpu() == chunk_labels[:, 1:]
+            sums[2] += float((hits & mask).sum())
+            sums[3] += float(mask.sum())
+    sums = all_reduce_sum(sums, state)
+    run.model.train()
+    if sums[1] > 0:
+        out["val_loss"] = float(sums[0] / sums[1])
+        out["val_ppl"] = float(torch.exp(sums[0] / sums[1]))
+    if sums[3] > 0:
+        out["val_recall_acc"] = float(sums[2] / sums[3])
+    return out
+
+
+# ---------------------------------------------------------------- checkpoints and the final model
+
+
+def trainer_state(run: Run) -> dict[str, Any]:
+    return {"step": run.step, "tokens": run.tokens, "next_data_step": run.step, "world_size": run.state.world_size,
+            "config": run.config.to_dict(), "dataset": str(run.data.folder.resolve())}
+
+
+def save_checkpoint(run: Run) -> Path | None:
+    """Write checkpoint ``run.step`` atomically (all processes take part); returns its folder on rank 0."""
+    model_state = get_model_state_dict(run.model, options=FULL)
+    optimizer_state = get_optimizer_state_dict(run.model, run.optimizer, options=FULL)
+    root, state = run.out / "checkpoints", run.state
+    if state.is_main:
+        ckpt.prepare_temp_dir(root, run.step)
+    barrier(state)
+    tmp = ckpt.temp_dir(root, run.step)
+    ckpt.write_rng(tmp, state.rank, ckpt.capture_rng(state.device))
+    barrier(state)
+    final = None
+    if state.is_main:
+        ckpt.write_model(tmp, model_state, run.model_config)
+        ckpt.copy_tokenizer(run.data.folder, tmp)
+        ckpt.write_optimizer(tmp, optimizer_state)
+        write_json_atomic(tmp / "trainer_state.json", trainer_state(run))
+        final = ckpt.finish_checkpoint(root, run.step, run.config.train.keep_checkpoints)
+    barrier(state)
+    return final
+
+
+def load_checkpoint(run: Run, path: Path, where: str) -> None:
+    """Restore weights, AdamW state, generator states and the step from checkpoint ``path``."""
+    saved = ckpt.read_checkpoint(path)
+    check_same_run(saved.trainer_state["config"], run.config.to_dict(), path, where)
+    model_state = dict(saved.model_state)
+    if run.model_config.tie_word_embeddings:
+        model_state["lm_head.weight"] = model_state["model.embeddings.weight"]
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(run.model, model_state, options=options)
+    set_optimizer_state_dict(run.model, run.optimizer, saved.optimizer_state, options=options)
+    rng = ckpt.read_rng(path, run.state.rank)
+    if rng is not None:
+        ckpt.restore_rng(rng, run.state.device)
+    run.step, run.tokens = saved.step, int(saved.trainer_state["tokens"])
+
+
+# Keys a resumed run may change: they do not affect any update.
+RESUME_FREE_KEYS = {"train.eval_interval", "train.checkpoint_interval", "train.keep_checkpoints", "train.progress",
+                    "train.log_interval", "train.device", "train.parallel", "train.micro_batch_size",
+                    "train.save_dtype", "train.eval_tokens", "train.eval_recall_samples", "name", "description"}
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
+    """A resumed run must have the config it was started with (up to ``RESUME_FREE_KEYS``)."""
+    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+        items: dict[str, Any] = {}
+        for k, v in d.items():
+            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and prefix == "" else {f"{prefix}{k}": v})
+        return items
+
+    a, b = flat(saved), flat(current)
+    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUME_FREE_KEYS)
+    if differ:
+        raise ValueError(f"{where}: --resume from {path} with a changed config: {', '.join(differ)} differ from "
+                         f"the checkpoint's; restore them or start a new --out")
+
+
+def save_final_model(run: Run, info: dict[str, Any]) -> Path | None:
+    """``OUT/model``: config, weights (``train.save_dtype``), tokenizer and ``train_info.json``, written into a
+    hidden folder and renamed into place (rank 0; all processes gather the weights)."""
+    model_state = get_model_state_dict(run.model, options=FULL)
+    if not run.state.is_main:
+        return None
+    final, tmp = run.out / MODEL_DIR, run.out / f".tmp-{MODEL_DIR}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dtype = torch.bfloat16 if run.config.train.save_dtype == "bfloat16" else None
+    ckpt.write_model(tmp, model_state, run.model_config, dtype)
+    ckpt.copy_tokenizer(run.data.folder, tmp)
+    write_json_atomic(tmp / TRAIN_INFO, info)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """What the model folder records about its training (read by ``linmem eval`` for defaults)."""
+    return {"name": run.config.name, "description": run.config.description, "steps": run.step,
+            "tokens": run.tokens, "parameters": count_parameters(unwrap(run.model)),
+            "dataset": str(run.data.folder.resolve()), "tokenizer_hash": run.data.shards.tokenizer_hash,
+            "seq_len": run.config.data.seq_len, "recall_generators": run.data.generator_specs,
+            "final_metrics": last, "world_size": run.state.world_size, "device": str(run.state.device),
+            "train_seconds": round(seconds, 2), "config": run.config.to_dict()}
+
+
+# ---------------------------------------------------------------- the run
+
+
+class MetricsLog:
+    """``metrics.jsonl`` on rank 0: one JSON object per line; on resume, lines after the checkpoint go."""
+
+    def __init__(self, path: Path, keep_until: int | None, enabled: bool):
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        kept = []
+        if keep_until is not None and path.is_file():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= keep_until]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, where: str) -> Run:
+    """Set up, then resume from the newest complete checkpoint (``resume``) or refuse to overwrite one."""
+    root = out / "checkpoints"
+    if state.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_stale_temp(root)
+    barrier(state)
+    latest = ckpt.latest_checkpoint(root)
+    if latest is not None and not resume:
+        raise ValueError(f"{out} already has checkpoints (newest {latest.name}): pass --resume to continue, or "
+                         f"choose another --out")
+    run = setup(config, out, state, where)
+    if resume and latest is not None:
+        load_checkpoint(run, latest, where)
+    if state.is_main:
+        (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    return run
+
+
+def train(config: TrainConfig, out: str | Path, max_steps: int | None = None, resume: bool = False,
+          where: str = "config") -> dict[str, Any]:
+    """Train ``config`` into ``out`` (see the module docstring); stops after update ``max_steps`` if given (the
+    schedule still follows ``train.steps``). Returns the final model's ``train_info`` (rank 0) or ``{}``."""
+    state = init_distributed(config.train.device)
+    try:
+        return _train(config, Path(out), state, max_steps, resume, where)
+    finally:
+        shutdown(state)
+
+
+def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | None, resume: bool,
+           where: str) -> dict[str, Any]:
+    run = start_run(config, out, state, resume, where)
+    t = config.train
+    stop = min(t.steps, max_steps) if max_steps is not None else t.steps
+    log = MetricsLog(out / METRICS, run.step if resume else None, state.is_main)
+    windows = eval_windows(run.data.shards, config.data.eval_split, config.data.seq_len, t.eval_tokens)
+    recall = recall_eval_batch(run.data.recall, t.eval_recall_samples) if run.data.recall and \
+        t.eval_recall_samples else None
+    bar = tqdm(total=stop, initial=run.step, disable=not (state.is_main and t.progress), unit="step")
+    started, last = time.perf_counter(), {}
+    while run.step < stop:
+        record = train_step(run, run.step)
+        run.step += 1
+        last = dict(record)
+        if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == stop):
+            record.update(evaluate(run, windows, recall))
+        if run.step % t.log_interval == 0 or "val_loss" in record or run.step == stop:
+            log.write(record)
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
+        if (t.checkpoint_interval and run.step % t.checkpoint_interval == 0) or run.step == stop:
+            save_checkpoint(run)
+        last.update({k: v for k, v in record.items() if k.startswith("val_")})
+    bar.close()
+    info = train_info(run, last, time.perf_counter() - started)
+    save_final_model(run, info)
+    return info if state.is_main else {}
