@@ -20,6 +20,8 @@ from collections.abc import Sequence
 # name -> (module with register(parser), one-line help). Add a command with one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("linmem.data.commands", "build and inspect corpora, tokenizers and token shards"),
+    "train": ("linmem.train.commands", "train a model from a YAML config (one process or torchrun)"),
+    "eval": ("linmem.eval.commands", "evaluate a model folder: perplexity, cloze, MQAR, NIAH, stability, recall"),
 }
 
 
