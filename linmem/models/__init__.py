@@ -1,9 +1,11 @@
-"""Hugging Face models: one config and one causal LM for every mixer, and the decoding cache."""
+"""Hugging Face models: one config and one causal LM for every mixer, the decoding cache, and the import of
+flash-linear-attention checkpoints (``load_fla_checkpoint`` / ``from_fla``, ``convert_fla_checkpoint``)."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from linmem.models.cache import AttentionLayerCache, LinMemCache, RecurrentLayerCache
 from linmem.models.configuration import MIXERS, LinMemConfig
+from linmem.models.fla_import import convert_fla_checkpoint, fla_config_to_linmem, from_fla, load_fla_checkpoint
 from linmem.models.modeling import LinMemForCausalLM, LinMemModel, LinMemPreTrainedModel
 
 
@@ -24,5 +26,9 @@ __all__ = [
     "LinMemModel",
     "LinMemPreTrainedModel",
     "RecurrentLayerCache",
+    "convert_fla_checkpoint",
+    "fla_config_to_linmem",
+    "from_fla",
+    "load_fla_checkpoint",
     "register_auto_classes",
 ]
