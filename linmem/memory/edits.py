@@ -1,0 +1,195 @@
+"""Interventions as plain data: what to change, where, and from which run. ``linmem.memory.run`` reads them.
+
+Every edit names components (see ``components.Component``) or layers and absolute token positions of the prompt.
+Sources: "donor" (the donor prompt's run), "clean" (the unedited recipient run). The ``control`` field turns an edit
+into its equal-norm random baseline: the same change in size (Frobenius / Euclidean norm of donor − recipient, per
+component and prompt), in a Gaussian direction drawn from ``seed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from linmem.memory.components import Component
+
+CONTROLS = ("donor", "random")
+CACHE_KINDS = ("recurrent", "conv", "kv")
+
+
+def _components(value: Iterable) -> tuple[Component, ...]:
+    if isinstance(value, (Component, str)) or (isinstance(value, tuple) and value and isinstance(value[0], int)):
+        value = [value]
+    out = tuple(Component.parse(c) for c in value)
+    if not out:
+        raise ValueError("an edit needs at least one component")
+    return out
+
+
+def _check_control(control: str) -> None:
+    if control not in CONTROLS:
+        raise ValueError(f"control must be one of {CONTROLS}; got {control!r}")
+
+
+def _positions(value: Iterable[int] | int) -> tuple[int, ...]:
+    out = (int(value),) if isinstance(value, int) else tuple(int(p) for p in value)
+    if not out or min(out) < 0:
+        raise ValueError(f"positions must be non-negative token indices (at least one); got {value!r}")
+    return tuple(sorted(set(out)))
+
+
+@dataclass(frozen=True)
+class StateSwap:
+    """The memories of ``components`` after tokens ``[0, at)`` replaced by the donor's, then the run continues.
+
+    ``control="random"``: recipient state + a Gaussian matrix with the norm of (donor − recipient) instead.
+    """
+
+    components: tuple[Component, ...]
+    at: int
+    control: str = "donor"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        _check_control(self.control)
+        if self.at < 1:
+            raise ValueError(f"at must be >= 1 (the state after at least one token); got {self.at}")
+
+
+@dataclass(frozen=True, eq=False)
+class StateAdd:
+    """Add ``delta [B, V, K]`` (one matrix per prompt) to each component's memory after tokens ``[0, at)``; the
+    Frobenius parallel / orthogonal edits and any hand-made state edit. Compared by identity (it holds a tensor)."""
+
+    components: tuple[Component, ...]
+    at: int
+    delta: torch.Tensor = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        if self.at < 1:
+            raise ValueError(f"at must be >= 1; got {self.at}")
+        if self.delta.dim() != 3:
+            raise ValueError(f"delta must be [B, V, K]; got {list(self.delta.shape)}")
+
+    def __repr__(self) -> str:
+        return f"StateAdd(components={self.components}, at={self.at}, delta=<{list(self.delta.shape)}>)"
+
+
+@dataclass(frozen=True)
+class WriteBlock:
+    """No write into ``components`` at positions ``span[0] .. span[1] − 1``; decay still applies.
+
+    S: β = 0 for the base memory there. R: the residual write ``γ r kᵀ`` (and the delta rule's ``γ k kᵀ``
+    correction) is dropped, while R is still read with γ at those tokens.
+    """
+
+    components: tuple[Component, ...]
+    span: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        object.__setattr__(self, "span", _span(self.span))
+
+
+@dataclass(frozen=True)
+class DonorWrite:
+    """The write into ``components`` at ``span`` taken from the donor: ``k, v, β`` for S; ``k, γ, r`` for R (the
+    donor's own residual target ``r = ρ(v − S_{t−1}k)``). Decay and read-out stay the recipient's.
+
+    ``control="random"``: the written value (v for S, r for R) moved by a Gaussian vector of the norm of
+    (donor − recipient) instead.
+    """
+
+    components: tuple[Component, ...]
+    span: tuple[int, int]
+    control: str = "donor"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        object.__setattr__(self, "span", _span(self.span))
+        _check_control(self.control)
+
+
+@dataclass(frozen=True)
+class OutputPatch:
+    """The components' read-out at ``positions`` taken from the donor run (for RLA / RDN the part of the head's
+    read-out that reads S, ``scale·α S_{t−1} q``, or R, ``scale·γ R_t q``).
+
+    ``control="random"``: moved by a Gaussian vector of the norm of (donor − current) instead.
+    """
+
+    components: tuple[Component, ...]
+    positions: tuple[int, ...]
+    control: str = "donor"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        object.__setattr__(self, "positions", _positions(self.positions))
+        _check_control(self.control)
+
+
+@dataclass(frozen=True)
+class OutputRestore:
+    """The components' read-out at ``positions`` restored to the clean recipient run (undoes what other edits did
+    to it)."""
+
+    components: tuple[Component, ...]
+    positions: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        object.__setattr__(self, "positions", _positions(self.positions))
+
+
+@dataclass(frozen=True)
+class CacheSwap:
+    """Whole layer caches after tokens ``[0, at)`` replaced by the donor's: ``"recurrent"`` (S and R of every head),
+    ``"conv"`` (the short-convolution inputs), ``"kv"`` (attention keys and values). Kinds a layer lacks are
+    skipped."""
+
+    layers: tuple[int, ...]
+    at: int
+    kinds: tuple[str, ...] = CACHE_KINDS
+
+    def __post_init__(self) -> None:
+        layers = (self.layers,) if isinstance(self.layers, int) else tuple(int(i) for i in self.layers)
+        object.__setattr__(self, "layers", layers)
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
+        bad = [k for k in kinds if k not in CACHE_KINDS]
+        if bad or not kinds:
+            raise ValueError(f"kinds must be a non-empty subset of {CACHE_KINDS}; got {kinds}")
+        object.__setattr__(self, "kinds", kinds)
+        if self.at < 1:
+            raise ValueError(f"at must be >= 1; got {self.at}")
+
+
+def _span(span) -> tuple[int, int]:
+    start, end = (int(x) for x in span)
+    if not 0 <= start < end:
+        raise ValueError(f"span must be (start, end) with 0 <= start < end; got {span!r}")
+    return start, end
+
+
+Edit = StateSwap | StateAdd | WriteBlock | DonorWrite | OutputPatch | OutputRestore | CacheSwap
+CACHE_EDITS = (StateSwap, StateAdd, CacheSwap)
+WRITE_EDITS = (WriteBlock, DonorWrite)
+READOUT_EDITS = (OutputPatch, OutputRestore)
+
+
+def edit_positions(edit: Edit) -> tuple[int, ...]:
+    """The token positions a write or read-out edit touches (empty for cache edits)."""
+    if isinstance(edit, WRITE_EDITS):
+        return tuple(range(*edit.span))
+    if isinstance(edit, READOUT_EDITS):
+        return edit.positions
+    return ()
+
+
+def needs_donor(edit: Edit) -> bool:
+    return isinstance(edit, (StateSwap, CacheSwap, DonorWrite, OutputPatch))

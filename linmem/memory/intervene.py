@@ -1,0 +1,414 @@
+"""``run``: the recipient prompt's logits with edits applied, through the hook points and the cache.
+
+How a call runs (``N`` edit sets on ``B`` prompt pairs become ``N·B`` rows of one batch, row ``n·B + b``):
+
+1. Cache edits (``StateSwap``, ``StateAdd``, ``CacheSwap``) split the prompt at their common ``at``: the prefix
+   ``[0, at)`` runs once for the recipient (once per row only if some edit touches the prefix) and once for the
+   donor, each into a ``LinMemCache``; each row's cached states are then edited; only the suffix ``[at, T)`` runs
+   again, for all rows at once, from the edited cache.
+2. Write and read-out edits act inside the layers that hold them: hooks capture the head inputs, the edited
+   ``(row, head)`` pairs are replayed (``replay.replay``) with their overrides, and the replay's read-outs and
+   final states replace the op's through ``hook_readout``, ``hook_state`` and ``hook_residual_state``.
+
+Nothing is written to the model or to the caller's tensors; hooks are removed when the call ends.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from linmem.memory.components import check_component, mixer
+from linmem.memory.edits import (
+    CACHE_EDITS,
+    READOUT_EDITS,
+    WRITE_EDITS,
+    CacheSwap,
+    DonorWrite,
+    Edit,
+    OutputPatch,
+    OutputRestore,
+    StateAdd,
+    StateSwap,
+    WriteBlock,
+    edit_positions,
+)
+from linmem.memory.recording import Recording, backbone, head_scale, state_dtype, unembed
+from linmem.memory.replay import HeadInputs, WriteOverrides, replay
+from linmem.models.cache import AttentionLayerCache, LinMemCache
+
+
+@dataclass(frozen=True)
+class PairEdit:
+    """One write / read-out edit on one memory of one ``(row, head)``; ``batch`` is the prompt pair's index."""
+
+    edit: Edit
+    memory: str
+    batch: int
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return edit_positions(self.edit)
+
+
+class Plan:
+    """The write and read-out edits of every row, by layer and ``(row, head)``."""
+
+    def __init__(self, edit_sets: Sequence[Sequence[Edit]], batch: int):
+        self.batch = batch
+        self.by_layer: dict[int, dict[tuple[int, int], list[PairEdit]]] = defaultdict(lambda: defaultdict(list))
+        for n, edits in enumerate(edit_sets):
+            for edit in edits:
+                if not isinstance(edit, WRITE_EDITS + READOUT_EDITS):
+                    continue
+                for c in edit.components:
+                    for b in range(batch):
+                        self.by_layer[c.layer][(n * batch + b, c.head)].append(PairEdit(edit, c.memory, b))
+
+    def in_chunk(self, layer: int, start: int, end: int) -> dict[tuple[int, int], list[PairEdit]]:
+        """The pairs of ``layer`` with an edit that touches tokens ``[start, end)``."""
+        pairs = {}
+        for key, items in self.by_layer.get(layer, {}).items():
+            hit = [e for e in items if any(start <= p < end for p in e.positions)]
+            if hit:
+                pairs[key] = hit
+        return pairs
+
+    def layers_in_chunk(self, start: int, end: int) -> list[int]:
+        return [layer for layer in sorted(self.by_layer) if self.in_chunk(layer, start, end)]
+
+
+class Sources:
+    """The runs edits take values from, recorded on first use: ``"donor"`` and ``"clean"`` (the recipient)."""
+
+    def __init__(self, model: nn.Module, recipient: torch.Tensor, donor: torch.Tensor | None):
+        self.model, self.ids = model, {"clean": recipient, "donor": donor}
+        self.records: dict[str, Recording] = {}
+
+    def prepare(self, edit_sets: Sequence[Sequence[Edit]]) -> None:
+        """Record every run the edits will need now: a hook cannot start a forward of the model it is in."""
+        edits = [e for es in edit_sets for e in es]
+        if any(isinstance(e, (DonorWrite, OutputPatch)) for e in edits):
+            self["donor"]
+        if any(isinstance(e, OutputRestore) or getattr(e, "control", None) == "random" for e in edits):
+            self["clean"]
+
+    def __getitem__(self, name: str) -> Recording:
+        if name not in self.records:
+            if self.ids[name] is None:
+                raise ValueError("this edit takes values from the donor run: pass donor_ids [B, T]")
+            self.records[name] = Recording.of(self.model, self.ids[name])
+        return self.records[name]
+
+
+def split_point(edit_sets: Sequence[Sequence[Edit]]) -> int | None:
+    """The ``at`` shared by every cache edit (None without cache edits); different ``at`` values raise."""
+    ats = {e.at for edits in edit_sets for e in edits if isinstance(e, CACHE_EDITS)}
+    if len(ats) > 1:
+        raise ValueError(f"all cache edits of one run must share one `at`; got {sorted(ats)}")
+    return ats.pop() if ats else None
+
+
+def validate(model: nn.Module, edit_sets: Sequence[Sequence[Edit]], length: int) -> None:
+    """Raise ``ValueError`` for an unknown component or layer, or a position outside the prompt."""
+    for edits in edit_sets:
+        for e in edits:
+            for c in getattr(e, "components", ()):
+                check_component(model, c)
+            for layer in getattr(e, "layers", ()):
+                mixer(model, layer)
+            bad = [p for p in edit_positions(e) if p >= length] + ([e.at] if getattr(e, "at", 0) >= length else [])
+            if bad:
+                raise ValueError(f"{e!r}: positions {bad} are outside the prompt of {length} tokens")
+
+
+@torch.no_grad()
+def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
+             edit_sets: Sequence[Sequence[Edit]] = ((),), logits_at: Sequence[int] | None = None) -> torch.Tensor:
+    """Logits of the recipient under each edit set, in one batched run.
+
+    Args:
+        recipient_ids, donor_ids: ``[B, T]`` (or ``[T]``) token ids; donors only where an edit needs them.
+        edit_sets: ``N`` lists of edits (``linmem.memory.edits``).
+        logits_at: the positions to return logits for (default: all ``T``).
+    Returns:
+        ``[N, B, P, vocab]``.
+    """
+    recipient_ids = recipient_ids.unsqueeze(0) if recipient_ids.dim() == 1 else recipient_ids
+    if donor_ids is not None:
+        donor_ids = donor_ids.unsqueeze(0) if donor_ids.dim() == 1 else donor_ids
+        if donor_ids.shape != recipient_ids.shape:
+            raise ValueError(f"donor_ids must have the recipient's shape {list(recipient_ids.shape)} (pairs of equal "
+                             f"token length); got {list(donor_ids.shape)}")
+    edit_sets = [list(edits) for edits in edit_sets]
+    batch, length = recipient_ids.shape
+    validate(model, edit_sets, length)
+    positions = list(range(length)) if logits_at is None else [int(p) for p in logits_at]
+    sources = Sources(model, recipient_ids, donor_ids)
+    sources.prepare(edit_sets)
+    plan = Plan(edit_sets, batch)
+    at = split_point(edit_sets)
+    rows = len(edit_sets)
+    if at is None:
+        hidden = forward(model, recipient_ids.repeat(rows, 1), None, plan, (0, length), sources)
+        logits = unembed(model, hidden[:, positions])
+    else:
+        logits = _split_run(model, recipient_ids, donor_ids, edit_sets, plan, at, positions, sources)
+    return logits.reshape(rows, batch, len(positions), -1)
+
+
+def run(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
+        edits: Sequence[Edit] = ()) -> torch.Tensor:
+    """Logits ``[B, T, vocab]`` of the recipient prompt ``[B, T]`` with ``edits`` applied (values taken from the
+    donor prompt ``[B, T]`` where an edit needs them). Weights and the given tensors are left unchanged."""
+    return run_many(model, recipient_ids, donor_ids, [list(edits)])[0]
+
+
+def _split_run(model, recipient_ids, donor_ids, edit_sets, plan, at, positions, sources) -> torch.Tensor:
+    """Prefix into a cache (recipient and donor), edit the cache per row, then only the suffix for all rows."""
+    rows, (batch, length) = len(edit_sets), recipient_ids.shape
+    config = model.config
+    cache = LinMemCache.from_config(config)
+    prefix_edited = bool(plan.layers_in_chunk(0, at))
+    prefix_ids = recipient_ids[:, :at].repeat(rows, 1) if prefix_edited else recipient_ids[:, :at]
+    hidden_prefix = forward(model, prefix_ids, cache, plan if prefix_edited else None, (0, at), sources)
+    if not prefix_edited and rows > 1:
+        cache._map_batch(lambda t: t.repeat(rows, *([1] * (t.dim() - 1))))
+        hidden_prefix = hidden_prefix.repeat(rows, 1, 1)
+    donor_cache = None
+    if any(isinstance(e, (StateSwap, CacheSwap)) for edits in edit_sets for e in edits):
+        if donor_ids is None:
+            raise ValueError("StateSwap / CacheSwap take the donor's cache: pass donor_ids [B, T]")
+        donor_cache = LinMemCache.from_config(config)
+        backbone(model)(input_ids=donor_ids[:, :at], cache=donor_cache, use_cache=True)
+    for n, edits in enumerate(edit_sets):
+        for e in edits:
+            if isinstance(e, CACHE_EDITS):
+                apply_cache_edit(model, cache, donor_cache, e, slice(n * batch, (n + 1) * batch))
+    hidden_suffix = forward(model, recipient_ids[:, at:].repeat(rows, 1), cache, plan, (at, length), sources)
+    before, after = [p for p in positions if p < at], [p - at for p in positions if p >= at]
+    parts = []
+    if before:
+        parts.append(unembed(model, hidden_prefix[:, before]))
+    if after:
+        parts.append(unembed(model, hidden_suffix[:, after]))
+    return torch.cat(parts, dim=1)
+
+
+def forward(model, ids, cache, plan: Plan | None, chunk: tuple[int, int], sources: Sources) -> torch.Tensor:
+    """Hidden states ``[R, T_chunk, D]`` of ``ids`` (tokens ``chunk`` of the prompt) with the plan's edits."""
+    handles = []
+    try:
+        if plan is not None:
+            for layer in plan.layers_in_chunk(*chunk):
+                handles += LayerEditor(model, layer, plan.in_chunk(layer, *chunk), chunk[0], sources).install()
+        out = backbone(model)(input_ids=ids, cache=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def apply_cache_edit(model, cache: LinMemCache, donor: LinMemCache | None, edit: Edit, rows: slice) -> None:
+    """Edit the cached states of ``rows`` (one edit set) in place: states of components, or whole layer caches."""
+    if isinstance(edit, CacheSwap):
+        for layer in edit.layers:
+            swap_layer_cache(cache.layers[layer], donor.layers[layer], edit.kinds, rows)
+        return
+    for c in edit.components:
+        name = "base_state" if c.memory == "S" else "residual_state"
+        states = getattr(cache.layers[c.layer], name)
+        current = states[rows, c.head]
+        if isinstance(edit, StateAdd):
+            states[rows, c.head] = current + edit.delta.to(current)
+            continue
+        target = getattr(donor.layers[c.layer], name)[:, c.head].to(current)
+        if edit.control == "random":
+            target = current + equal_norm_noise(target - current, (edit.seed, c.layer, c.head, c.memory), dims=2)
+        states[rows, c.head] = target
+
+
+def swap_layer_cache(layer_cache, donor_cache, kinds: tuple[str, ...], rows: slice) -> None:
+    """Copy the donor's ``kinds`` of one layer's cache into ``rows``."""
+    if isinstance(layer_cache, AttentionLayerCache):
+        if "kv" in kinds:
+            layer_cache.keys[rows] = donor_cache.keys
+            layer_cache.values[rows] = donor_cache.values
+        return
+    if "recurrent" in kinds:
+        layer_cache.base_state[rows] = donor_cache.base_state
+        if layer_cache.residual_state is not None:
+            layer_cache.residual_state[rows] = donor_cache.residual_state
+    if "conv" in kinds:
+        for name, state in layer_cache.conv_states.items():
+            state[rows] = donor_cache.conv_states[name]
+
+
+def equal_norm_noise(delta: torch.Tensor, seed: tuple, dims: int) -> torch.Tensor:
+    """A Gaussian tensor shaped like ``delta`` whose norm over the last ``dims`` axes equals ``delta``'s there
+    (seeded by ``seed``; same draw on every device)."""
+    generator = torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+    noise = torch.randn(delta.shape, generator=generator, dtype=torch.float64).to(delta)
+    axes = tuple(range(-dims, 0))
+    norm = lambda x: x.pow(2).sum(axes, keepdim=True).sqrt()  # noqa: E731
+    return noise * norm(delta) / norm(noise).clamp_min(1e-30)
+
+
+class LayerEditor:
+    """The hooks that apply one layer's write and read-out edits to one chunk of the prompt.
+
+    ``pairs`` maps ``(row, head)`` to its edits; ``offset`` is the chunk's first token in the prompt.
+    """
+
+    def __init__(self, model, layer: int, pairs: dict[tuple[int, int], list[PairEdit]], offset: int,
+                 sources: Sources):
+        self.model, self.layer, self.offset, self.sources = model, layer, offset, sources
+        self.mix = mixer(model, layer)
+        self.keys = sorted(pairs)
+        self.pairs = pairs
+        self.captured: dict[str, torch.Tensor] = {}
+        self.initial = (None, None)
+        self.result = None
+
+    def install(self) -> list:
+        mix = self.mix
+        handles = [mix.register_forward_pre_hook(self._before, with_kwargs=True)]
+        for name in ("q", "k", "v", "g", "beta", "gamma"):
+            point = getattr(mix, f"hook_{name}", None)
+            if point is not None:
+                handles.append(point.register_forward_hook(
+                    lambda module, args, out, name=name: self.captured.__setitem__(name, out)))
+        handles.append(mix.hook_state.register_forward_hook(lambda m, a, out: self._replace_state(out, 0)))
+        if mix.memory.residual:
+            handles.append(mix.hook_residual_state.register_forward_hook(lambda m, a, out: self._replace_state(out, 1)))
+        handles.append(mix.hook_readout.register_forward_hook(lambda m, a, out: self._replace_readout(out)))
+        return handles
+
+    def _before(self, module, args, kwargs) -> None:
+        cache = kwargs.get("cache")
+        self.initial = (None, None) if cache is None else (cache.base_state, cache.residual_state)
+
+    def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.captured["q"].device
+        rows = torch.tensor([r for r, _ in self.keys], device=device)
+        return rows, torch.tensor([h for _, h in self.keys], device=device)
+
+    def _replace_state(self, out: torch.Tensor, which: int) -> torch.Tensor:
+        if which == 0:  # hook_state fires first, after the op: replay the edited pairs now
+            self.result = self._replay()
+        rows, heads = self._index()
+        new = out.clone()
+        new[rows, heads] = self.result.state[which].to(out.dtype)
+        return new
+
+    def _replace_readout(self, out: torch.Tensor) -> torch.Tensor:
+        rows, heads = self._index()
+        new = out.clone()
+        new[rows, :, heads] = self.result.o.to(out.dtype)
+        return new
+
+    def _initial_states(self, rows, heads, x: HeadInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dtype = state_dtype(x.q)
+        zeros = x.v.new_zeros(len(rows), x.v.shape[-1], x.k.shape[-1], dtype=dtype)
+        pick = lambda s: zeros.clone() if s is None else s[rows, heads].to(dtype)  # noqa: E731
+        base = pick(self.initial[0])
+        return base, pick(self.initial[1]) if self.mix.memory.residual else None
+
+    def _relative(self, edit: PairEdit, length: int) -> list[int]:
+        return [p - self.offset for p in edit.positions if self.offset <= p < self.offset + length]
+
+    def _replay(self):
+        rows, heads = self._index()
+        x = HeadInputs.gather(self.captured, rows, heads)
+        initial = self._initial_states(rows, heads, x)
+        x = x.map(lambda y: y.to(initial[0].dtype))
+        overrides, special = WriteOverrides.none(x), set()
+        for i, key in enumerate(self.keys):
+            for edit in self.pairs[key]:
+                rel = self._relative(edit, x.length)
+                special.update(rel)
+                if isinstance(edit.edit, WRITE_EDITS):
+                    self._override(overrides, x, i, key[1], edit, rel)
+        out = replay(x, self.mix.memory, head_scale(self.mix), initial, sorted(special), overrides, self.mix.backend)
+        for i, key in enumerate(self.keys):
+            for edit in self.pairs[key]:
+                if isinstance(edit.edit, READOUT_EDITS):
+                    self._patch_readout(out, i, key[1], edit, self._relative(edit, x.length))
+        return out
+
+    def _donor_inputs(self, edit: PairEdit, head: int, rel: list[int]) -> dict[str, torch.Tensor]:
+        record = self.sources["donor"]
+        b, h = torch.tensor([edit.batch]), torch.tensor([head])
+        absolute = [p + self.offset for p in rel]
+        names = ("k", "v", "beta", "gamma") if self.mix.memory.residual else ("k", "v", "beta")
+        return {name: record.at(self.layer, name, b, absolute, h)[0] for name in names}
+
+    def _override(self, w: WriteOverrides, x: HeadInputs, i: int, head: int, edit: PairEdit, rel: list[int]):
+        """Set the writes of pair ``i`` at tokens ``rel`` for a ``WriteBlock`` or ``DonorWrite``."""
+        if isinstance(edit.edit, WriteBlock):
+            if edit.memory == "S":
+                w.base_beta[i, rel] = 0
+            else:
+                w.resid_gamma[i, rel] = 0
+                w.resid_r[i, rel], w.resid_r_set[i, rel] = 0, True
+            return
+        d = {k: v.to(x.q.dtype) for k, v in self._donor_inputs(edit, head, rel).items()}
+        random = edit.edit.control == "random"
+        seed = (edit.edit.seed, self.layer, head, edit.memory, edit.batch)
+        if edit.memory == "S":
+            if random:
+                w.base_v[i, rel] = x.v[i, rel] + write_noise(d["beta"], d["v"], d["k"], x.beta[i, rel], x.v[i, rel],
+                                                              x.k[i, rel], seed)
+            else:
+                w.base_k[i, rel], w.base_v[i, rel], w.base_beta[i, rel] = d["k"], d["v"], d["beta"]
+            return
+        absolute = tuple(p + self.offset for p in rel)
+        donor_r = self.sources["donor"].derived(self.layer, absolute)["r"][edit.batch, head].to(x.q.dtype)
+        if random:
+            clean_r = self.sources["clean"].derived(self.layer, absolute)["r"][edit.batch, head].to(x.q.dtype)
+            w.resid_r_shift[i, rel] = write_noise(d["gamma"], donor_r, d["k"], x.gamma[i, rel], clean_r,
+                                                  x.k[i, rel], seed)
+        else:
+            w.resid_k[i, rel], w.resid_gamma[i, rel] = d["k"], d["gamma"]
+            w.resid_r[i, rel], w.resid_r_set[i, rel] = donor_r, True
+
+    def _patch_readout(self, out, i: int, head: int, edit: PairEdit, rel: list[int]) -> None:
+        """Replace pair ``i``'s read-out part of ``edit.memory`` at ``rel`` in ``out.o`` (and ``out.base_read``)."""
+        source = "donor" if isinstance(edit.edit, OutputPatch) else "clean"
+        derived = self.sources[source].derived(self.layer, tuple(p + self.offset for p in rel))
+        src_o = derived["o"][edit.batch, head].to(out.o.dtype)
+        src_base = derived["base_read"][edit.batch, head].to(out.o.dtype)
+        residual = self.mix.memory.residual
+        if not residual:
+            current, target = out.o[i, rel], src_o
+        elif edit.memory == "S":
+            current, target = out.base_read[i, rel], src_base
+        else:
+            current, target = out.o[i, rel] - out.base_read[i, rel], src_o - src_base
+        if getattr(edit.edit, "control", "donor") == "random":
+            target = current + equal_norm_noise(target - current, (edit.edit.seed, self.layer, head, edit.memory,
+                                                                   edit.batch), dims=2)
+        if not residual:
+            out.o[i, rel] = target
+        elif edit.memory == "S":
+            out.o[i, rel] = out.o[i, rel] + target - current
+            out.base_read[i, rel] = target
+        else:
+            out.o[i, rel] = out.base_read[i, rel] + target
+
+
+def write_noise(donor_s, donor_v, donor_k, s, v, k, seed: tuple) -> torch.Tensor:
+    """A Gaussian change ``δ [P, V]`` of the written value such that ``s (v + δ) kᵀ`` differs from ``s v kᵀ`` by the
+    Frobenius norm of the donor's change ``s_d v_d k_dᵀ − s v kᵀ``, token by token (``s [P]``, ``v [P, V]``,
+    ``k [P, K]``)."""
+    change = (donor_s[:, None, None] * donor_v[:, :, None] * donor_k[:, None, :]
+              - s[:, None, None] * v[:, :, None] * k[:, None, :])
+    target = change.flatten(1).norm(dim=1)
+    per_unit = (s * k.norm(dim=1)).clamp_min(1e-12)
+    noise = equal_norm_noise(torch.ones_like(v), seed, dims=1)  # unit-norm directions scaled below
+    return noise / noise.norm(dim=1, keepdim=True) * (target / per_unit)[:, None]

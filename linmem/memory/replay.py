@@ -1,0 +1,158 @@
+"""Re-run one head's memory with edits: the op between special tokens, the equations of ``docs/math.md`` at them.
+
+The model's op gives read-outs and final states but neither the per-memory parts of a read-out nor a way to give
+the base memory S and the residual memory R different writes at one token. ``replay`` runs a batch of single heads
+(``n`` of them, each from its own initial states) through ``linear_memory`` on the stretches between special tokens
+and through ``edited_step`` at each special token, where it can override the writes and records what the lab needs:
+the base-memory part of the read-out and the residual target ``r``. Between special tokens nothing differs from the
+model's own computation, so an unedited replay equals the model's layer to rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from linmem.ops import MemoryConfig, linear_memory
+from linmem.ops.step import decay_state, read, residual_target
+
+
+@dataclass
+class HeadInputs:
+    """The op's inputs for ``n`` single heads: ``q, k [n, T, K]``, ``v [n, T, V]``, ``g [n, T]`` (or ``[n, T, K]``
+    per key channel), ``beta [n, T]``, ``gamma [n, T]`` (None without a residual memory)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    gamma: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.q.shape[1]
+
+    def map(self, fn) -> HeadInputs:
+        return HeadInputs(*(None if x is None else fn(x) for x in (self.q, self.k, self.v, self.g, self.beta,
+                                                                     self.gamma)))
+
+    @classmethod
+    def gather(cls, captured: dict[str, torch.Tensor], rows: torch.Tensor, heads: torch.Tensor) -> HeadInputs:
+        """Pick ``(rows[i], heads[i])`` out of a layer's hook tensors ``[B, T, H, ...]``."""
+        pick = lambda x: None if x is None else x[rows, :, heads]  # noqa: E731  [n, T, ...]
+        return cls(*(pick(captured.get(name)) for name in ("q", "k", "v", "g", "beta", "gamma")))
+
+
+@dataclass
+class WriteOverrides:
+    """Per-token writes that differ from the inputs (used at special tokens only), all ``[n, T, ...]``.
+
+    Base memory S: ``base_k, base_v, base_beta``. Residual memory R: ``resid_k``, ``resid_gamma`` (write strength;
+    the read keeps the input γ), ``resid_r`` where ``resid_r_set`` is True (else ``r = ρ(v − S_{t−1}k)`` as
+    usual) plus ``resid_r_shift`` added to r.
+    """
+
+    base_k: torch.Tensor
+    base_v: torch.Tensor
+    base_beta: torch.Tensor
+    resid_k: torch.Tensor
+    resid_gamma: torch.Tensor | None
+    resid_r: torch.Tensor
+    resid_r_set: torch.Tensor
+    resid_r_shift: torch.Tensor = field(default=None)
+
+    @classmethod
+    def none(cls, inputs: HeadInputs) -> WriteOverrides:
+        """No override: every field a copy of the inputs."""
+        zeros = torch.zeros_like(inputs.v)
+        gamma = None if inputs.gamma is None else inputs.gamma.clone()
+        return cls(inputs.k.clone(), inputs.v.clone(), inputs.beta.clone(), inputs.k.clone(), gamma, zeros.clone(),
+                   torch.zeros(inputs.v.shape[:2], dtype=torch.bool, device=inputs.v.device), zeros)
+
+
+@dataclass
+class Replay:
+    """``o [n, T, V]`` the read-outs; ``base_read [n, T, V]`` the base-memory part ``scale·α S_{t−1} q`` (or
+    ``scale·S_t q`` without a residual memory) and ``r [n, T, V]`` the residual target, both only filled at the
+    special tokens (zero elsewhere); ``state`` the final ``S [n, V, K]`` and ``R`` (None without one)."""
+
+    o: torch.Tensor
+    base_read: torch.Tensor
+    r: torch.Tensor
+    state: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def edited_step(x: HeadInputs, w: WriteOverrides, t: int, base: torch.Tensor, resid: torch.Tensor | None,
+                config: MemoryConfig, scale: float):
+    """One token ``t`` of both memories with the writes of ``w``; states ``[n, V, K]``.
+
+    Returns ``(o, base_read, r, new_base, new_resid)`` with ``o, base_read, r [n, V]``.
+    """
+    one = lambda y: y[:, t].unsqueeze(1)  # noqa: E731  keep a head axis of 1: the step's [B, H, ...] layout
+    base, resid = base.unsqueeze(1), None if resid is None else resid.unsqueeze(1)
+    q, g = one(x.q), one(x.g)
+    new_base = _write(base, one(w.base_k), one(w.base_v), one(w.base_beta), g, config.rule)
+    if not config.residual:
+        o = scale * read(new_base, q)
+        return o[:, 0], o[:, 0], torch.zeros_like(o[:, 0]), new_base[:, 0], None
+    k_r = one(w.resid_k)
+    r = residual_target(one(x.v) - read(base, k_r), config.residual_target, config.clip)
+    r = torch.where(one(w.resid_r_set)[..., None], one(w.resid_r), r) + one(w.resid_r_shift)
+    if config.fit_history:
+        new_resid = _write(resid, k_r, r, one(w.resid_gamma), g, config.rule)
+    else:
+        new_resid = torch.einsum("bhv,bhk->bhvk", r, k_r)
+    gamma = one(x.gamma)[..., None]
+    base_read = read(decay_state(base, g), q) if config.output_gates else read(base, q)
+    resid_read = gamma * read(new_resid, q) if config.output_gates else read(new_resid, q)
+    o = scale * (base_read + resid_read)
+    return o[:, 0], scale * base_read[:, 0], r[:, 0], new_base[:, 0], new_resid[:, 0]
+
+
+def _write(state, k, value, strength, g, rule):
+    """``α S (I − s k kᵀ) + s v kᵀ`` (delta) or ``α S + s v kᵀ`` (additive), per head ``[n, 1, V, K]``."""
+    s = strength[..., None, None]
+    if rule == "delta":
+        state = state - s * torch.einsum("bhv,bhk->bhvk", read(state, k), k)
+    return decay_state(state, g) + s * torch.einsum("bhv,bhk->bhvk", value, k)
+
+
+def _run_op(x: HeadInputs, a: int, b: int, base, resid, config: MemoryConfig, scale: float, backend: str):
+    """The op over tokens ``[a, b)`` for single heads; returns ``o [n, b − a, V]`` and the final states."""
+    span = x.map(lambda y: y[:, a:b].unsqueeze(2))
+    initial = (base.unsqueeze(1), resid.unsqueeze(1)) if config.residual else base.unsqueeze(1)
+    o, final = linear_memory(span.q, span.k, span.v, span.g, span.beta, span.gamma, **asdict(config), scale=scale,
+                             initial_state=initial, output_final_state=True, backend=backend)
+    if config.residual:
+        return o[:, :, 0], final[0][:, 0], final[1][:, 0]
+    return o[:, :, 0], final[:, 0], None
+
+
+def replay(x: HeadInputs, config: MemoryConfig, scale: float, initial: tuple[torch.Tensor, torch.Tensor | None],
+           special: list[int], overrides: WriteOverrides | None = None, backend: str = "auto") -> Replay:
+    """Run ``n`` heads over ``T`` tokens from ``initial = (S0, R0)`` (``[n, V, K]``; R0 None without R), with the
+    equations at the ``special`` tokens (sorted, unique, in ``[0, T)``) and the op elsewhere."""
+    dtype = initial[0].dtype
+    x = x.map(lambda y: y.to(dtype))
+    w = WriteOverrides.none(x) if overrides is None else overrides
+    w = replace(w, **{name: None if val is None else val.to(dtype) if val.is_floating_point() else val
+                      for name, val in asdict_shallow(w).items()})
+    length = x.length
+    base, resid = initial
+    o = torch.zeros_like(x.v)
+    base_read, r = torch.zeros_like(x.v), torch.zeros_like(x.v)
+    start = 0
+    for t in [*special, length]:
+        if t > start:
+            o[:, start:t], base, resid = _run_op(x, start, t, base, resid, config, scale, backend)
+        if t < length:
+            o[:, t], base_read[:, t], r[:, t], base, resid = edited_step(x, w, t, base, resid, config, scale)
+        start = t + 1
+    return Replay(o, base_read, r, (base, resid))
+
+
+def asdict_shallow(obj) -> dict:
+    """A dataclass's fields as a dict without copying tensors (``dataclasses.asdict`` deep-copies)."""
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}

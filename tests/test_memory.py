@@ -1,0 +1,167 @@
+"""The memory lab's core: the identities of issue 4 on tiny random float64 models of every mixer, S-vs-R
+attribution, the decomposition, and that runs leave weights and inputs alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import linmem  # noqa: F401
+import linmem.memory as mm
+from linmem.models import LinMemConfig
+
+TOL = 1e-9
+VOCAB = 48
+CASES = {
+    "sgla": dict(mixer="sgla"),
+    "gla": dict(mixer="gla"),
+    "gdn": dict(mixer="gdn"),
+    "rla": dict(mixer="rla"),
+    "rdn": dict(mixer="rdn"),
+    "rdn_hybrid": dict(mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4, attn_num_kv_heads=2),
+}
+
+
+def build(case: str) -> torch.nn.Module:
+    base = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8, expand_v=2.0,
+                hidden_ratio=2, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    config = LinMemConfig(**{**base, **CASES[case]})
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # larger weights than the 0.02 init, so memories and their edits matter
+        for name, p in model.named_parameters():
+            if name.endswith(("a_proj.weight", "b_proj.weight", "c_proj.weight")):
+                p.normal_(0, 0.5)
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")):
+                p.normal_(0, 0.3)
+    return model.to(torch.float64).eval()
+
+
+def pair(batch: int = 2, length: int = 14, at: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recipient and donor that differ (somewhere) before ``at`` and agree from ``at`` on."""
+    recipient = torch.randint(1, VOCAB, (batch, length))
+    donor = recipient.clone()
+    donor[:, :at] = torch.randint(1, VOCAB, (batch, at))
+    return recipient, donor
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def close(a, b, tol=TOL) -> bool:
+    return (a - b).abs().max().item() < tol
+
+
+@pytest.fixture(params=list(CASES))
+def case(request) -> str:
+    return request.param
+
+
+def test_components_and_layers(case):
+    model = build(case)
+    comps = mm.heads(model)
+    residual = case.startswith("r")
+    recurrent = [i for i in mm.layers(model) if i not in model.config.attn_layers]
+    assert len(comps) == len(recurrent) * 2 * (2 if residual else 1)
+    assert {c.layer for c in comps} == set(recurrent)
+    assert mm.Component.parse("L1H0R") == mm.Component(1, 0, "R") == mm.Component.parse((1, 0, "R"))
+    edit = mm.StateSwap([(0, 1)], at=3)
+    assert edit == mm.StateSwap([mm.Component(0, 1, "S")], at=3) and "L" not in repr(edit)[:0]
+    with pytest.raises(ValueError, match="at must be"):
+        mm.StateSwap([(0, 1)], at=0)
+
+
+def test_no_edit_equals_model(case):
+    model = build(case)
+    recipient, _ = pair()
+    assert close(mm.run(model, recipient), logits(model, recipient))
+
+
+def test_swap_every_state_and_conv_gives_donor(case):
+    model = build(case)
+    recipient, donor = pair(at=8)
+    edits = [mm.StateSwap(mm.heads(model), at=8), mm.CacheSwap(mm.layers(model), at=8, kinds=("conv", "kv"))]
+    out = mm.run(model, recipient, donor, edits)
+    assert close(out[:, 8:], logits(model, donor)[:, 8:])
+    assert close(out[:, :8], logits(model, recipient)[:, :8])
+    partial = mm.run(model, recipient, donor, edits[:1])  # without the conv / KV caches the donor is not reached
+    assert not close(partial[:, 8:], logits(model, donor)[:, 8:], 1e-6)
+
+
+def test_patch_every_readout_gives_donor(case):
+    model = build(case)
+    recipient, donor = pair(at=8)
+    edits = [mm.OutputPatch(mm.heads(model), positions=range(8, 14))]
+    if model.config.attn_layers:  # the attention layers read the prefix from their KV cache
+        edits.append(mm.CacheSwap(model.config.attn_layers, at=8, kinds="kv"))
+    out = mm.run(model, recipient, donor, edits)
+    assert close(out[:, 8:], logits(model, donor)[:, 8:])
+
+
+def test_swap_all_then_restore_all_gives_recipient(case):
+    model = build(case)
+    recipient, donor = pair(at=8)
+    edits = [mm.StateSwap(mm.heads(model), at=8), mm.CacheSwap(mm.layers(model), at=8, kinds="conv"),
+             mm.OutputRestore(mm.heads(model), positions=range(8, 14))]
+    out = mm.run(model, recipient, donor, edits)
+    assert close(out, logits(model, recipient))
+    swapped = mm.run(model, recipient, donor, edits[:2])
+    assert not close(swapped[:, 8:], logits(model, recipient)[:, 8:], 1e-6)
+
+
+@pytest.mark.parametrize("case_name", ["sgla", "gla", "gdn", "rla", "rdn"])
+def test_write_block_before_at_forgets_prefix(case_name):
+    """With every write before ``at + W − 1`` blocked (W the conv width: the tokens whose conv window still reaches
+    the prefix), the logits from there on do not depend on the tokens before ``at``."""
+    model = build(case_name)
+    width = mm.conv_width(model)
+    recipient, donor = pair(at=5, length=16)
+    block = [mm.WriteBlock(mm.heads(model), span=(0, 5 + width - 1))]
+    a, b = mm.run(model, recipient, edits=block), mm.run(model, donor, edits=block)
+    assert close(a[:, 5 + width - 1:], b[:, 5 + width - 1:])
+    assert not close(logits(model, recipient)[:, 5 + width - 1:], logits(model, donor)[:, 5 + width - 1:], 1e-6)
+
+
+@pytest.mark.parametrize("case_name", ["rla", "rdn", "rdn_hybrid"])
+def test_swap_r_and_s_separately(case_name):
+    """Swapping only R or only S of a layer changes the logits; both together equal the swap of that layer's
+    whole recurrent cache."""
+    model = build(case_name)
+    recipient, donor = pair(at=8)
+    layer = mm.recurrent_layers(model)[0]
+    comps = {m: [c for c in mm.heads(model) if c.layer == layer and c.memory == m] for m in "SR"}
+    clean = logits(model, recipient)
+    only_s = mm.run(model, recipient, donor, [mm.StateSwap(comps["S"], at=8)])
+    only_r = mm.run(model, recipient, donor, [mm.StateSwap(comps["R"], at=8)])
+    both = mm.run(model, recipient, donor, [mm.StateSwap(comps["S"] + comps["R"], at=8)])
+    whole = mm.run(model, recipient, donor, [mm.CacheSwap([layer], at=8, kinds="recurrent")])
+    assert not close(only_s, clean, 1e-6) and not close(only_r, clean, 1e-6)
+    assert not close(only_s, only_r, 1e-6)
+    assert close(both, whole)
+
+
+def test_contributions_sum_to_state(case):
+    model = build(case)
+    ids = torch.randint(1, VOCAB, (12,))
+    for c in mm.heads(model):
+        parts = mm.contributions(model, ids, c.layer, c.head, t=9, memory=c.memory)
+        assert parts.shape == (10, 16, 8)
+        s = mm.state(model, ids, c.layer, c.head, t=9, memory=c.memory)
+        assert (parts.sum(0) - s).abs().max().item() < TOL
+        assert parts[-1].abs().max() > 0 and parts[0].abs().max() > 0
+
+
+def test_run_changes_no_weights_or_inputs(case):
+    model = build(case)
+    recipient, donor = pair(at=8)
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    r0, d0 = recipient.clone(), donor.clone()
+    comps = mm.heads(model)[:2]
+    edits = [mm.StateSwap(comps, at=8, control="random"), mm.DonorWrite(comps, span=(2, 4)),
+             mm.OutputPatch(comps[:1], positions=[9, 10]), mm.OutputRestore(comps[1:], positions=[11])]
+    mm.run(model, recipient, donor, edits)
+    assert torch.equal(recipient, r0) and torch.equal(donor, d0)
+    assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
