@@ -1,0 +1,315 @@
+"""Key-value bindings in natural-text filler: donor / recipient prompt pairs for the memory lab.
+
+An item is built from one source passage (the statistical unit): ``K`` bindings (single-token key → single-token
+value), each presented ``R`` times in shuffled order between stretches of the passage's own text, optionally a
+controlled gap of filler before the query, then a query of one binding. Its donor prompt differs only in the target
+binding's value (same token length, token for token). Every binding also has its own query, so edits can be checked
+for what they break in the other facts. Text pieces are tokenized one by one and concatenated, so keys and values
+are exactly one token each and donor and recipient align.
+
+Variants (``TaskSpec``): ``variant="retrieval"`` (default); ``"latest"`` (the target key is first bound to an old
+value, later re-bound: the answer is the latest value); ``"neutral"`` (the donor has every presentation of the target
+fact replaced by filler of equal length); ``template`` / ``values`` / ``keys`` pick the wording, punctuation and
+vocabularies; ``gap`` fixes the filler between the last fact and the query; ``num_bindings`` the load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from linmem.data.sources import Document
+from linmem.data.splits import unit_hash
+from linmem.data.synthetic import RecallSample, register_generator
+
+KEY_WORDS = {
+    "names": "Alice Bob Carol David Emma Frank Grace Henry Jack Kate Laura Mark Nancy Oliver Paul Peter Rachel "
+             "Sarah Thomas Victor Anna John James Mary Robert Linda Michael Susan William Lucy George Edward Helen "
+             "Charles Richard Martin Simon Arthur Harry Alice Philip Henry Hugh Walter Roger Ralph",
+    "letters": "A B C D E F G H J K L M N P Q R S T U V W X Y Z",
+    "objects": "door house table chair book letter ring sword crown horse ship tree river field stone bell cup "
+               "gate wall bed coat hat key lamp rose glass bread wine tower garden window mountain paper box fire",
+}
+VALUE_WORDS = {
+    "colors": "red blue green yellow black white brown pink purple orange gray gold silver",
+    "cities": "Paris London Rome Berlin Madrid Vienna Athens Dublin Lisbon Prague Oslo Cairo Tokyo Boston York",
+    "animals": "cat dog horse cow lion bear wolf fox deer bird fish sheep goat mouse eagle",
+    "numbers": "one two three four five six seven eight nine ten eleven twelve twenty hundred",
+    "shapes": "circle square line cross star ring box ball point cube",
+}
+# (fact before key, between key and value, after value); the query is the fact cut after the middle piece
+TEMPLATES = {
+    "code": (" The code of", " is", "."),
+    "lives": (" Remember that", " lives in", "."),
+    "colon": (" Note,", ":", ";"),
+    "likes": (" We know that", " likes the", " one."),
+}
+VARIANTS = ("retrieval", "latest", "neutral")
+SPLIT_SALT = "linmem-memory-lab"
+
+
+class Tokenize:
+    """``text -> list[int]`` for a ``tokenizers.Tokenizer`` or a transformers tokenizer (no special tokens)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        if hasattr(self.tokenizer, "get_vocab_size"):  # tokenizers.Tokenizer
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int) -> list[int]:
+    """The ids of the distinct words (with a leading space) that are one token; ``ValueError`` naming ``rule``
+    when fewer than ``need``."""
+    ids, seen = [], set()
+    for word in words:
+        pieces = tokenize(" " + word)
+        if len(pieces) == 1 and pieces[0] not in seen:
+            ids.append(pieces[0])
+            seen.add(pieces[0])
+    if len(ids) < need:
+        raise ValueError(f"rule '{rule}': only {len(ids)} distinct words are a single token with this tokenizer "
+                         f"(need {need}); choose another vocabulary or a tokenizer with whole-word tokens")
+    return ids
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The shape of every item: ``num_bindings`` K, ``repeats`` R, ``filler_tokens`` in all, ``gap`` (filler
+    tokens right before the query; None: like any other stretch), ``variant``, ``template``, ``values``, ``keys``."""
+
+    num_bindings: int = 4
+    repeats: int = 3
+    filler_tokens: int = 512
+    gap: int | None = None
+    variant: str = "retrieval"
+    template: str = "code"
+    values: str = "colors"
+    keys: str = "names"
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}; got {self.variant!r}")
+        for name, table in (("template", TEMPLATES), ("values", VALUE_WORDS), ("keys", KEY_WORDS)):
+            if getattr(self, name) not in table:
+                raise ValueError(f"{name} must be one of {sorted(table)}; got {getattr(self, name)!r}")
+        if self.variant == "latest" and self.repeats < 2:
+            raise ValueError("rule 'latest value': the latest-value variant needs repeats >= 2 (an old value first)")
+        if self.num_bindings < 1 or self.repeats < 1:
+            raise ValueError(f"num_bindings and repeats must be >= 1; got {self.num_bindings}, {self.repeats}")
+        if self.gap is not None and not 0 <= self.gap <= self.filler_tokens:
+            raise ValueError(f"gap must be in [0, filler_tokens = {self.filler_tokens}]; got {self.gap}")
+
+
+@dataclass
+class Query:
+    """One binding asked at the end: ``tokens`` (the query suffix), ``candidates`` (4 value ids), ``answer`` and
+    ``donor_answer`` (indices into candidates; equal for a non-target binding; -1 for a neutral donor)."""
+
+    binding: int
+    tokens: list[int]
+    candidates: list[int]
+    answer: int
+    donor_answer: int
+
+
+@dataclass
+class Item:
+    """One source passage's prompt pair. ``recipient`` / ``donor`` are the prefixes (facts and filler, same
+    length); ``queries[target]`` asks the edited binding. ``target_writes``: ``(start, end)`` token spans of each
+    presentation of the target fact in the prefix (the value token is ``end − 2`` or earlier)."""
+
+    source_id: str
+    recipient: list[int]
+    donor: list[int]
+    queries: list[Query]
+    target: int
+    target_writes: list[tuple[int, int]]
+    value_positions: list[int]
+    split: str = "dev"
+    extra: dict = field(default_factory=dict)
+
+    def prompt(self, binding: int | None = None, donor: bool = False) -> list[int]:
+        """The full prompt: prefix + the query of ``binding`` (default: the target)."""
+        query = self.queries[self.target if binding is None else binding]
+        return (self.donor if donor else self.recipient) + query.tokens
+
+    @property
+    def boundary(self) -> int:
+        """The first query token: states at this point are the "pre-query" states."""
+        return len(self.recipient)
+
+
+def passages(documents: Iterable[Document], tokenize: Tokenize, min_tokens: int,
+             confirm_fraction: float = 0.5) -> list[tuple[str, str, list[int]]]:
+    """``(source_id, split, token ids)`` for each document with at least ``min_tokens`` tokens; ``split`` is
+    ``"dev"`` or ``"confirm"`` by a hash of the source id, so the two sets never share a document."""
+    out = []
+    for doc in documents:
+        ids = tokenize(" " + " ".join(doc.text.split()))
+        if len(ids) >= min_tokens:
+            split = "confirm" if unit_hash(doc.source_id, SPLIT_SALT) < confirm_fraction else "dev"
+            out.append((doc.source_id, split, ids))
+    return out
+
+
+class TaskBuilder:
+    """Builds ``Item``s for one tokenizer and ``TaskSpec`` (see the module docstring)."""
+
+    def __init__(self, tokenizer, spec: TaskSpec = TaskSpec()):
+        self.spec, self.tokenize = spec, Tokenize(tokenizer)
+        need_keys = spec.num_bindings
+        self.keys = single_tokens(self.tokenize, KEY_WORDS[spec.keys].split(), "single-token keys", need_keys)
+        need_values = 5 if spec.variant == "latest" else 4
+        self.values = single_tokens(self.tokenize, VALUE_WORDS[spec.values].split(), "single-token values",
+                                    need_values)
+        before, middle, after = TEMPLATES[spec.template]
+        self.before, self.middle, self.after = (self.tokenize(p) for p in (before, middle, after))
+        if not self.middle:
+            raise ValueError(f"rule 'query template': template {spec.template!r} tokenizes to nothing")
+
+    def fact(self, key: int, value: int) -> list[int]:
+        return self.before + [key] + self.middle + [value] + self.after
+
+    def query(self, key: int) -> list[int]:
+        return self.before + [key] + self.middle
+
+    def build(self, source_id: str, filler: Sequence[int], rng: np.random.Generator, split: str = "dev") -> Item:
+        """One item from ``filler`` (the passage's token ids; ``ValueError`` if shorter than ``filler_tokens``)."""
+        spec = self.spec
+        if len(filler) < spec.filler_tokens:
+            raise ValueError(f"rule 'filler length': passage {source_id} has {len(filler)} tokens; the task needs "
+                             f"filler_tokens = {spec.filler_tokens}")
+        start = int(rng.integers(0, len(filler) - spec.filler_tokens + 1))
+        filler = list(filler[start:start + spec.filler_tokens])
+        keys = [int(k) for k in rng.choice(self.keys, spec.num_bindings, replace=False)]
+        values = [int(v) for v in rng.choice(self.values, spec.num_bindings, replace=True)]
+        target = int(rng.integers(spec.num_bindings))
+        donor_value = int(rng.choice([v for v in self.values if v != values[target]]))
+        events = [(b, "fact") for b in range(spec.num_bindings) for _ in range(spec.repeats)]
+        order = [events[i] for i in rng.permutation(len(events))]
+        old_value = None
+        if spec.variant == "latest":  # the target's first presentations carry an old value, the last the answer
+            old_value = int(rng.choice([v for v in self.values if v not in (values[target], donor_value)]))
+        return self._assemble(source_id, split, filler, keys, values, target, donor_value, old_value, order, rng)
+
+    def _stretches(self, filler: list[int], slots: int) -> list[list[int]]:
+        """The filler cut into ``slots`` stretches before the facts, plus the gap before the query."""
+        gap = self.spec.gap
+        body = filler if gap is None else filler[: len(filler) - gap]
+        cuts = np.linspace(0, len(body), slots + 1).round().astype(int)
+        stretches = [body[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        return stretches + [[] if gap is None else filler[len(filler) - gap:]]
+
+    def _assemble(self, source_id, split, filler, keys, values, target, donor_value, old_value, order, rng) -> Item:
+        stretches = self._stretches(filler, len(order))
+        recipient, donor, writes, value_positions = [], [], [], []
+        last_target = max(i for i, (b, _) in enumerate(order) if b == target)
+        for i, (stretch, (b, _)) in enumerate(zip(stretches, order)):
+            recipient, donor = recipient + stretch, donor + stretch
+            value, donor_fact_value = values[b], values[b]
+            if b == target:
+                old = old_value is not None and i != last_target  # latest-value: only the last one is the answer
+                value = old_value if old else values[b]
+                donor_fact_value = value if old else donor_value
+            start = len(recipient)
+            recipient += self.fact(keys[b], value)
+            if b == target and self.spec.variant == "neutral":
+                donor += self._neutral(filler, len(recipient) - start, rng)
+            else:
+                donor += self.fact(keys[b], donor_fact_value)
+            if b == target and value != old_value:
+                writes.append((start, len(recipient)))
+                value_positions.append(start + len(self.before) + 1 + len(self.middle))
+        recipient, donor = recipient + stretches[-1], donor + stretches[-1]
+        queries = [self._query(b, keys, values, b == target and self.spec.variant != "neutral", donor_value,
+                               old_value if b == target else None, rng) for b in range(len(keys))]
+        return Item(source_id, recipient, donor, queries, target, writes, value_positions, split)
+
+    def _neutral(self, filler: list[int], length: int, rng) -> list[int]:
+        start = int(rng.integers(0, len(filler) - length + 1))
+        return filler[start:start + length]
+
+    def _query(self, b, keys, values, is_donor_target, donor_value, old_value, rng) -> Query:
+        """The 4 balanced candidates: the answer, the donor value (target) or a random value, and others; the
+        latest-value variant always includes the old value."""
+        answer = values[b]
+        chosen = [answer] + ([donor_value] if is_donor_target else []) + ([old_value] if old_value else [])
+        rest = [v for v in self.values if v not in chosen]
+        chosen += [int(v) for v in rng.choice(rest, 4 - len(chosen), replace=False)]
+        order = rng.permutation(4)
+        candidates = [chosen[i] for i in order]
+        answer_index = candidates.index(answer)
+        donor_index = candidates.index(donor_value) if is_donor_target else answer_index
+        return Query(b, self.query(keys[b]), candidates, answer_index, donor_index)
+
+
+def build_items(builder: TaskBuilder, sources: Sequence[tuple[str, str, list[int]]], per_source: int = 1,
+                seed: int = 0, split: str | None = None) -> list[Item]:
+    """``per_source`` items from each passage (``passages()`` output) of ``split`` (None: every split), seeded by
+    ``seed`` and the passage's position."""
+    items = []
+    for index, (source_id, source_split, ids) in enumerate(sources):
+        if split is not None and source_split != split:
+            continue
+        rng = np.random.default_rng([seed, index])
+        items += [builder.build(source_id, ids, rng, source_split) for _ in range(per_source)]
+    return items
+
+
+@dataclass
+class KeyValueFiller:
+    """Recall generator for training (``linmem.data.synthetic``): key-value facts in natural filler, then queries
+    with their answers under the loss mask. Built from token ids only: ``filler`` (a token stream), ``keys`` and
+    ``values`` (single-token ids), the template pieces ``before``, ``middle``, ``after``.
+
+    A sample of ``seq_len`` tokens: facts of ``num_bindings`` keys (``repeats`` times each, shuffled) between filler
+    stretches, then every key asked once (``before key middle value``), answers in the mask; the rest filler.
+    """
+
+    filler: np.ndarray
+    keys: Sequence[int]
+    values: Sequence[int]
+    before: Sequence[int] = ()
+    middle: Sequence[int] = ()
+    after: Sequence[int] = ()
+    num_bindings: int = 4
+    repeats: int = 2
+    name: ClassVar[str] = "kv-filler"
+
+    @classmethod
+    def from_builder(cls, builder: TaskBuilder, filler: Sequence[int], **options) -> KeyValueFiller:
+        return cls(np.asarray(filler, dtype=np.int64), builder.keys, builder.values, builder.before,
+                   builder.middle, builder.after, **options)
+
+    def sample(self, rng: np.random.Generator, seq_len: int) -> RecallSample:
+        n = int(rng.integers(1, self.num_bindings + 1))
+        keys = rng.choice(np.asarray(self.keys), n, replace=False)
+        values = rng.choice(np.asarray(self.values), n, replace=True)
+        fact = lambda k, v: [*self.before, int(k), *self.middle, int(v), *self.after]  # noqa: E731
+        facts = [fact(keys[b], values[b]) for b in rng.permutation(np.repeat(np.arange(n), self.repeats))]
+        queries = [fact(keys[b], values[b]) for b in rng.permutation(n)]
+        used = sum(map(len, facts)) + sum(map(len, queries))
+        if used > seq_len:
+            raise ValueError(f"rule 'sequence length': {n} bindings need {used} tokens; seq_len is {seq_len}")
+        start = int(rng.integers(0, max(1, len(self.filler) - (seq_len - used))))
+        filler = list(self.filler[start:start + seq_len - used])
+        filler += [int(x) for x in rng.choice(self.filler, seq_len - used - len(filler))]
+        cuts = [0, *np.sort(rng.integers(0, len(filler) + 1, len(facts))), len(filler)]
+        tokens = []
+        for i, f in enumerate(facts + [[]]):
+            tokens += filler[cuts[i]:cuts[i + 1]] + f
+        mask = [False] * len(tokens)
+        answer_at = len(self.before) + 1 + len(self.middle)
+        for q in queries:
+            mask += [j == answer_at for j in range(len(q))]
+            tokens += q
+        return RecallSample(np.asarray(tokens, dtype=np.int64), np.asarray(mask, dtype=bool))
+
+
+register_generator(KeyValueFiller.name, KeyValueFiller)
