@@ -1,0 +1,281 @@
+"""Evaluation: scoring primitives against direct computation, each task on a tiny trained model, MQAR with an
+oracle model, the stability hooks, the memory-lab hand-off, the CLI report, and lm-evaluation-harness with local
+task files (no downloads)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linmem.cli import main
+from linmem.data.build import BuildOptions, build_dataset
+from linmem.data.sources import open_path
+from linmem.data.synthetic import MQAR
+from linmem.data.windows import sequential_windows
+from linmem.eval import memory_recall as memory_recall_module
+from linmem.eval.cloze import build_cloze, cloze_candidates
+from linmem.eval.loading import EvalModel, load_model, open_heldout
+from linmem.eval.memory_recall import memory_recall
+from linmem.eval.mqar import mqar, mqar_batch
+from linmem.eval.niah import haystack_tokens, niah_prompt
+from linmem.eval.perplexity import perplexity
+from linmem.eval.scoring import score_continuations
+from linmem.eval.stability import stability
+from linmem.train.config import parse_config
+from linmem.train.trainer import train
+from tests.test_train_support import build_tiny_dataset, one_thread, tiny_config, write_corpus  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny GDN trained for 30 steps on the tiny corpus with MQAR mixed in: its run folder."""
+    root = tmp_path_factory.mktemp("eval")
+    data = build_tiny_dataset(root)
+    config = tiny_config(data, data={"seq_len": 64}, train={"steps": 30, "eval_interval": 0,
+                                                            "checkpoint_interval": 0})
+    train(parse_config(config), root / "run")
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def em(trained) -> EvalModel:
+    return load_model(trained / "model", device="cpu")
+
+
+# ---------------------------------------------------------------- scoring and perplexity
+
+
+def test_scores_batched_equal_direct(em):
+    rng = np.random.default_rng(0)
+    pairs = [(rng.integers(1, 300, size=n).tolist(), rng.integers(1, 300, size=m).tolist())
+             for n, m in [(5, 1), (17, 3), (2, 2), (30, 4), (9, 1)]]
+    batched = score_continuations(em, pairs, batch_size=4)
+    for (context, continuation), (logprob, greedy) in zip(pairs, batched):
+        ids = torch.tensor([context + continuation])
+        logits = em.model(ids).logits[0, len(context) - 1:-1].log_softmax(-1)
+        direct = logits.detach().gather(-1, torch.tensor(continuation)[:, None]).sum()
+        assert logprob == pytest.approx(float(direct), abs=1e-4)
+        assert greedy == bool((logits.argmax(-1) == torch.tensor(continuation)).all())
+
+
+def test_perplexity_equals_model_loss(em, trained):
+    split = open_heldout(em, None, "test")
+    result = perplexity(em, split, seq_len=64, max_tokens=64 * 6, batch_size=4)["metrics"]
+    windows = torch.stack([w for _, w in zip(range(6), sequential_windows(split, 64))])
+    with torch.no_grad():
+        expected = float(em.model(windows, labels=windows).loss)
+    assert result["windows"] == 6 and result["tokens"] == 6 * 63
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+    assert result["ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    assert result["ppl"] < 300 / 2  # trained: well below a uniform guess over the vocabulary
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def test_cloze_candidates_follow_the_rules():
+    text = "We saw gamma and then more words. Then gamma came back, and zeta ended; gamma went home, as gamma."
+    # 'back', 'ended', 'home' end clauses but are new; 'gamma came' is mid-clause; only the last gamma counts
+    assert cloze_candidates(text, context_chars=30) == [(len(text) - 6, "gamma")]
+    assert cloze_candidates(text, context_chars=100) == []  # nothing has 100 characters before it
+
+
+def test_cloze_examples_and_scores(em):
+    split = open_heldout(em, None, "test")
+    examples = build_cloze(em, split, count=12, context_chars=200)
+    assert 0 < len(examples) <= 12
+    for example in examples:
+        assert example.target.startswith(" ") and example.target.strip().lower() in example.context.lower()
+
+
+class MQAROracle(nn.Module):
+    """Logits that put all mass on the value bound to the current token if it is a key seen before (reads the
+    ids, no learning): MQAR accuracy must be exactly 1."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.config = types.SimpleNamespace(vocab_size=vocab_size, mixer="gdn")
+        self.vocab_size = vocab_size
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        logits = torch.zeros(*input_ids.shape, self.vocab_size)
+        for b, row in enumerate(input_ids.tolist()):
+            bound: dict[int, int] = {}
+            for t in range(1, len(row) - 1, 2):  # bindings first (after EOS): the first pair of a key is its own
+                bound.setdefault(row[t], row[t + 1])
+            for t, token in enumerate(row):
+                if token in bound:
+                    logits[b, t, bound[token]] = 10.0
+        return types.SimpleNamespace(logits=logits)
+
+
+def test_mqar_oracle_scores_one_and_trained_model_runs(em):
+    oracle = EvalModel(MQAROracle(320), em.tokenizer, em.folder, torch.device("cpu"), em.eos_id,
+                       {"seq_len": 64, "recall_generators": [{"name": "mqar", "vocab_range": [1, 300]}]})
+    table = mqar(oracle, pairs=(2, 4, 8), samples=8)["table"]
+    assert [r["pairs"] for r in table] == [2, 4, 8] and all(r["accuracy"] == 1.0 for r in table)
+    ids, mask = mqar_batch(MQAR((1, 300), 4), 64, 3, seed=0, eos_id=0)
+    assert ids.shape == (3, 64) and (ids[:, 0] == 0).all() and (mask.sum(1) == 4).all()
+    result = mqar(em, pairs=(2, 4, 8, 64), samples=8)
+    assert [r["pairs"] for r in result["table"]] == [2, 4, 8]  # 64 pairs do not fit 64 tokens
+    assert result["metrics"]["vocab_range"] == [1, 300]  # the training range, from train_info.json
+
+
+def test_niah_prompt_places_the_needle(em):
+    split = open_heldout(em, None, "test")
+    hay = haystack_tokens(split)
+    positions = []
+    for depth in (0.0, 0.5, 1.0):
+        context, answer = niah_prompt(em, hay, 160, depth, np.random.default_rng(3))
+        assert len(context) == 160 and context[0] == em.eos_id
+        needle = em.encode(f" The secret number of {em.decode(context).split('of ')[1].split()[0]} is")
+        starts = [t for t in range(len(context)) if context[t:t + len(needle)] == needle]
+        assert len(starts) == 2 and em.decode(answer).strip().isdigit()  # the needle, then the question
+        positions.append(starts[0])
+    assert positions[0] == 1 and positions[0] < positions[1] < positions[2]  # depth 0: right after EOS
+    assert niah_prompt(em, hay, 10, 0.5, np.random.default_rng(0)) is None  # no room for needle and question
+
+
+def test_stability_hooks_measure_each_layer(em):
+    split = open_heldout(em, None, "test")
+    before = stability(em, split, seq_len=64, windows=2)["table"]
+    layer = em.model.model.layers[1].attn
+    with torch.no_grad():
+        layer.o_proj.weight.mul_(10.0)
+    try:
+        after = stability(em, split, seq_len=64, windows=2)["table"]
+    finally:
+        with torch.no_grad():
+            layer.o_proj.weight.div_(10.0)
+    assert len(before) == 2 and before[0]["kind"] == "gdn"
+    assert after[0]["output_norm_mean"] == pytest.approx(before[0]["output_norm_mean"], rel=1e-5)
+    assert after[1]["output_norm_mean"] == pytest.approx(10 * before[1]["output_norm_mean"], rel=1e-4)
+    assert after[1]["readout_norm_mean"] == pytest.approx(before[1]["readout_norm_mean"], rel=1e-5)
+
+
+def test_memory_recall_hand_off(em, monkeypatch):
+    monkeypatch.setattr(memory_recall_module, "memory_lab_tasks", lambda: None)
+    result = memory_recall(em)
+    assert result["available"] is False and result["reason"].startswith("not available")
+    fake = types.SimpleNamespace(clean_recall=lambda model, tokenizer, seed: {"accuracy": 0.75, "n": 40})
+    monkeypatch.setattr(memory_recall_module, "memory_lab_tasks", lambda: fake)
+    assert memory_recall(em) == {"available": True, "metrics": {"accuracy": 0.75, "n": 40}}
+
+
+# ---------------------------------------------------------------- CLI and report
+
+
+def test_eval_cli_writes_json_markdown_and_figures(trained, tmp_path, capsys):
+    out = tmp_path / "report"
+    code = main(["eval", str(trained), "--tasks", "all", "--out", str(out), "--device", "cpu", "--seq-len", "64",
+                 "--max-tokens", "640", "--cloze-examples", "8", "--mqar-pairs", "2,4", "--mqar-samples", "4",
+                 "--niah-lengths", "96,160", "--niah-depths", "0,1", "--niah-samples", "2",
+                 "--stability-windows", "2"])
+    assert code == 0
+    report = json.loads((out / "results.json").read_text())
+    assert list(report["tasks"]) == ["ppl", "cloze", "mqar", "niah", "recall", "stability"]
+    assert 0 <= report["tasks"]["cloze"]["metrics"]["accuracy"] <= 1
+    assert len(report["tasks"]["niah"]["grid"]["accuracy"]) == 2
+    markdown = (out / "results.md").read_text()
+    assert "## niah" in markdown and "| length | depth 0% | depth 100% |" in markdown
+    if "matplotlib" in sys.modules or report["figures"]:
+        assert {"niah.png", "stability.png", "mqar.png"} <= {p.name for p in out.iterdir()}
+    assert "report:" in capsys.readouterr().out
+
+
+def test_eval_errors_are_actionable(trained, tmp_path, capsys):
+    assert main(["eval", str(trained), "--tasks", "ppl,bogus"]) == 2
+    assert "unknown task(s) ['bogus']" in capsys.readouterr().err
+    assert main(["eval", str(trained), "--tasks", "ppl", "--data", str(tmp_path)]) == 2
+    assert "pass --data DIR" in capsys.readouterr().err
+    other = tmp_path / "other"
+    build_dataset([open_path(write_corpus(tmp_path / "corpus"))], other, BuildOptions(vocab_size=280, progress=False))
+    assert main(["eval", str(trained), "--tasks", "ppl", "--data", str(other)]) == 2
+    assert "tokenized with another tokenizer" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nothing"), "--tasks", "mqar"]) == 2
+    assert "not a model folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- lm-evaluation-harness
+
+
+def _harness_tasks(folder: Path) -> Path:
+    """Three local tasks (loglikelihood, loglikelihood_rolling, generate_until) over local JSONL files."""
+    folder.mkdir()
+    with open(folder / "cloze.jsonl", "w") as f:
+        for word in ("fox", "dog", "bards"):
+            f.write(json.dumps({"context": "The quick brown fox jumps over the lazy dog while the", "target":
+                                f" {word}"}) + "\n")
+    with open(folder / "docs.jsonl", "w") as f:
+        for n in (1, 3):
+            f.write(json.dumps({"text": "Seven wizards quietly hex jovial bards. " * n}) + "\n")
+    common = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {file}\ntest_split: test\n"
+    (folder / "cloze.yaml").write_text(
+        "task: linmem_local_cloze\n" + common.format(file=folder / "cloze.jsonl")
+        + "output_type: loglikelihood\ndoc_to_text: '{{context}}'\ndoc_to_target: '{{target}}'\n"
+        + "metric_list:\n  - metric: acc\n  - metric: perplexity\n")
+    (folder / "rolling.yaml").write_text(
+        "task: linmem_local_rolling\n" + common.format(file=folder / "docs.jsonl")
+        + "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        + "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    (folder / "generate.yaml").write_text(
+        "task: linmem_local_generate\n" + common.format(file=folder / "cloze.jsonl")
+        + "output_type: generate_until\ndoc_to_text: '{{context}}'\ndoc_to_target: '{{target}}'\n"
+        + "generation_kwargs:\n  until: ['.']\n  max_gen_toks: 6\n  do_sample: false\n"
+        + "metric_list:\n  - metric: exact_match\n")
+    return folder
+
+
+def test_lm_eval_harness_runs_local_tasks_offline(em, tmp_path, monkeypatch):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    from linmem.eval.harness import LinMemLM
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert get_model("linmem") is LinMemLM
+    lm = LinMemLM(em, batch_size=2, max_length=32)
+    tasks = TaskManager(include_path=str(_harness_tasks(tmp_path / "tasks")), include_defaults=False)
+    out = lm_eval.simple_evaluate(model=lm, tasks=["linmem_local_cloze", "linmem_local_rolling",
+                                                   "linmem_local_generate"], task_manager=tasks, bootstrap_iters=0,
+                                  log_samples=False)["results"]
+    assert 0 <= out["linmem_local_cloze"]["acc,none"] <= 1 and out["linmem_local_cloze"]["perplexity,none"] > 1
+    assert out["linmem_local_rolling"]["bits_per_byte,none"] > 0
+    assert out["linmem_local_generate"]["exact_match,none"] in (0.0, 1 / 3, 2 / 3, 1.0)
+
+
+def test_harness_rolling_equals_direct_sum(em):
+    from linmem.eval.harness import LinMemLM, split_trailing_space
+
+    lm = LinMemLM(em, max_length=16)
+    text = "Seven wizards quietly hex jovial bards near their old stone tower. " * 2
+    request = types.SimpleNamespace(args=(text,))
+    ids = [em.eos_id] + em.encode(text)
+    assert len(ids) > 40  # several chunks of 16
+    total = 0.0
+    with torch.no_grad():
+        for t in range(1, len(ids)):  # every token scored once, with at most 16 tokens of context
+            logits = em.model(torch.tensor([ids[max(0, t - 16):t]])).logits[0, -1]
+            total += float(F.log_softmax(logits, -1)[ids[t]])
+    rolled = lm.loglikelihood_rolling([request])[0]
+    # chunks reuse one window for up to 16 targets, so contexts differ from the sliding sum: compare loosely,
+    # and exactly against the chunk definition below
+    chunks = [(ids[:s], ids[s:s + 16]) for s in range(1, len(ids), 16)]
+    assert rolled == pytest.approx(sum(s[0] for s in score_continuations(em, chunks, 4, 16)), abs=1e-4)
+    assert rolled == pytest.approx(total, rel=0.2)
+    assert split_trailing_space("Hello there  ", "world") == ("Hello there", "  world")
+    generated = lm.generate_until([types.SimpleNamespace(args=("The quick", {"until": ["."], "max_gen_toks": 5}))])
+    assert isinstance(generated[0], str) and "." not in generated[0]
