@@ -179,8 +179,11 @@ class TaskBuilder:
     def query(self, key: int) -> list[int]:
         return self.before + [key] + self.middle
 
-    def build(self, source_id: str, filler: Sequence[int], rng: np.random.Generator, split: str = "dev") -> Item:
-        """One item from ``filler`` (the passage's token ids; ``ValueError`` if shorter than ``filler_tokens``)."""
+    def build(self, source_id: str, filler: Sequence[int], rng: np.random.Generator, split: str = "dev",
+              target: int | None = None) -> Item:
+        """One item from ``filler`` (the passage's token ids; ``ValueError`` if shorter than ``filler_tokens``).
+        The recipient prefix depends on ``rng`` only, not on ``target``: items drawn with the same ``rng`` state
+        and different targets share it."""
         spec = self.spec
         if len(filler) < spec.filler_tokens:
             raise ValueError(f"rule 'filler length': passage {source_id} has {len(filler)} tokens; the task needs "
@@ -189,14 +192,15 @@ class TaskBuilder:
         filler = list(filler[start:start + spec.filler_tokens])
         keys = [int(k) for k in rng.choice(self.keys, spec.num_bindings, replace=False)]
         values = [int(v) for v in rng.choice(self.values, spec.num_bindings, replace=True)]
-        target = int(rng.integers(spec.num_bindings))
-        donor_value = int(rng.choice([v for v in self.values if v != values[target]]))
         events = [(b, "fact") for b in range(spec.num_bindings) for _ in range(spec.repeats)]
         order = [events[i] for i in rng.permutation(len(events))]
+        draw = np.random.default_rng(rng.integers(2**63))
+        target = int(draw.integers(spec.num_bindings)) if target is None else target
+        donor_value = int(draw.choice([v for v in self.values if v != values[target]]))
         old_value = None
         if spec.variant == "latest":  # the target's first presentations carry an old value, the last the answer
-            old_value = int(rng.choice([v for v in self.values if v not in (values[target], donor_value)]))
-        return self._assemble(source_id, split, filler, keys, values, target, donor_value, old_value, order, rng)
+            old_value = int(draw.choice([v for v in self.values if v not in (values[target], donor_value)]))
+        return self._assemble(source_id, split, filler, keys, values, target, donor_value, old_value, order, draw)
 
     def _stretches(self, filler: list[int], slots: int) -> list[list[int]]:
         """The filler cut into ``slots`` stretches before the facts, plus the gap before the query."""

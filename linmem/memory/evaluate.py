@@ -1,0 +1,74 @@
+"""Batches of task items as tensors, and candidate logits of edited runs (the plumbing of the experiments)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from linmem.memory.edits import Edit
+from linmem.memory.intervene import run_many
+from linmem.memory.metrics import choice_logits
+from linmem.memory.tasks import Item
+
+
+@dataclass
+class Batch:
+    """Items asked about one binding: ``recipient, donor [B, T]``, ``candidates [B, 4]``, ``answer, donor_answer
+    [B]`` (indices into the candidates), ``sources`` (the items' source ids), ``boundary`` (first query token)."""
+
+    recipient: torch.Tensor
+    donor: torch.Tensor
+    candidates: torch.Tensor
+    answer: torch.Tensor
+    donor_answer: torch.Tensor
+    sources: list[str]
+    boundary: int
+    items: list[Item]
+
+    @property
+    def length(self) -> int:
+        return self.recipient.shape[1]
+
+    def subset(self, index: Sequence[int]) -> Batch:
+        i = torch.as_tensor(list(index), dtype=torch.long)
+        return Batch(self.recipient[i], self.donor[i], self.candidates[i], self.answer[i], self.donor_answer[i],
+                     [self.sources[j] for j in index], self.boundary, [self.items[j] for j in index])
+
+
+def make_batch(items: Sequence[Item], binding: str | int = "target", device: str | torch.device = "cpu") -> Batch:
+    """Stack ``items`` (equal lengths) asked about ``binding``: ``"target"`` or a binding index."""
+    if not items:
+        raise ValueError("no items: check the sources and the split")
+    queries = [it.queries[it.target if binding == "target" else binding] for it in items]
+    recipient = [it.recipient + q.tokens for it, q in zip(items, queries)]
+    donor = [it.donor + q.tokens for it, q in zip(items, queries)]
+    if len({len(r) for r in recipient}) != 1:
+        raise ValueError("items of one batch must have equal token lengths (one TaskSpec and template)")
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    return Batch(as_tensor(recipient), as_tensor(donor), as_tensor([q.candidates for q in queries]),
+                 as_tensor([q.answer for q in queries]), as_tensor([q.donor_answer for q in queries]),
+                 [it.source_id for it in items], items[0].boundary, list(items))
+
+
+def candidate_logits(model: nn.Module, batch: Batch, edit_sets: Sequence[Sequence[Edit]],
+                     chunk: int = 16, use_donor: bool = True) -> torch.Tensor:
+    """``[N, B, 4]`` candidate logits at the last position under each of ``N`` edit sets (``chunk`` sets per
+    batched run)."""
+    out = []
+    donor = batch.donor if use_donor else None
+    for i in range(0, len(edit_sets), chunk):
+        logits = run_many(model, batch.recipient, donor, edit_sets[i:i + chunk], logits_at=[batch.length - 1])
+        out.append(torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits]))
+    return torch.cat(out)
+
+
+def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int = 16) -> torch.Tensor:
+    """``[N, B, 4]`` for edits that depend on the item (e.g. its fact spans): ``make_edits(item) -> N edit sets``,
+    run one item at a time."""
+    out = []
+    for b, item in enumerate(batch.items):
+        out.append(candidate_logits(model, batch.subset([b]), make_edits(item), chunk)[:, 0])
+    return torch.stack(out, dim=1)

@@ -1,0 +1,289 @@
+"""The experiments of "How Linear Attention Remembers" (and the S-vs-R extension) as functions.
+
+Each returns a ``Result``: ``rows`` (a tidy table: one dict per estimate, with its bootstrap CI, ``n`` and
+``sources``), a ``summary`` dict and a matplotlib ``figure`` (see ``plots``). Items come from ``tasks``; every
+estimate is over source passages (``stats.bootstrap``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from linmem.memory import plots
+from linmem.memory.components import Component, attention_layers, heads, mixer, recurrent_layers
+from linmem.memory.edits import (
+    CacheSwap,
+    DonorWrite,
+    OutputPatch,
+    OutputRestore,
+    StateAdd,
+    StateSwap,
+    WriteBlock,
+)
+from linmem.memory.evaluate import Batch, candidate_logits, make_batch, per_item
+from linmem.memory.metrics import break_rate, compare, donor_margin
+from linmem.memory.recording import backbone
+from linmem.memory.stats import bootstrap, source_means
+from linmem.memory.tasks import Item, TaskBuilder, build_items
+from linmem.models.cache import LinMemCache
+
+METRICS = ("edited_correct", "donor_answer", "donor_margin_shift", "target_margin_change")
+
+
+@dataclass
+class Result:
+    """One experiment's tidy ``rows``, ``summary`` and ``figure`` (None when nothing to draw)."""
+
+    name: str
+    rows: list[dict]
+    summary: dict = field(default_factory=dict)
+    figure: object | None = None
+
+
+def estimate_rows(values: dict[str, torch.Tensor], sources: list[str], **labels) -> list[dict]:
+    """One row per metric: ``labels``, ``metric`` and the bootstrap estimate over ``sources``."""
+    return [{**labels, "metric": name, **bootstrap(v.cpu().numpy(), sources).as_dict()}
+            for name, v in values.items()]
+
+
+def shifts(choice: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Donor-margin shift ``[N − 1, B]`` of edit sets 1.. against set 0 (clean) from ``choice [N, B, 4]``."""
+    margin = donor_margin(choice.flatten(0, 1), batch.answer.repeat(len(choice)),
+                          batch.donor_answer.repeat(len(choice))).view(len(choice), -1)
+    return margin[1:] - margin[:1]
+
+
+def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Component] | None = None,
+              chunk: int = 16) -> Result:
+    """Swap one component's pre-query state at a time; rank components by the mean donor-margin shift.
+
+    Rank stability: how many sources rank the winner first, and whether it still wins when each source is left
+    out. Figure: mean shift per layer × head (one panel per memory).
+    """
+    batch = make_batch(items)
+    comps = list(components or heads(model))
+    choice = candidate_logits(model, batch, [[]] + [[StateSwap([c], batch.boundary)] for c in comps], chunk)
+    shift = shifts(choice, batch)
+    per_source, names = zip(*[source_means(s.cpu().numpy(), batch.sources) for s in shift])
+    table = np.stack(per_source)  # [C, S]
+    rows = [{"component": str(c), "layer": c.layer, "head": c.head, "memory": c.memory,
+             **bootstrap(s.cpu().numpy(), batch.sources).as_dict()} for c, s in zip(comps, shift)]
+    order = np.argsort(-table.mean(1))
+    for rank, i in enumerate(order, start=1):
+        rows[i]["rank"] = rank
+    best = int(order[0])
+    loso = [int(np.argmax(np.delete(table, s, axis=1).mean(1))) == best for s in range(table.shape[1])]
+    clean_correct = (choice[0].argmax(-1) == batch.answer).double().cpu().numpy()
+    summary = {"chosen": str(comps[best]), "top1_sources": int((table.argmax(0) == best).sum()),
+               "sources": table.shape[1], "loso_agreement": int(sum(loso)),
+               "clean_accuracy": bootstrap(clean_correct, batch.sources).as_dict()}
+    return Result("head_scan", rows, summary, plots.head_scan(rows))
+
+
+def control_component(model: nn.Module, chosen: Component, seed: int = 0) -> Component:
+    """A control: another head of the same memory kind, in another layer where possible."""
+    pool = [c for c in heads(model) if c.memory == chosen.memory and c != chosen]
+    other_layer = [c for c in pool if c.layer != chosen.layer] or pool
+    return other_layer[np.random.default_rng(seed).integers(len(other_layer))]
+
+
+def lifecycle_edits(item: Item, c: Component, control: Component, length: int) -> dict[str, list]:
+    """The lifecycle's edit sets for one item: name → edits (write spans differ per item)."""
+    at, query = item.boundary, range(item.boundary, length)
+    block = lambda comp: [WriteBlock([comp], span) for span in item.target_writes]  # noqa: E731
+    write = lambda comp, ctl: [DonorWrite([comp], span, control=ctl) for span in item.target_writes]  # noqa: E731
+    return {
+        "write block|chosen": block(c), "write block|control head": block(control),
+        "donor write|chosen": write(c, "donor"), "donor write|random": write(c, "random"),
+        "donor write|control head": write(control, "donor"),
+        "state swap|chosen": [StateSwap([c], at)], "state swap|random": [StateSwap([c], at, control="random")],
+        "state swap|control head": [StateSwap([control], at)],
+        "output patch|chosen": [OutputPatch([c], query)], "output patch|random": [OutputPatch([c], query, "random")],
+        "output patch|control head": [OutputPatch([control], query)],
+        "output restore|chosen": [StateSwap([c], at), OutputRestore([c], query)],
+        "output restore|control head": [StateSwap([c], at), OutputRestore([control], query)],
+    }
+
+
+def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
+              control: Component | None = None) -> Result:
+    """Write block, donor write, state swap, output patch and output restore on one component, each against the
+    equal-norm random edit and a control head (Figs. 3-4). Figure: donor-margin shift with CIs."""
+    batch = make_batch(items)
+    control = control or control_component(model, component)
+    names = list(lifecycle_edits(batch.items[0], component, control, batch.length))
+    edits = lambda item: [[]] + list(lifecycle_edits(item, component, control, batch.length).values())  # noqa: E731
+    choice = per_item(model, batch, edits)
+    rows = []
+    for i, name in enumerate(names, start=1):
+        intervention, target = name.split("|")
+        values = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
+        rows += estimate_rows({k: values[k] for k in METRICS}, batch.sources, intervention=intervention,
+                              target=target, component=str(component if "control" not in target else control))
+    clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
+    summary = {"component": str(component), "control": str(control),
+               "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict()}
+    return Result("lifecycle", rows, summary, plots.lifecycle(rows))
+
+
+def states_at(model: nn.Module, ids: torch.Tensor, at: int, component: Component) -> torch.Tensor:
+    """The component's memory after tokens ``[0, at)`` for each prompt of ``ids [B, T]``: ``[B, V, K]``."""
+    cache = LinMemCache.from_config(model.config)
+    with torch.no_grad():
+        backbone(model)(input_ids=ids[:, :at], cache=cache, use_cache=True)
+    layer = cache.layers[component.layer]
+    return (layer.base_state if component.memory == "S" else layer.residual_state)[:, component.head]
+
+
+def fact_pairs(builder: TaskBuilder, sources, seed: int, split: str | None) -> tuple[list[Item], list[Item]]:
+    """Two items per passage with one recipient prefix and different targets A and B."""
+    items_a, items_b = [], []
+    for index, (source_id, source_split, ids) in enumerate(sources):
+        if split is not None and source_split != split:
+            continue
+        a = builder.build(source_id, ids, np.random.default_rng([seed, index]), source_split)
+        b_target = (a.target + 1) % builder.spec.num_bindings
+        b = builder.build(source_id, ids, np.random.default_rng([seed, index]), source_split, target=b_target)
+        items_a.append(a)
+        items_b.append(b)
+    return items_a, items_b
+
+
+def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Component, seed: int = 0,
+               split: str | None = None) -> Result:
+    """Edit fact A by the component's pre-query state swap: donor-answer rate on A, break rate on the other
+    facts; then the Frobenius split of ``Δ_A`` into parts parallel and orthogonal to ``Δ_B`` (another fact's state
+    difference), each added alone and against an equal-norm Gaussian, read on fact B (Fig. 5)."""
+    items_a, items_b = fact_pairs(builder, sources, seed, split)
+    rows, sources_a = [], [it.source_id for it in items_a]
+    target = make_batch(items_a)
+    edit = [[], [StateSwap([component], target.boundary)]]
+    choice = candidate_logits(model, target, edit)
+    values = compare(choice[0], choice[1], target.answer, target.donor_answer)
+    rows += estimate_rows({k: values[k] for k in ("donor_answer", "donor_margin_shift")}, sources_a, fact="target")
+    clean_right, edited_right, owners = [], [], []
+    for j in range(builder.spec.num_bindings):
+        keep = [i for i, it in enumerate(items_a) if it.target != j]
+        if not keep:
+            continue
+        sub = make_batch([items_a[i] for i in keep], binding=j)
+        ch = candidate_logits(model, sub, edit)
+        m = compare(ch[0], ch[1], sub.answer)
+        clean_right.append(m["clean_correct"])
+        edited_right.append(m["edited_correct"])
+        owners += sub.sources
+    clean_right, edited_right = torch.cat(clean_right), torch.cat(edited_right)
+    broken = torch.where(clean_right.bool(), 1.0 - edited_right, torch.full_like(edited_right, float("nan")))
+    rate, denominator = break_rate(clean_right, edited_right)
+    rows.append({"fact": "non-target", "metric": "break_rate", **bootstrap(broken.cpu().numpy(), owners).as_dict(),
+                 "denominator": denominator})
+    rows += frobenius_split(model, items_a, items_b, component)
+    return Result("four_facts", rows, {"component": str(component), "break_rate": rate,
+                                       "break_denominator": denominator}, plots.four_facts(rows))
+
+
+def frobenius_split(model, items_a: list[Item], items_b: list[Item], component: Component, seed: int = 0):
+    """Rows: B's target-margin change when ``Δ_A``, its part parallel to ``Δ_B``, its orthogonal part, and an
+    equal-norm Gaussian for each are added to the recipient's pre-query state, fact B asked."""
+    a, b = make_batch(items_a), make_batch(items_b)
+    at = a.boundary
+    base = states_at(model, a.recipient, at, component)
+    delta_a = states_at(model, a.donor, at, component) - base
+    delta_b = states_at(model, b.donor, at, component) - base
+    dot = lambda x, y: (x * y).sum((-2, -1), keepdim=True)  # noqa: E731
+    parallel = dot(delta_a, delta_b) / dot(delta_b, delta_b).clamp_min(1e-30) * delta_b
+    parts = {"full": delta_a, "parallel": parallel, "orthogonal": delta_a - parallel}
+    gen = torch.Generator().manual_seed(seed)
+    edits = [[]]
+    for delta in parts.values():
+        noise = torch.randn(delta.shape, generator=gen, dtype=torch.float64).to(delta)
+        noise = noise * dot(delta, delta).sqrt() / dot(noise, noise).sqrt()
+        edits += [[StateAdd([component], at, delta)], [StateAdd([component], at, noise)]]
+    query_b = _ask(items_a, items_b)
+    choice = candidate_logits(model, query_b, edits, use_donor=False)
+    rows = []
+    for i, name in enumerate(parts):
+        for j, kind in enumerate(("direction", "gaussian")):
+            change = compare(choice[0], choice[1 + 2 * i + j], query_b.answer)["target_margin_change"]
+            rows.append({"fact": "B", "part": name, "control": kind, "metric": "target_margin_change",
+                         **bootstrap(change.cpu().numpy(), query_b.sources).as_dict()})
+    return rows
+
+
+def _ask(items_a: list[Item], items_b: list[Item]) -> Batch:
+    """Items A's recipient prefix with fact B's query (B = items_b's target), one per passage."""
+    asked = [Item(ia.source_id, ia.recipient, ia.recipient, ia.queries, ib.target, [], [], ia.split)
+             for ia, ib in zip(items_a, items_b)]
+    return make_batch(asked)
+
+
+def hybrid_attribution(model: nn.Module, items: Sequence[Item]) -> Result:
+    """Swap the pre-query recurrent caches (states + conv), the attention KV caches, or both; each's donor-margin
+    shift as a share of both together (normalized donor effect, Fig. 6)."""
+    batch = make_batch(items)
+    at = batch.boundary
+    rec, att = recurrent_layers(model), attention_layers(model)
+    sets = {"recurrent": [CacheSwap(rec, at, ("recurrent", "conv"))]}
+    if att:
+        sets["kv"] = [CacheSwap(att, at, "kv")]
+    sets["both"] = [CacheSwap(rec + att, at)]
+    choice = candidate_logits(model, batch, [[]] + list(sets.values()))
+    shift = shifts(choice, batch)
+    rows = []
+    for i, name in enumerate(sets):
+        normalized = (shift[i] / shift[-1]).cpu().numpy()
+        rows.append({"cache": name, "metric": "normalized_donor_effect",
+                     **bootstrap(normalized, batch.sources).as_dict()})
+        rows.append({"cache": name, "metric": "donor_margin_shift",
+                     **bootstrap(shift[i].cpu().numpy(), batch.sources).as_dict()})
+    return Result("hybrid_attribution", rows, {"attention_layers": att}, plots.hybrid(rows))
+
+
+def s_vs_r(model: nn.Module, items: Sequence[Item]) -> Result:
+    """Residual models: per layer, swap all heads' S, all heads' R, or both at the query boundary; donor-margin
+    shift of each and its share of the layer's both-swap."""
+    batch = make_batch(items)
+    at, rows = batch.boundary, []
+    layers = [i for i in recurrent_layers(model) if mixer(model, i).memory.residual]
+    if not layers:
+        return Result("s_vs_r", [], {"note": "no residual memory in this model"}, None)
+    sets = []
+    for layer in layers:
+        comp = {m: [c for c in heads(model) if c.layer == layer and c.memory == m] for m in "SR"}
+        sets += [[StateSwap(comp["S"], at)], [StateSwap(comp["R"], at)], [StateSwap(comp["S"] + comp["R"], at)]]
+    shift = shifts(candidate_logits(model, batch, [[]] + sets), batch)
+    for n, layer in enumerate(layers):
+        both = shift[3 * n + 2]
+        for m, memory in enumerate(("S", "R", "S+R")):
+            s = shift[3 * n + m]
+            rows.append({"layer": layer, "memory": memory, "metric": "donor_margin_shift",
+                         **bootstrap(s.cpu().numpy(), batch.sources).as_dict()})
+            rows.append({"layer": layer, "memory": memory, "metric": "share_of_layer",
+                         **bootstrap((s / both).cpu().numpy(), batch.sources).as_dict()})
+    return Result("s_vs_r", rows, {"layers": layers}, plots.s_vs_r(rows))
+
+
+def sweep(model: nn.Module, tokenizer, sources, component: Component, base, field_name: str,
+          values: Sequence[int], seed: int = 0, split: str | None = None) -> Result:
+    """Clean accuracy and the component's state-swap effect (vs the equal-norm random swap) as one field of the
+    ``TaskSpec`` varies: ``num_bindings`` (load) or ``gap`` (Fig. 7-8)."""
+    from dataclasses import replace
+
+    rows = []
+    for value in values:
+        builder = TaskBuilder(tokenizer, replace(base, **{field_name: value}))
+        batch = make_batch(build_items(builder, sources, seed=seed, split=split))
+        at = batch.boundary
+        choice = candidate_logits(model, batch, [[], [StateSwap([component], at)],
+                                                 [StateSwap([component], at, control="random")]])
+        for i, kind in ((1, "chosen"), (2, "random")):
+            m = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
+            rows += estimate_rows({"clean_correct": m["clean_correct"], "donor_margin_shift":
+                                   m["donor_margin_shift"], "donor_answer": m["donor_answer"]},
+                                  batch.sources, **{field_name: value}, edit=kind)
+    return Result(f"sweep_{field_name}", rows, {"component": str(component)}, plots.sweep(rows, field_name))

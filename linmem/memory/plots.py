@@ -1,0 +1,116 @@
+"""Figures of the experiments (matplotlib, Agg backend): each takes an experiment's tidy rows, returns a Figure.
+
+Error bars are the source-level bootstrap 95% CIs of the rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("the memory lab's figures need matplotlib: pip install 'linmem[memory]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _errors(rows: list[dict]) -> np.ndarray:
+    return np.array([[r["mean"] - r["low"] for r in rows], [r["high"] - r["mean"] for r in rows]])
+
+
+def head_scan(rows: list[dict]):
+    """Mean donor-margin shift of each component's state swap, layer × head, one panel per memory."""
+    plt = _pyplot()
+    memories = sorted({r["memory"] for r in rows})
+    fig, axes = plt.subplots(1, len(memories), figsize=(4.5 * len(memories), 3.6), squeeze=False)
+    for ax, memory in zip(axes[0], memories):
+        sub = [r for r in rows if r["memory"] == memory]
+        layers, heads = max(r["layer"] for r in sub) + 1, max(r["head"] for r in sub) + 1
+        grid = np.full((layers, heads), np.nan)
+        for r in sub:
+            grid[r["layer"], r["head"]] = r["mean"]
+        limit = np.nanmax(np.abs(grid)) or 1.0
+        image = ax.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", origin="lower")
+        ax.set(xlabel="head", ylabel="layer", title=f"state swap of one head ({memory}): donor-margin shift")
+        fig.colorbar(image, ax=ax, label="logit")
+    fig.tight_layout()
+    return fig
+
+
+def _dot_rows(ax, rows: list[dict], label_keys: tuple[str, ...], xlabel: str) -> None:
+    labels = [" / ".join(str(r[k]) for k in label_keys) for r in rows]
+    y = np.arange(len(rows))[::-1]
+    ax.errorbar([r["mean"] for r in rows], y, xerr=_errors(rows), fmt="o", capsize=3)
+    ax.axvline(0, color="gray", lw=0.8)
+    ax.set_yticks(y, labels)
+    ax.set_xlabel(xlabel)
+
+
+def lifecycle(rows: list[dict]):
+    """Left: accuracy under write block (vs control head). Right: donor-margin shift of every intervention."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1, 2]})
+    acc = [r for r in rows if r["metric"] == "edited_correct" and r["intervention"] == "write block"]
+    _dot_rows(left, acc, ("target",), "recall accuracy with the writes blocked")
+    left.set_xlim(-0.05, 1.05)
+    shift = [r for r in rows if r["metric"] == "donor_margin_shift" and r["intervention"] != "write block"]
+    _dot_rows(right, shift, ("intervention", "target"), "donor-margin shift (logit; > 0: toward the donor)")
+    fig.tight_layout()
+    return fig
+
+
+def four_facts(rows: list[dict]):
+    """Left: target donor-answer rate and non-target break rate. Right: fact B's margin change per part of Δ_A."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    rates = [r for r in rows if r["metric"] in ("donor_answer", "break_rate")]
+    _dot_rows(left, rates, ("fact", "metric"), "rate")
+    left.set_xlim(-0.05, 1.05)
+    parts = [r for r in rows if r.get("part")]
+    _dot_rows(right, parts, ("part", "control"), "fact B: target-margin change (logit)")
+    fig.tight_layout()
+    return fig
+
+
+def hybrid(rows: list[dict]):
+    """Normalized donor effect of each cache kind (1 = the effect of swapping both)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    _dot_rows(ax, [r for r in rows if r["metric"] == "normalized_donor_effect"], ("cache",),
+              "normalized donor effect (share of the both-caches swap)")
+    fig.tight_layout()
+    return fig
+
+
+def s_vs_r(rows: list[dict]):
+    """Per layer: donor-margin shift of swapping S, R, or both."""
+    plt = _pyplot()
+    sub = [r for r in rows if r["metric"] == "donor_margin_shift"]
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(sub) + 1.5))
+    _dot_rows(ax, sub, ("layer", "memory"), "donor-margin shift (logit) of the layer's S / R / both swap")
+    fig.tight_layout()
+    return fig
+
+
+def sweep(rows: list[dict], field_name: str):
+    """Clean accuracy and state-swap donor-margin shift (chosen vs random) against the swept field."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, metric, edits in ((left, "clean_correct", ("chosen",)), (right, "donor_margin_shift",
+                                                                     ("chosen", "random"))):
+        for edit in edits:
+            sub = [r for r in rows if r["metric"] == metric and r["edit"] == edit]
+            ax.errorbar([r[field_name] for r in sub], [r["mean"] for r in sub], yerr=_errors(sub), marker="o",
+                        capsize=3, label=edit)
+        ax.set(xlabel=field_name, ylabel="clean accuracy" if metric == "clean_correct" else "donor-margin shift")
+        if metric == "clean_correct":
+            ax.axhline(0.25, color="gray", ls="--", lw=0.8)
+        else:
+            ax.legend()
+    fig.tight_layout()
+    return fig
