@@ -75,6 +75,9 @@ def test_config_errors_name_the_key(dataset, change, error):
     ({"data": {"recall": [{"name": "mqar", "vocab_range": [0, 100]}]}}, r"data\.recall\[0\]\.vocab_range"),
     ({"data": {"recall": [{"name": "no-such"}]}}, r"data\.recall\[0\]\.name 'no-such' is not a registered"),
     ({"data": {"recall": [{"name": "mqar", "num_kv_pairs": 20}]}}, r"data\.recall with data\.seq_len 32: MQAR"),
+    ({"data": {"recall": [{"name": "kv-filler", "keys": "nope"}]}}, r"data\.recall\[0\]: keys must be one of"),
+    ({"data": {"recall": [{"name": "kv-filler", "num_bindings": 4}]}}, r"data\.recall with data\.seq_len 32: "
+                                                                       r"rule 'sequence length'"),
 ])
 def test_shape_errors_name_the_key(dataset, tmp_path, change, error):
     config = parse_config(tiny_config(dataset, **change))

@@ -14,8 +14,11 @@ from linmem.data.build import BuildOptions, build_dataset
 from linmem.data.sources import open_path
 from linmem.data.splits import SplitFractions
 
+# Plain words, plus names and colours often enough that the tokenizer learns them whole (the memory lab's
+# recall task needs single-token keys and values).
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bards near "
-         "their old stone tower and every morning bright birds sing").split()
+         "their old stone tower and every morning bright birds sing Alice Bob Carol David Emma Frank Grace "
+         "Henry red blue green yellow black white").split()
 
 
 @pytest.fixture(scope="module", autouse=False)
@@ -39,10 +42,10 @@ def write_corpus(folder: Path, documents: int = 60, seed: int = 0) -> Path:
 
 
 def build_tiny_dataset(root: Path) -> Path:
-    """A dataset folder (vocab 300, splits 0.7 / 0.15 / 0.15) of ``write_corpus`` documents."""
+    """A dataset folder (vocab 600, splits 0.7 / 0.15 / 0.15) of ``write_corpus`` documents."""
     corpus = write_corpus(root / "corpus")
     out = root / "data"
-    options = BuildOptions(vocab_size=300, progress=False, fractions=SplitFractions(0.7, 0.15, 0.15))
+    options = BuildOptions(vocab_size=600, progress=False, fractions=SplitFractions(0.7, 0.15, 0.15))
     build_dataset([open_path(corpus)], out, options)
     return out
 

@@ -33,6 +33,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--niah-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--niah-samples", type=int, default=20)
     parser.add_argument("--stability-windows", type=int, default=16)
+    parser.add_argument("--recall-items", type=int, default=64, help="memory-lab recall items")
+    parser.add_argument("--recall-filler", type=int, default=256, help="filler tokens per memory-lab item")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto")
     parser.set_defaults(func=run)
@@ -44,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
                           max_tokens=args.max_tokens, cloze_examples=args.cloze_examples, mqar_pairs=args.mqar_pairs,
                           mqar_samples=args.mqar_samples, niah_lengths=args.niah_lengths,
                           niah_depths=args.niah_depths, niah_samples=args.niah_samples,
-                          stability_windows=args.stability_windows, seed=args.seed, device=args.device)
+                          stability_windows=args.stability_windows, recall_items=args.recall_items,
+                          recall_filler=args.recall_filler, seed=args.seed, device=args.device)
     report = evaluate(args.model_dir, tasks, options, args.out)
     out = args.out or Path(report["model"]) / "eval"
     for name, result in report["tasks"].items():

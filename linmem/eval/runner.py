@@ -21,7 +21,7 @@ from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
 
 TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
-NEEDS_TEXT = {"ppl", "cloze", "niah", "stability"}
+NEEDS_TEXT = {"ppl", "cloze", "niah", "stability", "recall"}
 
 
 @dataclass
@@ -40,6 +40,8 @@ class EvalOptions:
     niah_depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
     niah_samples: int = 20
     stability_windows: int = 16
+    recall_items: int = 64
+    recall_filler: int = 256
     seed: int = 0
     device: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -66,7 +68,8 @@ def run_task(name: str, em: EvalModel, split, o: EvalOptions) -> dict[str, Any]:
         return niah(em, split, o.niah_lengths, o.niah_depths, o.niah_samples, o.seed, o.batch_size)
     if name == "stability":
         return stability(em, split, seq_len, o.stability_windows, o.batch_size)
-    return memory_recall(em, o.seed)
+    return memory_recall(em, split, o.recall_items, filler_tokens=o.recall_filler, seed=o.seed,
+                         batch_size=o.batch_size)
 
 
 def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions | None = None,

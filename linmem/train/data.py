@@ -21,11 +21,15 @@ from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.data.sources import open_source
 from linmem.data.splits import SplitFractions
 from linmem.data.synthetic import GENERATORS, RecallGenerator, make_generator
+from linmem.data.tokenizer import load_tokenizer
 from linmem.data.windows import TokenWindows, sequential_windows
 from linmem.train.config import DataSection
 from linmem.train.distributed import Distributed, barrier, broadcast_object
 
 RECALL_EVAL_SEED_OFFSET = 1_000_003  # held-out recall samples: another seed than training's
+KV_FILLER = "kv-filler"  # the memory lab's generator, built here from the dataset's tokenizer and text
+KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "num_bindings": 4, "repeats": 2}
+KV_FILLER_TOKENS = 1_000_000  # filler text: the first tokens of the training split
 
 
 @dataclass
@@ -76,10 +80,10 @@ def ensure_dataset(section: DataSection, state: Distributed, where: str = "confi
     return folder
 
 
-def resolve_generator(spec: dict[str, Any], index: int, vocab_size: int, eos_id: int,
+def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards,
                       where: str) -> tuple[RecallGenerator, float, dict[str, Any]]:
     """``(generator, weight, resolved spec)`` of ``data.recall[index]``. MQAR's ``vocab_range`` defaults to every
-    id above the end-of-text id (or below it, if it is the last)."""
+    id above the end-of-text id (or below it, if it is the last); ``kv-filler`` is the memory lab's generator."""
     key = f"data.recall[{index}]"
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"{where}: {key} must be a mapping with a 'name' (e.g. {{name: mqar}})")
@@ -88,22 +92,48 @@ def resolve_generator(spec: dict[str, Any], index: int, vocab_size: int, eos_id:
     if module:
         importlib.import_module(module)
     if name == "mqar":
-        default = [eos_id + 1, vocab_size] if eos_id + 1 < vocab_size else [0, eos_id]
-        options["vocab_range"] = tuple(options.get("vocab_range", default))
-        low, high = options["vocab_range"]
-        if not (0 <= low < high <= vocab_size) or low <= eos_id < high:
-            raise ValueError(f"{where}: {key}.vocab_range {list(options['vocab_range'])} must lie in [0, {vocab_size})"
-                             f" and leave out the end-of-text id {eos_id}")
-    if name not in GENERATORS:
-        raise ValueError(f"{where}: {key}.name {name!r} is not a registered recall generator (known: "
-                         f"{', '.join(sorted(GENERATORS))}); set {key}.module to the module that registers it")
+        options["vocab_range"] = _mqar_range(options, shards, key, where)
     try:
-        generator = make_generator(name, **options)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: {key}: {e}") from None
+        if name == KV_FILLER:
+            generator = kv_filler_generator(options, shards)
+        elif name not in GENERATORS:
+            raise ValueError(f"{key}.name {name!r} is not a registered recall generator (known: "
+                             f"{', '.join(sorted(GENERATORS))}); set {key}.module to the module that registers it")
+        else:
+            generator = make_generator(name, **options)
+    except (TypeError, ValueError, ImportError) as e:
+        raise ValueError(f"{where}: {str(e) if str(e).startswith(key) else f'{key}: {e}'}") from None
     resolved = {"name": name, "weight": weight, **({"module": module} if module else {}),
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
     return generator, weight, resolved
+
+
+def _mqar_range(options: dict[str, Any], shards: TokenShards, key: str, where: str) -> tuple[int, int]:
+    vocab_size, eos_id = shards.vocab_size, shards.eos_id
+    default = [eos_id + 1, vocab_size] if eos_id + 1 < vocab_size else [0, eos_id]
+    low, high = options.get("vocab_range", default)
+    if not (0 <= low < high <= vocab_size) or low <= eos_id < high:
+        raise ValueError(f"{where}: {key}.vocab_range {[low, high]} must lie in [0, {vocab_size}) and leave out the "
+                         f"end-of-text id {eos_id}")
+    return (low, high)
+
+
+def kv_filler_generator(options: dict[str, Any], shards: TokenShards) -> RecallGenerator:
+    """The memory lab's ``kv-filler`` generator (``linmem.memory.tasks.KeyValueFiller``): its key-value facts
+    and queries with this dataset's tokenizer, between stretches of the training split's text.
+
+    Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` vocabularies), ``num_bindings``,
+    ``repeats``. ``options`` is completed in place with the defaults used, so the model records them.
+    """
+    from linmem.memory.tasks import KeyValueFiller, TaskBuilder, TaskSpec
+
+    for name, default in KV_FILLER_DEFAULTS.items():
+        options.setdefault(name, default)
+    spec = {k: options[k] for k in ("template", "values", "keys")}
+    builder = TaskBuilder(load_tokenizer(shards.folder), TaskSpec(num_bindings=options["num_bindings"], **spec))
+    filler = np.concatenate([np.asarray(s[:KV_FILLER_TOKENS], dtype=np.int64) for s in shards.split("train").shards])
+    generator_options = {k: v for k, v in options.items() if k not in spec}
+    return KeyValueFiller.from_builder(builder, filler[:KV_FILLER_TOKENS], **generator_options)
 
 
 def open_train_data(section: DataSection, seed: int, state: Distributed, where: str = "config") -> TrainData:
@@ -116,7 +146,7 @@ def open_train_data(section: DataSection, seed: int, state: Distributed, where: 
         windows = TokenWindows(shards.split("train"), section.seq_len, seed)
     except ValueError as e:
         raise ValueError(f"{where}: data.seq_len: {e}") from None
-    resolved = [resolve_generator(spec, i, shards.vocab_size, shards.eos_id, where)
+    resolved = [resolve_generator(spec, i, shards, where)
                 for i, spec in enumerate(section.recall)]
     generators, weights, specs = [r[0] for r in resolved], [r[1] for r in resolved], [r[2] for r in resolved]
     stream: TokenWindows | RecallMix = windows
