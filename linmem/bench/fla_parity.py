@@ -1,6 +1,6 @@
 """FLA checkpoint parity on a GPU: flash-linear-attention's own Triton forward against the imported linmem model.
 
-    python -m linmem.bench.fla_parity [--lengths 40 1000] [--batch 2] [--out fla_parity.md]
+    python -m linmem.bench.fla_parity [--lengths 40 1000] [--batch 2] [--models ...] [--first-config] [--out FILE]
 
 Builds random FLA 0.6.0 models on the GPU (a GLA hybrid with a windowed GQA softmax-attention layer, and a plain
 Gated DeltaNet, so that one model runs FLA's Triton kernels end to end), saves each as safetensors, imports it with
@@ -25,6 +25,7 @@ import argparse
 import copy
 import math
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -113,41 +114,86 @@ def top1_agreement(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.argmax(-1) == expected.argmax(-1)).double().mean().item()
 
 
+class Report:
+    """Markdown lines, printed and (with a path) appended to a file as they come, so that a run stopped part-way
+    keeps what it measured; ``log`` prints progress with the seconds since the start (not part of the report)."""
+
+    def __init__(self, path: Path | None):
+        self.start = time.perf_counter()
+        self.file = None if path is None else path.open("w", buffering=1)
+
+    def add(self, line: str) -> None:
+        print(line, flush=True)
+        if self.file is not None:
+            self.file.write(line + "\n")
+
+    def log(self, message: str) -> None:
+        print(f"[{time.perf_counter() - self.start:7.1f} s] {message}", flush=True)
+
+
+def logits_of(model: torch.nn.Module, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    return {n: model(ids, use_cache=False).logits for n, ids in inputs.items()}
+
+
 @torch.no_grad()
 def run_model(name: str, kind: str, settings: dict, lengths: list[int], batch: int, device: torch.device,
-              workdir: Path) -> list[str]:
+              workdir: Path, report: Report) -> None:
     """Table rows for one model: FLA and each linmem backend, per dtype and length."""
     fla_model = build_fla(kind, settings, seed=len(name))
     path = workdir / name.replace(" ", "_")
     fla_model.save_pretrained(path)  # float32 safetensors
     inputs = {n: torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(n)).to(device)
               for n in lengths}
-    exact_model = load_fla_checkpoint(path, dtype=torch.float64, device=device, backend="chunk")
-    exact = {n: exact_model(ids, use_cache=False).logits for n, ids in inputs.items()}
-    del exact_model
-    rows = []
+    exact = logits_of(load_fla_checkpoint(path, dtype=torch.float64, device=device, backend="chunk"), inputs)
+    report.log(f"{name}: float64 reference done")
     for dtype in (torch.float32, torch.bfloat16):
-        fla_on_device = copy.deepcopy(fla_model).to(device=device, dtype=dtype)
-        fla_logits = {n: fla_on_device(ids, use_cache=False).logits for n, ids in inputs.items()}
-        del fla_on_device
         labels = {n: f"| {name} | {n} | {str(dtype).removeprefix('torch.')} |" for n in lengths}
+        try:
+            fla_logits = logits_of(copy.deepcopy(fla_model).to(device=device, dtype=dtype), inputs)
+        except Exception as error:  # report and go on
+            traceback.print_exc()
+            for n in lengths:
+                report.add(f"{labels[n]} FLA (Triton) | failed: {type(error).__name__}: {error} | | | |")
+            continue
+        report.log(f"{name} {dtype}: FLA forward done")
         for n in lengths:
-            rows.append(f"{labels[n]} FLA (Triton) | – | – | – | {compare(fla_logits[n], exact[n])[1]:.2e} |")
+            report.add(f"{labels[n]} FLA (Triton) | – | – | – | {compare(fla_logits[n], exact[n])[1]:.2e} |")
         for backend in ("chunk", "triton"):
             try:
-                model = load_fla_checkpoint(path, dtype=dtype, device=device, backend=backend)
-                logits = {n: model(ids, use_cache=False).logits for n, ids in inputs.items()}
-            except Exception as error:  # report and go on: one backend failing must not hide the others
+                logits = logits_of(load_fla_checkpoint(path, dtype=dtype, device=device, backend=backend), inputs)
+            except Exception as error:  # one backend failing must not hide the others
                 traceback.print_exc()
-                rows += [f"{labels[n]} linmem {backend} | failed: {type(error).__name__}: {error} | | | |"
-                         for n in lengths]
+                for n in lengths:
+                    report.add(f"{labels[n]} linmem {backend} | failed: {type(error).__name__}: {error} | | | |")
                 continue
             for n in lengths:
                 diff, rel = compare(logits[n], fla_logits[n])
-                rows.append(f"{labels[n]} linmem {backend} | {diff:.2e} | {rel:.2e} | "
-                            f"{top1_agreement(logits[n], fla_logits[n]):.4f} | {compare(logits[n], exact[n])[1]:.2e} |")
-                print(rows[-1], flush=True)
-    return rows
+                report.add(f"{labels[n]} linmem {backend} | {diff:.2e} | {rel:.2e} | "
+                           f"{top1_agreement(logits[n], fla_logits[n]):.4f} | {compare(logits[n], exact[n])[1]:.2e} |")
+
+
+def first_config_only() -> None:
+    """Skip Triton's autotuning: every autotuned kernel (FLA's and linmem's) runs the first of its configs that its
+    own pruning keeps for the call's shapes. Block sizes and warps change only the order of floating-point sums, not
+    the math; autotuning dozens of configs per kernel and dtype costs minutes of compilation a parity check does not
+    need."""
+    from triton.runtime.autotuner import Autotuner
+
+    tuned_run = Autotuner.run
+
+    def run(self, *args, **kwargs):
+        all_configs = self.configs
+        if len(all_configs) > 1:
+            configs = all_configs
+            if getattr(self, "early_config_prune", None):
+                configs = self.early_config_prune(configs, dict(zip(self.arg_names, args)), **kwargs)
+            self.configs = list(configs)[:1]
+        try:
+            return tuned_run(self, *args, **kwargs)
+        finally:
+            self.configs = all_configs
+
+    Autotuner.run = run
 
 
 def environment(device: torch.device) -> list[str]:
@@ -165,33 +211,35 @@ def environment(device: torch.device) -> list[str]:
             f"{fla.__version__}, transformers {transformers.__version__}"]
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[40, 1000])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--first-config", action="store_true", help="skip Triton autotuning (see first_config_only)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here, line by line")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-
+    report = Report(args.out)
     import fla.layers.attn
 
+    report.log("imported fla")
     fla.layers.attn.flash_attn_func = sdpa_flash_attn_func  # FLA's attention layer looks it up here
-    lines = environment(device) + [
-        f"- batch {args.batch}, vocab {VOCAB}; FLA in the row's dtype (its Triton kernels' default fp32 dot "
-        f"precision); exact: linmem chunk in float64", "",
+    if args.first_config:
+        first_config_only()
+    for line in environment(device) + [
+        f"- batch {args.batch}, vocab {VOCAB}; FLA runs in the row's dtype (its Triton kernels' default fp32 dot "
+        f"precision{', first autotune config' if args.first_config else ''}); exact: linmem chunk in float64", "",
         "| model | T | dtype | logits of | max abs Δ vs FLA | max rel Δ vs FLA | top-1 agrees | max rel Δ vs exact |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    print("\n".join(lines), flush=True)
+    ]:
+        report.add(line)
     with tempfile.TemporaryDirectory() as workdir:
-        for name, (kind, settings) in MODELS.items():
-            lines += run_model(name, kind, settings, args.lengths, args.batch, device, Path(workdir))
-    report = "\n".join(lines) + "\n"
-    print("\n" + report, flush=True)
-    if args.out is not None:
-        args.out.write_text(report)
-    return report
+        for name in args.models:
+            kind, settings = MODELS[name]
+            run_model(name, kind, settings, args.lengths, args.batch, device, Path(workdir), report)
+    report.log("done")
 
 
 if __name__ == "__main__":
