@@ -310,6 +310,7 @@ def test_lm_eval_harness_runs_local_tasks_offline(em, tmp_path, monkeypatch):
 
 
 def test_harness_rolling_equals_direct_sum(em):
+    pytest.importorskip("lm_eval")
     from linmem.eval.harness import LinMemLM, split_trailing_space
 
     lm = LinMemLM(em, max_length=8)

@@ -18,13 +18,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="stop after this update (the schedule still follows train.steps; --resume continues)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set train.batch_size=8 (repeatable)")
     parser.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = load_config(args.config, args.set)
     if args.device:
         config.train.device = args.device
     if args.no_progress:

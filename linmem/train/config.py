@@ -118,8 +118,9 @@ class TrainConfig:
 SECTIONS = {"data": DataSection, "optim": OptimSection, "train": TrainSection}
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read and check a YAML config (``FileNotFoundError`` / ``ValueError`` naming the key)."""
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read and check a YAML config (``FileNotFoundError`` / ``ValueError`` naming the key); ``overrides`` are
+    ``"section.key=value"`` strings applied first (values parsed as YAML: ``train.steps=50``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no config file at {str(path)!r}")
@@ -127,7 +128,23 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
-    return parse_config(raw or {}, where=str(path))
+    return parse_config(apply_overrides(raw or {}, overrides or []), where=str(path))
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` with each ``"a.b=value"`` set (``value`` read as YAML); unknown keys are caught later by name."""
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep or not path.strip():
+            raise ValueError(f"--set expects section.key=value; got {item!r}")
+        *parents, leaf = path.strip().split(".")
+        node = raw
+        for name in parents:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {name} is not a section")
+        node[leaf] = yaml.safe_load(text)
+    return raw
 
 
 def parse_config(raw: dict[str, Any], where: str = "config") -> TrainConfig:

@@ -1,0 +1,58 @@
+"""The shipped configs: every zoo config parses, builds a model of at most 5M parameters (10 MB in bf16), and all
+share one budget (data, optimizer, run); the ablations differ from their base only in the switch they name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from linmem.models import LinMemForCausalLM
+from linmem.train.config import build_model_config, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ZOO = sorted((CONFIGS / "zoo").glob("*.yaml"))
+MAIN = {"sgla", "gla", "gdn", "rla", "rdn", "gdn-hybrid", "transformer"}
+ABLATIONS = {"no-fitting": {"fit_history": False}, "tied-gamma": {"gamma": "tied"},
+             "plain-sum": {"output_gates": False}, "no-clip": {"residual_target": "identity"}}
+
+
+def test_the_zoo_is_complete():
+    names = {p.stem for p in ZOO}
+    assert MAIN <= names
+    assert {f"{base}-{a}" for base in ("rla", "rdn") for a in ABLATIONS} <= names
+
+
+@pytest.mark.parametrize("path", ZOO, ids=lambda p: p.stem)
+def test_zoo_model_fits_ten_megabytes(path):
+    config = load_config(path)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+        model = LinMemForCausalLM(build_model_config(config, 4096))
+    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert parameters * 2 <= 10_000_000, f"{path.stem}: {parameters:,} parameters"
+    assert config.name == path.stem and config.train.save_dtype == "bfloat16"
+
+
+def test_zoo_shares_one_budget():
+    configs = {p.stem: load_config(p) for p in ZOO}
+    reference = configs["gdn"].to_dict()
+    for name, config in configs.items():
+        d = config.to_dict()
+        assert (d["data"], d["optim"], d["train"]) == (reference["data"], reference["optim"], reference["train"]), name
+
+
+@pytest.mark.parametrize("base", ["rla", "rdn"])
+def test_ablations_change_one_switch(base):
+    reference = load_config(CONFIGS / "zoo" / f"{base}.yaml").model
+    for suffix, switch in ABLATIONS.items():
+        model = load_config(CONFIGS / "zoo" / f"{base}-{suffix}.yaml").model
+        changed = {k: v for k, v in model.items() if reference.get(k) != v}
+        assert changed == switch, (base, suffix)
+
+
+def test_hybrid_and_transformer_layers():
+    hybrid = build_model_config(load_config(CONFIGS / "zoo" / "gdn-hybrid.yaml"), 4096)
+    assert hybrid.attn_layers == [2, 5]  # one layer of three
+    transformer = build_model_config(load_config(CONFIGS / "zoo" / "transformer.yaml"), 4096)
+    assert transformer.attn_layers == list(range(transformer.num_hidden_layers))
