@@ -1,0 +1,56 @@
+"""``linmem probe MODEL_DIR``: the memory lab's default protocol on a model folder, as ``report.html`` and
+``results.json``."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
+    parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    parser.add_argument("--sources", nargs="+", default=None,
+                        help=f"text sources for the filler: built-in names or paths (default: the first of "
+                             f"{', '.join(DEFAULT_SOURCES)} that is installed)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--filler", type=int, default=512, help="filler tokens per prompt")
+    parser.add_argument("--bindings", type=int, default=4, help="key-value bindings per prompt (K)")
+    parser.add_argument("--repeats", type=int, default=3, help="presentations of each binding (R)")
+    parser.add_argument("--dev-sources", type=int, default=16)
+    parser.add_argument("--confirm-sources", type=int, default=16)
+    parser.add_argument("--no-sweeps", action="store_true", help="skip the load and gap sweeps")
+    parser.set_defaults(func=main)
+
+
+def documents(specs):
+    from linmem.data.sources import SourceUnavailable, open_source
+
+    if specs:
+        return itertools.chain.from_iterable(open_source(s).documents() for s in specs)
+    for name in DEFAULT_SOURCES:
+        try:
+            source = open_source(name)
+            docs = list(itertools.islice(source.documents(), 400))
+            return docs
+        except SourceUnavailable:
+            continue
+    raise ValueError("no default text source is installed; pass --sources PATH")
+
+
+def main(args: argparse.Namespace) -> int:
+    from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
+
+    model, tokenizer = load_model_dir(args.model_dir, args.device)
+    options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
+                           args.seed, sweeps=not args.no_sweeps)
+    out = Path(args.out) if args.out else Path(args.model_dir) / "probe"
+    summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
+                           header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})
+    print(f"chosen component: {summary['head_scan']['chosen']}")
+    print(f"wrote {out / 'report.html'} and {out / 'results.json'}")
+    return 0

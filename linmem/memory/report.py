@@ -1,0 +1,81 @@
+"""``report.html`` (figures embedded as PNG) and ``results.json`` from experiment results."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from linmem.memory.experiments import Result
+
+READING = {
+    "head_scan": "Each cell: the mean donor-margin shift when only that component's pre-query state is swapped for "
+                 "the donor's (development sources). Red = toward the donor. The frozen choice is the top cell.",
+    "lifecycle": "Held-out sources, frozen component. Left: recall with the component's writes at the fact blocked "
+                 "(vs a control head). Right: donor-margin shift of each intervention; 'random' is the equal-norm "
+                 "Gaussian edit, 'control head' the same edit on another head. A content-specific memory shows "
+                 "chosen >> random ≈ control for donor write, state swap and output patch, and output restore "
+                 "near 0.",
+    "four_facts": "Left: share of target queries answered with the donor value after the state swap, and share of "
+                  "non-target queries that were right and broke. Right: fact B's margin change when Δ_A (or its "
+                  "part parallel / orthogonal to Δ_B) is added, against equal-norm Gaussians.",
+    "hybrid_attribution": "Donor-margin shift of swapping only the recurrent (state + conv) caches or only the "
+                          "attention KV caches, as a share of swapping both (1 = all of the effect).",
+    "s_vs_r": "Per layer, the donor-margin shift of swapping the base memories S, the residual memories R, or both.",
+    "sweep_num_bindings": "Left: clean recall as the number of bindings (load) grows at a fixed filler length. "
+                          "Right: the frozen component's state-swap effect vs the equal-norm random swap.",
+    "sweep_gap": "As the sweep above, with the filler between the last fact and the query varied.",
+}
+
+
+def figure_png(figure) -> str:
+    """A matplotlib figure as a base64 PNG string."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def table_html(rows: Sequence[dict]) -> str:
+    """Rows of dicts as an HTML table (columns: the union of keys, first-seen order)."""
+    if not rows:
+        return "<p>(no rows)</p>"
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _flat(summary: dict) -> list[dict]:
+    return [{"key": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v} for k, v in summary.items()]
+
+
+def write_report(results: Sequence[Result], out_dir: str | Path, header: dict) -> tuple[Path, Path]:
+    """Write ``report.html`` and ``results.json`` into ``out_dir``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"header": header, "experiments": {r.name: {"summary": r.summary, "rows": r.rows} for r in results}}
+    json_path = out / "results.json"
+    json_path.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
+    sections = []
+    for r in results:
+        image = f'<img src="data:image/png;base64,{figure_png(r.figure)}">' if r.figure is not None else ""
+        sections.append(f"<h2>{html.escape(r.name)}</h2><p>{html.escape(READING.get(r.name, ''))}</p>{image}"
+                        f"{table_html(_flat(r.summary))}<details><summary>all rows ({len(r.rows)})</summary>"
+                        f"{table_html(r.rows)}</details>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
+             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>linmem probe</title><style>{style}</style>"
+            f"</head><body><h1>linmem memory probe</h1>{table_html(_flat(header))}{''.join(sections)}</body></html>")
+    html_path = out / "report.html"
+    html_path.write_text(page, encoding="utf-8")
+    return html_path, json_path
