@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("linmem.data.commands", "build and inspect corpora, tokenizers and token shards"),
     "train": ("linmem.train.commands", "train a model from a YAML config (one process or torchrun)"),
     "eval": ("linmem.eval.commands", "evaluate a model folder: perplexity, cloze, MQAR, NIAH, stability, recall"),
+    "probe": ("linmem.memory.commands", "memory lab: how a model writes, keeps and reads a fact (report.html)"),
 }
 
 
