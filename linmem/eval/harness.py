@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
@@ -39,9 +40,11 @@ class LinMemLM(LM):
     scored window in tokens (default: training ``seq_len``); ``max_gen_toks`` default generation budget.
     """
 
-    def __init__(self, pretrained: str | EvalModel, device: str = "auto", batch_size: int | str = 8,
+    def __init__(self, pretrained: str | EvalModel, device: str | None = "auto", batch_size: int | str = 8,
                  max_length: int | None = None, max_gen_toks: int = 64, **kwargs: Any):
         super().__init__()
+        if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "auto"  # the harness passes its own default device; use what this machine has
         self.em = pretrained if isinstance(pretrained, EvalModel) else load_model(pretrained, device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_length = int(max_length) if max_length else self.em.seq_len
