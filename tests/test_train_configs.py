@@ -10,6 +10,7 @@ import torch
 
 from linmem.models import LinMemForCausalLM
 from linmem.train.config import build_model_config, load_config
+from tests.test_train_support import one_thread  # noqa: F401  (fixture)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ZOO = sorted((CONFIGS / "zoo").glob("*.yaml"))
@@ -49,6 +50,20 @@ def test_ablations_change_one_switch(base):
         model = load_config(CONFIGS / "zoo" / f"{base}-{suffix}.yaml").model
         changed = {k: v for k, v in model.items() if reference.get(k) != v}
         assert changed == switch, (base, suffix)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("path", ZOO, ids=lambda p: p.stem)
+def test_every_parameter_gets_a_gradient(path):
+    """DDP (find_unused_parameters=False) needs every parameter in the graph: a tiny copy of each zoo model."""
+    config = load_config(path)
+    config.model.update(hidden_size=32, num_heads=2, head_dim=16, intermediate_size=32)
+    torch.manual_seed(0)
+    model = LinMemForCausalLM(build_model_config(config, 64))
+    ids = torch.randint(0, 64, (2, 12))
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing, f"{path.stem}: no gradient for {missing}"
 
 
 def test_hybrid_and_transformer_layers():

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from linmem.data.shards import INDEX_NAME, SplitTokens, TokenShards
 from linmem.data.tokenizer import find_eos, load_tokenizer, tokenizer_hash
 from linmem.models import LinMemForCausalLM
+from linmem.train.checkpoint import latest_checkpoint
 
 TRAIN_INFO = "train_info.json"
 
@@ -52,9 +53,9 @@ def resolve_model_dir(path: str | Path) -> Path:
         return path
     if (path / "model" / "config.json").is_file():
         return path / "model"
-    checkpoints = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
-    if checkpoints:
-        return checkpoints[-1]
+    newest = latest_checkpoint(path / "checkpoints")
+    if newest is not None:
+        return newest
     raise FileNotFoundError(f"{path}: not a model folder (no config.json, no model/ or checkpoints/ inside)")
 
 
