@@ -89,7 +89,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
         seen.add(id(param))
         (no_decay if param.dim() < 2 or getattr(param, "_no_weight_decay", False) else decay).append(param)
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=False)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -135,10 +135,12 @@ def token_losses(run: Run, input_ids: torch.Tensor, labels: torch.Tensor) -> tor
 
 
 def loss_sums(losses: torch.Tensor, labels: torch.Tensor, synthetic: torch.Tensor) -> torch.Tensor:
-    """``[text loss sum, text targets, recall loss sum, recall targets]`` (float64) of a micro-batch."""
-    counts = (labels[:, 1:] != IGNORE_INDEX).sum(1).to(torch.float64)
-    rows = losses.detach().sum(1).to(torch.float64).cpu()
-    synthetic = synthetic.bool()
+    """``[text loss sum, text targets, recall loss sum, recall targets]`` (float64, on the losses' device: no
+    host sync per micro-batch) of a micro-batch."""
+    device = losses.device
+    counts = (labels[:, 1:] != IGNORE_INDEX).sum(1).to(device, torch.float64)
+    rows = losses.detach().sum(1).to(torch.float64)
+    synthetic = synthetic.bool().to(device)
     return torch.stack([rows[~synthetic].sum(), counts[~synthetic].sum(), rows[synthetic].sum(),
                         counts[synthetic].sum()])
 
@@ -154,7 +156,7 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
                for i in range(run.accumulation)]
     local_targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
     targets = float(all_reduce_sum(torch.tensor([local_targets]), state)[0])
-    sums = torch.zeros(4, dtype=torch.float64)
+    sums = torch.zeros(4, dtype=torch.float64, device=state.device)
     for i, batch in enumerate(batches):
         set_gradient_sync(run.model, i == len(batches) - 1)
         losses = token_losses(run, batch["input_ids"], batch["labels"])
