@@ -52,9 +52,9 @@ def stability_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     layers = [r["layer"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(layers, [r["output_norm_mean"] for r in rows], marker="o", label="mixer output")
-    readout = [(r["layer"], r["readout_norm_mean"]) for r in rows if r["readout_norm_mean"] is not None]
-    if readout:
-        ax.plot(*zip(*readout), marker="s", label="memory read-out")
+    readout = [float("nan") if r["readout_norm_mean"] is None else r["readout_norm_mean"] for r in rows]
+    if any(r["readout_norm_mean"] is not None for r in rows):  # gaps at attention layers (no memory)
+        ax.plot(layers, readout, marker="s", label="memory read-out")
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("mean per-token L2 norm")
