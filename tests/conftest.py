@@ -1,0 +1,13 @@
+"""Session-wide test setup.
+
+Without CUDA, Triton kernels can only run in Triton's CPU interpreter, and whether a kernel is interpreted is fixed
+when its module is imported. Other tests import triton (through flash-linear-attention) long before the Triton
+backend's tests run in the same worker, so the interpreter is switched on here, before any test module loads.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
