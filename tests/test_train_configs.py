@@ -66,6 +66,11 @@ def test_every_parameter_gets_a_gradient(path):
     assert not missing, f"{path.stem}: no gradient for {missing}"
 
 
+def test_tiny_cpu_example_parses():
+    config = load_config(CONFIGS / "tiny-cpu.yaml")
+    assert config.train.device == "cpu" and config.data.sources == ["stdlib"]
+
+
 def test_hybrid_and_transformer_layers():
     hybrid = build_model_config(load_config(CONFIGS / "zoo" / "gdn-hybrid.yaml"), 4096)
     assert hybrid.attn_layers == [2, 5]  # one layer of three
