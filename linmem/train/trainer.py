@@ -372,8 +372,9 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
     stop = min(t.steps, max_steps) if max_steps is not None else t.steps
     log = MetricsLog(out / METRICS, run.step if resume else None, state.is_main)
     windows = eval_windows(run.data.shards, config.data.eval_split, config.data.seq_len, t.eval_tokens)
-    recall = recall_eval_batch(run.data.recall, t.eval_recall_samples) if run.data.recall and \
-        t.eval_recall_samples else None
+    recall = None
+    if run.data.recall is not None and t.eval_recall_samples:
+        recall = recall_eval_batch(run.data.recall, t.eval_recall_samples)
     bar = tqdm(total=stop, initial=run.step, disable=not (state.is_main and t.progress), unit="step")
     started, last = time.perf_counter(), {}
     while run.step < stop:
