@@ -208,3 +208,13 @@ def test_torchrun_two_processes_match_one(dataset, full_run, tmp_path, parallel)
     assert (newest / "rng-rank0.json").is_file() and (newest / "rng-rank1.json").is_file()
     assert json.loads((newest / "trainer_state.json").read_text())["world_size"] == 2
     assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_bfloat16_autocast_runs(dataset, full_run, tmp_path):
+    config = parse_config(tiny_config(dataset, train={"dtype": "bfloat16", "steps": 2, "eval_interval": 0,
+                                                      "save_dtype": "bfloat16"}))
+    train(config, tmp_path / "bf16")
+    bf16, fp32 = metrics(tmp_path / "bf16"), metrics(full_run)
+    assert bf16[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=1e-2) and bf16[0]["loss"] != fp32[0]["loss"]
+    weights = load_file(str(tmp_path / "bf16" / "model" / "model.safetensors"))
+    assert all(w.dtype == torch.bfloat16 for w in weights.values())
