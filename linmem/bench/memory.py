@@ -21,8 +21,9 @@ from tqdm import tqdm
 import linmem.memory as mm
 from linmem.memory.evaluate import make_batch
 from linmem.memory.intervene import apply_cache_edit
+from linmem.memory.probe import pick_spec
 from linmem.memory.recording import backbone, unembed
-from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
+from linmem.memory.tasks import TaskSpec, Tokenize, build_items, passages
 from linmem.models import LinMemCache, LinMemConfig, LinMemForCausalLM
 
 
@@ -34,7 +35,7 @@ def setup(args):
     docs = list(itertools.islice(open_source(args.source).documents(), 200))
     tokenizer = train_tokenizer((d.text for d in docs), vocab_size=args.vocab)
     spec = TaskSpec(num_bindings=4, repeats=3, filler_tokens=args.filler, keys="letters", values="numbers")
-    builder = TaskBuilder(tokenizer, spec)
+    builder = pick_spec(tokenizer, spec)
     found = passages(docs, Tokenize(tokenizer), args.filler + 16)[: args.prompts]
     batch = make_batch(build_items(builder, found, seed=0), device=args.device)
     torch.manual_seed(0)

@@ -65,5 +65,5 @@ def train_toy(texts: Sequence[str], spec: TaskSpec, mixer: str = "gdn", steps: i
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * (1 - step / steps))
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     return ToySetup(spec, tokenizer, builder, model.eval(), losses)

@@ -1,0 +1,118 @@
+"""Tasks, metrics and statistics of the memory lab: prompt pairs obey their rules, metrics and CIs compute what
+they say."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linmem.data.sources import Document
+from linmem.data.synthetic import check_sample, make_generator
+from linmem.data.tokenizer import train_tokenizer
+from linmem.memory import metrics, stats
+from linmem.memory.tasks import KeyValueFiller, TaskBuilder, TaskSpec, Tokenize, build_items, passages
+
+WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(0)
+    docs = [Document("toy", f"toy:{i}", " ".join(rng.choice(WORDS, 300))) for i in range(12)]
+    spec = TaskSpec()
+    extra = [f" The code of {k} is {v}." for k in "Alice Bob Carol David Emma Frank Grace Henry".split()
+             for v in "red blue green yellow black white brown pink".split()] * 5
+    tokenizer = train_tokenizer([d.text for d in docs] + extra, vocab_size=400)
+    return docs, tokenizer, spec
+
+
+def test_pairs_align_and_differ_only_in_the_target_value(corpus):
+    docs, tokenizer, _ = corpus
+    builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=3, repeats=2, filler_tokens=64))
+    sources = passages(docs, Tokenize(tokenizer), 80)
+    assert {s[1] for s in sources} == {"dev", "confirm"}
+    for item in build_items(builder, sources, seed=int(torch.randint(0, 1000, ()))):
+        assert len(item.recipient) == len(item.donor)
+        differ = [i for i, (a, b) in enumerate(zip(item.recipient, item.donor)) if a != b]
+        assert differ == item.value_positions and len(differ) == 2
+        query = item.queries[item.target]
+        assert item.recipient[differ[0]] == query.candidates[query.answer]
+        assert item.donor[differ[0]] == query.candidates[query.donor_answer] != query.candidates[query.answer]
+        assert len(set(query.candidates)) == 4
+        assert all(len(q.tokens) == len(query.tokens) for q in item.queries)
+
+
+def test_variants(corpus):
+    docs, tokenizer, _ = corpus
+    sources = passages(docs, Tokenize(tokenizer), 80)
+    latest = build_items(TaskBuilder(tokenizer, TaskSpec(variant="latest", repeats=3, filler_tokens=64)), sources)
+    for item in latest:
+        assert len(item.value_positions) == 1  # only the last presentation carries the answer
+        q = item.queries[item.target]
+        assert item.recipient[item.value_positions[0]] == q.candidates[q.answer]
+    neutral = build_items(TaskBuilder(tokenizer, TaskSpec(variant="neutral", filler_tokens=64)), sources)
+    for item in neutral:
+        assert len(item.donor) == len(item.recipient)
+        key = item.queries[item.target].tokens[-2]
+        assert key not in item.donor or item.donor.count(key) < item.recipient.count(key)
+    builder = TaskBuilder(tokenizer, TaskSpec(gap=20, filler_tokens=64))
+    item = build_items(builder, sources)[0]
+    end = item.boundary - 20  # the last fact ends exactly 20 filler tokens before the query
+    assert item.recipient[end - len(builder.after):end] == builder.after
+    assert item.recipient[end - len(builder.after) - 1] in builder.values
+
+
+def test_rules_raise_clear_errors(corpus):
+    docs, tokenizer, _ = corpus
+    with pytest.raises(ValueError, match="rule 'single-token values'"):
+        TaskBuilder(tokenizer, TaskSpec(values="cities"))
+    with pytest.raises(ValueError, match="rule 'latest value'"):
+        TaskSpec(variant="latest", repeats=1)
+    builder = TaskBuilder(tokenizer, TaskSpec(filler_tokens=64))
+    with pytest.raises(ValueError, match="rule 'filler length'"):
+        builder.build("short", list(range(10)), np.random.default_rng(0))
+
+
+def test_kv_filler_generator(corpus):
+    docs, tokenizer, _ = corpus
+    builder = TaskBuilder(tokenizer, TaskSpec())
+    stream = Tokenize(tokenizer)(docs[0].text)
+    generator = KeyValueFiller.from_builder(builder, stream, num_bindings=3)
+    assert isinstance(make_generator("kv-filler", filler=np.array(stream), keys=builder.keys,
+                                     values=builder.values), KeyValueFiller)
+    sample = generator.sample(np.random.default_rng(int(torch.randint(0, 999, ()))), 120)
+    check_sample(sample, 120, tokenizer.get_vocab_size())
+    answers = sample.tokens[sample.loss_mask]
+    assert 1 <= len(answers) <= 3 and set(answers) <= set(builder.values)
+    for t in np.flatnonzero(sample.loss_mask):  # each answer follows "... key is" and that binding was shown before
+        key = sample.tokens[t - 1 - len(builder.middle)]
+        fact = [*builder.before, key, *builder.middle, sample.tokens[t]]
+        first = sample.tokens[: t - len(fact) + 1].tolist()
+        assert any(first[i:i + len(fact)] == fact for i in range(len(first)))
+
+
+def test_metrics():
+    choice = torch.randn(6, 4, dtype=torch.float64)
+    answer, donor = torch.randint(0, 4, (6,)), torch.randint(0, 4, (6,))
+    edited = choice.clone()
+    edited[torch.arange(6), donor] += 100
+    m = metrics.compare(choice, edited, answer, donor)
+    assert torch.equal(m["donor_answer"], torch.ones(6, dtype=torch.float64))
+    same = donor == answer
+    assert torch.allclose(m["donor_margin_shift"][~same], torch.full(((~same).sum(),), 100.0, dtype=torch.float64))
+    assert torch.equal(m["clean_correct"], (choice.argmax(-1) == answer).double())
+    rate, n = metrics.break_rate(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    assert (rate, n) == (1 / 3, 3)
+
+
+def test_bootstrap_over_sources():
+    rng = np.random.default_rng(int(torch.randint(0, 999, ())))
+    values = rng.normal(1.0, 1.0, 200)
+    sources = [f"s{i % 20}" for i in range(200)]
+    e = stats.bootstrap(values, sources)
+    assert e.n == 200 and e.sources == 20 and e.low < e.mean < e.high
+    assert abs(e.mean - values.mean()) < 1e-12  # equal-size sources: mean of means = mean
+    assert stats.bootstrap([np.nan, 1.0], ["a", "b"]).n == 1
+    assert stats.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert stats.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
