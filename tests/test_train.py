@@ -62,6 +62,7 @@ def metrics(out: Path) -> list[dict]:
     ({"optim": {"lr": 1e-5, "min_lr": 1e-4}}, r"optim\.min_lr <= optim\.lr"),
     ({"data": {"recall_fraction": 0.5, "recall": []}}, r"data\.recall"),
     ({"train": {"dtype": "fp8"}}, r"train\.dtype must be one of"),
+    ({"train": {"micro_batch_size": 0}}, r"train\.micro_batch_size must be >= 1"),
 ])
 def test_config_errors_name_the_key(dataset, change, error):
     with pytest.raises(ValueError, match=error):

@@ -250,6 +250,8 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
 def micro_batch_size(config: TrainConfig, world_size: int, where: str = "config") -> tuple[int, int]:
     """``(micro_batch_size, accumulation_steps)`` per process: ``batch_size = micro · accumulation · world``."""
     t = config.train
+    if t.micro_batch_size is not None and t.micro_batch_size < 1:
+        raise ValueError(f"{where}: train.micro_batch_size must be >= 1 (or left out); got {t.micro_batch_size}")
     micro = t.micro_batch_size or max(1, t.batch_size // world_size)
     if micro < 1 or t.batch_size % (micro * world_size):
         raise ValueError(f"{where}: train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
