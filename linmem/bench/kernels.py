@@ -1,0 +1,593 @@
+"""Kernel benchmark (GPU): linmem's fused RLA/RDN kernels against flash-linear-attention (FLA) and flash attention.
+
+    python -m linmem.bench.kernels [--out docs/benchmarks] [--lengths 2048,8192,32768,131072] [--tokens 131072]
+
+One run does four things, so that one GPU session answers both "is it right" and "is it fast":
+
+1. compiles in parallel worker processes (Triton compiles one kernel at a time per process) and, in those workers,
+   checks linmem's Triton backend against the float64 reference on fresh random inputs: outputs, final states and
+   every gradient, with every kernel output buffer NaN-poisoned first;
+2. optionally (``--sweep``) times alternative launch options of linmem's kernels and keeps the fastest;
+3. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
+   head dim 128, bf16: linmem RLA/RDN (and its own sGLA/GDN, ``residual=False``), FLA ``chunk_simple_gla``,
+   ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash attention, and RLA/RDN composed from three FLA
+   calls (queries shifted one step give ``S_{t−1}k_t`` and ``S_{t−1}q_t``; a third call runs the residual memory);
+4. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions.
+
+FLA 0.6.0 refuses its gated backward on Triton < 3.7.1 on Hopper (its issue #640); for timing only, this script sets
+``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True``. linmem's own kernels are checked on the Triton that runs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HEADS, HEAD_DIM = 16, 128
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
+TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
+
+# ------------------------------------------------------------------------------------------------ inputs and runs
+
+
+def random_inputs(B, T, H, K, V, dtype, device, seed, decay="random"):
+    """q, k (L2-normalised), v in ``dtype``; g ≤ 0, β, γ ∈ [0, 1] and initial states in float32."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    g = -torch.rand(B, T, H, generator=gen) * 0.3
+    if decay == "extreme":  # α = 1 exactly and α ≈ 0 (e^-30), mixed
+        g = torch.where(torch.rand(B, T, H, generator=gen) < 0.3, torch.full_like(g, -30.0), torch.zeros_like(g))
+    tensors = dict(q=rand(B, T, H, K), k=torch.nn.functional.normalize(rand(B, T, H, K), dim=-1), v=rand(B, T, H, V),
+                   g=g, beta=torch.rand(B, T, H, generator=gen), gamma=torch.rand(B, T, H, generator=gen),
+                   S0=0.3 * rand(B, H, V, K), R0=0.3 * rand(B, H, V, K))
+    for name in ("q", "k", "v"):
+        tensors[name] = tensors[name].to(dtype)
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def linmem_run(inputs, rule, residual, backend, dtype=None, cu_seqlens=None, grads=True, seed=0, **options):
+    """One forward (+ backward of a fixed random projection of o and the final states); returns o, states, grads."""
+    from linmem.ops import linear_memory
+
+    leaves = {}
+    for name, t in inputs.items():
+        t = t.to(dtype) if dtype is not None else t
+        leaves[name] = t.detach().requires_grad_(grads)
+    init = (leaves["S0"], leaves["R0"]) if residual else leaves["S0"]
+    o, final = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                             leaves["gamma"] if residual else None, rule=rule, residual=residual, initial_state=init,
+                             output_final_state=True, cu_seqlens=cu_seqlens, backend=backend, **options)
+    finals = final if residual else (final,)
+    if not grads:
+        return o, finals, {}
+    gen = torch.Generator(device="cpu").manual_seed(seed + 99)
+    loss = 0.0
+    for t in (o, *finals):
+        weights = torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.device)
+        loss = loss + (t.double() * weights).sum()
+    loss.backward()
+    used = [n for n in leaves if residual or n not in ("gamma", "R0")]
+    return o, finals, {n: leaves[n].grad for n in used}
+
+
+# ------------------------------------------------------------------------------------------------ correctness
+
+
+def check_cases() -> list[dict]:
+    """Every rule × residual × dtype at head dim 128, plus head dims 64 and 256, packed sequences, the ablation
+    switches and extreme decays; T is never a multiple of the chunk size (64)."""
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        for rule in ("additive", "delta"):
+            for residual in (True, False):
+                cases.append(dict(rule=rule, residual=residual, dtype=dtype, B=2, T=300, H=3, K=128, V=128))
+    cases += [
+        dict(rule="delta", residual=True, dtype="bfloat16", B=1, T=200, H=2, K=64, V=64),
+        dict(rule="delta", residual=True, dtype="bfloat16", B=1, T=200, H=2, K=256, V=256),
+        dict(rule="additive", residual=True, dtype="float32", B=1, T=200, H=2, K=256, V=256),
+        dict(rule="delta", residual=True, dtype="float32", B=1, T=1500, H=2, K=128, V=128, oracle="chunk"),
+        dict(rule="delta", residual=True, dtype="bfloat16", B=1, T=400, H=2, K=128, V=128,
+             cu_seqlens=[0, 37, 37, 230, 231, 400]),
+        dict(rule="additive", residual=True, dtype="float32", B=1, T=400, H=2, K=128, V=128,
+             cu_seqlens=[0, 100, 164, 400]),
+        dict(rule="delta", residual=True, dtype="float32", B=1, T=150, H=2, K=128, V=128,
+             options=dict(output_gates=False, residual_target="tanh")),
+        dict(rule="additive", residual=True, dtype="float32", B=1, T=150, H=2, K=128, V=128,
+             options=dict(residual_target="identity", clip=0.5)),
+        dict(rule="delta", residual=True, dtype="float32", B=1, T=150, H=2, K=128, V=128, decay="extreme"),
+        dict(rule="delta", residual=True, dtype="bfloat16", B=2, T=300, H=3, K=128, V=128,
+             options=dict(residual_target="tanh")),  # bf16 without clip's discontinuity
+    ]
+    if DEVICE == "cpu":  # dry run in the interpreter: the same code paths at a few tiny shapes
+        cases = [dict(c, T=min(c["T"], 100), K=32, V=32, cu_seqlens=c.get("cu_seqlens") and [0, 30, 30, 100])
+                 for c in cases[::4]]
+    return cases
+
+
+def run_check(case: dict) -> dict:
+    """linmem's Triton backend against float64 on one case: relative errors (Frobenius) of every output."""
+    from linmem.ops.triton import layout
+
+    layout.POISON_BUFFERS = True
+    dtype = getattr(torch, case["dtype"])
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs every run
+    inputs = random_inputs(case["B"], case["T"], case["H"], case["K"], case["V"], dtype, DEVICE, seed,
+                           case.get("decay", "random"))
+    bounds = case.get("cu_seqlens")
+    cu = torch.tensor(bounds, dtype=torch.int32, device=DEVICE) if bounds else None
+    if bounds:
+        for name in ("S0", "R0"):
+            inputs[name] = 0.3 * torch.randn(len(bounds) - 1, *inputs[name].shape[1:], device=DEVICE)
+    options = case.get("options", {})
+    exact = {n: t.double() for n, t in inputs.items()}
+    oracle = case.get("oracle", "reference")
+    ref = linmem_run(exact, case["rule"], case["residual"], oracle, cu_seqlens=cu, seed=seed, **options)
+    got = linmem_run(inputs, case["rule"], case["residual"], "triton", cu_seqlens=cu, seed=seed, **options)
+    errors = {"o": _rel(got[0], ref[0])}
+    for i, (a, b) in enumerate(zip(got[1], ref[1])):
+        errors[("S_T", "R_T")[i]] = _rel(a, b)
+    for name, want in ref[2].items():
+        errors["d" + name] = _rel(got[2].get(name), want)
+    worst = max(errors.values())
+    return dict(case=_case_name(case), errors=errors, worst=worst, passed=bool(worst < TOLERANCE[dtype]))
+
+
+def _rel(got, want) -> float:
+    if got is None:
+        return math.inf
+    got, want = got.double(), want.double()
+    if not torch.isfinite(got).all():
+        return math.inf
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _case_name(case: dict) -> str:
+    memory = {("additive", True): "RLA", ("delta", True): "RDN", ("additive", False): "sGLA",
+              ("delta", False): "GDN"}[(case["rule"], case["residual"])]
+    extra = [f"{k}={v}" for k, v in case.get("options", {}).items()]
+    if case.get("cu_seqlens"):
+        extra.append("varlen")
+    if case.get("decay"):
+        extra.append(f"decay={case['decay']}")
+    if case.get("oracle"):
+        extra.append(f"oracle={case['oracle']}")
+    return (f"{memory} {case['dtype']} B={case['B']} T={case['T']} H={case['H']} K={case['K']} V={case['V']} "
+            + " ".join(extra)).strip()
+
+
+# ------------------------------------------------------------------------------------------------ methods timed
+
+
+def linmem_method(rule: str, residual: bool):
+    def run(x):
+        from linmem.ops import linear_memory
+
+        o, _ = linear_memory(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"] if residual else None, rule=rule,
+                             residual=residual, backend="triton")
+        return o
+
+    return run
+
+
+def fla_method(name: str):
+    def run(x):
+        if name == "sgla":
+            from fla.ops.simple_gla import chunk_simple_gla
+
+            return chunk_simple_gla(x["q"], x["k"], x["v"], g=x["g"])[0]
+        if name == "gdn":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+            return chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta_h"])[0]
+        from fla.ops.gla import chunk_gla
+
+        return chunk_gla(x["q"], x["k"], x["v"], x["g_key"])[0]
+
+    return run
+
+
+def fla_three_calls(rule: str):
+    """RLA/RDN from three FLA calls: base memory read with keys then queries shifted one step, then the residual
+    memory on the clipped error (exact; the composition of issue 3)."""
+
+    def run(x):
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        q, k, v, g = x["q"], x["k"], x["v"], x["g"]
+        scale = q.shape[-1] ** -0.5
+
+        def call(queries, values, strength):
+            if rule == "additive":
+                return chunk_simple_gla(queries, k, values * strength[..., None], g=g, scale=1.0)[0]
+            return chunk_gated_delta_rule(queries, k, values, g, strength, scale=1.0)[0]
+
+        def next_(t):
+            return torch.cat([t[:, 1:], torch.zeros_like(t[:, :1])], dim=1)
+
+        def prev(t):
+            return torch.cat([torch.zeros_like(t[:, :1]), t[:, :-1]], dim=1)
+
+        predicted = prev(call(next_(k), v, x["beta_h"]))  # S_{t−1} k_t
+        base_read = prev(call(next_(q), v, x["beta_h"]))  # S_{t−1} q_t
+        target = (v - predicted).clamp(-1.0, 1.0)
+        residual_read = call(q, target, x["gamma_h"])  # R_t q_t
+        return scale * (g.exp()[..., None] * base_read + x["gamma_h"][..., None] * residual_read)
+
+    return run
+
+
+def sdpa_method(x):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.transpose(1, 2) for t in (x["q"], x["k"], x["v"]))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+
+
+METHODS = {
+    "linmem RLA": linmem_method("additive", True),
+    "linmem RDN": linmem_method("delta", True),
+    "linmem sGLA": linmem_method("additive", False),
+    "linmem GDN": linmem_method("delta", False),
+    "FLA sGLA": fla_method("sgla"),
+    "FLA GDN": fla_method("gdn"),
+    "FLA GLA": fla_method("gla"),
+    "SDPA flash": sdpa_method,
+    "FLA 3-call RLA": fla_three_calls("additive"),
+    "FLA 3-call RDN": fla_three_calls("delta"),
+}
+
+
+def bench_inputs(B, T, seed=0):
+    x = random_inputs(B, T, HEADS, HEAD_DIM, HEAD_DIM, torch.bfloat16, DEVICE, seed)
+    x["g"] = x["g"] * 0.3  # log decay ≥ −0.09 per token
+    x["beta_h"], x["gamma_h"] = x["beta"].bfloat16(), x["gamma"].bfloat16()
+    x["g_key"] = -0.05 * torch.rand(B, T, HEADS, HEAD_DIM, device=DEVICE)
+    for name in ("S0", "R0"):
+        del x[name]
+    return x
+
+
+def grad_leaves(x):
+    return {n: t.detach().requires_grad_(t.is_floating_point()) for n, t in x.items()}
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_ms(fn, grad_to_none=None) -> float:
+    if DEVICE == "cuda":
+        import triton
+
+        return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+    times = []
+    for _ in range(3):  # dry run on the CPU: wall clock
+        start = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - start))
+    return sorted(times)[1]
+
+
+def time_method(fn, x, backward: bool) -> float:
+    if not backward:
+        with torch.no_grad():
+            return _median_ms(lambda: fn(x))
+    leaves = grad_leaves(x)
+    o = fn(leaves)
+    d_o = torch.randn_like(o)
+
+    def step():
+        fn(leaves).backward(d_o)
+
+    return _median_ms(step, grad_to_none=list(leaves.values()))
+
+
+def finite_at_length(B, T) -> dict:
+    """RLA and RDN forward+backward at this length: are the output and every gradient finite?"""
+    out = {}
+    for name in ("linmem RLA", "linmem RDN"):
+        leaves = grad_leaves(bench_inputs(B, T, seed=5))
+        o = METHODS[name](leaves)
+        o.backward(torch.randn_like(o))
+        grads = [leaves[n].grad for n in ("q", "k", "v", "g", "beta", "gamma")]
+        out[name] = bool(torch.isfinite(o).all()) and all(bool(torch.isfinite(g).all()) for g in grads)
+        del leaves, o, grads
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ compile workers
+
+
+def _worker(task):
+    kind, payload = task
+    if os.environ.get("LINMEM_BENCH_SHAPE"):
+        _set_shape(*(int(x) for x in os.environ["LINMEM_BENCH_SHAPE"].split(",")))
+    try:
+        import fla.ops.common.chunk_o as fla_chunk_o
+
+        fla_chunk_o.TRITON_ABOVE_3_7_1 = True
+    except Exception:  # noqa: BLE001 (FLA absent: its methods fail later, with their error recorded)
+        pass
+    try:
+        if kind == "check":
+            return kind, run_check(payload)
+        if kind == "options":  # compile linmem's kernels with these launch options
+            from linmem.ops.triton import function
+
+            function.KERNEL_OPTIONS.update(payload["options"])
+        x = bench_inputs(payload.get("B", 1), payload.get("T", 2048))
+        fn = METHODS[payload["method"]]
+        o = fn(grad_leaves(x))
+        o.float().sum().backward()
+        _sync()
+        return kind, dict(task=payload, ok=True)
+    except Exception as exc:  # noqa: BLE001
+        return kind, dict(task=payload, ok=False, error=f"{type(exc).__name__}: {exc}",
+                          trace=traceback.format_exc()[-2000:])
+
+
+def warm_and_check(sweep_variants, workers: int, skip_check: bool):
+    """Compile every kernel configuration in parallel processes; return the check results."""
+    tasks = [] if skip_check else [("check", c) for c in check_cases()]
+    for method in ("linmem RDN", "linmem RLA", "linmem GDN", "linmem sGLA") if DEVICE == "cuda" else ():
+        tasks.append(("compile", dict(method=method)))
+        for variant in sweep_variants:
+            tasks.append(("options", dict(method=method, options=variant)))
+    for method in ("FLA sGLA", "FLA GDN", "FLA GLA") if DEVICE == "cuda" else ():
+        tasks.append(("compile", dict(method=method, B=2, T=8192)))  # FLA's autotune candidates (results not kept)
+    ctx = mp.get_context("spawn")
+    checks, failures = [], []
+    with ctx.Pool(workers) as pool:
+        for kind, result in pool.imap_unordered(_worker, tasks):
+            if kind == "check":
+                checks.append(result)
+                status = "ok  " if result.get("passed") else "FAIL"
+                print(f"check {status} worst={result.get('worst', math.inf):.1e}  {result.get('case', result)}",
+                      flush=True)
+                if "trace" in result:
+                    print(result["trace"], flush=True)
+            elif not result["ok"]:
+                failures.append(result)
+                print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
+    return checks, failures
+
+
+# ------------------------------------------------------------------------------------------------ launch options
+
+
+def sweep_variants() -> list[dict]:
+    """One kernel's launch options changed at a time from the defaults in linmem.ops.triton.function."""
+    seq = [dict(num_warps=w, BV=bv) for w, bv in ((4, 32), (4, 16), (8, 16), (8, 64))]
+    return ([{"forward": o} for o in seq] + [{"backward_states": o} for o in seq]
+            + [{"backward_scores": dict(num_warps=4, BV=64)}, {"backward_scores": dict(num_warps=8, BV=32)}]
+            + [{"backward_keys": dict(num_warps=4, BK=64, BV=32)}, {"backward_keys": dict(num_warps=8, BK=64, BV=64)},
+               {"backward_keys": dict(num_warps=8, BK=128, BV=32)}]
+            + [{"scores": dict(num_warps=8)}, {"inverse": dict(num_warps=8)}])
+
+
+def tune(variants, B, T) -> dict:
+    """Time RDN forward+backward with each variant; keep, per kernel, the fastest (default included)."""
+    from linmem.ops.triton import function
+
+    default = {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()}
+    x = bench_inputs(B, T)
+    base_ms = time_method(METHODS["linmem RDN"], x, True)
+    print(f"sweep: default RDN fwd+bwd {base_ms:.2f} ms at B={B} T={T}", flush=True)
+    best = {name: (base_ms, opts) for name, opts in default.items()}
+    for variant in variants:
+        function.KERNEL_OPTIONS.update(variant)
+        ms = time_method(METHODS["linmem RDN"], x, True)
+        (name, opts), = variant.items()
+        print(f"sweep: {name} {opts}: {ms:.2f} ms", flush=True)
+        if ms < best[name][0]:
+            best[name] = (ms, opts)
+        function.KERNEL_OPTIONS.clear()
+        function.KERNEL_OPTIONS.update({k: dict(v) for k, v in default.items()})
+    chosen = {name: opts for name, (_, opts) in best.items()}
+    function.KERNEL_OPTIONS.update(chosen)
+    return chosen
+
+
+def profile_kernels(B, T) -> list[tuple[str, float]]:
+    """Per-kernel CUDA time of one RDN forward+backward (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    leaves = grad_leaves(bench_inputs(B, T))
+    fn = METHODS["linmem RDN"]
+    for _ in range(2):
+        fn(leaves).float().sum().backward()
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(leaves).float().sum().backward()
+        _sync()
+    rows = [(e.key, e.device_time_total / 1000) for e in prof.key_averages()]
+    return sorted(rows, key=lambda r: -r[1])[:14]
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def environment() -> dict:
+    import triton
+
+    gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"CPU (Triton interpreter, {platform.machine()})"
+    env = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+               cuda=torch.version.cuda, python=platform.python_version())
+    try:
+        import fla
+
+        env["fla"] = getattr(fla, "__version__", "?")
+    except ImportError:
+        env["fla"] = None
+    return env
+
+
+def markdown(report: dict) -> str:
+    results = report["results"]
+    names = list(METHODS)
+    lengths = sorted({r["T"] for r in results})
+    lines = [f"# Kernel benchmark: {report['env']['gpu']}", "",
+             f"torch {report['env']['torch']}, triton {report['env']['triton']}, FLA {report['env']['fla']}, "
+             f"CUDA {report['env']['cuda']}. bf16, H = {HEADS}, head dim {HEAD_DIM}, {report['tokens']} tokens per "
+             "batch (B = tokens / T), `triton.testing.do_bench` medians in ms. Command: "
+             "`python -m linmem.bench.kernels`.", ""]
+    for mode in ("fwd+bwd", "fwd"):
+        lines += [f"## {mode}", "", "| T | " + " | ".join(names) + " | RDN / GDN | RLA / sGLA |",
+                  "|---" * (len(names) + 3) + "|"]
+        for T in lengths:
+            ms = {r["method"]: r["ms"] for r in results if r["T"] == T and r["mode"] == mode}
+            cells = [f"{ms[n]:.2f}" if ms.get(n) is not None else "–" for n in names]
+            ratio = [_ratio(ms, "linmem RDN", "FLA GDN"), _ratio(ms, "linmem RLA", "FLA sGLA")]
+            lines.append(f"| {T} | " + " | ".join(cells + ratio) + " |")
+        lines.append("")
+    checks = report.get("checks") or []
+    if checks:
+        passed = sum(c["passed"] for c in checks)
+        lines += ["## Correctness (linmem Triton vs float64 reference, relative Frobenius errors)", "",
+                  f"{passed} of {len(checks)} cases within tolerance (fp32 {TOLERANCE[torch.float32]:.0e}, bf16 "
+                  f"{TOLERANCE[torch.bfloat16]:.0e}). Fresh random inputs each run, NaN-poisoned buffers.", "",
+                  "| case | worst | o | dq | dk | dv | dg | dβ | dγ | dS0 | dR0 |", "|---" * 11 + "|"]
+        for c in sorted(checks, key=lambda c: c["case"]):
+            e = c["errors"]
+            cols = [e.get(k) for k in ("o", "dq", "dk", "dv", "dg", "dbeta", "dgamma", "dS0", "dR0")]
+            lines.append(f"| {c['case']} | {c['worst']:.1e} | "
+                         + " | ".join("–" if v is None else f"{v:.1e}" for v in cols) + " |")
+        lines.append("")
+    if report.get("finite"):
+        lines += [f"No NaN/Inf in outputs and gradients at T = {max(lengths)}: {report['finite']}", ""]
+    if report.get("kernel_options"):
+        lines += ["Launch options used: `" + json.dumps(report["kernel_options"]) + "`", ""]
+    return "\n".join(lines)
+
+
+def _ratio(ms, a, b):
+    if ms.get(a) is None or ms.get(b) is None:
+        return "–"
+    return f"{ms[a] / ms[b]:.2f}x"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    for col, mode in enumerate(("fwd", "fwd+bwd")):
+        for name in METHODS:
+            rows = sorted((r["T"], r["ms"]) for r in report["results"]
+                          if r["method"] == name and r["mode"] == mode and r["ms"] is not None)
+            if not rows:
+                continue
+            lengths, ms = zip(*rows)
+            style = "-" if name.startswith("linmem") else "--"
+            axes[0, col].plot(lengths, ms, style, marker="o", label=name)
+            axes[1, col].plot(lengths, [report["tokens"] / (t / 1000) / 1e6 for t in ms], style, marker="o",
+                              label=name)
+        axes[0, col].set(title=f"{mode}: time", xscale="log", yscale="log", xlabel="sequence length T",
+                         ylabel="ms")
+        axes[1, col].set(title=f"{mode}: throughput", xscale="log", xlabel="sequence length T",
+                         ylabel="million tokens / s")
+        for ax in axes[:, col]:
+            ax.set_xticks(sorted({r["T"] for r in report["results"]}))
+            ax.set_xticklabels([f"{t // 1024}K" for t in sorted({r["T"] for r in report["results"]})])
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"{report['env']['gpu']}: bf16, H={HEADS}, d={HEAD_DIM}, {report['tokens']} tokens per batch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def _set_shape(heads: int, head_dim: int) -> None:
+    global HEADS, HEAD_DIM
+    HEADS, HEAD_DIM = heads, head_dim
+    os.environ["LINMEM_BENCH_SHAPE"] = f"{heads},{head_dim}"  # for the worker processes
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="docs/benchmarks")
+    parser.add_argument("--lengths", default="2048,8192,32768,131072")
+    parser.add_argument("--tokens", type=int, default=131072)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 4))
+    parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="time alternative launch options and keep the best")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times of one RDN forward+backward")
+    parser.add_argument("--heads", type=int, default=HEADS)
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    args = parser.parse_args(argv)
+    _set_shape(args.heads, args.head_dim)
+    os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
+    try:
+        import fla.ops.common.chunk_o as fla_chunk_o
+
+        fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # timing only: FLA's gated backward on Triton < 3.7.1 (FLA #640)
+    except ImportError:
+        print("flash-linear-attention is not installed: FLA columns stay empty")
+    start = time.time()
+    variants = sweep_variants() if args.sweep else []
+    checks, failures = warm_and_check(variants, args.workers, args.skip_check)
+    print(f"compile + checks: {time.time() - start:.0f} s; {sum(c['passed'] for c in checks)} of {len(checks)} "
+          "checks passed", flush=True)
+
+    lengths = [int(t) for t in args.lengths.split(",")]
+    report = dict(env=environment(), tokens=args.tokens, checks=checks, results=[],
+                  compile_failures=[f["task"] for f in failures])
+    if args.sweep:
+        report["kernel_options"] = tune(variants, max(1, args.tokens // 32768), min(32768, args.tokens))
+    else:
+        from linmem.ops.triton import function
+
+        report["kernel_options"] = function.KERNEL_OPTIONS
+    if args.profile and DEVICE == "cuda":
+        for T in (8192, args.tokens):
+            rows = profile_kernels(max(1, args.tokens // T), T)
+            report.setdefault("profile", {})[T] = rows
+            print(f"profile RDN fwd+bwd T={T}:\n" + "\n".join(f"  {ms:8.3f} ms  {name[:90]}" for name, ms in rows),
+                  flush=True)
+    for T in lengths:
+        B = max(1, args.tokens // T)
+        x = bench_inputs(B, T)
+        for name in args.methods.split(","):
+            for mode in ("fwd", "fwd+bwd"):
+                try:
+                    ms = time_method(METHODS[name], x, mode == "fwd+bwd")
+                except Exception as exc:  # noqa: BLE001 (recorded, the table shows a dash)
+                    ms = None
+                    print(f"{name} {mode} T={T}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                report["results"].append(dict(method=name, mode=mode, T=T, B=B, ms=ms))
+                torch.cuda.empty_cache()
+            print(f"T={T:6d} {name:16s} " + "  ".join(
+                f"{r['mode']} {r['ms']:.2f} ms" for r in report["results"][-2:] if r["ms"] is not None), flush=True)
+        del x
+    report["finite"] = finite_at_length(max(1, args.tokens // max(lengths)), max(lengths))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "kernels.md").write_text(markdown(report))
+    plot(report, out / "kernels.png")
+    print(markdown(report))
+    print(f"total {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
