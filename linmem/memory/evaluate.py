@@ -57,12 +57,9 @@ def candidate_logits(model: nn.Module, batch: Batch, edit_sets: Sequence[Sequenc
                      chunk: int = 16, use_donor: bool = True) -> torch.Tensor:
     """``[N, B, 4]`` candidate logits at the last position under each of ``N`` edit sets (``chunk`` sets per
     batched run)."""
-    out = []
-    donor = batch.donor if use_donor else None
-    for i in range(0, len(edit_sets), chunk):
-        logits = run_many(model, batch.recipient, donor, edit_sets[i:i + chunk], logits_at=[batch.length - 1])
-        out.append(torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits]))
-    return torch.cat(out)
+    logits = run_many(model, batch.recipient, batch.donor if use_donor else None, edit_sets,
+                      logits_at=[batch.length - 1], chunk=chunk)
+    return torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits])
 
 
 def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int = 16) -> torch.Tensor:

@@ -129,13 +129,16 @@ def validate(model: nn.Module, edit_sets: Sequence[Sequence[Edit]], length: int)
 
 @torch.no_grad()
 def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
-             edit_sets: Sequence[Sequence[Edit]] = ((),), logits_at: Sequence[int] | None = None) -> torch.Tensor:
-    """Logits of the recipient under each edit set, in one batched run.
+             edit_sets: Sequence[Sequence[Edit]] = ((),), logits_at: Sequence[int] | None = None,
+             chunk: int | None = None) -> torch.Tensor:
+    """Logits of the recipient under each edit set, in batched runs that share the prefix.
 
     Args:
         recipient_ids, donor_ids: ``[B, T]`` (or ``[T]``) token ids; donors only where an edit needs them.
         edit_sets: ``N`` lists of edits (``linmem.memory.edits``).
         logits_at: the positions to return logits for (default: all ``T``).
+        chunk: edit sets per batched forward (default: all ``N`` at once); the unedited prefix and the donor's
+            cache are computed once for all chunks.
     Returns:
         ``[N, B, P, vocab]``.
     """
@@ -151,15 +154,20 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
     positions = list(range(length)) if logits_at is None else [int(p) for p in logits_at]
     sources = Sources(model, recipient_ids, donor_ids)
     sources.prepare(edit_sets)
-    plan = Plan(edit_sets, batch)
     at = split_point(edit_sets)
-    rows = len(edit_sets)
-    if at is None:
-        hidden = forward(model, recipient_ids.repeat(rows, 1), None, plan, (0, length), sources)
-        logits = unembed(model, hidden[:, positions])
-    else:
-        logits = _split_run(model, recipient_ids, donor_ids, edit_sets, plan, at, positions, sources)
-    return logits.reshape(rows, batch, len(positions), -1)
+    shared = SharedPrefix(model, recipient_ids, donor_ids, edit_sets, at)
+    step = chunk or max(1, len(edit_sets))
+    out = []
+    for i in range(0, len(edit_sets), step):
+        group = edit_sets[i:i + step]
+        plan = Plan(group, batch)
+        if at is None:
+            hidden = forward(model, recipient_ids.repeat(len(group), 1), None, plan, (0, length), sources)
+            logits = unembed(model, hidden[:, positions])
+        else:
+            logits = _split_run(model, recipient_ids, group, plan, at, positions, sources, shared)
+        out.append(logits.reshape(len(group), batch, len(positions), -1))
+    return torch.cat(out)
 
 
 def run(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
@@ -169,27 +177,49 @@ def run(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor |
     return run_many(model, recipient_ids, donor_ids, [list(edits)])[0]
 
 
-def _split_run(model, recipient_ids, donor_ids, edit_sets, plan, at, positions, sources) -> torch.Tensor:
-    """Prefix into a cache (recipient and donor), edit the cache per row, then only the suffix for all rows."""
+class SharedPrefix:
+    """What every chunk of a split run shares: the donor's prefix cache and, when no edit touches the prefix, the
+    recipient's prefix cache and hidden states (computed once, copied per chunk)."""
+
+    def __init__(self, model, recipient_ids, donor_ids, edit_sets, at: int | None):
+        self.model, self.cache, self.hidden, self.donor = model, None, None, None
+        if at is None:
+            return
+        if any(isinstance(e, (StateSwap, CacheSwap)) for edits in edit_sets for e in edits):
+            if donor_ids is None:
+                raise ValueError("StateSwap / CacheSwap take the donor's cache: pass donor_ids [B, T]")
+            self.donor = LinMemCache.from_config(model.config)
+            backbone(model)(input_ids=donor_ids[:, :at], cache=self.donor, use_cache=True)
+        if not Plan(edit_sets, recipient_ids.shape[0]).layers_in_chunk(0, at):
+            self.cache = LinMemCache.from_config(model.config)
+            self.hidden = forward(model, recipient_ids[:, :at], self.cache, None, (0, at), None)
+
+    def tiled(self, times: int) -> tuple[LinMemCache, torch.Tensor]:
+        """A fresh copy of the recipient's prefix cache and hidden states, repeated ``times`` along the batch."""
+        cache = LinMemCache.from_config(self.model.config)
+        repeat = lambda t: None if t is None else t.repeat(times, *([1] * (t.dim() - 1)))  # noqa: E731
+        for new, old in zip(cache.layers, self.cache.layers):
+            if isinstance(old, AttentionLayerCache):
+                new.keys, new.values = repeat(old.keys), repeat(old.values)
+            else:
+                new.base_state, new.residual_state = repeat(old.base_state), repeat(old.residual_state)
+                new.conv_states = {name: repeat(state) for name, state in old.conv_states.items()}
+                new.seen_tokens = old.seen_tokens
+        return cache, repeat(self.hidden)
+
+
+def _split_run(model, recipient_ids, edit_sets, plan, at, positions, sources, shared: SharedPrefix) -> torch.Tensor:
+    """Prefix into a cache (or the shared one), edit the cache per row, then only the suffix for all rows."""
     rows, (batch, length) = len(edit_sets), recipient_ids.shape
-    config = model.config
-    cache = LinMemCache.from_config(config)
-    prefix_edited = bool(plan.layers_in_chunk(0, at))
-    prefix_ids = recipient_ids[:, :at].repeat(rows, 1) if prefix_edited else recipient_ids[:, :at]
-    hidden_prefix = forward(model, prefix_ids, cache, plan if prefix_edited else None, (0, at), sources)
-    if not prefix_edited and rows > 1:
-        cache._map_batch(lambda t: t.repeat(rows, *([1] * (t.dim() - 1))))
-        hidden_prefix = hidden_prefix.repeat(rows, 1, 1)
-    donor_cache = None
-    if any(isinstance(e, (StateSwap, CacheSwap)) for edits in edit_sets for e in edits):
-        if donor_ids is None:
-            raise ValueError("StateSwap / CacheSwap take the donor's cache: pass donor_ids [B, T]")
-        donor_cache = LinMemCache.from_config(config)
-        backbone(model)(input_ids=donor_ids[:, :at], cache=donor_cache, use_cache=True)
+    if shared.cache is not None:
+        cache, hidden_prefix = shared.tiled(rows)
+    else:
+        cache = LinMemCache.from_config(model.config)
+        hidden_prefix = forward(model, recipient_ids[:, :at].repeat(rows, 1), cache, plan, (0, at), sources)
     for n, edits in enumerate(edit_sets):
         for e in edits:
             if isinstance(e, CACHE_EDITS):
-                apply_cache_edit(model, cache, donor_cache, e, slice(n * batch, (n + 1) * batch))
+                apply_cache_edit(model, cache, shared.donor, e, slice(n * batch, (n + 1) * batch))
     hidden_suffix = forward(model, recipient_ids[:, at:].repeat(rows, 1), cache, plan, (at, length), sources)
     before, after = [p for p in positions if p < at], [p - at for p in positions if p >= at]
     parts = []
