@@ -165,3 +165,42 @@ def test_run_changes_no_weights_or_inputs(case):
     assert torch.equal(recipient, r0) and torch.equal(donor, d0)
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("case_name", ["gdn", "rdn"])
+def test_key_align_acts_from_its_span_on(case_name):
+    model = build(case_name)
+    recipient, _ = pair()
+    comps = mm.heads(model)
+    clean = logits(model, recipient)
+    for mode in ("align", "orthogonal"):
+        out = mm.run(model, recipient, edits=[mm.KeyAlign(comps, span=(6, 10), toward=3, mode=mode)])
+        assert close(out[:, :6], clean[:, :6])
+        assert not close(out[:, 6:], clean[:, 6:], 1e-6)
+    with pytest.raises(ValueError, match="outside span"):
+        mm.KeyAlign(comps, span=(2, 5), toward=3)
+
+
+def test_random_controls_match_the_donor_change_in_norm():
+    """The equal-norm random state swap moves the state by exactly ‖donor − recipient‖ (per prompt)."""
+    model = build("rdn")
+    recipient, donor = pair(at=8)
+    c = mm.Component(1, 0, "R")
+    from linmem.memory.experiments import states_at
+    from linmem.memory.intervene import apply_cache_edit
+    from linmem.memory.recording import backbone
+    from linmem.models import LinMemCache
+
+    caches = []
+    for ids in (recipient, donor):
+        cache = LinMemCache.from_config(model.config)
+        with torch.no_grad():
+            backbone(model)(input_ids=ids[:, :8], cache=cache, use_cache=True)
+        caches.append(cache)
+    before = caches[0].layers[1].residual_state[:, 0].clone()
+    apply_cache_edit(model, caches[0], caches[1], mm.StateSwap([c], 8, control="random", seed=3), slice(None))
+    moved = (caches[0].layers[1].residual_state[:, 0] - before).flatten(1).norm(dim=1)
+    wanted = (states_at(model, donor, 8, c) - states_at(model, recipient, 8, c)).flatten(1).norm(dim=1)
+    assert torch.allclose(moved, wanted, rtol=1e-9) and wanted.min() > 0
+    swapped = mm.run(model, recipient, donor, [mm.StateSwap([c], 8, control="random", seed=3)])
+    assert not close(swapped, mm.run(model, recipient, donor, [mm.StateSwap([c], 8)]), 1e-6)

@@ -1,20 +1,21 @@
-"""A tiny GDN trained here (250 AdamW steps, about a minute on 2 idle CPU cores) to recall key-value bindings in natural filler: the head
-the scan picks on development sources moves the answer to the donor on held-out sources, far above the equal-norm
-random swap; and ``linmem probe``'s protocol writes a readable report on it."""
+"""A tiny GDN trained here (250 AdamW steps, about a minute on 2 idle CPU cores) to recall key-value bindings in
+natural filler: the head the scan picks on development sources moves the answer to the donor on held-out sources,
+far above the equal-norm random swap; and ``linmem probe``'s protocol writes a readable report on it."""
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
-import torch
 
 import linmem.memory as mm
+from linmem.cli import main
 from linmem.data.builtin import StdlibDocs
+from linmem.data.tokenizer import save_tokenizer
 from linmem.memory import experiments as ex
 from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.metrics import compare
-from linmem.memory.probe import ProbeOptions, run_protocol
 from linmem.memory.stats import bootstrap
 from linmem.memory.tasks import TaskSpec, Tokenize, build_items, passages
 from linmem.memory.toy import train_toy
@@ -54,13 +55,18 @@ def test_chosen_head_swap_moves_the_answer_to_the_donor(trained):
     assert est["swap"]["donor_margin_shift"].low > 3 * max(est["random"]["donor_margin_shift"].high, 0.5)
 
 
-def test_probe_protocol_writes_a_report(trained, tmp_path):
-    setup, docs, _ = trained
-    options = ProbeOptions(dev_sources=6, confirm_sources=6, filler_tokens=32, num_bindings=2, repeats=2,
-                           loads=(1, 2), gaps=(0, 16))
-    summary = run_protocol(setup.model, setup.tokenizer, docs, options, tmp_path, header={"model": "toy gdn"})
-    page = (tmp_path / "report.html").read_text()
-    assert page.count("<img src=\"data:image/png;base64,") >= 5
-    assert {"head_scan", "lifecycle", "four_facts", "hybrid_attribution", "sweep_num_bindings"} <= set(summary)
-    assert (tmp_path / "results.json").stat().st_size > 1000
-    assert torch.is_tensor(next(setup.model.parameters()))
+def test_linmem_probe_writes_a_report(trained, tmp_path):
+    """``linmem probe MODEL_DIR`` on the saved toy model (its filler from other text than it was trained on)."""
+    setup, _, _ = trained
+    setup.model.save_pretrained(tmp_path / "model")
+    save_tokenizer(setup.tokenizer, tmp_path / "model")
+    code = main(["probe", str(tmp_path / "model"), "--out", str(tmp_path / "probe"), "--filler", "32",
+                 "--bindings", "2", "--repeats", "2", "--dev-sources", "6", "--confirm-sources", "6",
+                 "--device", "cpu", "--sources", "stdlib"])
+    assert code == 0
+    page = (tmp_path / "probe" / "report.html").read_text()
+    assert page.count("<img src=\"data:image/png;base64,") >= 10
+    results = json.loads((tmp_path / "probe" / "results.json").read_text())["experiments"]
+    assert {"head_scan", "lifecycle", "four_facts", "hybrid_attribution", "sweep_num_bindings", "logit_lens",
+            "write_read_spearman", "joint_topk", "overlap", "neutral_suppression"} <= set(results)
+    assert all(r["n"] > 0 for r in results["lifecycle"]["rows"])

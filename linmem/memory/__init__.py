@@ -15,6 +15,7 @@ from linmem.memory.edits import (
     CacheSwap,
     DonorWrite,
     Edit,
+    KeyAlign,
     OutputPatch,
     OutputRestore,
     StateAdd,
@@ -25,7 +26,7 @@ from linmem.memory.intervene import run, run_many
 from linmem.memory.recording import Recording
 
 __all__ = [
-    "CacheSwap", "Component", "DonorWrite", "Edit", "OutputPatch", "OutputRestore", "Recording", "StateAdd",
+    "CacheSwap", "Component", "DonorWrite", "Edit", "KeyAlign", "OutputPatch", "OutputRestore", "Recording", "StateAdd",
     "StateSwap", "WriteBlock", "attention_layers", "contributions", "conv_width", "heads", "layers",
     "recurrent_layers", "run", "run_many", "state",
 ]

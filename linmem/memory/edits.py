@@ -116,6 +116,27 @@ class DonorWrite:
 
 
 @dataclass(frozen=True)
+class KeyAlign:
+    """The write keys of ``components`` at ``span`` turned toward (``mode="align"``) or away from
+    (``"orthogonal"``) the key the same head wrote with at token ``toward``, each keeping its own norm: the
+    write-overlap intervention of Fig. 7 (``"orthogonal"`` is its control). S: the base write key; R: the residual
+    write key."""
+
+    components: tuple[Component, ...]
+    span: tuple[int, int]
+    toward: int
+    mode: str = "align"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", _components(self.components))
+        object.__setattr__(self, "span", _span(self.span))
+        if self.mode not in ("align", "orthogonal"):
+            raise ValueError(f"mode must be 'align' or 'orthogonal'; got {self.mode!r}")
+        if self.span[0] <= self.toward < self.span[1]:
+            raise ValueError(f"toward ({self.toward}) must lie outside span {self.span}")
+
+
+@dataclass(frozen=True)
 class OutputPatch:
     """The components' read-out at ``positions`` taken from the donor run (for RLA / RDN the part of the head's
     read-out that reads S, ``scale·α S_{t−1} q``, or R, ``scale·γ R_t q``).
@@ -176,14 +197,16 @@ def _span(span) -> tuple[int, int]:
     return start, end
 
 
-Edit = StateSwap | StateAdd | WriteBlock | DonorWrite | OutputPatch | OutputRestore | CacheSwap
+Edit = StateSwap | StateAdd | WriteBlock | DonorWrite | KeyAlign | OutputPatch | OutputRestore | CacheSwap
 CACHE_EDITS = (StateSwap, StateAdd, CacheSwap)
-WRITE_EDITS = (WriteBlock, DonorWrite)
+WRITE_EDITS = (WriteBlock, DonorWrite, KeyAlign)
 READOUT_EDITS = (OutputPatch, OutputRestore)
 
 
 def edit_positions(edit: Edit) -> tuple[int, ...]:
     """The token positions a write or read-out edit touches (empty for cache edits)."""
+    if isinstance(edit, KeyAlign):
+        return (*range(*edit.span), edit.toward)
     if isinstance(edit, WRITE_EDITS):
         return tuple(range(*edit.span))
     if isinstance(edit, READOUT_EDITS):

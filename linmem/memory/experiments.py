@@ -19,6 +19,7 @@ from linmem.memory.components import Component, attention_layers, heads, mixer, 
 from linmem.memory.edits import (
     CacheSwap,
     DonorWrite,
+    KeyAlign,
     OutputPatch,
     OutputRestore,
     StateAdd,
@@ -287,3 +288,106 @@ def sweep(model: nn.Module, tokenizer, sources, component: Component, base, fiel
                                    m["donor_margin_shift"], "donor_answer": m["donor_answer"]},
                                   batch.sources, **{field_name: value}, edit=kind)
     return Result(f"sweep_{field_name}", rows, {"component": str(component)}, plots.sweep(rows, field_name))
+
+
+def overlap(model: nn.Module, items: Sequence[Item], component: Component) -> Result:
+    """Write-key overlap (Fig. 7, right): the component's write keys over the text after the target's last
+    presentation turned toward the key it wrote the target's value with (``KeyAlign`` "align"), away from it
+    ("orthogonal", the control), or the same on a control head; the target-margin change of each."""
+    batch = make_batch(items)
+    control = control_component(model, component)
+
+    def edits(item: Item):
+        toward, span = item.value_positions[-1], (item.value_positions[-1] + 1, item.boundary)
+        return [[], [KeyAlign([component], span, toward)], [KeyAlign([component], span, toward, "orthogonal")],
+                [KeyAlign([control], span, toward)]]
+
+    choice = per_item(model, batch, edits)
+    rows = []
+    for i, name in enumerate(("align", "orthogonal", "align, control head"), start=1):
+        m = compare(choice[0], choice[i], batch.answer)
+        rows += estimate_rows({"target_margin_change": m["target_margin_change"], "edited_correct":
+                               m["edited_correct"]}, batch.sources, edit=name)
+    return Result("overlap", rows, {"component": str(component), "control": str(control)}, plots.overlap(rows))
+
+
+def neutral_suppression(model: nn.Module, items: Sequence[Item], component: Component) -> Result:
+    """Items of ``TaskSpec(variant="neutral")``: the component's pre-query state taken from the run where the
+    target fact is replaced by filler; accuracy of the target and of the other facts, before and after (D.1)."""
+    rows, owners = [], []
+    bindings = len(items[0].queries)
+    by_fact = {"target": [], "other": []}
+    for j in range(bindings):
+        for fact, keep in (("target", [it for it in items if it.target == j]),
+                           ("other", [it for it in items if it.target != j])):
+            if not keep:
+                continue
+            batch = make_batch(keep, binding=j)
+            choice = candidate_logits(model, batch, [[], [StateSwap([component], batch.boundary)]])
+            m = compare(choice[0], choice[1], batch.answer)
+            by_fact[fact].append((m["clean_correct"], m["edited_correct"], batch.sources))
+    for fact, parts in by_fact.items():
+        clean = torch.cat([p[0] for p in parts])
+        edited = torch.cat([p[1] for p in parts])
+        owners = [s for p in parts for s in p[2]]
+        rows += estimate_rows({"clean_correct": clean, "edited_correct": edited, "change": edited - clean}, owners,
+                              fact=fact)
+    return Result("neutral_suppression", rows, {"component": str(component)}, plots.neutral(rows))
+
+
+@torch.no_grad()
+def logit_lens(model: nn.Module, items: Sequence[Item]) -> Result:
+    """4-choice accuracy of the answer read from the residual stream after each block (final norm + LM head at
+    the last position): the layer where the answer becomes readable (C, Fig. 11)."""
+    batch = make_batch(items)
+    hidden = backbone(model)(input_ids=batch.recipient, output_hidden_states=True, use_cache=False).hidden_states
+    norm, rows = backbone(model).norm, []
+    for layer in range(len(hidden) - 1):
+        stream = hidden[layer + 1][:, -1]
+        stream = stream if layer == len(hidden) - 2 else norm(stream)
+        choice = model.lm_head(stream).double().gather(-1, batch.candidates)
+        correct = (choice.argmax(-1) == batch.answer).double()
+        rows += estimate_rows({"lens_accuracy": correct}, batch.sources, layer=layer)
+    return Result("logit_lens", rows, {}, plots.lens(rows))
+
+
+def joint_topk(model: nn.Module, dev_items: Sequence[Item], test_items: Sequence[Item],
+               ks: Sequence[int] = (1, 2, 4, 8)) -> Result:
+    """Rank components on development items, then swap the top k jointly on test items; the share of the
+    effect of swapping every state and conv cache (E.2, Fig. 14)."""
+    ranking = sorted(head_scan(model, dev_items).rows, key=lambda r: r["rank"])
+    order = [Component(r["layer"], r["head"], r["memory"]) for r in ranking]
+    batch = make_batch(test_items)
+    at = batch.boundary
+    ks = [k for k in ks if k <= len(order)]
+    full = [StateSwap(order, at), CacheSwap(recurrent_layers(model), at, ("conv",))]
+    choice = candidate_logits(model, batch, [[]] + [[StateSwap(order[:k], at)] for k in ks] + [full])
+    shift = shifts(choice, batch)
+    rows = []
+    for i, k in enumerate(ks):
+        rows += estimate_rows({"share_of_full": shift[i] / shift[-1]}, batch.sources, k=k)
+    return Result("joint_topk", rows, {"order": [str(c) for c in order[: max(ks)]]}, plots.topk(rows))
+
+
+def write_read_spearman(model: nn.Module, items: Sequence[Item], draws: int = 500, seed: int = 0) -> Result:
+    """Every component's write importance (donor write at the fact) and read importance (pre-query state swap),
+    and their Spearman correlation across components with a bootstrap CI over sources (C, Fig. 10)."""
+    from linmem.memory.stats import spearman
+
+    batch = make_batch(items)
+    comps = heads(model)
+    writes = lambda item: [[]] + [[DonorWrite([c], s) for s in item.target_writes] for c in comps]  # noqa: E731
+    write_shift = shifts(per_item(model, batch, writes), batch).cpu().numpy()  # [C, B]
+    read_shift = shifts(candidate_logits(model, batch, [[]] + [[StateSwap([c], batch.boundary)] for c in comps]),
+                        batch).cpu().numpy()
+    names = sorted(set(batch.sources))
+    index = {n: [i for i, s in enumerate(batch.sources) if s == n] for n in names}
+    rho = lambda picks: spearman(write_shift[:, picks].mean(1), read_shift[:, picks].mean(1))  # noqa: E731
+    rng = np.random.default_rng(seed)
+    boots = [rho([i for n in rng.choice(names, len(names)) for i in index[n]]) for _ in range(draws)]
+    low, high = np.nanpercentile(boots, [2.5, 97.5])
+    rows = [{"component": str(c), "write_shift": float(w.mean()), "read_shift": float(r.mean())}
+            for c, w, r in zip(comps, write_shift, read_shift)]
+    summary = {"spearman": rho(list(range(len(batch.sources)))), "low": float(low), "high": float(high),
+               "sources": len(names), "components": len(comps)}
+    return Result("write_read_spearman", rows, summary, plots.write_read(rows, summary))

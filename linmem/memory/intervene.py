@@ -31,6 +31,7 @@ from linmem.memory.edits import (
     CacheSwap,
     DonorWrite,
     Edit,
+    KeyAlign,
     OutputPatch,
     OutputRestore,
     StateAdd,
@@ -379,7 +380,10 @@ class LayerEditor:
         return {name: record.at(self.layer, name, b, absolute, h)[0] for name in names}
 
     def _override(self, w: WriteOverrides, x: HeadInputs, i: int, head: int, edit: PairEdit, rel: list[int]):
-        """Set the writes of pair ``i`` at tokens ``rel`` for a ``WriteBlock`` or ``DonorWrite``."""
+        """Set the writes of pair ``i`` at tokens ``rel`` for a ``WriteBlock``, ``DonorWrite`` or ``KeyAlign``."""
+        if isinstance(edit.edit, KeyAlign):
+            self._align(w, x, i, edit, rel)
+            return
         if isinstance(edit.edit, WriteBlock):
             if edit.memory == "S":
                 w.base_beta[i, rel] = 0
@@ -406,6 +410,23 @@ class LayerEditor:
         else:
             w.resid_k[i, rel], w.resid_gamma[i, rel] = d["k"], d["gamma"]
             w.resid_r[i, rel], w.resid_r_set[i, rel] = donor_r, True
+
+    def _align(self, w: WriteOverrides, x: HeadInputs, i: int, edit: PairEdit, rel: list[int]) -> None:
+        toward = edit.edit.toward - self.offset
+        if not 0 <= toward < x.length:
+            raise ValueError(f"{edit.edit!r}: toward and span must fall in one run chunk (before or after `at`)")
+        span = [p for p in rel if p != toward]
+        direction = x.k[i, toward] / x.k[i, toward].norm().clamp_min(1e-12)
+        k = x.k[i, span]
+        if edit.edit.mode == "align":
+            new = k.norm(dim=-1, keepdim=True) * direction
+        else:
+            rest = k - (k @ direction)[:, None] * direction
+            new = rest * k.norm(dim=-1, keepdim=True) / rest.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        if edit.memory == "S":
+            w.base_k[i, span] = new
+        else:
+            w.resid_k[i, span] = new
 
     def _patch_readout(self, out, i: int, head: int, edit: PairEdit, rel: list[int]) -> None:
         """Replace pair ``i``'s read-out part of ``edit.memory`` at ``rel`` in ``out.o`` (and ``out.base_read``)."""

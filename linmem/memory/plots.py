@@ -114,3 +114,57 @@ def sweep(rows: list[dict], field_name: str):
             ax.legend()
     fig.tight_layout()
     return fig
+
+
+def overlap(rows: list[dict]):
+    """Target-margin change when later write keys are aligned with / orthogonalized to the target's key."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    _dot_rows(ax, [r for r in rows if r["metric"] == "target_margin_change"], ("edit",),
+              "target-margin change (logit; < 0: the fact is harmed)")
+    fig.tight_layout()
+    return fig
+
+
+def neutral(rows: list[dict]):
+    """Accuracy of the target and the other facts before and after the neutral state swap."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    _dot_rows(ax, [r for r in rows if r["metric"] in ("clean_correct", "edited_correct")], ("fact", "metric"),
+              "accuracy")
+    ax.set_xlim(-0.05, 1.05)
+    fig.tight_layout()
+    return fig
+
+
+def lens(rows: list[dict]):
+    """4-choice accuracy read from the residual stream after each layer."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.errorbar([r["layer"] for r in rows], [r["mean"] for r in rows], yerr=_errors(rows), marker="o", capsize=3)
+    ax.axhline(0.25, color="gray", ls="--", lw=0.8)
+    ax.set(xlabel="after layer", ylabel="4-choice accuracy (logit lens)", ylim=(-0.05, 1.05))
+    fig.tight_layout()
+    return fig
+
+
+def topk(rows: list[dict]):
+    """Share of the full effect recovered by swapping the top-k components jointly."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.errorbar([r["k"] for r in rows], [r["mean"] for r in rows], yerr=_errors(rows), marker="o", capsize=3)
+    ax.axhline(1.0, color="gray", ls="--", lw=0.8)
+    ax.set(xlabel="top-k components swapped jointly", ylabel="share of the full swap's effect", xscale="log")
+    fig.tight_layout()
+    return fig
+
+
+def write_read(rows: list[dict], summary: dict):
+    """Each component's write importance against its read importance."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter([r["write_shift"] for r in rows], [r["read_shift"] for r in rows], s=12)
+    ax.set(xlabel="donor write: donor-margin shift", ylabel="state swap: donor-margin shift",
+           title=f"Spearman {summary['spearman']:.2f} [{summary['low']:.2f}, {summary['high']:.2f}]")
+    fig.tight_layout()
+    return fig

@@ -30,6 +30,7 @@ class ProbeOptions:
     loads: tuple[int, ...] = (1, 2, 4, 8)
     gaps: tuple[int, ...] = (0, 128, 256)
     sweeps: bool = True
+    extras: bool = True
 
 
 def pick_spec(tokenizer, spec: TaskSpec) -> TaskBuilder:
@@ -66,7 +67,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
     results = []
-    steps = tqdm(total=6 + 2 * options.sweeps, desc="probe", unit="experiment")
+    steps = tqdm(total=6 + 2 * options.sweeps + 5 * options.extras, desc="probe", unit="experiment")
     scan = ex.head_scan(model, dev_items)
     results.append(scan)
     steps.update()
@@ -87,6 +88,15 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         gaps = [g for g in options.gaps if g <= options.filler_tokens]
         results.append(ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed))
         steps.update()
+    if options.extras:
+        for run in (lambda: ex.overlap(model, confirm_items, chosen), lambda: ex.logit_lens(model, confirm_items),
+                    lambda: ex.neutral_suppression(model, build_items(
+                        TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed),
+                        chosen),
+                    lambda: ex.joint_topk(model, dev_items, confirm_items),
+                    lambda: ex.write_read_spearman(model, confirm_items)):
+            results.append(run())
+            steps.update()
     steps.close()
     results = [r for r in results if r.rows]
     header = {**(header or {}), "task": repr(builder.spec), "dev_sources": [p[0] for p in dev],

@@ -28,6 +28,17 @@ READING = {
     "s_vs_r": "Per layer, the donor-margin shift of swapping the base memories S, the residual memories R, or both.",
     "sweep_num_bindings": "Left: clean recall as the number of bindings (load) grows at a fixed filler length. "
                           "Right: the frozen component's state-swap effect vs the equal-norm random swap.",
+    "overlap": "Target-margin change when the chosen head's write keys after the target's last presentation are "
+               "turned toward the key it wrote the target's value with (align), away from it (orthogonal, the "
+               "control), or the same on a control head. < 0: overlapping later writes harm the fact.",
+    "logit_lens": "4-choice accuracy of the answer read from the residual stream after each layer: where the answer "
+                  "becomes readable (not where the information first exists).",
+    "neutral_suppression": "The chosen head's pre-query state taken from the run where the target fact is replaced "
+                           "by filler: accuracy of the target and of the other facts before / after.",
+    "joint_topk": "Components ranked on development sources, the top k swapped together on held-out sources: share "
+                  "of the effect of swapping every state and conv cache. 1 at k = 1: one component carries it.",
+    "write_read_spearman": "Each component's effect as a donor write at the fact (x) and as a pre-query state swap "
+                           "(y); Spearman correlation across components with a source-bootstrap CI.",
     "sweep_gap": "As the sweep above, with the filler between the last fact and the query varied.",
 }
 
