@@ -339,8 +339,11 @@ def _worker(task):
         _sync()
         return kind, dict(task=payload, ok=True)
     except Exception as exc:  # noqa: BLE001
-        return kind, dict(task=payload, ok=False, error=f"{type(exc).__name__}: {exc}",
-                          trace=traceback.format_exc()[-2000:])
+        failed = dict(task=payload, ok=False, error=f"{type(exc).__name__}: {exc}",
+                      trace=traceback.format_exc()[-2000:])
+        if kind == "check":
+            failed.update(case=_case_name(payload), errors={}, worst=math.inf, passed=False)
+        return kind, failed
 
 
 def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool = False):
@@ -354,15 +357,15 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
         tasks.append(("compile", dict(method=method, B=2, T=8192)))  # FLA's autotune candidates (results not kept)
     ctx = mp.get_context("spawn")
     checks, failures = [], []
-    with ctx.Pool(workers) as pool:
+    # one task per worker process: a CUDA fault poisons its process's context, and must not fail later tasks
+    with ctx.Pool(workers, maxtasksperchild=1) as pool:
         for kind, result in pool.imap_unordered(_worker, tasks):
             if kind == "check":
                 checks.append(result)
-                status = "ok  " if result.get("passed") else "FAIL"
-                print(f"check {status} worst={result.get('worst', math.inf):.1e}  {result.get('case', result)}",
-                      flush=True)
-                if "trace" in result:
-                    print(result["trace"], flush=True)
+                status = "ok  " if result["passed"] else "FAIL"
+                print(f"check {status} worst={result['worst']:.1e}  {result['case']}", flush=True)
+                if "error" in result:
+                    print(f"  {result['error']}\n{result['trace']}", flush=True)
             elif not result["ok"]:
                 failures.append(result)
                 print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
@@ -374,11 +377,14 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
 
 def sweep_variants() -> list[dict]:
     """One kernel's launch options changed at a time from the defaults in linmem.ops.triton.function."""
-    seq = [dict(num_warps=w, BV=bv) for w, bv in ((4, 32), (4, 16), (8, 16), (8, 64))]
+    seq = [dict(num_warps=w, num_stages=1, BV=bv) for w, bv in ((4, 32), (4, 16), (8, 16), (8, 64))]
+    seq.append(dict(num_warps=8, num_stages=2, BV=16))
     return ([{"forward": o} for o in seq] + [{"backward_states": o} for o in seq]
-            + [{"backward_scores": dict(num_warps=4, BV=64)}, {"backward_scores": dict(num_warps=8, BV=32)}]
-            + [{"backward_keys": dict(num_warps=4, BK=64, BV=32)}, {"backward_keys": dict(num_warps=8, BK=64, BV=64)},
-               {"backward_keys": dict(num_warps=8, BK=128, BV=32)}]
+            + [{"backward_scores": dict(num_warps=4, num_stages=1, BV=64)},
+               {"backward_scores": dict(num_warps=8, num_stages=2, BV=32)}]
+            + [{"backward_keys": dict(num_warps=4, num_stages=1, BK=64, BV=32)},
+               {"backward_keys": dict(num_warps=8, num_stages=1, BK=64, BV=64)},
+               {"backward_keys": dict(num_warps=8, num_stages=2, BK=64, BV=32)}]
             + [{"scores": dict(num_warps=8)}, {"inverse": dict(num_warps=8)}])
 
 
@@ -465,7 +471,7 @@ def markdown(report: dict) -> str:
                   f"{TOLERANCE[torch.bfloat16]:.0e}). Fresh random inputs each run, NaN-poisoned buffers.", "",
                   "| case | worst | o | dq | dk | dv | dg | dβ | dγ | dS0 | dR0 |", "|---" * 11 + "|"]
         for c in sorted(checks, key=lambda c: c["case"]):
-            e = c["errors"]
+            e = c["errors"] or {"o": math.inf}
             cols = [e.get(k) for k in ("o", "dq", "dk", "dv", "dg", "dbeta", "dgamma", "dS0", "dR0")]
             lines.append(f"| {c['case']} | {c['worst']:.1e} | "
                          + " | ".join("–" if v is None else f"{v:.1e}" for v in cols) + " |")

@@ -23,15 +23,17 @@ from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, interpret
 from linmem.ops.triton.primitives import TARGET_CODES
 from linmem.ops.triton.scores import chunk_scores
 
-# Launch options per kernel on a GPU (linmem.bench.kernels times alternatives; the interpreter ignores warps).
+# Launch options per kernel on a GPU (linmem.bench.kernels times alternatives; the interpreter ignores them).
 # BV: value rows per program (the sequential passes hold two [BV, K] float32 states), BK: key columns per program.
+# num_stages=1: Triton's default software pipelining (3 stages) multi-buffers every tile of these long loop bodies;
+# on Triton 3.6 that asked for 248 KB (bf16) to 502 KB (fp32) of shared memory on an H200 (limit 227 KB).
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4),
     "inverse": dict(num_warps=4),
-    "forward": dict(num_warps=8, BV=32),
-    "backward_states": dict(num_warps=8, BV=32),
-    "backward_scores": dict(num_warps=8, BV=64),
-    "backward_keys": dict(num_warps=8, BK=64, BV=32),
+    "forward": dict(num_warps=8, num_stages=1, BV=32),
+    "backward_states": dict(num_warps=8, num_stages=1, BV=32),
+    "backward_scores": dict(num_warps=8, num_stages=1, BV=64),
+    "backward_keys": dict(num_warps=8, num_stages=1, BK=64, BV=32),
     "decay_grad": dict(num_warps=4),
 }
 
@@ -39,8 +41,9 @@ KERNEL_OPTIONS = {
 def _options(name: str, key_dim: int = 0, value_dim: int = 0) -> tuple[dict, dict]:
     """(block sizes, launch options) of one kernel for these widths."""
     opts = dict(KERNEL_OPTIONS[name])
-    launch = {} if interpreting() else {"num_warps": opts.pop("num_warps")}
-    opts.pop("num_warps", None)
+    launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
+    if interpreting():
+        launch = {}
     if "BV" in opts:
         cap = 16 if key_dim > 128 and name in ("forward", "backward_states") else opts["BV"]
         opts["BV"] = min(cap, max(16, triton.next_power_of_2(value_dim)))
