@@ -66,7 +66,9 @@ def test_linmem_probe_writes_a_report(trained, tmp_path):
     assert code == 0
     page = (tmp_path / "probe" / "report.html").read_text()
     assert page.count("<img src=\"data:image/png;base64,") >= 10
-    results = json.loads((tmp_path / "probe" / "results.json").read_text())["experiments"]
+    payload = json.loads((tmp_path / "probe" / "results.json").read_text())
+    assert payload["header"]["confirmed_on_held_out"] is True
+    results = payload["experiments"]
     assert {"head_scan", "lifecycle", "four_facts", "hybrid_attribution", "sweep_num_bindings", "logit_lens",
             "write_read_spearman", "joint_topk", "overlap", "neutral_suppression"} <= set(results)
     assert all(r["n"] > 0 for r in results["lifecycle"]["rows"])

@@ -167,25 +167,37 @@ def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Compo
     choice = candidate_logits(model, target, edit)
     values = compare(choice[0], choice[1], target.answer, target.donor_answer)
     rows += estimate_rows({k: values[k] for k in ("donor_answer", "donor_margin_shift")}, sources_a, fact="target")
-    clean_right, edited_right, owners = [], [], []
-    for j in range(builder.spec.num_bindings):
-        keep = [i for i, it in enumerate(items_a) if it.target != j]
-        if not keep:
-            continue
-        sub = make_batch([items_a[i] for i in keep], binding=j)
-        ch = candidate_logits(model, sub, edit)
-        m = compare(ch[0], ch[1], sub.answer)
-        clean_right.append(m["clean_correct"])
-        edited_right.append(m["edited_correct"])
-        owners += sub.sources
-    clean_right, edited_right = torch.cat(clean_right), torch.cat(edited_right)
-    broken = torch.where(clean_right.bool(), 1.0 - edited_right, torch.full_like(edited_right, float("nan")))
-    rate, denominator = break_rate(clean_right, edited_right)
+    broken, owners, rate, denominator = non_target_breaks(model, items_a, [StateSwap([component], target.boundary)])
     rows.append({"fact": "non-target", "metric": "break_rate", **bootstrap(broken.cpu().numpy(), owners).as_dict(),
                  "denominator": denominator})
     rows += frobenius_split(model, items_a, items_b, component)
     return Result("four_facts", rows, {"component": str(component), "break_rate": rate,
                                        "break_denominator": denominator}, plots.four_facts(rows))
+
+
+def non_target_breaks(model: nn.Module, items: Sequence[Item], edits: list):
+    """Ask every non-target binding of ``items`` with and without ``edits`` (applied on the target's donor).
+
+    Returns ``(broken [n], sources, rate, denominator)``: ``broken`` is 1 / 0 for queries right before the edit
+    and NaN for the others (so a bootstrap over it is the break rate with its denominator as ``n``).
+    """
+    clean_right, edited_right, owners = [], [], []
+    for j in range(len(items[0].queries)):
+        keep = [it for it in items if it.target != j]
+        if not keep:
+            continue
+        sub = make_batch(keep, binding=j)
+        choice = candidate_logits(model, sub, [[], edits])
+        m = compare(choice[0], choice[1], sub.answer)
+        clean_right.append(m["clean_correct"])
+        edited_right.append(m["edited_correct"])
+        owners += sub.sources
+    if not owners:  # one binding: no other fact to break
+        return torch.zeros(0, dtype=torch.float64), [], float("nan"), 0
+    clean_right, edited_right = torch.cat(clean_right), torch.cat(edited_right)
+    broken = torch.where(clean_right.bool(), 1.0 - edited_right, torch.full_like(edited_right, float("nan")))
+    rate, denominator = break_rate(clean_right, edited_right)
+    return broken, owners, rate, denominator
 
 
 def frobenius_split(model, items_a: list[Item], items_b: list[Item], component: Component, seed: int = 0):
@@ -287,6 +299,11 @@ def sweep(model: nn.Module, tokenizer, sources, component: Component, base, fiel
             rows += estimate_rows({"clean_correct": m["clean_correct"], "donor_margin_shift":
                                    m["donor_margin_shift"], "donor_answer": m["donor_answer"]},
                                   batch.sources, **{field_name: value}, edit=kind)
+            control = "random" if kind == "random" else "donor"
+            broken, owners, _, _ = non_target_breaks(model, batch.items, [StateSwap([component], at, control)])
+            if owners:
+                rows.append({field_name: value, "edit": kind, "metric": "break_rate",
+                             **bootstrap(broken.cpu().numpy(), owners).as_dict()})
     return Result(f"sweep_{field_name}", rows, {"component": str(component)}, plots.sweep(rows, field_name))
 
 

@@ -98,19 +98,24 @@ def s_vs_r(rows: list[dict]):
 
 
 def sweep(rows: list[dict], field_name: str):
-    """Clean accuracy and state-swap donor-margin shift (chosen vs random) against the swept field."""
+    """The three-way view of Fig. 8 against the swept field: clean accuracy, the state swap's donor-margin shift
+    (chosen vs random) and the non-target break rate."""
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for ax, metric, edits in ((left, "clean_correct", ("chosen",)), (right, "donor_margin_shift",
-                                                                     ("chosen", "random"))):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.5))
+    panels = (("clean_correct", ("chosen",), "clean accuracy"), ("donor_margin_shift", ("chosen", "random"),
+              "donor-margin shift"), ("break_rate", ("chosen", "random"), "non-target break rate"))
+    for ax, (metric, edits, label) in zip(axes, panels):
         for edit in edits:
             sub = [r for r in rows if r["metric"] == metric and r["edit"] == edit]
-            ax.errorbar([r[field_name] for r in sub], [r["mean"] for r in sub], yerr=_errors(sub), marker="o",
-                        capsize=3, label=edit)
-        ax.set(xlabel=field_name, ylabel="clean accuracy" if metric == "clean_correct" else "donor-margin shift")
+            if sub:
+                ax.errorbar([r[field_name] for r in sub], [r["mean"] for r in sub], yerr=_errors(sub), marker="o",
+                            capsize=3, label=edit)
+        ax.set(xlabel=field_name, ylabel=label)
         if metric == "clean_correct":
             ax.axhline(0.25, color="gray", ls="--", lw=0.8)
-        else:
+        elif metric == "break_rate":
+            ax.axhline(0.05, color="gray", ls="--", lw=0.8)
+        if len(edits) > 1:
             ax.legend()
     fig.tight_layout()
     return fig

@@ -99,11 +99,21 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             steps.update()
     steps.close()
     results = [r for r in results if r.rows]
+    confirmed = confirmation(results[1].rows)
     header = {**(header or {}), "task": repr(builder.spec), "dev_sources": [p[0] for p in dev],
               "confirm_sources": [p[0] for p in confirm], "chosen": str(chosen),
+              "confirmed_on_held_out": confirmed,
               "attention_layers": attention_layers(model), "seed": options.seed}
     write_report(results, out_dir, header)
     return {r.name: r.summary for r in results}
+
+
+def confirmation(lifecycle_rows: list[dict]) -> bool:
+    """Whether the frozen choice's state swap beats its equal-norm random swap on held-out sources: the lower CI
+    bound of its donor-margin shift above the random swap's upper bound."""
+    pick = {r["target"]: r for r in lifecycle_rows
+            if r["intervention"] == "state swap" and r["metric"] == "donor_margin_shift"}
+    return bool(pick["chosen"]["low"] > pick["random"]["high"])
 
 
 def load_model_dir(path: str | Path, device: str = "auto"):
