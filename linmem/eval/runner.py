@@ -3,10 +3,9 @@ the figures into one folder."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,6 @@ class EvalOptions:
     recall_filler: int = 256
     seed: int = 0
     device: str = "auto"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -149,7 +147,3 @@ def markdown(report: dict[str, Any]) -> str:
     if not report.get("figures") and any(k in report["tasks"] for k in ("niah", "stability", "mqar")):
         lines += ["(figures need matplotlib: `pip install linmem[eval]`)", ""]
     return "\n".join(lines)
-
-
-def load_report(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text(encoding="utf-8"))

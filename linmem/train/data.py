@@ -179,7 +179,3 @@ def recall_eval_batch(recall: RecallMix, samples: int) -> dict[str, torch.Tensor
     """Held-out synthetic recall samples ``0 .. samples-1`` (another seed than training)."""
     return recall.samples(sample_indices(0, samples))
 
-
-def rank_share(count: int, rank: int, world_size: int) -> np.ndarray:
-    """Indices ``rank, rank + world_size, ...`` below ``count``: this process's share of an evaluation."""
-    return np.arange(rank, count, world_size)
