@@ -61,7 +61,8 @@ def test_linmem_probe_writes_a_report(trained, tmp_path):
     setup.model.save_pretrained(tmp_path / "model")
     save_tokenizer(setup.tokenizer, tmp_path / "model")
     code = main(["probe", str(tmp_path / "model"), "--out", str(tmp_path / "probe"), "--filler", "32",
-                 "--bindings", "2", "--repeats", "2", "--dev-sources", "6", "--confirm-sources", "6",
+                 "--bindings", "2", "--repeats", "2", "--dev-sources", "4", "--confirm-sources", "4",
+                 "--loads", "1", "2", "--gaps", "0", "8",
                  "--device", "cpu", "--sources", "stdlib"])
     assert code == 0
     page = (tmp_path / "probe" / "report.html").read_text()

@@ -23,6 +23,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="presentations of each binding (R)")
     parser.add_argument("--dev-sources", type=int, default=16)
     parser.add_argument("--confirm-sources", type=int, default=16)
+    parser.add_argument("--loads", type=int, nargs="+", default=[1, 2, 4, 8], help="bindings per prompt to sweep")
+    parser.add_argument("--gaps", type=int, nargs="+", default=[0, 128, 256], help="query gaps (tokens) to sweep")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the load and gap sweeps")
     parser.add_argument("--no-extras", action="store_true",
                         help="skip write-key overlap, logit lens, neutral suppression, joint top-k, write/read scans")
@@ -49,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
 
     model, tokenizer = load_model_dir(args.model_dir, args.device)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
-                           args.seed, sweeps=not args.no_sweeps, extras=not args.no_extras)
+                           args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
+                           extras=not args.no_extras)
     out = Path(args.out) if args.out else Path(args.model_dir) / "probe"
     summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})

@@ -47,9 +47,13 @@ def pick_spec(tokenizer, spec: TaskSpec) -> TaskBuilder:
 
 def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
     """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
-    found = passages(documents, Tokenize(tokenizer), options.filler_tokens + 16)
-    dev = [p for p in found if p[1] == "dev"][: options.dev_sources]
-    confirm = [p for p in found if p[1] == "confirm"][: options.confirm_sources]
+    tokenize, dev, confirm = Tokenize(tokenizer), [], []
+    for doc in documents:  # stop reading as soon as both sets are full
+        for found in passages([doc], tokenize, options.filler_tokens + 16):
+            (dev if found[1] == "dev" else confirm).append(found)
+        if len(dev) >= options.dev_sources and len(confirm) >= options.confirm_sources:
+            break
+    dev, confirm = dev[: options.dev_sources], confirm[: options.confirm_sources]
     if len(dev) < 2 or len(confirm) < 2:
         raise ValueError(f"need >= 2 development and >= 2 confirmation passages of {options.filler_tokens + 16}+ "
                          f"tokens; found {len(dev)} and {len(confirm)}: add --sources or lower --filler")
