@@ -57,13 +57,16 @@ def test_chosen_head_swap_moves_the_answer_to_the_donor(trained):
 
 def test_linmem_probe_writes_a_report(trained, tmp_path):
     """``linmem probe MODEL_DIR`` on the saved toy model (its filler from other text than it was trained on)."""
-    setup, _, _ = trained
+    setup, docs, _ = trained
+    (tmp_path / "texts").mkdir()
+    for i, doc in enumerate(docs):
+        (tmp_path / "texts" / f"{i:03d}.txt").write_text(doc.text)
     setup.model.save_pretrained(tmp_path / "model")
     save_tokenizer(setup.tokenizer, tmp_path / "model")
     code = main(["probe", str(tmp_path / "model"), "--out", str(tmp_path / "probe"), "--filler", "32",
                  "--bindings", "2", "--repeats", "2", "--dev-sources", "4", "--confirm-sources", "4",
                  "--loads", "1", "2", "--gaps", "0", "8",
-                 "--device", "cpu", "--sources", "stdlib"])
+                 "--device", "cpu", "--sources", str(tmp_path / "texts")])
     assert code == 0
     page = (tmp_path / "probe" / "report.html").read_text()
     assert page.count("<img src=\"data:image/png;base64,") >= 10
