@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from linmem.data.atomic import write_json_atomic
+from linmem.data.atomic import fsync_dir, write_json_atomic
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 MANIFEST = "manifest.json"
@@ -123,20 +123,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make renames inside ``folder`` durable (POSIX; ignored where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -184,7 +170,7 @@ def finish_checkpoint(root: Path, step: int, keep: int) -> Path:
         _fsync_file(path)
         files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     write_json_atomic(tmp / MANIFEST, {"step": step, "files": files})
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     final = root / step_dir_name(step)
     if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
         old = root / f".old-{step_dir_name(step)}"
@@ -194,7 +180,7 @@ def finish_checkpoint(root: Path, step: int, keep: int) -> Path:
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     prune_checkpoints(root, keep)
     return final
 
