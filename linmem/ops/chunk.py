@@ -170,6 +170,19 @@ class ChunkedMemory:
         return from_start + scores @ self.u
 
 
+def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor):
+    """``α_t S_{t−1} q_t`` and ``R_t q_t`` (``[B, H, N, C, V]`` each) in one pass over the shared query scores: the
+    two memories' states and writes are stacked along V, and the strict base read drops the diagonal term."""
+    keys = base.keys
+    scores = keys.cached_scores("queries", q, keys.b, strict=False)
+    starts = torch.cat([base.starts, residual.starts], dim=-2)
+    writes = torch.cat([base.u, residual.u], dim=-1)
+    both = torch.einsum("bhnck,bhnvk->bhncv", keys.exp_decay(keys.b) * q, starts) + scores @ writes
+    base_read, residual_read = both.split(base.u.shape[-1], dim=-1)
+    own_write = scores.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * base.u  # s = t: not yet in S_{t−1}
+    return base_read - own_write, residual_read
+
+
 def chunk_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -200,16 +213,19 @@ def chunk_forward(
     gammac = to_chunks(gamma, chunk)
     before_step = keys.b - gc  # log decay from the chunk start to t − 1
     r = residual_target(vc - base.read(kc, before_step, strict=True), config.residual_target, config.clip)
-    if config.output_gates:
-        base_read = base.read(qc, keys.b, strict=True, cache_as="queries")  # α_t S_{t−1} q_t
-    else:
-        base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
-
     if config.fit_history:
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
-        residual_read = residual.read(qc, keys.b, strict=False, cache_as="queries")
         residual_final = residual.final
+        if config.output_gates:
+            base_read, residual_read = read_queries_of_both(base, residual, qc)
+        else:
+            base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
+            residual_read = residual.read(qc, keys.b, strict=False, cache_as="queries")
     else:  # R_t = r_t k_tᵀ: only this step's correction
+        if config.output_gates:
+            base_read = base.read(qc, keys.b, strict=True, cache_as="queries")  # α_t S_{t−1} q_t
+        else:
+            base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
         residual_read = r * (qc * kc).sum(-1, keepdim=True)
         last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
         residual_final = torch.einsum("bhv,bhk->bhvk", *last)
