@@ -23,6 +23,14 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Lay out, write as PNG and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def niah_heatmap(grid: dict[str, Any], path: Path, title: str) -> Path:
     """Accuracy heatmap: context length (rows) x needle depth (columns); empty cells grey."""
     plt = _pyplot()
@@ -40,10 +48,7 @@ def niah_heatmap(grid: dict[str, Any], path: Path, title: str) -> Path:
     ax.set_ylabel("context length (tokens)")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label="accuracy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def stability_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -60,10 +65,7 @@ def stability_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_ylabel("mean per-token L2 norm")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def mqar_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -79,7 +81,4 @@ def mqar_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_ylabel("accuracy")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
