@@ -10,17 +10,11 @@ from transformers import AutoModelForCausalLM
 import linmem  # noqa: F401
 import linmem.memory as mm
 from linmem.models import LinMemConfig
+from tests.mixer_cases import MIXER_CASES
 
 TOL = 1e-9
 VOCAB = 48
-CASES = {
-    "sgla": dict(mixer="sgla"),
-    "gla": dict(mixer="gla"),
-    "gdn": dict(mixer="gdn"),
-    "rla": dict(mixer="rla"),
-    "rdn": dict(mixer="rdn"),
-    "rdn_hybrid": dict(mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4, attn_num_kv_heads=2),
-}
+CASES = MIXER_CASES
 
 
 def build(case: str) -> torch.nn.Module:

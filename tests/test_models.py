@@ -13,17 +13,11 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 import linmem  # noqa: F401  (registers the Auto classes)
 from linmem.layers import recurrent
 from linmem.models import AttentionLayerCache, LinMemCache, LinMemConfig, LinMemModel, RecurrentLayerCache
+from tests.mixer_cases import MIXER_CASES
 
 TOL = 1e-10
 VOCAB = 64
-CASES = {
-    "sgla": dict(mixer="sgla"),
-    "gla": dict(mixer="gla"),
-    "gdn": dict(mixer="gdn"),
-    "rla": dict(mixer="rla"),
-    "rdn": dict(mixer="rdn"),
-    "rdn_hybrid": dict(mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4, attn_num_kv_heads=2),
-}
+CASES = MIXER_CASES
 
 
 def tiny_config(**overrides) -> LinMemConfig:
