@@ -127,6 +127,35 @@ def test_resume_is_bit_for_bit(dataset, full_run, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_sigterm_checkpoints_and_resume_continues(dataset, full_run, tmp_path, monkeypatch, capsys):
+    """A scheduler's SIGTERM during update 3: the run writes checkpoint 3 and stops (exit 130), and --resume then
+    equals the uninterrupted run."""
+    import signal
+
+    from linmem.train import trainer
+
+    real_step = trainer.train_step
+
+    def step_then_terminate(run, step):
+        record = real_step(run, step)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return record
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(dataset)), encoding="utf-8")
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(trainer, "train_step", step_then_terminate)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["train", str(path), "--out", str(cut), "--no-progress"]) == 130
+    assert "stopped after step 3" in capsys.readouterr().out
+    assert ckpt.latest_checkpoint(cut / "checkpoints").name == "step-00000003" and not (cut / "model").exists()
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    assert main(["train", str(path), "--out", str(cut), "--resume", "--no-progress"]) == 0
+    assert metrics(cut) == metrics(full_run)
+
+
 def test_crash_mid_checkpoint_leaves_no_complete_checkpoint(dataset, full_run, tmp_path, monkeypatch):
     config, out = parse_config(tiny_config(dataset)), tmp_path / "crash"
     real, calls = ckpt.write_optimizer, []

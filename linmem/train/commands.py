@@ -34,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError(f"--max-steps must be >= 1; got {args.max_steps}")
     info = train(config, args.out, args.max_steps, args.resume, where=str(args.config))
+    if info.get("interrupted"):
+        print(f"stopped after step {info['steps']}: checkpoint in {Path(args.out) / 'checkpoints'}; add --resume "
+              "to continue")
+        return 130
     if info:
         metrics = info["final_metrics"]
         val = f", val loss {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,6 +317,40 @@ def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]
 # ---------------------------------------------------------------- the run
 
 
+class StopRequests:
+    """SIGTERM / SIGINT (a job scheduler's time limit, Ctrl-C) ask the loop to stop after the current update:
+    it writes a checkpoint there and returns, so ``--resume`` loses nothing. A second signal stops at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self) -> StopRequests:
+        with contextlib.suppress(ValueError):  # not the main thread: signals stay as they are
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping without a checkpoint")
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: stopping after this update (a checkpoint is written; --resume "
+              "continues)", flush=True)
+
+    def agreed(self, state: Distributed) -> bool:
+        """True when any process was asked to stop (all processes must stop at the same update)."""
+        if not state.active:
+            return self.requested
+        return bool(all_reduce_sum(torch.tensor([float(self.requested)]), state)[0] > 0)
+
+
 class MetricsLog:
     """``metrics.jsonl`` on rank 0: one JSON object per line; on resume, lines after the checkpoint go."""
 
@@ -357,7 +392,8 @@ def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, 
 def train(config: TrainConfig, out: str | Path, max_steps: int | None = None, resume: bool = False,
           where: str = "config") -> dict[str, Any]:
     """Train ``config`` into ``out`` (see the module docstring); stops after update ``max_steps`` if given (the
-    schedule still follows ``train.steps``). Returns the final model's ``train_info`` (rank 0) or ``{}``."""
+    schedule still follows ``train.steps``). Returns the final model's ``train_info`` (rank 0) or ``{}``; after a
+    SIGTERM / SIGINT (see ``StopRequests``), ``{"interrupted": True, "steps": n}`` once a checkpoint is written."""
     state = init_distributed(config.train.device)
     try:
         return _train(config, Path(out), state, max_steps, resume, where)
@@ -377,20 +413,36 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
         recall = recall_eval_batch(run.data.recall, t.eval_recall_samples)
     bar = tqdm(total=stop, initial=run.step, disable=not (state.is_main and t.progress), unit="step")
     started, last = time.perf_counter(), {}
+    with StopRequests() as stop_requests:
+        interrupted = _loop(run, log, windows, recall, bar, stop, stop_requests, last)
+    bar.close()
+    if interrupted:
+        return {"interrupted": True, "steps": run.step} if state.is_main else {}
+    info = train_info(run, last, time.perf_counter() - started)
+    save_final_model(run, info)
+    return info if state.is_main else {}
+
+
+def _loop(run: Run, log: MetricsLog, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None, bar,
+          stop: int, stop_requests: StopRequests, last: dict[str, Any]) -> bool:
+    """Updates until ``stop`` (``last`` receives the newest metrics); True when a signal ended it early (after a
+    checkpoint)."""
+    t = run.config.train
     while run.step < stop:
         record = train_step(run, run.step)
         run.step += 1
-        last = dict(record)
+        last.clear()
+        last.update(record)
         if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == stop):
             record.update(evaluate(run, windows, recall))
         if run.step % t.log_interval == 0 or "val_loss" in record or run.step == stop:
             log.write(record)
         bar.update(1)
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
-        if (t.checkpoint_interval and run.step % t.checkpoint_interval == 0) or run.step == stop:
-            save_checkpoint(run)
         last.update({k: v for k, v in record.items() if k.startswith("val_")})
-    bar.close()
-    info = train_info(run, last, time.perf_counter() - started)
-    save_final_model(run, info)
-    return info if state.is_main else {}
+        interrupted = run.step < stop and stop_requests.agreed(run.state)
+        if (t.checkpoint_interval and run.step % t.checkpoint_interval == 0) or run.step == stop or interrupted:
+            save_checkpoint(run)
+        if interrupted:
+            return True
+    return False
