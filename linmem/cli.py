@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("linmem.train.commands", "train a model from a YAML config (one process or torchrun)"),
     "eval": ("linmem.eval.commands", "evaluate a model folder: perplexity, cloze, MQAR, NIAH, stability, recall"),
     "probe": ("linmem.memory.commands", "memory lab: how a model writes, keeps and reads a fact (report.html)"),
+    "zoo": ("linmem.zoo.commands", "the shipped model zoo: list it, or evaluate and package trained runs"),
+    "demo": ("linmem.demo", "evaluate the shipped models and probe one of them on this CPU (report.html)"),
 }
 
 

@@ -79,9 +79,10 @@ def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torc
 
 
 def open_heldout(em: EvalModel, data_dir: str | Path | None, split: str) -> SplitTokens:
-    """Split ``split`` of ``data_dir`` (default: the dataset recorded in ``train_info.json``), checked to use the
-    model's tokenizer."""
-    folder = Path(data_dir) if data_dir else (Path(em.info["dataset"]) if em.info.get("dataset") else None)
+    """Split ``split`` of ``data_dir`` (default: the dataset recorded in ``train_info.json``, a relative path taken
+    from the model folder, as the zoo's shipped models record it), checked to use the model's tokenizer."""
+    recorded = em.folder / em.info["dataset"] if em.info.get("dataset") else None  # relative: to the model folder
+    folder = Path(data_dir) if data_dir else recorded
     if folder is None or not (folder / INDEX_NAME).is_file():
         where = f"{folder} has no dataset" if folder else "the model folder records no dataset"
         raise FileNotFoundError(f"held-out text needed and {where}: pass --data DIR, a dataset built with the "

@@ -1,0 +1,272 @@
+"""``linmem demo [--out DIR] [--device cpu] [--quick]``: the shipped zoo on this machine, in minutes.
+
+1. every shipped model (``linmem.zoo``) is evaluated with ``linmem.eval``'s runner on recall (MQAR, the memory
+   lab's clean recall, a small needle-in-a-haystack grid) and perplexity, on the held-out text shipped with the zoo;
+2. the memory lab's default protocol (``linmem probe``'s ``run_protocol``: head scan, lifecycle, four facts, hybrid
+   attribution, S vs R, load and gap sweeps) runs on one residual model (RDN if shipped), at small sizes;
+3. ``DIR/report.html`` (self-contained: tables, figures embedded as PNG, the probe's report inline) and
+   ``DIR/results.json``; each model's evaluation report in ``DIR/eval/<name>/``, the probe's in ``DIR/probe/``.
+
+The sizes (``DEMO`` / ``QUICK``) keep the default run under 10 minutes on a 2-core CPU; the numbers are therefore
+coarser than the model cards' (``eval.json``, measured by ``linmem zoo ship`` with far more samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from linmem.eval.runner import EvalOptions, evaluate
+from linmem.memory.probe import ProbeOptions
+
+TASKS = ("ppl", "mqar", "recall", "niah")
+RESIDUAL = ("rdn", "rla")
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    eval: EvalOptions
+    probe: ProbeOptions
+
+
+# 4 perplexity windows, MQAR with 8 and 32 pairs (4 sequences each), 16 memory-lab items, NIAH at 256 and 512 tokens
+# x 3 depths (2 trials per cell); the probe on 6 development and 6 held-out passages of 128 filler tokens.
+DEMO = DemoSettings(
+    EvalOptions(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=4,
+                niah_lengths=(256, 512), niah_depths=(0.0, 0.5, 1.0), niah_samples=2, recall_items=16,
+                recall_filler=128),
+    ProbeOptions(dev_sources=6, confirm_sources=6, filler_tokens=128, num_bindings=4, repeats=2, loads=(1, 2, 4),
+                 gaps=(0, 64), sweeps=True, extras=False))
+# The smallest sizes that still run every step (tests).
+QUICK = DemoSettings(
+    EvalOptions(split="test", batch_size=8, max_tokens=64, mqar_pairs=(4,), mqar_samples=2, niah_lengths=(64,),
+                niah_depths=(0.5,), niah_samples=1, recall_items=4, recall_filler=32),
+    ProbeOptions(dev_sources=2, confirm_sources=2, filler_tokens=32, num_bindings=2, repeats=2, loads=(1, 2),
+                 gaps=(0, 8), sweeps=True, extras=False))
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("linmem-demo"), help="report folder (default ./linmem-demo)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")
+    parser.add_argument("--quick", action="store_true", help="the smallest sizes (a smoke test, seconds per model)")
+    parser.add_argument("--models", default=None, help="comma-separated shipped models (default: all)")
+    parser.add_argument("--probe", default=None, help="the model the memory lab probes (default: rdn if shipped, "
+                                                       "else another residual model)")
+    parser.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+    result = run_demo(args.out, args.device, args.quick, models=models, probe=args.probe, zoo_dir=args.zoo_dir)
+    print(f"linmem demo: {len(result['models'])} models evaluated, memory lab on {result['probe']['model']}; "
+          f"report: {Path(args.out) / 'report.html'}")
+    print(f"linmem demo: total time {result['seconds']:.0f} s ({result['seconds'] / 60:.1f} min)")
+    return 0
+
+
+def pick_probe_model(names: list[str], mixers: dict[str, str], wanted: str | None) -> str:
+    """``wanted`` if given, else RDN, else the first residual model (RLA / RDN mixer), else the first model."""
+    if wanted is not None:
+        if wanted not in names:
+            raise ValueError(f"--probe {wanted!r} is not among the evaluated models: {', '.join(names)}")
+        return wanted
+    for name in [*RESIDUAL, *names]:
+        if name in names and mixers[name] in RESIDUAL:
+            return name
+    return names[0]
+
+
+def heldout_documents(name: str, zoo_dir: str | None):
+    """The shipped held-out test documents of model ``name``, decoded to text (the probe's filler)."""
+    from linmem import zoo
+    from linmem.data.shards import TokenShards
+    from linmem.data.sources import Document
+    from linmem.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(zoo.path(name, zoo_dir))
+    split = TokenShards(zoo.heldout_dir(name, zoo_dir)).split("test")
+    return [Document(source, sid, tokenizer.decode(ids.tolist())) for source, sid, ids in split.documents()]
+
+
+def run_probe(name: str, settings: DemoSettings, device: str, out: Path, zoo_dir: str | None) -> dict[str, Any]:
+    from linmem import zoo
+    from linmem.memory.probe import load_model_dir, run_protocol
+
+    folder = zoo.path(name, zoo_dir)
+    model, tokenizer = load_model_dir(folder, device)
+    start = time.perf_counter()
+    summaries = run_protocol(model, tokenizer, heldout_documents(name, zoo_dir), settings.probe, out,
+                             header={"model": f"zoo:{name}", "device": device})
+    payload = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return {"model": name, "seconds": round(time.perf_counter() - start, 1), "header": payload["header"],
+            "summaries": summaries, "s_vs_r": payload["experiments"].get("s_vs_r", {}).get("rows", [])}
+
+
+def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: list[str] | None = None,
+             probe: str | None = None, zoo_dir: str | None = None) -> dict[str, Any]:
+    """Evaluate the shipped models, probe one, write ``report.html`` and ``results.json`` into ``out``."""
+    from linmem import zoo
+    from linmem.zoo import figures
+
+    start = time.perf_counter()
+    shipped = zoo.names(zoo_dir)
+    if not shipped:
+        raise FileNotFoundError(f"no zoo models are shipped in {zoo.root(zoo_dir)}: train them (configs/zoo/) and "
+                                f"package them with `linmem zoo ship RUN_DIR ...` (docs/zoo.md), or point "
+                                f"{zoo.ENV_VAR} at a zoo folder")
+    if not figures.have_matplotlib():
+        raise ValueError("linmem demo draws its figures with matplotlib: pip install 'linmem[eval]'")
+    names = [zoo.path(n, zoo_dir).name for n in models] if models else shipped
+    settings = QUICK if quick else DEMO
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    bar = tqdm(names, desc="demo: evaluating", unit="model")
+    for name in bar:
+        bar.set_postfix(model=name)
+        report = evaluate(zoo.path(name, zoo_dir), TASKS, replace(settings.eval, device=device),
+                          out_dir=out / "eval" / name, progress=False)
+        config = json.loads((zoo.path(name, zoo_dir) / "config.json").read_text(encoding="utf-8"))
+        results[name] = {"mixer": config["mixer"], "attn_layers": config.get("attn_layers", []),
+                         "vocab_size": config["vocab_size"],
+                         "parameters": report["parameters"], "tasks": report["tasks"],
+                         "seconds": round(sum(t["seconds"] for t in report["tasks"].values()), 1)}
+    chosen = pick_probe_model(names, {n: r["mixer"] for n, r in results.items()}, probe)
+    print(f"demo: memory lab on {chosen} ...", flush=True)
+    probe_result = run_probe(chosen, settings, device, out / "probe", zoo_dir)
+    total = time.perf_counter() - start
+    summary = {"seconds": round(total, 1), "quick": quick, "device": device, "machine": machine(),
+               "zoo_dir": str(zoo.root(zoo_dir)),
+               "settings": {"eval": asdict(settings.eval), "probe": asdict(settings.probe)},
+               "models": results, "probe": probe_result}
+    (out / "results.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+    (out / "report.html").write_text(report_html(summary, out), encoding="utf-8")
+    return summary
+
+
+def machine() -> dict[str, Any]:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average_1min": load,
+            "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
+
+
+# ---------------------------------------------------------------- the report
+
+
+def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per model with the demo's headline numbers, then what guessing scores."""
+    from linmem.zoo.cards import fmt, headline, recall_cell
+
+    heads = {name: headline(r["tasks"]) for name, r in models.items()}
+    pairs = sorted({p for h in heads.values() for p in h.get("mqar", {})})
+    rows = []
+    for name, r in models.items():
+        h = heads[name]
+        rows.append({"model": name, "mixer": r["mixer"] + (f" + attn {r['attn_layers']}" if r["attn_layers"] else ""),
+                     "params": f"{r['parameters'] / 1e6:.2f}M", "test ppl": fmt(h.get("ppl"), 2),
+                     **{f"MQAR {p} pairs": fmt(h.get("mqar", {}).get(p)) for p in pairs},
+                     "memory-lab recall [95% CI]": recall_cell(h), "NIAH": fmt(h.get("niah_mean")),
+                     "seconds": fmt(r["seconds"], 1)})
+    vocab = sorted({r["vocab_size"] for r in models.values()})
+    rows.append({"model": "chance", "mixer": "", "params": "", "test ppl": ", ".join(f"{v:,}" for v in vocab),
+                 **{f"MQAR {p} pairs": fmt(1 / p) for p in pairs}, "memory-lab recall [95% CI]": "0.250",
+                 "NIAH": "1e-04", "seconds": ""})
+    return rows
+
+
+def summary_figures(models: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(caption, Figure)``: MQAR curves, recall with CIs, NIAH and perplexity per model."""
+    from linmem.zoo import figures
+    from linmem.zoo.cards import headline
+
+    heads = {name: headline(r["tasks"]) for name, r in models.items()}
+    out = [("MQAR accuracy against the number of key-value pairs (dashed: chance).",
+            figures.mqar_curves({n: r["tasks"]["mqar"]["table"] for n, r in models.items()}))]
+    recall = {n: h.get("recall") for n, h in heads.items()}
+    if any(v is not None for v in recall.values()):
+        errors = {n: (h["recall_low"], h["recall_high"]) for n, h in heads.items() if "recall" in h}
+        out.append(("The memory lab's clean recall: 4 candidate values, source-bootstrap 95% CIs.",
+                    figures.bars(recall, "memory-lab clean recall", "accuracy", errors, chance=0.25)))
+    out.append(("Needle in a haystack: accuracy over the length x depth grid.",
+                figures.bars({n: h.get("niah_mean") for n, h in heads.items()}, "needle in a haystack", "accuracy")))
+    out.append(("Perplexity on held-out text (log scale).",
+                figures.bars({n: h.get("ppl") for n, h in heads.items()}, "test perplexity", "perplexity", log=True)))
+    return out
+
+
+def s_vs_r_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probe's S-vs-R rows as one line per layer and memory: donor-margin shift and share of the layer."""
+    from linmem.zoo.cards import fmt
+
+    table: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        line = table.setdefault((r["layer"], r["memory"]), {"layer": r["layer"], "memory swapped": r["memory"]})
+        label = "donor-margin shift" if r["metric"] == "donor_margin_shift" else "share of the layer's S+R swap"
+        line[label] = f"{fmt(r['mean'])} [{fmt(r['low'])}, {fmt(r['high'])}]"
+    return list(table.values())
+
+
+def _body(page: str) -> str:
+    """The inside of an HTML page's ``<body>`` (the whole page if it has none)."""
+    found = re.search(r"<body[^>]*>(.*)</body>", page, flags=re.DOTALL)
+    return found.group(1) if found else page
+
+
+def report_html(summary: dict[str, Any], out: Path) -> str:
+    """The self-contained report page."""
+    from linmem.memory.report import figure_png, table_html
+    from linmem.zoo import figures
+
+    images = []
+    for caption, figure in summary_figures(summary["models"]):
+        images.append(f"<figure><img src=\"data:image/png;base64,{figure_png(figure)}\"><figcaption>"
+                      f"{html.escape(caption)}</figcaption></figure>")
+        figures.close(figure)
+    probe, m = summary["probe"], summary["machine"]
+    header = probe["header"]
+    probe_page = (out / "probe" / "report.html").read_text(encoding="utf-8")
+    e = summary["settings"]["eval"]
+    settings = (f"perplexity on {e['max_tokens']:,} held-out tokens; MQAR with {e['mqar_samples']} sequences per "
+                f"size; {e['recall_items']} memory-lab items ({e['recall_filler']} filler tokens); NIAH at "
+                f"{', '.join(map(str, e['niah_lengths']))} tokens x {len(e['niah_depths'])} depths, "
+                f"{e['niah_samples']} trials per cell. The model cards (eval.json) hold the full evaluation.")
+    style = ("body{font-family:sans-serif;max-width:1150px;margin:auto;padding:0 1em}table{border-collapse:collapse;"
+             "font-size:12px;margin:6px 0}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
+             "figure{display:inline-block;max-width:48%;margin:4px;vertical-align:top}figcaption{font-size:12px}"
+             ".probe{border-top:2px solid #888;margin-top:1em}")
+    parts = [
+        "<h1>linmem demo</h1>",
+        f"<p>{len(summary['models'])} shipped models evaluated on this machine ({m['cpus']} CPUs, {m['torch_threads']} "
+        f"torch threads, load average {m['load_average_1min']}), device {html.escape(summary['device'])}; total "
+        f"time {summary['seconds']:.0f} s{' (--quick sizes)' if summary['quick'] else ''}. Zoo: "
+        f"<code>{html.escape(summary['zoo_dir'])}</code>.</p>",
+        "<h2>Recall and perplexity</h2>", f"<p>{html.escape(settings)}</p>",
+        table_html(summary_rows(summary["models"])), *images,
+        f"<h2>Memory lab: {html.escape(probe['model'])}</h2>",
+        f"<p>The memory lab's default protocol (<code>linmem probe</code>) on <b>{html.escape(probe['model'])}</b>, "
+        f"{probe['seconds']:.0f} s: key-value facts in held-out text, causal edits of the recurrent state. Chosen "
+        f"component (head scan on development passages): <b>{html.escape(str(header.get('chosen')))}</b>; its "
+        f"state swap beats the equal-norm random swap on held-out passages: "
+        f"<b>{header.get('confirmed_on_held_out')}</b>.</p>",
+    ]
+    if probe["s_vs_r"]:
+        parts += ["<h3>Base memory S vs residual memory R</h3>",
+                  "<p>Per layer, the pre-query states of every head's base memory S, residual memory R, or both "
+                  "swapped for the donor's: the donor-margin shift (logit, &gt; 0 toward the donor's value) and its "
+                  "share of the layer's S+R swap, with 95% CIs over source passages.</p>",
+                  table_html(s_vs_r_rows(probe["s_vs_r"]))]
+    parts += ["<div class='probe'><h3>The probe's full report</h3>", _body(probe_page), "</div>"]
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>linmem demo</title><style>{style}</style>"
+            f"</head><body>{''.join(parts)}</body></html>")

@@ -1,0 +1,62 @@
+"""``linmem zoo list`` and ``linmem zoo ship RUN_DIR [RUN_DIR ...] [--ship NAME,...] [--docs docs/zoo.md]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="zoo_command", metavar="{list,ship}", required=True)
+    listing = sub.add_parser("list", help="the shipped models with their size and headline numbers")
+    listing.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
+    listing.set_defaults(func=run_list)
+    ship = sub.add_parser("ship", help="evaluate trained runs, package the chosen ones into the zoo, write the docs",
+                          description="Evaluate each run folder's final model (bfloat16, as shipped) with every "
+                                      "linmem eval task into RUN/zoo/eval.json; package the --ship runs into the zoo "
+                                      "with a model card; write --docs over all runs.")
+    ship.add_argument("runs", nargs="+", type=Path, help="run folders of linmem train (OUT with model/ and "
+                                                          "metrics.jsonl)")
+    ship.add_argument("--ship", type=_names, default=None,
+                      help="comma-separated run names to package (default: the main models sgla, gla, gdn, rla, "
+                           "rdn, gdn-hybrid, transformer among the runs); 'none' packages nothing")
+    ship.add_argument("--docs", type=Path, default=None, help="write the zoo page here (e.g. docs/zoo.md) with its "
+                                                              "figures in a folder beside it")
+    ship.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
+    ship.add_argument("--data", default=None, help="the runs' dataset folder, if not where train_info.json says")
+    ship.add_argument("--device", default="auto", help="evaluation device (default: cuda if present)")
+    ship.add_argument("--force-eval", action="store_true", help="re-evaluate even if RUN/zoo/eval.json is current")
+    ship.set_defaults(func=run_ship)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from linmem import zoo
+    from linmem.zoo.cards import fmt, headline, recall_cell
+
+    names = zoo.names(args.zoo_dir)
+    if not names:
+        print(f"no models shipped in {zoo.root(args.zoo_dir)} (linmem zoo ship RUN_DIR ... packages them)")
+        return 0
+    print(f"{'name':<14}{'params':>11}{'MB':>7}{'test ppl':>10}{'MQAR':>7}{'NIAH':>7}  recall [95% CI]")
+    for name in names:
+        record = zoo.eval_record(name, args.zoo_dir)
+        h = headline(record["eval"]["tasks"])
+        size = zoo.folder_bytes(zoo.path(name, args.zoo_dir)) / 2**20
+        print(f"{name:<14}{record['parameters']:>11,}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}"
+              f"{fmt(h.get('mqar_mean'), 2):>7}{fmt(h.get('niah_mean'), 2):>7}  {recall_cell(h)}")
+    return 0
+
+
+def run_ship(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from linmem.zoo.ship import SHIP_EVAL, ship
+
+    names = [] if args.ship == ["none"] else args.ship
+    ship(args.runs, names, zoo_dir=args.zoo_dir, docs=args.docs, options=replace(SHIP_EVAL, device=args.device),
+         data=args.data, force=args.force_eval)
+    return 0

@@ -1,0 +1,310 @@
+"""``linmem zoo ship``: evaluate trained run folders and package the chosen ones into the zoo.
+
+For each run folder (``linmem train ... --out RUN``):
+
+1. **stage** ``RUN/zoo/model``: the final model with bfloat16 weights (what is shipped, and what is evaluated);
+2. **evaluate** it with ``linmem.eval``'s runner (``SHIP_EVAL``: every task at sizes that take a few minutes per
+   model on a 2-core CPU) into ``RUN/zoo/eval/`` and write ``RUN/zoo/eval.json``: the evaluation, the training
+   summary read from ``metrics.jsonl`` and ``train_info.json``, chance levels. An ``eval.json`` of the same weights
+   and options is reused unless ``force``;
+3. **ship** the chosen runs: ``<zoo dir>/<name>/`` with the staged files, ``eval.json`` and a model card
+   ``README.md``; the held-out test split of the training dataset goes to ``<zoo dir>/_heldout/<dataset>/`` once.
+   Each model folder must stay within ``SIZE_LIMIT``.
+
+``docs/zoo.md`` (all evaluated runs) is written by ``linmem.zoo.cards.write_docs`` from the records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from linmem.data.atomic import write_json_atomic
+from linmem.data.shards import INDEX_NAME, TokenShards
+from linmem.eval.loading import TRAIN_INFO
+from linmem.eval.runner import TASKS, EvalOptions, evaluate
+from linmem.models import LinMemConfig
+from linmem.train.checkpoint import _sha256 as sha256  # the checkpoints' file hash
+from linmem.train.checkpoint import copy_tokenizer, write_model
+from linmem.zoo import HELDOUT_DIR, MAIN, SIZE_LIMIT, folder_bytes, order
+
+STAGE = "zoo"  # RUN/zoo: staged model, eval report, eval.json
+RECORD = "eval.json"
+CARD = "README.md"
+CURVE_POINTS = 400  # points of the loss curve kept in eval.json
+FINAL_WINDOW = 20  # updates averaged for the "final loss"
+
+# Every task, sized to take a few minutes per zoo model (4.8M parameters, 512-token windows) on a 2-core CPU:
+# 32K tokens of perplexity, 64 cloze passages, MQAR with 2..64 pairs (16 sequences each), NIAH at 256/512/1024
+# tokens x 5 depths (4 trials per cell), 48 memory-lab items, 8 stability windows.
+SHIP_EVAL = EvalOptions(split="test", batch_size=8, max_tokens=32_768, cloze_examples=64,
+                        mqar_pairs=(2, 4, 8, 16, 32, 64), mqar_samples=16, niah_lengths=(256, 512, 1024),
+                        niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_samples=4, stability_windows=8,
+                        recall_items=48, recall_filler=256, seed=0, device="auto")
+NIAH_CHANCE = 1 / 9000  # a 4-digit number (1000-9999) guessed
+
+
+@dataclass
+class Run:
+    """A training run folder: its final model, training record, config and metrics."""
+
+    folder: Path
+    model_dir: Path
+    info: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return str(self.info.get("name") or self.folder.name)
+
+
+def read_run(folder: str | Path) -> Run:
+    """A run folder written by ``linmem train`` (``model/`` with ``train_info.json``, ``metrics.jsonl``)."""
+    folder = Path(folder)
+    model_dir = folder / "model"
+    if not (model_dir / "config.json").is_file() or not (model_dir / TRAIN_INFO).is_file():
+        raise FileNotFoundError(f"{folder}: not a finished training run (no model/config.json and "
+                                f"model/{TRAIN_INFO}; linmem train writes them at the end of a run)")
+    info = json.loads((model_dir / TRAIN_INFO).read_text(encoding="utf-8"))
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no metrics.jsonl")
+    metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not metrics:
+        raise ValueError(f"{path}: empty")
+    return Run(folder, model_dir, info, metrics)
+
+
+# ---------------------------------------------------------------- training summary
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def update_seconds(metrics: list[dict[str, Any]]) -> float:
+    """Seconds spent in updates: each logged update's tokens over its ``tokens_per_s``, spread over the updates
+    between logged lines (``log_interval``)."""
+    total, step, tokens = 0.0, 0, 0
+    for m in metrics:
+        steps = m["step"] - step
+        if steps > 0 and m.get("tokens_per_s"):
+            total += (m["tokens"] - tokens) / m["tokens_per_s"]
+        step, tokens = m["step"], m["tokens"]
+    return total
+
+
+def loss_curve(metrics: list[dict[str, Any]], points: int = CURVE_POINTS) -> dict[str, list]:
+    """Training loss at up to ``points`` evenly spaced logged updates (always the last), and every validation."""
+    stride = max(1, -(-len(metrics) // points))
+    kept = metrics[::stride] + ([metrics[-1]] if (len(metrics) - 1) % stride else [])
+    val = [m for m in metrics if m.get("val_loss") is not None]
+    return {"step": [m["step"] for m in kept], "loss": [m["loss"] for m in kept],
+            "val_step": [m["step"] for m in val], "val_loss": [m["val_loss"] for m in val]}
+
+
+def training_summary(run: Run) -> dict[str, Any]:
+    """What the card and docs say about training, from ``metrics.jsonl`` and ``train_info.json``."""
+    m, info = run.metrics, run.info
+    config = info.get("config", {})
+    seconds = update_seconds(m)
+    last_val = next((x for x in reversed(m) if x.get("val_loss") is not None), {})
+    tail = m[-FINAL_WINDOW:]
+    return {"steps": m[-1]["step"], "tokens": m[-1]["tokens"], "update_seconds": round(seconds, 1),
+            "tokens_per_s": m[-1]["tokens"] / seconds if seconds else None,
+            "wall_seconds": info.get("train_seconds"), "device": info.get("device"),
+            "world_size": info.get("world_size"),
+            "final_loss": m[-1]["loss"], "final_loss_mean": _mean([x["loss"] for x in tail]),
+            "final_text_loss": _mean([x.get("text_loss") for x in tail]),
+            "final_recall_loss": _mean([x.get("recall_loss") for x in tail]), "final_window": len(tail),
+            "val_loss": last_val.get("val_loss"), "val_ppl": last_val.get("val_ppl"),
+            "val_recall_acc": last_val.get("val_recall_acc"), "val_step": last_val.get("step"),
+            "batch_size": config.get("train", {}).get("batch_size"), "seq_len": info.get("seq_len"),
+            "optim": config.get("optim", {}), "scheduled_steps": config.get("train", {}).get("steps"),
+            "curve": loss_curve(m)}
+
+
+# ---------------------------------------------------------------- staging and evaluation
+
+
+def find_dataset(run: Run, data: str | Path | None = None) -> Path:
+    """The run's dataset: ``data`` if given, else the folder ``train_info.json`` records, else the config's
+    ``data.dir`` (relative to the working directory: a run trained on another machine)."""
+    candidates = [Path(data)] if data else [Path(p) for p in (run.info.get("dataset"),
+                                                              run.info.get("config", {}).get("data", {}).get("dir"))
+                                            if p]
+    for folder in candidates:
+        if (folder / INDEX_NAME).is_file():
+            return folder.resolve()
+    raise FileNotFoundError(f"{run.folder}: its dataset is not here (tried {', '.join(map(str, candidates))}); pass "
+                            f"--data DIR, the dataset it was trained on (linmem data build with the same sources)")
+
+
+def stage_model(run: Run, dataset: Path) -> Path:
+    """``RUN/zoo/model``: config, bfloat16 weights, tokenizer, ``train_info.json`` (dataset: ``dataset``)."""
+    out = run.folder / STAGE / "model"
+    tmp = out.with_name(".tmp-model")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = LinMemConfig.from_pretrained(str(run.model_dir))
+    write_model(tmp, load_file(str(run.model_dir / "model.safetensors")), config, torch.bfloat16)
+    copy_tokenizer(run.model_dir, tmp)
+    write_json_atomic(tmp / TRAIN_INFO, {**run.info, "dataset": str(dataset)})
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def options_dict(options: EvalOptions) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()}
+
+
+def chance_levels(vocab_size: int) -> dict[str, Any]:
+    """What guessing scores on each task (MQAR: 1 / pairs, per row of its table)."""
+    return {"ppl": vocab_size, "cloze": 0.0, "mqar": "1 / pairs", "niah": NIAH_CHANCE, "recall": 0.25}
+
+
+def evaluate_run(run: Run, options: EvalOptions = SHIP_EVAL, data: str | Path | None = None, force: bool = False,
+                 tasks: Sequence[str] = TASKS, progress: bool = True) -> dict[str, Any]:
+    """Stage, evaluate and summarise ``run``; writes and returns ``RUN/zoo/eval.json``'s record."""
+    dataset = find_dataset(run, data)
+    staged = stage_model(run, dataset)
+    options = replace(options, data=str(dataset))
+    weights = sha256(staged / "model.safetensors")
+    record_path = run.folder / STAGE / RECORD
+    wanted = {"options": options_dict(options), "tasks": list(tasks)}
+    if record_path.is_file() and not force:
+        old = json.loads(record_path.read_text(encoding="utf-8"))
+        if old.get("model_sha256") == weights and old.get("eval", {}).get("request") == wanted:
+            return old
+    report = evaluate(staged, list(tasks), options, out_dir=run.folder / STAGE / "eval", progress=progress)
+    config = json.loads((staged / "config.json").read_text(encoding="utf-8"))
+    shards = TokenShards(dataset)
+    card = dataset / "data_card.json"
+    record = {
+        "name": run.name, "description": run.info.get("description", ""), "run": str(run.folder),
+        "mixer": config.get("mixer"), "attn_layers": config.get("attn_layers", []),
+        "parameters": report["parameters"], "model_sha256": weights, "model_config": config,
+        "model_bytes": (staged / "model.safetensors").stat().st_size,
+        "training": training_summary(run), "train_config": run.info.get("config", {}),
+        "recall_generators": run.info.get("recall_generators", []),
+        "data": {"dataset": dataset.name, "tokenizer_hash": shards.tokenizer_hash, "vocab_size": shards.vocab_size,
+                 "card": json.loads(card.read_text(encoding="utf-8")) if card.is_file() else None},
+        "chance": chance_levels(int(config["vocab_size"])),
+        "eval": {"request": wanted, "tasks": report["tasks"],
+                 "seconds": round(sum(t.get("seconds", 0) for t in report["tasks"].values()), 1)},
+    }
+    write_json_atomic(record_path, record)
+    return record
+
+
+# ---------------------------------------------------------------- shipping
+
+
+def heldout_name(dataset: Path, tokenizer_hash: str) -> str:
+    return f"{dataset.name}-{tokenizer_hash[:8]}"
+
+
+def ship_heldout(dataset: Path, zoo_dir: Path, split: str = "test") -> Path:
+    """Copy ``split`` of ``dataset`` (shards, index restricted to it, data card) to ``<zoo>/_heldout/<name>``."""
+    shards = TokenShards(dataset)
+    out = zoo_dir / HELDOUT_DIR / heldout_name(dataset, shards.tokenizer_hash)
+    if (out / INDEX_NAME).is_file() and TokenShards(out).tokenizer_hash == shards.tokenizer_hash:
+        return out
+    tmp = out.with_name(f".tmp-{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    entries = shards.index["splits"][split]
+    for entry in entries:
+        shutil.copyfile(dataset / entry["file"], tmp / entry["file"])
+    for name in ("data_card.json",):
+        if (dataset / name).is_file():
+            shutil.copyfile(dataset / name, tmp / name)
+    write_json_atomic(tmp / INDEX_NAME, {**shards.index, "splits": {split: entries}})
+    tokens = sum(e["num_tokens"] for e in entries)
+    (tmp / "README.md").write_text(
+        f"Held-out text of the `{dataset.name}` dataset: its `{split}` split only ({tokens:,} tokens), as token "
+        f"shards (`linmem.data.shards`), for `linmem eval` and `linmem demo` on the shipped models.\n"
+        f"Sources and licences: see the model cards (Python standard library docs: PSF License; Shakespeare and the "
+        f"King James Bible: public domain).\n", encoding="utf-8")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Path:
+    """``<zoo>/<name>/``: the staged model with ``train_info.json`` pointing at the shipped held-out text,
+    ``eval.json`` and the card; ``ValueError`` if it exceeds ``SIZE_LIMIT``."""
+    staged = run.folder / STAGE / "model"
+    dataset = Path(json.loads((staged / TRAIN_INFO).read_text(encoding="utf-8"))["dataset"])
+    heldout = ship_heldout(dataset, zoo_dir)
+    out = zoo_dir / record["name"]
+    tmp = zoo_dir / f".tmp-{record['name']}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(staged, tmp)
+    info = {**run.info, "dataset": f"../{HELDOUT_DIR}/{heldout.name}", "trained_on": run.info.get("dataset")}
+    write_json_atomic(tmp / TRAIN_INFO, info)
+    write_json_atomic(tmp / RECORD, record)
+    (tmp / CARD).write_text(card, encoding="utf-8")
+    for file in tmp.iterdir():
+        file.chmod(0o644)  # safetensors writes 0600; a package's data must be readable by every user
+    size = folder_bytes(tmp)
+    if size > SIZE_LIMIT:
+        shutil.rmtree(tmp)
+        raise ValueError(f"{record['name']}: the model folder would be {size / 2**20:.2f} MB, over the zoo's limit of "
+                         f"{SIZE_LIMIT / 2**20:.3g} MB; ship a smaller model")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def choose_shipped(runs: Sequence[Run], ship: Sequence[str] | None) -> list[str]:
+    """The run names to ship: ``ship`` (each must be among ``runs``), default the main models among them."""
+    have = [r.name for r in runs]
+    if len(set(have)) != len(have):
+        raise ValueError(f"two runs share a name: {', '.join(sorted({n for n in have if have.count(n) > 1}))}")
+    if ship is None:
+        return [n for n in MAIN if n in have]
+    missing = [n for n in ship if n not in have]
+    if missing:
+        raise ValueError(f"--ship names {', '.join(missing)} but no run folder given has that name; runs: "
+                         f"{', '.join(have)}")
+    return order(ship)
+
+
+def ship(run_dirs: Sequence[str | Path], ship_names: Sequence[str] | None = None, zoo_dir: str | Path | None = None,
+         docs: str | Path | None = None, options: EvalOptions = SHIP_EVAL, data: str | Path | None = None,
+         force: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+    """Evaluate every run, ship ``ship_names`` (default: the main models among them) into ``zoo_dir`` (default:
+    ``linmem.zoo.root()``) and write ``docs`` (with its figures in ``<docs stem>/``) over all runs. Returns the
+    records in table order."""
+    from linmem import zoo
+    from linmem.zoo import cards
+
+    runs = [read_run(d) for d in run_dirs]
+    chosen = choose_shipped(runs, ship_names)
+    by_name = {r.name: r for r in runs}
+    records = {}
+    for name in order(by_name):
+        if progress:
+            print(f"[zoo] evaluating {name} ({by_name[name].folder})", flush=True)
+        records[name] = evaluate_run(by_name[name], options, data, force, progress=progress)
+    root = zoo.root(zoo_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for name in chosen:
+        out = ship_model(by_name[name], records[name], root, cards.model_card(records[name]))
+        if progress:
+            print(f"[zoo] shipped {name}: {out} ({folder_bytes(out) / 2**20:.2f} MB)", flush=True)
+    if docs is not None:
+        path = cards.write_docs(list(records.values()), Path(docs), shipped=chosen)
+        if progress:
+            print(f"[zoo] wrote {path}", flush=True)
+    return list(records.values())
