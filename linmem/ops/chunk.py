@@ -36,14 +36,14 @@ CHUNK_SIZE_PER_KEY_DECAY = 16
 
 def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
     """``[B, T, H, *]`` → ``[B, H, N, C, *]``, zero-padded to ``N·C`` tokens (a zero token with g = β = 0 and
-    k = 0 leaves every state unchanged)."""
+    k = 0 leaves every state unchanged). Contiguous: one copy here instead of one in every matrix product."""
     batch, length, heads = x.shape[:3]
     n = max(1, math.ceil(length / chunk))
     x = x.transpose(1, 2)
     pad = n * chunk - length
     if pad:
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-    return x.reshape(batch, heads, n, chunk, *x.shape[3:])
+    return x.reshape(batch, heads, n, chunk, *x.shape[3:]).contiguous()
 
 
 def from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -52,18 +52,63 @@ def from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
     return x.reshape(batch, heads, n * chunk, *x.shape[4:])[:, :, :length].transpose(1, 2)
 
 
+class DecayedScores(torch.autograd.Function):
+    """``M_ts = e^{e_t − b_s} x_tᵀ k_s`` for ``s ≤ t`` (``s < t`` if strict), else 0, for per-head log decays
+    ``e, b [.., C]`` and ``x, k [.., C, K]``: one ``[.., C, C]`` matrix per exponent ``e``, all from one product
+    ``x kᵀ`` (``x = None`` means ``x = k``).
+
+    The backward is written out because autograd's, through the masked exponential and the broadcast difference,
+    makes about twice as many passes over the ``[C, C]`` matrices; and for ``x = k`` the product is symmetric, so
+    ``dk = (dP + dPᵀ) k`` takes one matrix product instead of two.
+    """
+
+    @staticmethod
+    def forward(ctx, x, k, b, strict, *exponents):
+        keys_only = x is None
+        x = k if keys_only else x
+        product = torch.matmul(x, k.mT)
+        decays = [(e.unsqueeze(-1) - b.unsqueeze(-2)).exp_().tril_(-1 if strict else 0) for e in exponents]
+        scores = [product.mul_(decays[0])] if len(decays) == 1 else [product * d for d in decays]
+        ctx.keys_only = keys_only
+        ctx.save_for_backward(x, k, *decays, *scores)
+        return tuple(scores)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, k, *saved = ctx.saved_tensors
+        decays, scores = saved[: len(grads)], saved[len(grads) :]
+        grad_product = grads[0] * decays[0]
+        for grad, decay in zip(grads[1:], decays[1:]):
+            grad_product += grad * decay
+        grad_exponents, grad_b = [], None
+        for grad, score in zip(grads, scores):
+            grad_exponent = grad * score  # d/d(e_t − b_s)
+            grad_exponents.append(grad_exponent.sum(-1))
+            grad_b = -grad_exponent.sum(-2) if grad_b is None else grad_b - grad_exponent.sum(-2)
+        if ctx.keys_only:
+            grad_x, grad_k = None, (grad_product + grad_product.mT) @ k
+        else:
+            grad_x, grad_k = grad_product @ k, grad_product.mT @ x
+        return grad_x, grad_k, grad_b, None, *grad_exponents
+
+
 class ChunkedKeys:
     """Keys and decays of one sequence batch in chunk layout, with the decay-weighted score matrices that both
     memories of RLA/RDN share (computed once, on first use).
 
     k: ``[B, H, N, C, K]``; g, b: ``[B, H, N, C]`` (per head) or ``[B, H, N, C, K]`` (per key channel).
+    ``key_scores_needed`` names the strict key-key matrices that will be asked for (``"delta"``: the delta rule's
+    in-chunk interaction; ``"read"``: the strict read ``S_{t−1} k_t`` of RLA/RDN), so that one product ``k kᵀ``
+    gives them all.
     """
 
-    def __init__(self, k: torch.Tensor, g: torch.Tensor):
+    def __init__(self, k: torch.Tensor, g: torch.Tensor, key_scores_needed: tuple[str, ...] = ()):
         self.k = k
         self.g = g
         self.b = g.cumsum(dim=3)
+        self.before_step = self.b - g  # log decay from the chunk start to t − 1
         self.per_key = g.dim() == k.dim()
+        self.key_scores_needed = key_scores_needed
         chunk = k.shape[3]
         self.causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
         self.strictly_causal = self.causal.tril(-1)
@@ -75,14 +120,12 @@ class ChunkedKeys:
 
     def scores(self, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
         """``M_ts = e^{e_t − b_s} x_tᵀ k_s`` for ``s ≤ t`` (``s < t`` if strict), else 0: ``[B, H, N, C, C]``."""
-        mask = self.strictly_causal if strict else self.causal
         if self.per_key:
+            mask = self.strictly_causal if strict else self.causal
             diff = e.unsqueeze(-2) - self.b.unsqueeze(-3)  # [B, H, N, C, C, K]
             decay = torch.where(mask.unsqueeze(-1), diff, float("-inf")).exp()
             return torch.einsum("bhntk,bhnsk,bhntsk->bhnts", x, self.k, decay)
-        diff = e.unsqueeze(-1) - self.b.unsqueeze(-2)
-        decay = torch.where(mask, diff, float("-inf")).exp()
-        return (x @ self.k.transpose(-1, -2)) * decay
+        return DecayedScores.apply(x, self.k, self.b, strict, e)[0]
 
     def cached_scores(self, name: str, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
         """``scores`` kept under ``name`` (same x and e on every call): the inclusive matrix is kept and the strict
@@ -98,9 +141,26 @@ class ChunkedKeys:
             self._cache["to_end"] = self.exp_decay(self.b[:, :, :, -1:] - self.b) * self.k
         return self._cache["to_end"]
 
+    def _strict_key_scores(self, name: str) -> torch.Tensor:
+        """Strict key-key matrices, all that this run needs from one product ``k kᵀ``: ``"delta"`` (``e = b``) and
+        ``"read"`` (``e = b − g``, the decay up to t − 1)."""
+        if name not in self._cache:
+            exponents = {"delta": self.b, "read": self.before_step}
+            wanted = {n: e for n, e in exponents.items() if n == name or n in self.key_scores_needed}
+            if self.per_key:
+                found = {n: self.scores(self.k, e, strict=True) for n, e in wanted.items()}
+            else:
+                found = dict(zip(wanted, DecayedScores.apply(None, self.k, self.b, True, *wanted.values())))
+            self._cache.update(found)
+        return self._cache[name]
+
     def key_scores(self) -> torch.Tensor:
         """``A_ts = e^{b_t − b_s} k_tᵀ k_s`` for s < t: the delta rule's in-chunk interaction."""
-        return self.cached_scores("keys", self.k, self.b, strict=True)
+        return self._strict_key_scores("delta")
+
+    def key_read_scores(self) -> torch.Tensor:
+        """``e^{b_{t−1} − b_s} k_tᵀ k_s`` for s < t: the in-chunk part of the strict read ``S_{t−1} k_t``."""
+        return self._strict_key_scores("read")
 
 
 class ChunkedMemory:
@@ -123,32 +183,30 @@ class ChunkedMemory:
             writes, state_weights = solved.split([values.shape[-1], k.shape[-1]], dim=-1)
             self.u, self.starts, self.final = self._hand_over_delta(writes, state_weights, to_end, chunk_decay, state0)
         else:
-            increments = writes.transpose(-1, -2) @ to_end  # [B, H, N, V, K]
+            increments = writes.mT @ to_end  # [B, H, N, V, K]
             self.u = writes
-            self.starts, self.final = self._hand_over_additive(increments, b[:, :, :, -1], state0)
+            self.starts = self._hand_over_additive(increments, b[:, :, :, -1], state0)
+            self.final = self._decay_state(self.starts[:, :, -1], chunk_decay[:, :, -1]) + increments[:, :, -1]
 
     def _decay_state(self, state: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
         return state * (decay.unsqueeze(-2) if self.keys.per_key else decay[..., None, None])
 
     def _hand_over_additive(self, increments, chunk_decay_log, state):
         """Additive states need no loop: ``S_n = e^{P_n} S_0 + Σ_{m<n} e^{P_n − P_{m+1}} ΔS_m`` with ``P_n`` the log
-        decay of chunks ``0..n−1``, one small ``[N+1, N]`` weight matrix. ``P`` is summed in float64 so that
+        decay of chunks ``0..n−1``, one small ``[N, N]`` weight matrix. ``P`` is summed in float64 so that
         differences of long sums stay exact."""
         total = chunk_decay_log.double().cumsum(dim=2)  # P_{m+1}: [B, H, N] or [B, H, N, K]
-        before = torch.cat([torch.zeros_like(total[:, :, :1]), total], dim=2)  # P_n for n = 0..N
+        before = torch.cat([torch.zeros_like(total[:, :, :1]), total[:, :, :-1]], dim=2)  # P_n for n = 0..N-1
         n = total.shape[2]
-        reach = torch.ones(n + 1, n, dtype=torch.bool, device=total.device).tril(-1)  # chunk m before state n
+        reach = torch.ones(n, n, dtype=torch.bool, device=total.device).tril(-1)  # chunk m before state n
+        diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N, N] or [B, H, N, N, K]
         if self.keys.per_key:
-            diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N+1, N, K]
             weights = torch.where(reach.unsqueeze(-1), diff, float("-inf")).exp().to(increments.dtype)
             states = torch.einsum("bhnmk,bhmvk->bhnvk", weights, increments)
-            states = states + before.exp().to(state.dtype).unsqueeze(-2) * state.unsqueeze(2)
-        else:
-            diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N+1, N]
-            weights = torch.where(reach, diff, float("-inf")).exp().to(increments.dtype)
-            states = torch.einsum("bhnm,bhmvk->bhnvk", weights, increments)
-            states = states + before.exp().to(state.dtype)[..., None, None] * state.unsqueeze(2)
-        return states[:, :, :-1], states[:, :, -1]
+            return states + before.exp().to(state.dtype).unsqueeze(-2) * state.unsqueeze(2)
+        weights = torch.where(reach, diff, float("-inf")).exp().to(increments.dtype)
+        states = (weights @ increments.flatten(-2)).unflatten(-1, increments.shape[-2:])
+        return states + before.exp().to(state.dtype)[..., None, None] * state.unsqueeze(2)
 
     # The delta hand-over loop unbinds its inputs along the chunk axis once: indexing chunk n inside the loop
     # would make autograd scatter every chunk's gradient into a full-size zero tensor (quadratic in chunk count).
@@ -157,30 +215,36 @@ class ChunkedMemory:
         chunks = zip(writes.unbind(2), state_weights.unbind(2), to_end.unbind(2), chunk_decay.unbind(2))
         for write, weight, reach, decay in chunks:
             starts.append(state)
-            u = write - weight @ state.transpose(-1, -2)  # U = U' − W S_0ᵀ
+            u = write - weight @ state.mT  # U = U' − W S_0ᵀ
             us.append(u)
-            state = self._decay_state(state, decay) + u.transpose(-1, -2) @ reach
+            state = self._decay_state(state, decay) + u.mT @ reach
         return torch.stack(us, dim=2), torch.stack(starts, dim=2), state
+
+    def read_from_start(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """``S_0 x_t e^{e_t}`` for the state before each chunk: ``[B, H, N, C, V]``."""
+        return (self.keys.exp_decay(e) * x) @ self.starts.mT
 
     def read(self, x: torch.Tensor, e: torch.Tensor, strict: bool, cache_as: str | None = None) -> torch.Tensor:
         """``S_{t'} x_t`` scaled by ``e^{e_t − b_t'}``: ``[B, H, N, C, V]``. See the module docstring."""
         keys = self.keys
         scores = keys.cached_scores(cache_as, x, e, strict) if cache_as else keys.scores(x, e, strict)
-        from_start = torch.einsum("bhnck,bhnvk->bhncv", keys.exp_decay(e) * x, self.starts)
-        return from_start + scores @ self.u
+        return self.read_from_start(x, e) + scores @ self.u
+
+    def read_keys(self) -> torch.Tensor:
+        """``S_{t−1} k_t``: ``[B, H, N, C, V]``."""
+        keys = self.keys
+        return self.read_from_start(keys.k, keys.before_step) + keys.key_read_scores() @ self.u
 
 
 def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor):
-    """``α_t S_{t−1} q_t`` and ``R_t q_t`` (``[B, H, N, C, V]`` each) in one pass over the shared query scores: the
-    two memories' states and writes are stacked along V, and the strict base read drops the diagonal term."""
+    """``α_t S_{t−1} q_t`` and ``R_t q_t`` (``[B, H, N, C, V]`` each) from one query score matrix: the strict base
+    read drops its diagonal."""
     keys = base.keys
     scores = keys.cached_scores("queries", q, keys.b, strict=False)
-    starts = torch.cat([base.starts, residual.starts], dim=-2)
-    writes = torch.cat([base.u, residual.u], dim=-1)
-    both = torch.einsum("bhnck,bhnvk->bhncv", keys.exp_decay(keys.b) * q, starts) + scores @ writes
-    base_read, residual_read = both.split(base.u.shape[-1], dim=-1)
-    own_write = scores.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * base.u  # s = t: not yet in S_{t−1}
-    return base_read - own_write, residual_read
+    weighted = keys.exp_decay(keys.b) * q
+    base_read = weighted @ base.starts.mT + scores.tril(-1) @ base.u
+    residual_read = weighted @ residual.starts.mT + scores @ residual.u
+    return base_read, residual_read
 
 
 def chunk_forward(
@@ -204,15 +268,16 @@ def chunk_forward(
     per_key = g.dim() == 4
     chunk = chunk_size or (CHUNK_SIZE_PER_KEY_DECAY if per_key else CHUNK_SIZE)
     qc, kc, vc, gc, betac = (to_chunks(t, chunk) for t in (q, k, v, g, beta))
-    keys = ChunkedKeys(kc, gc)
+    needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual
+    keys = ChunkedKeys(kc, gc, needed)
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
         o = base.read(qc, keys.b, strict=False, cache_as="queries")
         return from_chunks(scale * o, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
-    before_step = keys.b - gc  # log decay from the chunk start to t − 1
-    r = residual_target(vc - base.read(kc, before_step, strict=True), config.residual_target, config.clip)
+    before_step = keys.before_step
+    r = residual_target(vc - base.read_keys(), config.residual_target, config.clip)
     if config.fit_history:
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
         residual_final = residual.final
@@ -230,5 +295,7 @@ def chunk_forward(
         last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
         residual_final = torch.einsum("bhv,bhk->bhvk", *last)
     if config.output_gates:
-        residual_read = gammac.unsqueeze(-1) * residual_read
-    return from_chunks(scale * (base_read + residual_read), length), base.final, residual_final
+        o = torch.addcmul(base_read, gammac.unsqueeze(-1), residual_read)
+    else:
+        o = base_read + residual_read
+    return from_chunks(scale * o, length), base.final, residual_final
