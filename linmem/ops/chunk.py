@@ -92,6 +92,32 @@ class DecayedScores(torch.autograd.Function):
         return grad_x, grad_k, grad_b, None, *grad_exponents
 
 
+class ClippedError(torch.autograd.Function):
+    """``clamp(v − p, −c, c)``, the default residual target. Forward keeps where the error was not clipped
+    (``r == v − p``, which includes the bounds, as ``clamp``'s gradient does), so the backward is one masked
+    product instead of autograd's four passes through ``clamp``."""
+
+    @staticmethod
+    def forward(ctx, v, p, clip):
+        error = v - p
+        r = error.clamp(-clip, clip)
+        ctx.save_for_backward(r == error)
+        return r
+
+    @staticmethod
+    def backward(ctx, grad):
+        (kept,) = ctx.saved_tensors
+        grad_v = grad * kept
+        return grad_v, -grad_v, None
+
+
+def target_of_error(v: torch.Tensor, p: torch.Tensor, config: MemoryConfig) -> torch.Tensor:
+    """``r = ρ(v − p)`` for the prediction ``p = S_{t−1} k_t``."""
+    if config.residual_target == "clip":
+        return ClippedError.apply(v, p, config.clip)
+    return residual_target(v - p, config.residual_target, config.clip)
+
+
 class ChunkedKeys:
     """Keys and decays of one sequence batch in chunk layout, with the decay-weighted score matrices that both
     memories of RLA/RDN share (computed once, on first use).
@@ -203,10 +229,12 @@ class ChunkedMemory:
         if self.keys.per_key:
             weights = torch.where(reach.unsqueeze(-1), diff, float("-inf")).exp().to(increments.dtype)
             states = torch.einsum("bhnmk,bhmvk->bhnvk", weights, increments)
-            return states + before.exp().to(state.dtype).unsqueeze(-2) * state.unsqueeze(2)
-        weights = torch.where(reach, diff, float("-inf")).exp().to(increments.dtype)
-        states = (weights @ increments.flatten(-2)).unflatten(-1, increments.shape[-2:])
-        return states + before.exp().to(state.dtype)[..., None, None] * state.unsqueeze(2)
+        else:
+            weights = torch.where(reach, diff, float("-inf")).exp().to(increments.dtype)
+            states = (weights @ increments.flatten(-2)).unflatten(-1, increments.shape[-2:])
+        if not state.requires_grad and not state.any():  # no initial state: its term is zero
+            return states
+        return states + self._decay_state(state.unsqueeze(2), before.exp().to(state.dtype))
 
     # The delta hand-over loop unbinds its inputs along the chunk axis once: indexing chunk n inside the loop
     # would make autograd scatter every chunk's gradient into a full-size zero tensor (quadratic in chunk count).
@@ -236,12 +264,12 @@ class ChunkedMemory:
         return self.read_from_start(keys.k, keys.before_step) + keys.key_read_scores() @ self.u
 
 
-def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor):
-    """``α_t S_{t−1} q_t`` and ``R_t q_t`` (``[B, H, N, C, V]`` each) from one query score matrix: the strict base
-    read drops its diagonal."""
+def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor, e: torch.Tensor):
+    """``α_t S_{t−1} q_t`` and ``R_t q_t`` (``[B, H, N, C, V]`` each, times ``e^{e_t − b_t}``) from one query score
+    matrix: the strict base read drops its diagonal."""
     keys = base.keys
-    scores = keys.cached_scores("queries", q, keys.b, strict=False)
-    weighted = keys.exp_decay(keys.b) * q
+    scores = keys.cached_scores("queries", q, e, strict=False)
+    weighted = keys.exp_decay(e) * q
     base_read = weighted @ base.starts.mT + scores.tril(-1) @ base.u
     residual_read = weighted @ residual.starts.mT + scores @ residual.u
     return base_read, residual_read
@@ -270,32 +298,36 @@ def chunk_forward(
     qc, kc, vc, gc, betac = (to_chunks(t, chunk) for t in (q, k, v, g, beta))
     needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual
     keys = ChunkedKeys(kc, gc, needed)
+    # A positive read-out scale rides in the queries' log decay (e^{e + log scale}), which saves a pass over o;
+    # any other scale multiplies o at the end.
+    read_scale, rest = (scale, 1.0) if scale > 0 else (1.0, scale)
+    log_scale = math.log(read_scale)
+    now, before = keys.b + log_scale, keys.before_step + log_scale  # S_t q_t (α_t S_{t−1} q_t if strict), S_{t−1} q_t
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
-        o = base.read(qc, keys.b, strict=False, cache_as="queries")
-        return from_chunks(scale * o, length), base.final, None
+        o = base.read(qc, now, strict=False, cache_as="queries")
+        return from_chunks(o if rest == 1.0 else rest * o, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
-    before_step = keys.before_step
-    r = residual_target(vc - base.read_keys(), config.residual_target, config.clip)
+    r = target_of_error(vc, base.read_keys(), config)
     if config.fit_history:
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
         residual_final = residual.final
         if config.output_gates:
-            base_read, residual_read = read_queries_of_both(base, residual, qc)
+            base_read, residual_read = read_queries_of_both(base, residual, qc, now)
         else:
-            base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
-            residual_read = residual.read(qc, keys.b, strict=False, cache_as="queries")
+            base_read = base.read(qc, before, strict=True)  # S_{t−1} q_t
+            residual_read = residual.read(qc, now, strict=False, cache_as="queries")
     else:  # R_t = r_t k_tᵀ: only this step's correction
         if config.output_gates:
-            base_read = base.read(qc, keys.b, strict=True, cache_as="queries")  # α_t S_{t−1} q_t
+            base_read = base.read(qc, now, strict=True, cache_as="queries")  # α_t S_{t−1} q_t
         else:
-            base_read = base.read(qc, before_step, strict=True)  # S_{t−1} q_t
-        residual_read = r * (qc * kc).sum(-1, keepdim=True)
+            base_read = base.read(qc, before, strict=True)  # S_{t−1} q_t
+        residual_read = r * ((qc * kc).sum(-1, keepdim=True) * read_scale)
         last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
         residual_final = torch.einsum("bhv,bhk->bhvk", *last)
     if config.output_gates:
         o = torch.addcmul(base_read, gammac.unsqueeze(-1), residual_read)
     else:
         o = base_read + residual_read
-    return from_chunks(scale * o, length), base.final, residual_final
+    return from_chunks(o if rest == 1.0 else rest * o, length), base.final, residual_final
