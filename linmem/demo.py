@@ -3,7 +3,8 @@
 1. every shipped model (``linmem.zoo``) is evaluated with ``linmem.eval``'s runner on recall (MQAR, the memory
    lab's clean recall, a small needle-in-a-haystack grid) and perplexity, on the held-out text shipped with the zoo;
 2. the memory lab's default protocol (``linmem probe``'s ``run_protocol``: head scan, lifecycle, four facts, hybrid
-   attribution, S vs R, load and gap sweeps) runs on one residual model (RDN if shipped), at small sizes;
+   attribution, S vs R; ``--quick`` adds tiny load and gap sweeps) runs on one residual model (RDN if shipped), at
+   small sizes;
 3. ``DIR/report.html`` (self-contained: tables, figures embedded as PNG, the probe's report inline) and
    ``DIR/results.json``; each model's evaluation report in ``DIR/eval/<name>/``, the probe's in ``DIR/probe/``.
 
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from linmem.eval.runner import EvalOptions, evaluate
 from linmem.memory.probe import ProbeOptions
+from linmem.zoo.cards import mixer_label
 
 TASKS = ("ppl", "mqar", "recall", "niah")
 RESIDUAL = ("rdn", "rla")
@@ -41,13 +43,14 @@ class DemoSettings:
 
 
 # 4 perplexity windows, MQAR with 8 and 32 pairs (4 sequences each), 16 memory-lab items, NIAH at 256 and 512 tokens
-# x 3 depths (2 trials per cell); the probe on 6 development and 6 held-out passages of 128 filler tokens.
+# x 3 depths (2 trials per cell); the probe on 6 development and 6 held-out passages of 128 filler tokens, without
+# the load / gap sweeps and the extras (``linmem probe --no-sweeps --no-extras``: the sweeps alone take minutes).
 DEMO = DemoSettings(
     EvalOptions(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=4,
                 niah_lengths=(256, 512), niah_depths=(0.0, 0.5, 1.0), niah_samples=2, recall_items=16,
                 recall_filler=128),
-    ProbeOptions(dev_sources=6, confirm_sources=6, filler_tokens=128, num_bindings=4, repeats=2, loads=(1, 2, 4),
-                 gaps=(0, 64), sweeps=True, extras=False))
+    ProbeOptions(dev_sources=6, confirm_sources=6, filler_tokens=128, num_bindings=4, repeats=2, sweeps=False,
+                 extras=False))
 # The smallest sizes that still run every step (tests).
 QUICK = DemoSettings(
     EvalOptions(split="test", batch_size=8, max_tokens=64, mqar_pairs=(4,), mqar_samples=2, niah_lengths=(64,),
@@ -139,11 +142,12 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
         report = evaluate(zoo.path(name, zoo_dir), TASKS, replace(settings.eval, device=device),
                           out_dir=out / "eval" / name, progress=False)
         config = json.loads((zoo.path(name, zoo_dir) / "config.json").read_text(encoding="utf-8"))
-        results[name] = {"mixer": config["mixer"], "attn_layers": config.get("attn_layers", []),
-                         "vocab_size": config["vocab_size"],
+        results[name] = {"mixer": mixer_label(config), "vocab_size": config["vocab_size"],
                          "parameters": report["parameters"], "tasks": report["tasks"],
                          "seconds": round(sum(t["seconds"] for t in report["tasks"].values()), 1)}
-    chosen = pick_probe_model(names, {n: r["mixer"] for n, r in results.items()}, probe)
+    mixers = {n: json.loads((zoo.path(n, zoo_dir) / "config.json").read_text(encoding="utf-8"))["mixer"]
+              for n in names}
+    chosen = pick_probe_model(names, mixers, probe)
     print(f"demo: memory lab on {chosen} ...", flush=True)
     probe_result = run_probe(chosen, settings, device, out / "probe", zoo_dir)
     total = time.perf_counter() - start
@@ -157,7 +161,7 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
 
 
 def machine() -> dict[str, Any]:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average_1min": load,
             "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
 
@@ -174,7 +178,7 @@ def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name, r in models.items():
         h = heads[name]
-        rows.append({"model": name, "mixer": r["mixer"] + (f" + attn {r['attn_layers']}" if r["attn_layers"] else ""),
+        rows.append({"model": name, "mixer": r["mixer"],
                      "params": f"{r['parameters'] / 1e6:.2f}M", "test ppl": fmt(h.get("ppl"), 2),
                      **{f"MQAR {p} pairs": fmt(h.get("mqar", {}).get(p)) for p in pairs},
                      "memory-lab recall [95% CI]": recall_cell(h), "NIAH": fmt(h.get("niah_mean")),

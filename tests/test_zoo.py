@@ -146,7 +146,7 @@ def test_size_limit_and_reused_eval(shipped, monkeypatch):
     again = shipping.evaluate_run(run, TINY_EVAL, progress=False)  # same weights and options: not re-run
     assert again == record
     monkeypatch.setattr(shipping, "SIZE_LIMIT", 100_000)
-    with pytest.raises(ValueError, match=r"over the zoo's limit of 0.0954 MB"):
+    with pytest.raises(ValueError, match=r"over the zoo's limit of 0.1 MB"):
         shipping.ship_model(run, record, root / "zoo", "card")
     assert zoo.names(root / "zoo") == [NAME] and not list((root / "zoo").glob(".tmp-*"))
 

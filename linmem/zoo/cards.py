@@ -67,6 +67,14 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def mixer_label(config: dict[str, Any]) -> str:
+    """``gdn``, ``gdn + attention in 2, 5``, or ``attention`` (every layer softmax attention)."""
+    attn = list(config.get("attn_layers") or [])
+    if attn and len(attn) == config.get("num_hidden_layers"):
+        return "attention"
+    return config["mixer"] + (f" + attention in {', '.join(map(str, attn))}" if attn else "")
+
+
 def headline(tasks: dict[str, Any]) -> dict[str, Any]:
     """The headline numbers of a runner report's ``tasks`` (any subset of them): perplexity, cloze, MQAR per pairs
     and mean, NIAH per length and mean, memory-lab recall with its CI, stability norms."""
@@ -233,7 +241,7 @@ def model_card(record: dict[str, Any]) -> str:
         f"folder = linmem.zoo.path({name!r})",
         "model = AutoModelForCausalLM.from_pretrained(folder)", "tokenizer = AutoTokenizer.from_pretrained(folder)",
         "```", "",
-        f"Weights are stored in bfloat16 ({record['model_bytes'] / 2**20:.2f} MB). `linmem eval` and `linmem probe` "
+        f"Weights are stored in bfloat16 ({record['model_bytes'] / 1e6:.2f} MB). `linmem eval` and `linmem probe` "
         "take this folder (`linmem.zoo.path(name)`); held-out text of the training dataset is shipped beside it "
         "(`train_info.json` records where), so `linmem eval` needs no dataset.", "",
         "## Model", "", *table(["field", "value"], values), "",
@@ -289,9 +297,9 @@ def overview_rows(records: Sequence[dict[str, Any]], shipped: Sequence[str]) -> 
     for r in records:
         h, t = headline(r["eval"]["tasks"]), r["training"]
         kind = ("main" if r["name"] in MAIN else "ablation") + (", shipped" if r["name"] in shipped else "")
-        mixer = r["mixer"] + (f" + attn {r['attn_layers']}" if r.get("attn_layers") else "")
-        rows.append([f"`{r['name']}`", kind, mixer, millions(r["parameters"]), millions(t["tokens"]),
-                     duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0), t["final_loss_mean"], t["val_loss"],
+        rows.append([f"`{r['name']}`", kind, mixer_label(r["model_config"]), millions(r["parameters"]),
+                     millions(t["tokens"]), duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0),
+                     t["final_loss_mean"], t["val_loss"],
                      fmt(h.get("ppl"), 2), h.get("cloze_acc"), *(h.get("mqar", {}).get(p) for p in pairs),
                      h.get("mqar_mean"), *(h.get("niah", {}).get(n) for n in lengths), h.get("niah_mean"),
                      recall_cell(h), h.get("max_output_norm")])
@@ -301,6 +309,21 @@ def overview_rows(records: Sequence[dict[str, Any]], shipped: Sequence[str]) -> 
               ", ".join(f"{v:,}" for v in sorted(vocab)), "~0", *(fmt(1 / p) for p in pairs), "",
               *(f"{niah:.0e}" for _ in lengths), "", "0.25", ""]
     return header, rows + [chance]
+
+
+def curve_groups(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, list]]]:
+    """Loss curves by panel: the main models; each main model with its ablations (``rla`` and ``rla-*``); the
+    rest."""
+    curves = {r["name"]: r["training"]["curve"] for r in records}
+    groups = {"main models": {n: c for n, c in curves.items() if n in MAIN}}
+    for name, curve in curves.items():
+        if name in MAIN:
+            continue
+        base = next((m for m in sorted(MAIN, key=len, reverse=True) if name.startswith(m + "-")), None)
+        group = groups.setdefault(f"{base} and its ablations" if base else "other runs",
+                                  {base: curves[base]} if base in curves else {})
+        group[name] = curve
+    return groups
 
 
 def write_docs(records: Sequence[dict[str, Any]], path: Path, shipped: Sequence[str] = ()) -> Path:
@@ -313,8 +336,7 @@ def write_docs(records: Sequence[dict[str, Any]], path: Path, shipped: Sequence[
     fig_dir = path.parent / path.stem
     images = []
     if figures.have_matplotlib() and records:
-        groups = {"main models": {r["name"]: r["training"]["curve"] for r in records if r["name"] in MAIN},
-                  "ablations": {r["name"]: r["training"]["curve"] for r in records if r["name"] not in MAIN}}
+        groups = curve_groups(records)
         images.append(("Training and validation loss", figures.save(figures.loss_curves(groups),
                                                                     fig_dir / "loss.png")))
         tables = {r["name"]: r["eval"]["tasks"]["mqar"]["table"] for r in records if "mqar" in r["eval"]["tasks"]}

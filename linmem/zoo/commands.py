@@ -45,7 +45,7 @@ def run_list(args: argparse.Namespace) -> int:
     for name in names:
         record = zoo.eval_record(name, args.zoo_dir)
         h = headline(record["eval"]["tasks"])
-        size = zoo.folder_bytes(zoo.path(name, args.zoo_dir)) / 2**20
+        size = zoo.folder_bytes(zoo.path(name, args.zoo_dir)) / 1e6
         print(f"{name:<14}{record['parameters']:>11,}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}"
               f"{fmt(h.get('mqar_mean'), 2):>7}{fmt(h.get('niah_mean'), 2):>7}  {recall_cell(h)}")
     return 0

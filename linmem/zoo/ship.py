@@ -107,8 +107,8 @@ def loss_curve(metrics: list[dict[str, Any]], points: int = CURVE_POINTS) -> dic
     stride = max(1, -(-len(metrics) // points))
     kept = metrics[::stride] + ([metrics[-1]] if (len(metrics) - 1) % stride else [])
     val = [m for m in metrics if m.get("val_loss") is not None]
-    return {"step": [m["step"] for m in kept], "loss": [m["loss"] for m in kept],
-            "val_step": [m["step"] for m in val], "val_loss": [m["val_loss"] for m in val]}
+    return {"step": [m["step"] for m in kept], "loss": [round(m["loss"], 4) for m in kept],
+            "val_step": [m["step"] for m in val], "val_loss": [round(m["val_loss"], 4) for m in val]}
 
 
 def training_summary(run: Run) -> dict[str, Any]:
@@ -240,6 +240,12 @@ def ship_heldout(dataset: Path, zoo_dir: Path, split: str = "test") -> Path:
     return out
 
 
+def compact_json(path: Path) -> None:
+    """Rewrite a JSON file without indentation."""
+    text = json.dumps(json.loads(path.read_text(encoding="utf-8")), ensure_ascii=False, separators=(",", ":"))
+    path.write_text(text, encoding="utf-8")
+
+
 def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Path:
     """``<zoo>/<name>/``: the staged model with ``train_info.json`` pointing at the shipped held-out text,
     ``eval.json`` and the card; ``ValueError`` if it exceeds ``SIZE_LIMIT``."""
@@ -252,6 +258,7 @@ def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Pa
     shutil.copytree(staged, tmp)
     info = {**run.info, "dataset": f"../{HELDOUT_DIR}/{heldout.name}", "trained_on": run.info.get("dataset")}
     write_json_atomic(tmp / TRAIN_INFO, info)
+    compact_json(tmp / "tokenizer.json")  # the same tokenizer (and hash) in about 60% of the bytes
     write_json_atomic(tmp / RECORD, record)
     (tmp / CARD).write_text(card, encoding="utf-8")
     for file in tmp.iterdir():
@@ -259,8 +266,8 @@ def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Pa
     size = folder_bytes(tmp)
     if size > SIZE_LIMIT:
         shutil.rmtree(tmp)
-        raise ValueError(f"{record['name']}: the model folder would be {size / 2**20:.2f} MB, over the zoo's limit of "
-                         f"{SIZE_LIMIT / 2**20:.3g} MB; ship a smaller model")
+        raise ValueError(f"{record['name']}: the model folder would be {size / 1e6:.2f} MB, over the zoo's limit of "
+                         f"{SIZE_LIMIT / 1e6:.3g} MB; ship a smaller model")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -302,7 +309,7 @@ def ship(run_dirs: Sequence[str | Path], ship_names: Sequence[str] | None = None
     for name in chosen:
         out = ship_model(by_name[name], records[name], root, cards.model_card(records[name]))
         if progress:
-            print(f"[zoo] shipped {name}: {out} ({folder_bytes(out) / 2**20:.2f} MB)", flush=True)
+            print(f"[zoo] shipped {name}: {out} ({folder_bytes(out) / 1e6:.2f} MB)", flush=True)
     if docs is not None:
         path = cards.write_docs(list(records.values()), Path(docs), shipped=chosen)
         if progress:
