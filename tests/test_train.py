@@ -111,6 +111,38 @@ def test_cosine_schedule():
     assert lrs[99] == pytest.approx(3e-5, rel=1e-2) and lrs[110] == 3e-5
 
 
+@pytest.mark.parametrize("weight", [1.0, 8.0])
+def test_recall_loss_weight_is_the_weighted_mean(dataset, tmp_path, weight):
+    """An update's gradient is that of the mean loss with answers of synthetic rows counted ``weight`` times."""
+    import torch.nn.functional as F
+
+    from linmem.train import trainer
+    from linmem.train.distributed import init_distributed
+
+    config = parse_config(tiny_config(dataset, data={"recall_fraction": 0.5, "recall_loss_weight": weight},
+                                      train={"micro_batch_size": 8}))
+    run = trainer.setup(config, tmp_path, init_distributed("cpu"), "test")
+    batch = run.data.batch(0, 0, 1, 8, 0, 1)
+    assert batch["synthetic"].any() and not batch["synthetic"].all()
+    logits = run.model(input_ids=batch["input_ids"]).logits[:, :-1]
+    targets = batch["labels"][:, 1:]
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none")
+    counts = (targets != -100).float() * torch.where(batch["synthetic"], weight, 1.0)[:, None]
+    expected = torch.autograd.grad((losses.view(targets.shape) * counts).sum() / counts.sum(),
+                                   list(run.model.parameters()))
+    seen = []
+    run.optimizer.step = lambda: seen.extend(p.grad.clone() for p in run.model.parameters())
+    trainer.train_step(run, 0)
+    assert len(seen) == len(expected)
+    for got, want in zip(seen, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_recall_loss_weight_must_be_positive(dataset):
+    with pytest.raises(ValueError, match=r"data\.recall_loss_weight must be a positive number"):
+        parse_config(tiny_config(dataset, data={"recall_loss_weight": 0}))
+
+
 # ---------------------------------------------------------------- resume and checkpoints
 
 

@@ -1,10 +1,11 @@
 """The training loop: ``train(config, out)`` runs a config to the end (or to ``max_steps``), resumable bit for bit.
 
 One update ``s``: the micro-batches of ``s`` (``TrainData.batch``) go forward and backward with the loss summed
-over tokens and divided by the global number of target tokens of the update, so the gradient equals that of one
-big batch whatever the number of processes and micro-batches; then clipping, AdamW at ``cosine_lr(s)``, and a line
-of ``metrics.jsonl``. A checkpoint holds everything the next update depends on (weights, AdamW state, generator
-states, and the step, which fixes the data position), so ``--resume`` continues exactly where the run stopped.
+over tokens (a recall answer weighted ``data.recall_loss_weight``, text 1) and divided by the global sum of those
+weights over the update, so the gradient equals that of one big batch whatever the number of processes and
+micro-batches; then clipping, AdamW at ``cosine_lr(s)``, and a line of ``metrics.jsonl``. A checkpoint holds
+everything the next update depends on (weights, AdamW state, generator states, and the step, which fixes the data
+position), so ``--resume`` continues exactly where the run stopped.
 """
 
 from __future__ import annotations
@@ -135,6 +136,14 @@ def token_losses(run: Run, input_ids: torch.Tensor, labels: torch.Tensor) -> tor
     return flat.view(targets.shape)
 
 
+def target_weights(batch: dict[str, torch.Tensor], recall_weight: float) -> torch.Tensor:
+    """``[B, T-1]`` float32 loss weight of each target: 0 where ignored, ``recall_weight`` on the answers of
+    synthetic rows, 1 on text."""
+    counted = (batch["labels"][:, 1:] != IGNORE_INDEX).float()
+    row = torch.where(batch["synthetic"].bool(), recall_weight, 1.0).float()
+    return counted * row[:, None]
+
+
 def loss_sums(losses: torch.Tensor, labels: torch.Tensor, synthetic: torch.Tensor) -> torch.Tensor:
     """``[text loss sum, text targets, recall loss sum, recall targets]`` (float64, on the losses' device: no
     host sync per micro-batch) of a micro-batch."""
@@ -155,13 +164,14 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
         group["lr"] = lr
     batches = [run.data.batch(step, i, run.accumulation, run.micro_batch_size, state.rank, state.world_size)
                for i in range(run.accumulation)]
-    local_targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
-    targets = float(all_reduce_sum(torch.tensor([local_targets]), state)[0])
+    weights = [target_weights(b, c.data.recall_loss_weight) for b in batches]
+    local_weight = sum(float(w.sum()) for w in weights)
+    total_weight = float(all_reduce_sum(torch.tensor([local_weight]), state)[0])
     sums = torch.zeros(4, dtype=torch.float64, device=state.device)
-    for i, batch in enumerate(batches):
+    for i, (batch, weight) in enumerate(zip(batches, weights)):
         set_gradient_sync(run.model, i == len(batches) - 1)
         losses = token_losses(run, batch["input_ids"], batch["labels"])
-        (losses.sum() * (state.world_size / max(targets, 1.0))).backward()
+        ((losses * weight.to(losses.device)).sum() * (state.world_size / max(total_weight, 1.0))).backward()
         sums += loss_sums(losses, batch["labels"], batch["synthetic"])
     grad_norm = clip_gradients(run.model, c.optim.grad_clip)
     run.optimizer.step()
