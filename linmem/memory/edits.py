@@ -132,6 +132,9 @@ class KeyAlign:
         object.__setattr__(self, "span", _span(self.span))
         if self.mode not in ("align", "orthogonal"):
             raise ValueError(f"mode must be 'align' or 'orthogonal'; got {self.mode!r}")
+        object.__setattr__(self, "toward", int(self.toward))
+        if self.toward < 0:
+            raise ValueError(f"toward must be a non-negative token index; got {self.toward}")
         if self.span[0] <= self.toward < self.span[1]:
             raise ValueError(f"toward ({self.toward}) must lie outside span {self.span}")
 

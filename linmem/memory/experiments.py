@@ -8,7 +8,7 @@ estimate is over source passages (``stats.bootstrap``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -29,8 +29,8 @@ from linmem.memory.edits import (
 from linmem.memory.evaluate import Batch, candidate_logits, make_batch, per_item
 from linmem.memory.metrics import break_rate, compare, donor_margin
 from linmem.memory.recording import backbone
-from linmem.memory.stats import bootstrap, source_means
-from linmem.memory.tasks import Item, TaskBuilder, build_items
+from linmem.memory.stats import bootstrap, bootstrap_ratio, source_means
+from linmem.memory.tasks import Item, TaskBuilder, TaskSpec, build_items
 from linmem.models.cache import LinMemCache
 
 METRICS = ("edited_correct", "donor_answer", "donor_margin_shift", "target_margin_change")
@@ -93,18 +93,20 @@ def control_component(model: nn.Module, chosen: Component, seed: int = 0) -> Com
     return other_layer[np.random.default_rng(seed).integers(len(other_layer))]
 
 
-def lifecycle_edits(item: Item, c: Component, control: Component, length: int) -> dict[str, list]:
-    """The lifecycle's edit sets for one item: name → edits (write spans differ per item)."""
+def lifecycle_edits(item: Item, c: Component, control: Component, length: int, seed: int = 0) -> dict[str, list]:
+    """The lifecycle's edit sets for one item: name → edits (write spans differ per item). ``seed`` draws the
+    random controls' Gaussian directions: give each item its own, or every item gets the same direction."""
     at, query = item.boundary, range(item.boundary, length)
     block = lambda comp: [WriteBlock([comp], span) for span in item.target_writes]  # noqa: E731
-    write = lambda comp, ctl: [DonorWrite([comp], span, control=ctl) for span in item.target_writes]  # noqa: E731
+    write = lambda comp, ctl: [DonorWrite([comp], span, ctl, seed) for span in item.target_writes]  # noqa: E731
     return {
         "write block|chosen": block(c), "write block|control head": block(control),
         "donor write|chosen": write(c, "donor"), "donor write|random": write(c, "random"),
         "donor write|control head": write(control, "donor"),
-        "state swap|chosen": [StateSwap([c], at)], "state swap|random": [StateSwap([c], at, control="random")],
+        "state swap|chosen": [StateSwap([c], at)], "state swap|random": [StateSwap([c], at, "random", seed)],
         "state swap|control head": [StateSwap([control], at)],
-        "output patch|chosen": [OutputPatch([c], query)], "output patch|random": [OutputPatch([c], query, "random")],
+        "output patch|chosen": [OutputPatch([c], query)],
+        "output patch|random": [OutputPatch([c], query, "random", seed)],
         "output patch|control head": [OutputPatch([control], query)],
         "output restore|chosen": [StateSwap([c], at), OutputRestore([c], query)],
         "output restore|control head": [StateSwap([c], at), OutputRestore([control], query)],
@@ -112,13 +114,16 @@ def lifecycle_edits(item: Item, c: Component, control: Component, length: int) -
 
 
 def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
-              control: Component | None = None) -> Result:
+              control: Component | None = None, seed: int = 0) -> Result:
     """Write block, donor write, state swap, output patch and output restore on one component, each against the
-    equal-norm random edit and a control head (Figs. 3-4). Figure: donor-margin shift with CIs."""
+    equal-norm random edit (a fresh Gaussian direction per item, from ``seed``) and a control head (Figs. 3-4).
+    Figure: donor-margin shift with CIs."""
     batch = make_batch(items)
     control = control or control_component(model, component)
     names = list(lifecycle_edits(batch.items[0], component, control, batch.length))
-    edits = lambda item: [[]] + list(lifecycle_edits(item, component, control, batch.length).values())  # noqa: E731
+    index = {id(item): i for i, item in enumerate(batch.items)}
+    edits = lambda item: [[]] + list(lifecycle_edits(  # noqa: E731
+        item, component, control, batch.length, seed * 1_000_003 + index[id(item)]).values())
     choice = per_item(model, batch, edits)
     rows = []
     for i, name in enumerate(names, start=1):
@@ -143,6 +148,8 @@ def states_at(model: nn.Module, ids: torch.Tensor, at: int, component: Component
 
 def fact_pairs(builder: TaskBuilder, sources, seed: int, split: str | None) -> tuple[list[Item], list[Item]]:
     """Two items per passage with one recipient prefix and different targets A and B."""
+    if builder.spec.num_bindings < 2:
+        raise ValueError("rule 'two facts': four_facts edits fact A and reads fact B; num_bindings must be >= 2")
     items_a, items_b = [], []
     for index, (source_id, source_split, ids) in enumerate(sources):
         if split is not None and source_split != split:
@@ -150,6 +157,10 @@ def fact_pairs(builder: TaskBuilder, sources, seed: int, split: str | None) -> t
         a = builder.build(source_id, ids, np.random.default_rng([seed, index]), source_split)
         b_target = (a.target + 1) % builder.spec.num_bindings
         b = builder.build(source_id, ids, np.random.default_rng([seed, index]), source_split, target=b_target)
+        if a.recipient != b.recipient:
+            raise ValueError(f"rule 'shared recipient': facts A and B must be asked on one recipient prompt, but "
+                             f"variant {builder.spec.variant!r} makes the prompt depend on the target; use "
+                             f"variant='retrieval'")
         items_a.append(a)
         items_b.append(b)
     return items_a, items_b
@@ -237,7 +248,8 @@ def _ask(items_a: list[Item], items_b: list[Item]) -> Batch:
 
 def hybrid_attribution(model: nn.Module, items: Sequence[Item]) -> Result:
     """Swap the pre-query recurrent caches (states + conv), the attention KV caches, or both; each's donor-margin
-    shift as a share of both together (normalized donor effect, Fig. 6)."""
+    shift as a share of both together (normalized donor effect, Fig. 6: a ratio of source means, its CI from
+    resampled sources)."""
     batch = make_batch(items)
     at = batch.boundary
     rec, att = recurrent_layers(model), attention_layers(model)
@@ -248,10 +260,10 @@ def hybrid_attribution(model: nn.Module, items: Sequence[Item]) -> Result:
     choice = candidate_logits(model, batch, [[]] + list(sets.values()))
     shift = shifts(choice, batch)
     rows = []
+    full = shift[-1].cpu().numpy()
     for i, name in enumerate(sets):
-        normalized = (shift[i] / shift[-1]).cpu().numpy()
         rows.append({"cache": name, "metric": "normalized_donor_effect",
-                     **bootstrap(normalized, batch.sources).as_dict()})
+                     **bootstrap_ratio(shift[i].cpu().numpy(), full, batch.sources).as_dict()})
         rows.append({"cache": name, "metric": "donor_margin_shift",
                      **bootstrap(shift[i].cpu().numpy(), batch.sources).as_dict()})
     return Result("hybrid_attribution", rows, {"attention_layers": att}, plots.hybrid(rows))
@@ -277,20 +289,44 @@ def s_vs_r(model: nn.Module, items: Sequence[Item]) -> Result:
             rows.append({"layer": layer, "memory": memory, "metric": "donor_margin_shift",
                          **bootstrap(s.cpu().numpy(), batch.sources).as_dict()})
             rows.append({"layer": layer, "memory": memory, "metric": "share_of_layer",
-                         **bootstrap((s / both).cpu().numpy(), batch.sources).as_dict()})
+                         **bootstrap_ratio(s.cpu().numpy(), both.cpu().numpy(), batch.sources).as_dict()})
     return Result("s_vs_r", rows, {"layers": layers}, plots.s_vs_r(rows))
 
 
-def sweep(model: nn.Module, tokenizer, sources, component: Component, base, field_name: str,
-          values: Sequence[int], seed: int = 0, split: str | None = None) -> Result:
-    """Clean accuracy and the component's state-swap effect (vs the equal-norm random swap) as one field of the
-    ``TaskSpec`` varies: ``num_bindings`` (load) or ``gap`` (Fig. 7-8)."""
-    from dataclasses import replace
+def sweep_specs(tokenizer, base: TaskSpec, field_name: str, values: Sequence[int],
+                fixed_length: bool = True) -> list[TaskSpec]:
+    """The ``TaskSpec`` of each point of a sweep of ``field_name`` over ``values``.
 
+    ``num_bindings`` with ``fixed_length`` (Fig. 7a): every prompt as long as the smallest load's with the base
+    filler, the filler shortened by the added facts' tokens, so the load is not confounded with the length. ``gap``
+    moves filler from before the facts to before the query: the length is fixed by construction.
+    """
+    if field_name not in ("num_bindings", "gap"):
+        raise ValueError(f"field_name must be 'num_bindings' or 'gap'; got {field_name!r}")
+    specs = [replace(base, **{field_name: value}) for value in values]
+    if field_name != "num_bindings" or not fixed_length:
+        return specs
+    fact = len(TaskBuilder(tokenizer, base).fact(0, 0))
+    fewest = min(values)
+    out = []
+    for spec in specs:
+        filler = base.filler_tokens - (spec.num_bindings - fewest) * spec.repeats * fact
+        if filler < (base.gap or 0):
+            raise ValueError(f"rule 'fixed length': {spec.num_bindings} bindings x {spec.repeats} presentations "
+                             f"of {fact} tokens leave {filler} filler tokens of {base.filler_tokens} (gap "
+                             f"{base.gap or 0}); raise filler_tokens or lower the largest load")
+        out.append(replace(spec, filler_tokens=filler))
+    return out
+
+
+def sweep(model: nn.Module, tokenizer, sources, component: Component, base: TaskSpec, field_name: str,
+          values: Sequence[int], seed: int = 0, split: str | None = None, fixed_length: bool = True) -> Result:
+    """Clean accuracy, the component's state-swap effect (vs the equal-norm random swap) and the non-target break
+    rate as one field of the ``TaskSpec`` varies: ``num_bindings`` (load, at a fixed prompt length unless
+    ``fixed_length=False``; see ``sweep_specs``) or ``gap`` (Figs. 7-8)."""
     rows = []
-    for value in values:
-        builder = TaskBuilder(tokenizer, replace(base, **{field_name: value}))
-        batch = make_batch(build_items(builder, sources, seed=seed, split=split))
+    for value, spec in zip(values, sweep_specs(tokenizer, base, field_name, values, fixed_length)):
+        batch = make_batch(build_items(TaskBuilder(tokenizer, spec), sources, seed=seed, split=split))
         at = batch.boundary
         choice = candidate_logits(model, batch, [[], [StateSwap([component], at)],
                                                  [StateSwap([component], at, control="random")]])
@@ -369,20 +405,23 @@ def logit_lens(model: nn.Module, items: Sequence[Item]) -> Result:
 
 
 def joint_topk(model: nn.Module, dev_items: Sequence[Item], test_items: Sequence[Item],
-               ks: Sequence[int] = (1, 2, 4, 8)) -> Result:
-    """Rank components on development items, then swap the top k jointly on test items; the share of the
-    effect of swapping every state and conv cache (E.2, Fig. 14)."""
-    ranking = sorted(head_scan(model, dev_items).rows, key=lambda r: r["rank"])
-    order = [Component(r["layer"], r["head"], r["memory"]) for r in ranking]
+               ks: Sequence[int] = (1, 2, 4, 8), ranking: Sequence[Component] | None = None) -> Result:
+    """Rank components on development items (or take ``ranking``, e.g. a head scan's order, best first), then
+    swap the top k jointly on test items; the share of the effect of swapping every state and conv cache (E.2,
+    Fig. 14), a ratio of source means."""
+    if ranking is None:
+        ranking = [Component.parse(r["component"])
+                   for r in sorted(head_scan(model, dev_items).rows, key=lambda r: r["rank"])]
+    order = list(ranking)
     batch = make_batch(test_items)
     at = batch.boundary
     ks = [k for k in ks if k <= len(order)]
     full = [StateSwap(order, at), CacheSwap(recurrent_layers(model), at, ("conv",))]
     choice = candidate_logits(model, batch, [[]] + [[StateSwap(order[:k], at)] for k in ks] + [full])
     shift = shifts(choice, batch)
-    rows = []
-    for i, k in enumerate(ks):
-        rows += estimate_rows({"share_of_full": shift[i] / shift[-1]}, batch.sources, k=k)
+    rows = [{"k": k, "metric": "share_of_full",
+             **bootstrap_ratio(shift[i].cpu().numpy(), shift[-1].cpu().numpy(), batch.sources).as_dict()}
+            for i, k in enumerate(ks)]
     return Result("joint_topk", rows, {"order": [str(c) for c in order[: max(ks)]]}, plots.topk(rows))
 
 

@@ -152,7 +152,7 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
     edit_sets = [list(edits) for edits in edit_sets]
     batch, length = recipient_ids.shape
     validate(model, edit_sets, length)
-    positions = list(range(length)) if logits_at is None else [int(p) for p in logits_at]
+    positions = logit_positions(logits_at, length)
     sources = Sources(model, recipient_ids, donor_ids)
     sources.prepare(edit_sets)
     at = split_point(edit_sets)
@@ -169,6 +169,18 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
             logits = _split_run(model, recipient_ids, group, plan, at, positions, sources, shared)
         out.append(logits.reshape(len(group), batch, len(positions), -1))
     return torch.cat(out)
+
+
+def logit_positions(logits_at: Sequence[int] | None, length: int) -> list[int]:
+    """``logits_at`` as non-negative positions in the caller's order (negative ones count from the end, as in
+    Python indexing); every position of the prompt when None. ``ValueError`` for a position outside the prompt."""
+    if logits_at is None:
+        return list(range(length))
+    positions = [int(p) for p in logits_at]
+    bad = [p for p in positions if not -length <= p < length]
+    if bad or not positions:
+        raise ValueError(f"logits_at must be positions of the {length}-token prompt (at least one); got {bad or []}")
+    return [p % length for p in positions]
 
 
 def run(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
@@ -223,12 +235,9 @@ def _split_run(model, recipient_ids, edit_sets, plan, at, positions, sources, sh
                 apply_cache_edit(model, cache, shared.donor, e, slice(n * batch, (n + 1) * batch))
     hidden_suffix = forward(model, recipient_ids[:, at:].repeat(rows, 1), cache, plan, (at, length), sources)
     before, after = [p for p in positions if p < at], [p - at for p in positions if p >= at]
-    parts = []
-    if before:
-        parts.append(unembed(model, hidden_prefix[:, before]))
-    if after:
-        parts.append(unembed(model, hidden_suffix[:, after]))
-    return torch.cat(parts, dim=1)
+    hidden = torch.cat([hidden_prefix[:, before], hidden_suffix[:, after]], dim=1)
+    first, second = iter(range(len(before))), iter(range(len(before), len(positions)))
+    return unembed(model, hidden[:, [next(first) if p < at else next(second) for p in positions]])  # caller's order
 
 
 def forward(model, ids, cache, plan: Plan | None, chunk: tuple[int, int], sources: Sources) -> torch.Tensor:

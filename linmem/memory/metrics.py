@@ -62,6 +62,8 @@ def break_rate(clean_correct: torch.Tensor, edited_correct: torch.Tensor) -> tup
     return (float((~edited_correct.bool() & right).sum()) / n if n else float("nan")), n
 
 
-def normalized_effect(shift: torch.Tensor, full_shift: torch.Tensor) -> torch.Tensor:
-    """Donor-margin shift of one edit as a share of the full edit's (e.g. KV-only / both caches), per item."""
-    return shift / full_shift
+def normalized_effect(shift: torch.Tensor, full_shift: torch.Tensor) -> float:
+    """Normalized donor effect: the mean donor-margin shift of one edit over the full edit's (e.g. KV-only / both
+    caches), a ratio of means; per-item ratios are unbounded where the full edit barely moves an item
+    (``stats.bootstrap_ratio`` gives it with a CI over sources)."""
+    return float(shift.double().mean() / full_shift.double().mean())

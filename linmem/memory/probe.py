@@ -12,14 +12,16 @@ from tqdm import tqdm
 
 from linmem.data.sources import Document
 from linmem.memory import experiments as ex
-from linmem.memory.components import Component, attention_layers
+from linmem.memory.components import Component, attention_layers, check_component
 from linmem.memory.report import write_report
 from linmem.memory.tasks import KEY_WORDS, VALUE_WORDS, TaskBuilder, TaskSpec, Tokenize, build_items, passages
 
 
 @dataclass
 class ProbeOptions:
-    """Protocol sizes: ``dev_sources`` / ``confirm_sources`` passages, the task shape, the sweeps' values."""
+    """Protocol sizes: ``dev_sources`` / ``confirm_sources`` passages, the task shape, the sweeps' values; ``only``
+    runs just the named experiments (``EXPERIMENTS``), ``component`` (like ``"L3H1S"``) replaces the head scan's
+    choice."""
 
     dev_sources: int = 16
     confirm_sources: int = 16
@@ -31,6 +33,8 @@ class ProbeOptions:
     gaps: tuple[int, ...] = (0, 128, 256)
     sweeps: bool = True
     extras: bool = True
+    only: tuple[str, ...] = ()
+    component: str | None = None
 
 
 def pick_spec(tokenizer, spec: TaskSpec) -> TaskBuilder:
@@ -60,53 +64,82 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
     return dev, confirm
 
 
+EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
+               "sweep_gap", "overlap", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
+SWEEPS = ("sweep_num_bindings", "sweep_gap")
+EXTRAS = ("overlap", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
+NEEDS_COMPONENT = ("lifecycle", "four_facts", "sweep_num_bindings", "sweep_gap", "overlap", "neutral_suppression")
+
+
+def selected(options: ProbeOptions) -> list[str]:
+    """The experiments to run, in protocol order: ``options.only`` (every one when empty) less the skipped
+    sweeps / extras; the head scan too when a later one needs the frozen component and none is given."""
+    only = options.only or EXPERIMENTS
+    bad = [name for name in only if name not in EXPERIMENTS]
+    if bad:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {', '.join(EXPERIMENTS)}")
+    names = [n for n in EXPERIMENTS if n in only and (options.sweeps or n not in SWEEPS)
+             and (options.extras or n not in EXTRAS)]
+    if options.component is None and any(n in NEEDS_COMPONENT for n in names) and "head_scan" not in names:
+        names.insert(0, "head_scan")
+    return names
+
+
 def run_protocol(model, tokenizer, documents: Iterable[Document], options: ProbeOptions, out_dir: str | Path,
                  header: dict | None = None) -> dict:
-    """Run every experiment of the default protocol, write ``report.html`` and ``results.json``; returns the
-    results as a dict (``name -> summary``)."""
+    """Run the experiments of the default protocol (or ``options.only``), write ``report.html`` and
+    ``results.json``; returns the results as a dict (``name -> summary``).
+
+    The head scan runs on development sources and freezes its winner (or ``options.component`` is used); every
+    other experiment runs on the held-out confirmation sources.
+    """
     spec = TaskSpec(num_bindings=options.num_bindings, repeats=options.repeats,
                     filler_tokens=options.filler_tokens)
     builder = pick_spec(tokenizer, spec)
+    names = selected(options)
+    loads = [k for k in options.loads if k <= len(builder.keys)]
+    gaps = [g for g in options.gaps if g <= options.filler_tokens]
+    if "sweep_num_bindings" in names:  # a load that does not fit fails now, not after the costly experiments
+        ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
+    chosen = None if options.component is None else Component.parse(options.component)
+    if chosen is not None:
+        check_component(model, chosen)
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
+    ranking = None
+    runs = {
+        "lifecycle": lambda: ex.lifecycle(model, confirm_items, chosen, seed=options.seed),
+        "four_facts": lambda: ex.four_facts(model, builder, confirm, chosen, seed=options.seed),
+        "hybrid_attribution": lambda: ex.hybrid_attribution(model, confirm_items),
+        "s_vs_r": lambda: ex.s_vs_r(model, confirm_items),
+        "sweep_num_bindings": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "num_bindings",
+                                               loads, options.seed),
+        "sweep_gap": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed),
+        "overlap": lambda: ex.overlap(model, confirm_items, chosen),
+        "logit_lens": lambda: ex.logit_lens(model, confirm_items),
+        "neutral_suppression": lambda: ex.neutral_suppression(model, build_items(
+            TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed), chosen),
+        "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
+        "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
+    }
     results = []
-    steps = tqdm(total=6 + 2 * options.sweeps + 5 * options.extras, desc="probe", unit="experiment")
-    scan = ex.head_scan(model, dev_items)
-    results.append(scan)
-    steps.update()
-    chosen = Component.parse(scan.summary["chosen"])
-    results.append(ex.lifecycle(model, confirm_items, chosen))
-    steps.update()
-    results.append(ex.four_facts(model, builder, confirm, chosen, seed=options.seed))
-    steps.update()
-    results.append(ex.hybrid_attribution(model, confirm_items))
-    steps.update()
-    results.append(ex.s_vs_r(model, confirm_items))
-    steps.update()
-    if options.sweeps:
-        loads = [k for k in options.loads if k <= len(builder.keys)]
-        results.append(ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "num_bindings", loads,
-                                options.seed))
-        steps.update()
-        gaps = [g for g in options.gaps if g <= options.filler_tokens]
-        results.append(ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed))
-        steps.update()
-    if options.extras:
-        for run in (lambda: ex.overlap(model, confirm_items, chosen), lambda: ex.logit_lens(model, confirm_items),
-                    lambda: ex.neutral_suppression(model, build_items(
-                        TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed),
-                        chosen),
-                    lambda: ex.joint_topk(model, dev_items, confirm_items),
-                    lambda: ex.write_read_spearman(model, confirm_items)):
-            results.append(run())
-            steps.update()
-    steps.close()
+    for name in tqdm(names, desc="probe", unit="experiment"):
+        if name == "head_scan":
+            scan = ex.head_scan(model, dev_items)
+            ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
+            chosen = chosen or ranking[0]
+            results.append(scan)
+        else:
+            results.append(runs[name]())
     results = [r for r in results if r.rows]
-    confirmed = confirmation(results[1].rows)
+    lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "task": repr(builder.spec), "dev_sources": [p[0] for p in dev],
-              "confirm_sources": [p[0] for p in confirm], "chosen": str(chosen),
-              "confirmed_on_held_out": confirmed,
+              "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),
+              "chosen_by": "option" if options.component else "head scan on development sources",
+              "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
+              "loads": loads if "sweep_num_bindings" in names else None,
+              "gaps": gaps if "sweep_gap" in names else None,
               "attention_layers": attention_layers(model), "seed": options.seed}
     write_report(results, out_dir, header)
     return {r.name: r.summary for r in results}

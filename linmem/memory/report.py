@@ -24,10 +24,12 @@ READING = {
                   "non-target queries that were right and broke. Right: fact B's margin change when Δ_A (or its "
                   "part parallel / orthogonal to Δ_B) is added, against equal-norm Gaussians.",
     "hybrid_attribution": "Donor-margin shift of swapping only the recurrent (state + conv) caches or only the "
-                          "attention KV caches, as a share of swapping both (1 = all of the effect).",
+                          "attention KV caches, as a share of swapping both (1 = all of the effect; a ratio of "
+                          "source means).",
     "s_vs_r": "Per layer, the donor-margin shift of swapping the base memories S, the residual memories R, or both.",
-    "sweep_num_bindings": "Left: clean recall as the number of bindings (load) grows at a fixed filler length. "
-                          "Right: the frozen component's state-swap effect vs the equal-norm random swap.",
+    "sweep_num_bindings": "Left: clean recall as the number of bindings (load) grows at a fixed prompt length "
+                          "(added facts replace filler). Middle: the frozen component's state-swap effect vs the "
+                          "equal-norm random swap. Right: the non-target break rate (5% dashed).",
     "overlap": "Target-margin change when the chosen head's write keys after the target's last presentation are "
                "turned toward the key it wrote the target's value with (align), away from it (orthogonal, the "
                "control), or the same on a control head. < 0: overlapping later writes harm the fact.",

@@ -109,7 +109,8 @@ class TaskSpec:
 @dataclass
 class Query:
     """One binding asked at the end: ``tokens`` (the query suffix), ``candidates`` (4 value ids), ``answer`` and
-    ``donor_answer`` (indices into candidates; equal for a non-target binding; -1 for a neutral donor)."""
+    ``donor_answer`` (indices into candidates; equal to ``answer`` for a non-target binding and for the target of
+    a neutral item, whose donor has no value for it)."""
 
     binding: int
     tokens: list[int]
@@ -243,7 +244,7 @@ class TaskBuilder:
         """The 4 balanced candidates: the answer, the donor value (target) or a random value, and others; the
         latest-value variant always includes the old value."""
         answer = values[b]
-        chosen = [answer] + ([donor_value] if is_donor_target else []) + ([old_value] if old_value else [])
+        chosen = [answer] + ([donor_value] if is_donor_target else []) + ([] if old_value is None else [old_value])
         rest = [v for v in self.values if v not in chosen]
         chosen += [int(v) for v in rng.choice(rest, 4 - len(chosen), replace=False)]
         order = rng.permutation(4)

@@ -1,0 +1,183 @@
+"""The memory lab's experiments and ``linmem probe`` on tiny random float64 models: every experiment runs and returns
+its table and figure, the identities its metrics must meet hold, the random controls are drawn per item, the load
+sweep keeps the prompt length, and the CLI runs single experiments."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import linmem  # noqa: F401
+import linmem.memory as mm
+from linmem.cli import main
+from linmem.data.sources import Document
+from linmem.data.tokenizer import save_tokenizer, train_tokenizer
+from linmem.memory import experiments as ex
+from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
+from linmem.models import LinMemConfig
+
+WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
+KEYS = "Alice Bob Carol David Emma Frank".split()
+VALUES = "red blue green yellow black white".split()
+SPEC = TaskSpec(num_bindings=2, repeats=2, filler_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    rng = np.random.default_rng(0)
+    docs = [Document("toy", f"toy:{i}", " ".join(rng.choice(WORDS, 150))) for i in range(10)]
+    facts = [f" The code of {k} is {v}." for k in KEYS for v in VALUES] * 5
+    tokenizer = train_tokenizer([d.text for d in docs] + facts, vocab_size=400)
+    sources = passages(docs, Tokenize(tokenizer), 40)
+    return docs, tokenizer, TaskBuilder(tokenizer, SPEC), sources
+
+
+def tiny(tokenizer, **settings) -> torch.nn.Module:
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8, expand_v=2.0, hidden_ratio=2)
+    config = LinMemConfig(vocab_size=tokenizer.get_vocab_size(), **{**sizes, **settings})
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # larger projections than the 0.02 init, so edits move the logits
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")):
+                p.normal_(0, 0.3)
+    return model.to(torch.float64).eval()
+
+
+def rows_of(result, **match) -> list[dict]:
+    return [r for r in result.rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4,
+                 attn_num_kv_heads=2)
+    items = build_items(builder, sources)
+    chosen = mm.Component(0, 1, "S")
+    results = [
+        ex.head_scan(model, items), ex.lifecycle(model, items, chosen), ex.four_facts(model, builder, sources, chosen),
+        ex.hybrid_attribution(model, items), ex.s_vs_r(model, items),
+        ex.sweep(model, tokenizer, sources, chosen, SPEC, "num_bindings", [1, 2]),
+        ex.sweep(model, tokenizer, sources, chosen, SPEC, "gap", [0, 8]), ex.overlap(model, items, chosen),
+        ex.logit_lens(model, items),
+        ex.neutral_suppression(model, build_items(TaskBuilder(tokenizer, replace(SPEC, variant="neutral")),
+                                                  sources), chosen),
+        ex.joint_topk(model, items, items, ks=(1, 2)), ex.write_read_spearman(model, items, draws=20),
+    ]
+    for result in results:
+        assert result.rows and result.figure is not None, result.name
+        assert all(r["n"] > 0 and r["sources"] > 0 for r in result.rows if "n" in r), result.name
+    hybrid = {r["cache"]: r for r in rows_of(results[3], metric="normalized_donor_effect")}
+    assert hybrid["both"]["mean"] == pytest.approx(1.0) and hybrid["both"]["low"] == pytest.approx(1.0)
+    assert set(hybrid) == {"recurrent", "kv", "both"}
+    shares = rows_of(results[4], metric="share_of_layer", memory="S+R")
+    assert shares and all(r["mean"] == pytest.approx(1.0) for r in shares)
+
+
+def test_recurrent_cache_swap_is_the_whole_effect_without_attention(lab):
+    """Without attention layers the recurrent caches are every cache: normalized donor effect exactly 1."""
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="gdn")
+    result = ex.hybrid_attribution(model, build_items(builder, sources))
+    recurrent = rows_of(result, cache="recurrent", metric="normalized_donor_effect")[0]
+    assert recurrent["mean"] == pytest.approx(1.0, abs=1e-9)
+    assert recurrent["low"] == pytest.approx(1.0, abs=1e-9) and recurrent["high"] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_random_controls_draw_a_direction_per_item(lab):
+    """Two identical items from two sources: the chosen edit's effect is the same on both (a CI of zero width),
+    the equal-norm random edits differ (each item has its own Gaussian direction)."""
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="gdn")
+    item = build_items(builder, sources)[0]
+    twin = replace(item, source_id=item.source_id + "-twin")
+    result = ex.lifecycle(model, [item, twin], mm.Component(1, 0, "S"))
+    for intervention in ("state swap", "donor write", "output patch"):
+        chosen = rows_of(result, intervention=intervention, target="chosen", metric="donor_margin_shift")[0]
+        random = rows_of(result, intervention=intervention, target="random", metric="donor_margin_shift")[0]
+        assert chosen["high"] - chosen["low"] < 1e-9, intervention
+        assert random["high"] - random["low"] > 1e-6, intervention
+
+
+def test_load_sweep_keeps_the_prompt_length(lab):
+    _, tokenizer, builder, sources = lab
+    base = replace(SPEC, filler_tokens=30)
+    specs = ex.sweep_specs(tokenizer, base, "num_bindings", [1, 2, 3])
+    lengths = {len(build_items(TaskBuilder(tokenizer, s), sources)[0].prompt()) for s in specs}
+    assert len(lengths) == 1 and specs[0].filler_tokens == 30 and specs[2].filler_tokens < 30
+    growing = ex.sweep_specs(tokenizer, base, "num_bindings", [1, 3], fixed_length=False)
+    assert [s.filler_tokens for s in growing] == [30, 30]
+    with pytest.raises(ValueError, match="rule 'fixed length'"):
+        ex.sweep_specs(tokenizer, base, "num_bindings", [1, 6])
+    with pytest.raises(ValueError, match="field_name"):
+        ex.sweep_specs(tokenizer, base, "repeats", [1, 2])
+
+
+def test_four_facts_needs_one_recipient_for_both_facts(lab):
+    _, tokenizer, _, sources = lab
+    model = tiny(tokenizer, mixer="gdn")
+    latest = TaskBuilder(tokenizer, replace(SPEC, variant="latest", repeats=2))
+    with pytest.raises(ValueError, match="rule 'shared recipient'"):
+        ex.four_facts(model, latest, sources, mm.Component(0, 0))
+    with pytest.raises(ValueError, match="rule 'two facts'"):
+        ex.four_facts(model, TaskBuilder(tokenizer, replace(SPEC, num_bindings=1)), sources, mm.Component(0, 0))
+
+
+def test_frobenius_parts_add_up_and_controls_match_their_norms(lab, monkeypatch):
+    """The parallel and orthogonal parts of Δ_A sum to Δ_A, the parallel one is a multiple of Δ_B, and each
+    Gaussian control has its part's Frobenius norm."""
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="gdn")
+    items_a, items_b = ex.fact_pairs(builder, sources, 0, None)
+    added = []
+    monkeypatch.setattr(ex, "StateAdd", lambda comps, at, delta: added.append(delta) or mm.StateAdd(comps, at, delta))
+    ex.frobenius_split(model, items_a, items_b, mm.Component(1, 1))
+    full, full_noise, parallel, parallel_noise, orthogonal, orthogonal_noise = added
+    norm = lambda x: x.flatten(1).norm(dim=1)  # noqa: E731
+    assert torch.allclose(parallel + orthogonal, full, atol=1e-12)
+    assert (parallel * orthogonal).sum((1, 2)).abs().max() < 1e-9 * norm(full).max() ** 2
+    for part, noise in ((full, full_noise), (parallel, parallel_noise), (orthogonal, orthogonal_noise)):
+        assert torch.allclose(norm(part), norm(noise), rtol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def model_dir(lab, tmp_path_factory):
+    docs, tokenizer, _, _ = lab
+    root = tmp_path_factory.mktemp("probe")
+    (root / "texts").mkdir()
+    for i, doc in enumerate(docs):
+        (root / "texts" / f"{i:02d}.txt").write_text(doc.text)
+    tiny(tokenizer, mixer="gdn").float().save_pretrained(root / "model")
+    save_tokenizer(tokenizer, root / "model")
+    return root
+
+
+def probe(root, *extra) -> int:
+    return main(["probe", str(root / "model"), "--out", str(root / "out"), "--filler", "24", "--bindings", "2",
+                 "--repeats", "2", "--dev-sources", "3", "--confirm-sources", "3", "--device", "cpu",
+                 "--sources", str(root / "texts"), *extra])
+
+
+def test_probe_runs_single_experiments(model_dir):
+    assert probe(model_dir, "--only", "logit_lens") == 0
+    payload = json.loads((model_dir / "out" / "results.json").read_text())
+    assert set(payload["experiments"]) == {"logit_lens"} and payload["header"]["chosen"] is None
+    assert probe(model_dir, "--only", "overlap") == 0  # needs a component: the head scan runs first
+    payload = json.loads((model_dir / "out" / "results.json").read_text())
+    assert set(payload["experiments"]) == {"head_scan", "overlap"}
+    assert probe(model_dir, "--only", "lifecycle", "--component", "L1H0S") == 0
+    payload = json.loads((model_dir / "out" / "results.json").read_text())
+    assert set(payload["experiments"]) == {"lifecycle"} and payload["header"]["chosen"] == "L1H0S"
+    assert isinstance(payload["header"]["confirmed_on_held_out"], bool)
+
+
+def test_probe_reports_bad_options_before_running(model_dir, capsys):
+    assert probe(model_dir, "--only", "lifecycle", "--component", "L0H5S") == 2
+    assert "head must be in [0, 2)" in capsys.readouterr().err
+    assert probe(model_dir, "--only", "sweep_num_bindings", "--component", "L0H0S", "--loads", "1", "3") == 2
+    assert "rule" in capsys.readouterr().err
