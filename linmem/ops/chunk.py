@@ -118,6 +118,19 @@ def target_of_error(v: torch.Tensor, p: torch.Tensor, config: MemoryConfig) -> t
     return residual_target(v - p, config.residual_target, config.clip)
 
 
+class DenseGradient(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient. The output's gradient arrives in the ``[B, T, H, V]``
+    layout (or expanded, after a ``sum``), and each matrix product of the backward would copy it again."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
 class ChunkedKeys:
     """Keys and decays of one sequence batch in chunk layout, with the decay-weighted score matrices that both
     memories of RLA/RDN share (computed once, on first use).
@@ -275,6 +288,11 @@ def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.
     return base_read, residual_read
 
 
+def output(o: torch.Tensor, rest: float, length: int) -> torch.Tensor:
+    """``rest · o`` in the ``[B, T, H, V]`` layout (``rest``: what the queries did not carry of the scale)."""
+    return from_chunks(DenseGradient.apply(o) if rest == 1.0 else rest * o, length)
+
+
 def chunk_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -306,7 +324,7 @@ def chunk_forward(
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
         o = base.read(qc, now, strict=False, cache_as="queries")
-        return from_chunks(o if rest == 1.0 else rest * o, length), base.final, None
+        return output(o, rest, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
     r = target_of_error(vc, base.read_keys(), config)
@@ -330,4 +348,4 @@ def chunk_forward(
         o = torch.addcmul(base_read, gammac.unsqueeze(-1), residual_read)
     else:
         o = base_read + residual_read
-    return from_chunks(o if rest == 1.0 else rest * o, length), base.final, residual_final
+    return output(o, rest, length), base.final, residual_final
