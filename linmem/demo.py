@@ -71,6 +71,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model and task would bury the demo's own
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     result = run_demo(args.out, args.device, args.quick, models=models, probe=args.probe, zoo_dir=args.zoo_dir)
     print(f"linmem demo: {len(result['models'])} models evaluated, memory lab on {result['probe']['model']}; "

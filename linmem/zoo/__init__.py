@@ -12,7 +12,7 @@ The zoo dir is ``linmem/zoo/models`` in the installed package, or the folder nam
 ```python
 import linmem.zoo
 linmem.zoo.names()                               # ['sgla', 'gla', 'gdn', 'rla', 'rdn', 'gdn-hybrid', 'transformer']
-model, tokenizer = linmem.zoo.load("rdn")        # float32 on the CPU, eval mode; tokenizer from AutoTokenizer
+model, tokenizer = linmem.zoo.load("rdn")        # float32 on the CPU, eval mode; a transformers tokenizer
 ```
 """
 
@@ -75,14 +75,15 @@ def path(name: str, root_dir: str | os.PathLike | None = None) -> Path:
 def load(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
          root_dir: str | os.PathLike | None = None):
     """``(model, tokenizer)``: the shipped model ``name`` as ``dtype`` on ``device`` in eval mode, and its tokenizer
-    (``transformers.AutoTokenizer``)."""
-    from transformers import AutoTokenizer
+    (the transformers fast tokenizer ``AutoTokenizer.from_pretrained(folder)`` gives, loaded without AutoTokenizer's
+    model-type warning)."""
+    from transformers import PreTrainedTokenizerFast
 
     from linmem.models import LinMemForCausalLM
 
     folder = path(name, root_dir)
     model = LinMemForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(str(folder))
+    return model, PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def eval_record(name: str, root_dir: str | os.PathLike | None = None) -> dict[str, Any]:
