@@ -43,10 +43,11 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'name':<14}{'params':>11}{'MB':>7}{'test ppl':>10}{'MQAR':>7}{'NIAH':>7}  recall [95% CI]")
     for name in names:
-        record = zoo.eval_record(name, args.zoo_dir)
-        h = headline(record["eval"]["tasks"])
-        size = zoo.folder_bytes(zoo.path(name, args.zoo_dir)) / 1e6
-        print(f"{name:<14}{record['parameters']:>11,}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}"
+        folder = zoo.path(name, args.zoo_dir)
+        record = zoo.eval_record(name, args.zoo_dir) if (folder / "eval.json").is_file() else {}
+        h = headline(record["eval"]["tasks"]) if record else {}
+        size = zoo.folder_bytes(folder) / 1e6
+        print(f"{name:<14}{fmt(record.get('parameters')):>11}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}"
               f"{fmt(h.get('mqar_mean'), 2):>7}{fmt(h.get('niah_mean'), 2):>7}  {recall_cell(h)}")
     return 0
 
@@ -54,8 +55,11 @@ def run_list(args: argparse.Namespace) -> int:
 def run_ship(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from transformers.utils import logging as hf_logging
+
     from linmem.zoo.ship import SHIP_EVAL, ship
 
+    hf_logging.disable_progress_bar()
     names = [] if args.ship == ["none"] else args.ship
     ship(args.runs, names, zoo_dir=args.zoo_dir, docs=args.docs, options=replace(SHIP_EVAL, device=args.device),
          data=args.data, force=args.force_eval)
