@@ -132,9 +132,11 @@ def test_extreme_decays(g_fill):
     compare(inputs, True, rule="delta")
 
 
-def test_key_and_value_widths():
-    """A key width that is not a power of two (padded in the kernels) and a wider value than key."""
-    compare(make_inputs(1, 66, 1, 48, 40, seed=6), True, rule="delta")
+@pytest.mark.parametrize("K, V, rule", [(48, 40, "delta"), (80, 24, "additive"), (200, 16, "delta")])
+def test_key_and_value_widths(K, V, rule):
+    """Key widths that are not powers of two: one padded key block (48), two blocks of 64 with a partial second
+    (80), four blocks with a partial fourth (200); value widths split into several value blocks, the last partial."""
+    compare(make_inputs(1, 66, 1, K, V, seed=6), True, rule=rule)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -1,16 +1,19 @@
-"""Per-chunk gradients of the queries and keys, and the decay gradient of the state terms.
+"""Per-chunk gradients of the queries and keys, and the key-side parts of dβ, dγ and the decay gradient.
 
-One program per (chunk, head, block of key columns) loops over value blocks. With ``S_0, R_0`` the states before the
-chunk and ``dS, dR`` the gradients of the states after it (both stored by the passes before):
+One program per (chunk, head, block of BK key columns) loops over value blocks. With ``S_0, R_0`` the states before
+the chunk (forward pass) and ``dS, dR`` the gradients of the states after it (reverse pass), it accumulates
+``[C, BK]`` products: ``ō S_0``, ``ō R_0``, ``dx S_0`` (delta), ``dy R_0`` (delta, residual), ``d_err S_0``
+(residual) and ``u dS + w dR``. Then
 
-- ``dQ = diag(e^b)(ō S_0 + d̄ R_0) + E_Q K`` (the base term decays with ``bm`` without output gates);
-- ``dK = −diag(e^b)((β∘dU_T) S_0 + (γ∘dW_T) R_0) − diag(e^{bm}) d_err S_0 + diag(e^{b_C − b})(u dS + w dR)
-  + E_Qᵀ Q + (E_K + E_Kᵀ) K`` (the first bracket for the delta rule only);
-- the decay gradient of each state term is the row-wise dot of its own vector with its share of dQ or dK: +
-  for a row decay ``e^{b_t}`` or ``e^{bm_t}``, − for a column decay ``e^{−b_s}``; the chunk end ``b_C`` also gets
-  ``e^{b_C}(⟨S_0, dS⟩ + ⟨R_0, dR⟩)``.
+- ``dQ = diag(e^e) ō S_0 + diag(γ e^b) ō R_0 + E_Q K`` (``e = bm`` for the base read without output gates, and no γ);
+- ``dK = −diag(β e^b) dx S_0 − diag(γ e^b) dy R_0 − diag(e^{bm}) d_err S_0 + diag(e^{b_C − b})(u dS + w dR)
+  + E_Qᵀ Q + (E_K + E_Kᵀ) K``;
+- each state term's decay adds the row-wise dot of its own rows with the query or key rows to the gradient of its
+  exponent (+ for a row decay ``e^{b_t}`` or ``e^{bm_t}``, − for ``e^{−b_s}``); the chunk end ``b_C`` also gets
+  ``e^{b_C}(⟨S_0, dS⟩ + ⟨R_0, dR⟩)``;
+- ``dβ −= e^b k·(dx S_0)``, ``dγ += e^b q·(ō R_0) − e^b k·(dy R_0)``.
 
-The decay gradients are partial sums over key blocks; decay_grad.py adds them up.
+The per-token sums are partial (one slot per key block); decay_grad.py adds them up.
 """
 
 from __future__ import annotations
@@ -19,123 +22,138 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.primitives import (
-    load_decay,
-    load_gate,
-    load_rows,
-    load_state,
-    load_tile,
-    mm,
-    sequence_start,
-    store_rows,
+    at_token,
+    chunk_at,
+    key_block,
+    load_block,
+    load_decays,
+    mm_acc,
+    residual_target,
+    state_at,
+    store_token_gate,
+    store_token_rows,
+    token_gate,
+    token_rows,
+    token_scores,
 )
 
 
 @triton.jit
 def backward_keys_kernel(
-    q, k, do, b, g, beta, gamma, e_q, e_k, u_in, w_in, du_in, dw_in, derr_in,
-    base_chunks, res_chunks, d_base_chunks, d_res_chunks, dq, dk, db_part, dbm_part, db_end_part,
-    cu_seqlens, chunk_indices, scale, n_tok, n_chunks_total,
+    q, k, v, do, b, g, beta, gamma, e_q, e_k, u_in, w_in, err_in, dx_in, dy_in, derr_in,
+    base_chunks, res_chunks, d_base_chunks, d_res_chunks, dq, dk,
+    db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride,
+    cu_seqlens, chunk_indices, scale, clip, n_chunks_total,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
+    TARGET: tl.constexpr,
 ):
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n = tl.load(chunk_indices + 2 * i_c)
-    j = tl.load(chunk_indices + 2 * i_c + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    length = (eos - bos).to(tl.int32)
-    q = sequence_start(q, bos, i_h, H, K)
-    k = sequence_start(k, bos, i_h, H, K)
-    dq = sequence_start(dq, bos, i_h, H, K)
-    dk = sequence_start(dk, bos, i_h, H, K)
-    do = sequence_start(do, bos, i_h, H, V)
-    u_in = sequence_start(u_in, bos, i_h, H, V)
-    w_in = sequence_start(w_in, bos, i_h, H, V)
-    du_in = sequence_start(du_in, bos, i_h, H, V)
-    dw_in = sequence_start(dw_in, bos, i_h, H, V)
-    derr_in = sequence_start(derr_in, bos, i_h, H, V)
-    b = sequence_start(b, bos, i_h, H, 1)
-    g = sequence_start(g, bos, i_h, H, 1)
-    beta = sequence_start(beta, bos, i_h, H, 1)
-    gamma = sequence_start(gamma, bos, i_h, H, 1)
-    db_part = sequence_start(db_part, bos, i_h, H, 1)
-    dbm_part = sequence_start(dbm_part, bos, i_h, H, 1)
-    e_q = sequence_start(e_q, bos, i_h, H, C)
-    e_k = sequence_start(e_k, bos, i_h, H, C)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    base_chunks = state_at(base_chunks, i_c, i_h, H, K * V)
+    res_chunks = state_at(res_chunks, i_c, i_h, H, K * V)
+    d_base_chunks = state_at(d_base_chunks, i_c, i_h, H, K * V)
+    d_res_chunks = state_at(d_res_chunks, i_c, i_h, H, K * V)
     pos = tl.arange(0, C)
-    all_c = pos < C
-    r = j * C + pos
-    m_t = r < length
-    last = tl.minimum(j * C + C, length) - 1
-    b_last = tl.load(b + last * H)
-    bb = load_decay(b, r, m_t, H, b_last)
-    gg = load_gate(g, r, m_t, H)
-    bm = bb - gg
-    beta_t = load_gate(beta, r, m_t, H)
+    m_t = pos < n_valid
+    bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+    beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
     if RESIDUAL:
-        gamma_t = load_gate(gamma, r, m_t, H)
-    cols = i_k * BK + tl.arange(0, BK)
-    m_k = cols < K
+        gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
+    kc = i_k * BK + tl.arange(0, BK)
+    m_k = kc < K
 
-    dq_b = tl.zeros([C, BK], dtype=tl.float32)  # row decay e^{b}
-    dq_bm = tl.zeros([C, BK], dtype=tl.float32)  # row decay e^{bm}
-    dk_b = tl.zeros([C, BK], dtype=tl.float32)
-    dk_bm = tl.zeros([C, BK], dtype=tl.float32)
-    dk_end = tl.zeros([C, BK], dtype=tl.float32)  # column decay e^{b_C − b_s}
+    q_base = tl.zeros([C, BK], dtype=tl.float32)  # ō S_0
+    q_res = tl.zeros([C, BK], dtype=tl.float32)  # ō R_0
+    k_x = tl.zeros([C, BK], dtype=tl.float32)  # dx S_0
+    k_y = tl.zeros([C, BK], dtype=tl.float32)  # dy R_0
+    k_err = tl.zeros([C, BK], dtype=tl.float32)  # d_err S_0
+    k_end = tl.zeros([C, BK], dtype=tl.float32)  # u dS + w dR
     state_dot = tl.zeros([BK], dtype=tl.float32)
     for v0 in range(0, V, BV):
-        rows = v0 + tl.arange(0, BV)
-        m_v = rows < V
-        s0 = load_state(base_chunks, i_c, i_h, H, V, K, rows, m_v, cols, m_k)
-        ds = load_state(d_base_chunks, i_c, i_h, H, V, K, rows, m_v, cols, m_k)
-        d_base_read = scale * load_rows(do, r, m_t, H, V, rows, m_v)
-        u = load_rows(u_in, r, m_t, H, V, rows, m_v)
-        if RESIDUAL and not OUTPUT_GATES:
-            dq_bm += mm(d_base_read, s0, DT)
-        else:
-            dq_b += mm(d_base_read, s0, DT)
-        dk_end += mm(u, ds, DT)
-        state_dot += tl.sum(s0 * ds, 0)
+        vc = v0 + tl.arange(0, BV)
+        m_v = vc < V
+        # chunk states are [K, V]: the [BV, BK] tile has value stride 1, key stride V
+        s0 = load_block(base_chunks, vc, m_v, 1, kc, m_k, V)
+        ds = load_block(d_base_chunks, vc, m_v, 1, kc, m_k, V)
+        d_base_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
         if DELTA:
-            du = load_rows(du_in, r, m_t, H, V, rows, m_v)
-            dk_b += mm(beta_t[:, None] * du, s0, DT)
+            u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+            k_x = mm_acc(k_x, token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
+        else:
+            u = beta_t[:, None] * token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+        q_base = mm_acc(q_base, d_base_read, s0, DT)
+        k_end = mm_acc(k_end, u, ds, DT)
+        state_dot += tl.sum(s0.to(tl.float32) * ds.to(tl.float32), 0)
         if RESIDUAL:
-            r0 = load_state(res_chunks, i_c, i_h, H, V, K, rows, m_v, cols, m_k)
-            dr = load_state(d_res_chunks, i_c, i_h, H, V, K, rows, m_v, cols, m_k)
-            if OUTPUT_GATES:
-                d_res_read = gamma_t[:, None] * d_base_read
-            else:
-                d_res_read = d_base_read
-            w = load_rows(w_in, r, m_t, H, V, rows, m_v)
-            d_err = load_rows(derr_in, r, m_t, H, V, rows, m_v)
-            dq_b += mm(d_res_read, r0, DT)
-            dk_end += mm(w, dr, DT)
-            state_dot += tl.sum(r0 * dr, 0)
-            dk_bm += mm(d_err, s0, DT)
+            r0 = load_block(res_chunks, vc, m_v, 1, kc, m_k, V)
+            dr = load_block(d_res_chunks, vc, m_v, 1, kc, m_k, V)
             if DELTA:
-                dw = load_rows(dw_in, r, m_t, H, V, rows, m_v)
-                dk_b += mm(gamma_t[:, None] * dw, r0, DT)
+                w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                k_y = mm_acc(k_y, token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V), r0, DT)
+            else:
+                err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                w = gamma_t[:, None] * residual_target(err, clip, TARGET)
+            q_res = mm_acc(q_res, d_base_read, r0, DT)
+            k_end = mm_acc(k_end, w, dr, DT)
+            k_err = mm_acc(k_err, token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
+            state_dot += tl.sum(r0.to(tl.float32) * dr.to(tl.float32), 0)
 
-    qb = load_tile(q, r, m_t, H, K, cols, m_k)
-    kb = load_tile(k, r, m_t, H, K, cols, m_k)
-    dq_b = dq_b * tl.exp(bb)[:, None]
-    dq_bm = dq_bm * tl.exp(bm)[:, None]
-    dk_b = -dk_b * tl.exp(bb)[:, None]
-    dk_bm = -dk_bm * tl.exp(bm)[:, None]
-    dk_end = dk_end * tl.exp(b_last - bb)[:, None]
+    qb = key_block(at_token(q, tok, i_h, H, K), pos, m_t, H, K, BK, i_k).to(tl.float32)
+    kb = key_block(at_token(k, tok, i_h, H, K), pos, m_t, H, K, BK, i_k).to(tl.float32)
+    exp_b = tl.exp(bb)[:, None]
+    exp_bm = tl.exp(bm)[:, None]
+    d_b = tl.zeros([C], dtype=tl.float32)
+    d_bm = tl.zeros([C], dtype=tl.float32)
+    d_beta = tl.zeros([C], dtype=tl.float32)
+    d_gamma = tl.zeros([C], dtype=tl.float32)
+    if RESIDUAL and not OUTPUT_GATES:
+        dq_total = exp_bm * q_base
+        d_bm += tl.sum(qb * dq_total, 1)
+    else:
+        dq_total = exp_b * q_base
+        d_b += tl.sum(qb * dq_total, 1)
+    dk_total = tl.zeros([C, BK], dtype=tl.float32)
+    if RESIDUAL:
+        if OUTPUT_GATES:
+            q_res_read = tl.sum(qb * (exp_b * q_res), 1)
+            d_gamma += q_res_read
+            d_b += gamma_t * q_res_read
+            dq_total += (gamma_t[:, None] * exp_b) * q_res
+        else:
+            d_b += tl.sum(qb * (exp_b * q_res), 1)
+            dq_total += exp_b * q_res
+        err_term = -exp_bm * k_err
+        d_bm += tl.sum(kb * err_term, 1)
+        dk_total += err_term
+    if DELTA:
+        x_dot = tl.sum(kb * (exp_b * k_x), 1)
+        d_beta -= x_dot
+        d_b -= beta_t * x_dot
+        dk_total -= (beta_t[:, None] * exp_b) * k_x
+        if RESIDUAL:
+            y_dot = tl.sum(kb * (exp_b * k_y), 1)
+            d_gamma -= y_dot
+            d_b -= gamma_t * y_dot
+            dk_total -= (gamma_t[:, None] * exp_b) * k_y
+    end_term = tl.exp(b_last - bb)[:, None] * k_end
+    dk_total += end_term
     # the chunk's last key reaches the chunk end undecayed (e^0): it adds nothing to db, so leave it out of both sides
-    end_terms = tl.where(r == last, 0.0, tl.sum(kb * dk_end, 1))
-    d_b = tl.sum(qb * dq_b, 1) + tl.sum(kb * dk_b, 1) - end_terms
-    d_bm = tl.sum(qb * dq_bm, 1) + tl.sum(kb * dk_bm, 1)
-    d_end = tl.sum(end_terms, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)
+    end_dots = tl.where(pos == n_valid - 1, 0.0, tl.sum(kb * end_term, 1))
+    d_b -= end_dots
+    d_end = tl.sum(end_dots, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)
 
-    eq = load_rows(e_q, r, m_t, H, C, pos, all_c)
-    ek = load_rows(e_k, r, m_t, H, C, pos, all_c)
-    dq_total = dq_b + dq_bm + mm(eq, kb, DT)
-    dk_total = dk_b + dk_bm + dk_end + mm(tl.trans(eq), qb, DT) + mm(ek, kb, DT) + mm(tl.trans(ek), kb, DT)
-    store_rows(dq, dq_total, r, m_t, H, K, cols, m_k)
-    store_rows(dk, dk_total, r, m_t, H, K, cols, m_k)
-    part = i_k.to(tl.int64) * n_tok * H
-    tl.store(db_part + part + r * H, d_b, mask=m_t)
-    tl.store(dbm_part + part + r * H, d_bm, mask=m_t)
+    eq = token_scores(e_q, tok, i_h, pos, m_t, H, C)
+    ek = token_scores(e_k, tok, i_h, pos, m_t, H, C).to(tl.float32)
+    dq_total = mm_acc(dq_total, eq, kb, DT)
+    dk_total = mm_acc(dk_total, tl.trans(eq), qb, DT)
+    dk_total = mm_acc(dk_total, ek + tl.trans(ek), kb, DT)
+    store_token_rows(dq, dq_total, tok, i_h, pos, m_t, kc, m_k, H, K)
+    store_token_rows(dk, dk_total, tok, i_h, pos, m_t, kc, m_k, H, K)
+    slot = i_k.to(tl.int64) * part_stride
+    store_token_gate(db_part + slot, d_b, tok, i_h, pos, m_t, H)
+    store_token_gate(dbm_part + slot, d_bm, tok, i_h, pos, m_t, H)
+    store_token_gate(dbeta_part + slot, d_beta, tok, i_h, pos, m_t, H)
+    if RESIDUAL:
+        store_token_gate(dgamma_part + slot, d_gamma, tok, i_h, pos, m_t, H)
     tl.store(db_end_part + (i_k.to(tl.int64) * n_chunks_total + i_c) * H + i_h, d_end)

@@ -1,17 +1,25 @@
-"""The fused forward pass: one program per (sequence, head, block of value rows) walks the chunks in order and
-carries both states, the base memory S and the residual memory R (``[BV, K]`` rows each, float32).
+"""The forward pass: a sequential pass that only carries the states, then a chunk-parallel read-out.
 
-Per chunk, with ``KS = K S_0ᵀ`` (one product serves both base read-outs of the keys):
+``forward_states_kernel``: one program per (sequence, head, block of BV value columns) walks the chunks in order and
+carries the transposed states ``Sᵀ`` (and ``Rᵀ``) as key blocks ``[BK, BV]`` (float32). Per chunk, with
+``KS = K S_0ᵀ`` (one product serves the delta write and the prediction error):
 
 - base writes ``u = T_β diag(β)(V − diag(e^b) KS)`` (delta) or ``diag(β) V`` (additive);
 - prediction error ``err_t = v_t − S_{t−1}k_t = V − diag(e^{bm}) KS − A' u``, target ``r = ρ(err)``;
 - residual writes ``w = T_γ diag(γ)(r − diag(e^b) K R_0ᵀ)`` (delta) or ``diag(γ) r`` (additive);
-- ``o = scale·(diag(e^b) Q S_0ᵀ + P_base u + γ ∘ (diag(e^b) Q R_0ᵀ + P_res w))``;
-- hand-over ``S ← e^{b_C} S + uᵀ diag(e^{b_C − b}) K`` and the same for R with w.
+- hand-over ``Sᵀ ← e^{b_C} Sᵀ + Kᵀ diag(e^{b_C − b}) u`` and the same for R with w.
 
-Without a residual memory only S runs and ``o = scale·(diag(e^b) Q S_0ᵀ + P_base u)`` with the inclusive mask. With
-``STORE`` the pass also writes what the backward pass needs: the states before every chunk, u, w, err, the residual
-memory's own error ``ε = r − α_t R_{t−1}k_t`` (delta; r for the additive rule) and the residual read-out.
+Everything that does not depend on the state (b, the score rows A', P, the inverses T_β, T_γ) comes from the
+chunk-parallel kernels before it (scores.py, inverse.py). The pass stores the states before every chunk (input type
+for half-precision inputs, as the dots read them), the writes u (delta) and w, and (for the backward pass) err.
+
+This is the WY/UT form with the state product taken first: ``u = T_β diag(β) V − (T_β diag(β e^b) K) S_0ᵀ`` with a
+precomputed ``W = T_β diag(βe^b) K`` costs the same number of products per chunk (``W S_0ᵀ`` and ``M S_0ᵀ`` for the
+error, against ``K S_0ᵀ``, ``T_β·`` and ``A'·``), and this form needs no W, M, u0 tensors written and read back.
+
+``output_kernel``: one program per (chunk, head, block of value columns) reads the outputs from the stored states:
+``o = scale·(diag(e^e) Q S_0ᵀ + P_base u + γ ∘ (diag(e^b) Q R_0ᵀ + P_res w))`` (``e = bm`` for the base read without
+output gates, else b; without a residual memory ``o = scale·(diag(e^b) Q S_0ᵀ + P_base u)`` with the inclusive P).
 """
 
 from __future__ import annotations
@@ -20,135 +28,139 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.primitives import (
-    load_decay,
-    load_gate,
-    load_rows,
-    load_state,
-    load_tile,
+    at_token,
+    chunk_at,
+    chunk_of_sequence,
+    key_block,
+    load_block,
+    load_decays,
+    load_user_states,
     mm,
+    mm_acc,
+    read_blocks,
     residual_target,
-    sequence_start,
-    store_rows,
-    store_state,
+    sequence_at,
+    state_at,
+    store_chunk_states,
+    store_token_rows,
+    store_user_states,
+    token_gate,
+    token_rows,
+    token_scores,
+    update_blocks,
 )
 
 
 @triton.jit
-def forward_kernel(
-    q, k, v, b, g, beta, gamma, key_scores, base_scores, res_scores, inv_beta, inv_gamma,
-    base0, res0, o, base_final, res_final,
-    base_chunks, res_chunks, u_out, w_out, err_out, eps_out, res_read_out,
-    cu_seqlens, chunk_offsets, scale, clip,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
-    TARGET: tl.constexpr, STORE: tl.constexpr,
+def forward_states_kernel(
+    k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma,
+    base0, res0, base_final, res_final, base_chunks, res_chunks, u_out, w_out, err_out,
+    cu_seqlens, chunk_offsets, clip,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr,
+    STORE_ERR: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    length = (eos - bos).to(tl.int32)
-    q = sequence_start(q, bos, i_h, H, K)
-    k = sequence_start(k, bos, i_h, H, K)
-    v = sequence_start(v, bos, i_h, H, V)
-    o = sequence_start(o, bos, i_h, H, V)
-    u_out = sequence_start(u_out, bos, i_h, H, V)
-    w_out = sequence_start(w_out, bos, i_h, H, V)
-    err_out = sequence_start(err_out, bos, i_h, H, V)
-    eps_out = sequence_start(eps_out, bos, i_h, H, V)
-    res_read_out = sequence_start(res_read_out, bos, i_h, H, V)
-    b = sequence_start(b, bos, i_h, H, 1)
-    g = sequence_start(g, bos, i_h, H, 1)
-    beta = sequence_start(beta, bos, i_h, H, 1)
-    gamma = sequence_start(gamma, bos, i_h, H, 1)
-    key_scores = sequence_start(key_scores, bos, i_h, H, C)
-    base_scores = sequence_start(base_scores, bos, i_h, H, C)
-    res_scores = sequence_start(res_scores, bos, i_h, H, C)
-    inv_beta = sequence_start(inv_beta, bos, i_h, H, C)
-    inv_gamma = sequence_start(inv_gamma, bos, i_h, H, C)
+    bos, length = sequence_at(cu_seqlens, i_n)
     c0 = tl.load(chunk_offsets + i_n)
-    n_chunks = tl.cdiv(length, C)
-
     pos = tl.arange(0, C)
-    all_c = pos < C
-    rows = i_v * BV + tl.arange(0, BV)
-    m_v = rows < V
-    cols = tl.arange(0, BK)
-    m_k = cols < K
+    vc = i_v * BV + tl.arange(0, BV)
+    m_v = vc < V
 
-    state = load_state(base0, i_n, i_h, H, V, K, rows, m_v, cols, m_k)
-    if RESIDUAL:
-        res_state = load_state(res0, i_n, i_h, H, V, K, rows, m_v, cols, m_k)
+    s0, s1, s2, s3, r0, r1, r2, r3 = load_user_states(base0, res0, i_n, i_h, vc, m_v, H, K, V, BK, NK,
+                                                      RESIDUAL)
 
-    for j in range(n_chunks):
-        r = j * C + pos
-        m_t = r < length
-        last = tl.minimum(j * C + C, length) - 1
-        b_last = tl.load(b + last * H)
-        bb = load_decay(b, r, m_t, H, b_last)
-        gg = load_gate(g, r, m_t, H)
-        bm = bb - gg
-        kb = load_tile(k, r, m_t, H, K, cols, m_k)
-        vb = load_rows(v, r, m_t, H, V, rows, m_v)
-        beta_t = load_gate(beta, r, m_t, H)
-        if STORE:
-            store_state(base_chunks, state, c0 + j, i_h, H, V, K, rows, m_v, cols, m_k)
-            if RESIDUAL:
-                store_state(res_chunks, res_state, c0 + j, i_h, H, V, K, rows, m_v, cols, m_k)
-
-        ks = mm(kb, tl.trans(state), DT)  # [C, BV]: k_tᵀ-rows of S_0
+    for j in range(tl.cdiv(length, C)):
+        tok, n_valid = chunk_of_sequence(bos, length, j, C)
+        m_t = pos < n_valid
+        store_chunk_states(base_chunks, res_chunks, c0 + j, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3,
+                           H, K, V, BK, NK, RESIDUAL)
+        bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+        kp = at_token(k, tok, i_h, H, K)
+        vb = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+        beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
+        if DELTA or RESIDUAL:
+            ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)  # K S_0ᵀ
         if DELTA:
-            t_beta = load_tile(inv_beta, r, m_t, H, C, pos, all_c)
+            t_beta = token_scores(inv_beta, tok, i_h, pos, m_t, H, C)
             u = mm(t_beta, beta_t[:, None] * (vb - tl.exp(bb)[:, None] * ks), DT)
+            store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
         else:
             u = beta_t[:, None] * vb
-        if RESIDUAL or (DELTA and STORE):
-            a_prev = load_tile(key_scores, r, m_t, H, C, pos, all_c)
-            err = vb - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
-            if STORE:
-                store_rows(err_out, err, r, m_t, H, V, rows, m_v)
         if RESIDUAL:
-            gamma_t = load_gate(gamma, r, m_t, H)
+            err = vb - tl.exp(bm)[:, None] * ks - mm(token_scores(key_scores, tok, i_h, pos, m_t, H, C), u, DT)
+            if STORE_ERR:
+                store_token_rows(err_out, err, tok, i_h, pos, m_t, vc, m_v, H, V)
+            gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
             target = residual_target(err, clip, TARGET)
             if DELTA:
-                kr = mm(kb, tl.trans(res_state), DT)
-                t_gamma = load_tile(inv_gamma, r, m_t, H, C, pos, all_c)
+                kr = read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)  # K R_0ᵀ
+                t_gamma = token_scores(inv_gamma, tok, i_h, pos, m_t, H, C)
                 w = mm(t_gamma, gamma_t[:, None] * (target - tl.exp(bb)[:, None] * kr), DT)
-                if STORE:
-                    eps = target - tl.exp(bb)[:, None] * kr - tl.exp(gg)[:, None] * mm(a_prev, w, DT)
-                    store_rows(eps_out, eps, r, m_t, H, V, rows, m_v)
             else:
                 w = gamma_t[:, None] * target
-                if STORE:
-                    store_rows(eps_out, target, r, m_t, H, V, rows, m_v)
+            store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
 
-        qb = load_tile(q, r, m_t, H, K, cols, m_k)
-        p_base = load_tile(base_scores, r, m_t, H, C, pos, all_c)
-        if RESIDUAL and not OUTPUT_GATES:
-            read_decay = tl.exp(bm)
-        else:
-            read_decay = tl.exp(bb)
-        out = read_decay[:, None] * mm(qb, tl.trans(state), DT) + mm(p_base, u, DT)
+        to_end = tl.exp(b_last - bb)[:, None]  # e^{b_C − b_s}: each write's decay to the chunk end
+        chunk_decay = tl.exp(b_last)
+        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, to_end * u, H, K, BK, NK, DT)
         if RESIDUAL:
-            p_res = load_tile(res_scores, r, m_t, H, C, pos, all_c)
-            res_read = tl.exp(bb)[:, None] * mm(qb, tl.trans(res_state), DT) + mm(p_res, w, DT)
-            if OUTPUT_GATES:
-                out += gamma_t[:, None] * res_read
-                if STORE:
-                    store_rows(res_read_out, res_read, r, m_t, H, V, rows, m_v)
-            else:
-                out += res_read
-        store_rows(o, scale * out, r, m_t, H, V, rows, m_v)
-        if STORE:
-            store_rows(u_out, u, r, m_t, H, V, rows, m_v)
-            if RESIDUAL:
-                store_rows(w_out, w, r, m_t, H, V, rows, m_v)
+            r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, kp, pos, m_t, to_end * w, H, K, BK, NK, DT)
 
-        k_end = kb * tl.exp(b_last - bb)[:, None]  # e^{b_C − b_s} k_s: each key's decay to the chunk end
-        state = tl.exp(b_last) * state + mm(tl.trans(u), k_end, DT)
+    store_user_states(base_final, res_final, i_n, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H, K, V, BK, NK,
+                      RESIDUAL)
+
+
+@triton.jit
+def _read_states(q, base_chunks, res_chunks, i_c, i_h, pos, m_t, vc, m_v, H: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
+                 DT: tl.constexpr, RESIDUAL: tl.constexpr):
+    """``Q S_0ᵀ`` and ``Q R_0ᵀ`` ([C, BV]) from the chunk's stored states ([NT, H, K, V])."""
+    base_chunks = state_at(base_chunks, i_c, i_h, H, K * V)
+    res_chunks = state_at(res_chunks, i_c, i_h, H, K * V)
+    read_base = tl.zeros([C, BV], dtype=tl.float32)
+    read_res = tl.zeros([C, BV], dtype=tl.float32)
+    for i in tl.static_range(NK):
+        rows = i * BK + tl.arange(0, BK)
+        m_k = rows < K
+        qb = key_block(q, pos, m_t, H, K, BK, i)
+        read_base = mm_acc(read_base, qb, load_block(base_chunks, rows, m_k, V, vc, m_v, 1), DT)
         if RESIDUAL:
-            res_state = tl.exp(b_last) * res_state + mm(tl.trans(w), k_end, DT)
+            read_res = mm_acc(read_res, qb, load_block(res_chunks, rows, m_k, V, vc, m_v, 1), DT)
+    return read_base, read_res
 
-    store_state(base_final, state, i_n, i_h, H, V, K, rows, m_v, cols, m_k)
+
+@triton.jit
+def output_kernel(
+    q, v, b, g, beta, gamma, base_scores, res_scores, base_chunks, res_chunks, u_in, w_in, o,
+    cu_seqlens, chunk_indices, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
+):
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    pos = tl.arange(0, C)
+    m_t = pos < n_valid
+    vc = i_v * BV + tl.arange(0, BV)
+    m_v = vc < V
+    bb, bm, _ = load_decays(b, g, tok, i_h, pos, n_valid, H)
+    read_base, read_res = _read_states(at_token(q, tok, i_h, H, K), base_chunks, res_chunks, i_c, i_h, pos, m_t,
+                                       vc, m_v, H, K, V, C, BK, NK, BV, DT, RESIDUAL)
+    if DELTA:
+        u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+    else:
+        u = token_gate(beta, tok, i_h, pos, m_t, H)[:, None] * token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+    if RESIDUAL and not OUTPUT_GATES:
+        read_decay = tl.exp(bm)
+    else:
+        read_decay = tl.exp(bb)
+    out = read_decay[:, None] * read_base + mm(token_scores(base_scores, tok, i_h, pos, m_t, H, C), u, DT)
     if RESIDUAL:
-        store_state(res_final, res_state, i_n, i_h, H, V, K, rows, m_v, cols, m_k)
+        w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        res_read = tl.exp(bb)[:, None] * read_res + mm(token_scores(res_scores, tok, i_h, pos, m_t, H, C), w, DT)
+        if OUTPUT_GATES:
+            out += token_gate(gamma, tok, i_h, pos, m_t, H)[:, None] * res_read
+        else:
+            out += res_read
+    store_token_rows(o, scale * out, tok, i_h, pos, m_t, vc, m_v, H, V)

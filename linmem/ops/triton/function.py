@@ -1,9 +1,20 @@
 """The autograd Function that chains the kernels, and ``triton_forward``, the backend entry point.
 
-Forward: scores.py (in-chunk decays and score rows) → inverse.py (delta rule) → forward.py (sequential over chunks,
-both memories). When a gradient is needed the forward pass also stores the states before every chunk and the
-per-token writes; the backward pass is backward_states.py (reverse over chunks) → backward_scores.py →
-backward_keys.py → decay_grad.py, all on the same flattened layout (layout.py).
+Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
+
+1. scores.py ``chunk_scores_kernel`` [NT, H]: in-chunk log decays b and the ``[C, C]`` score rows A', P_base, P_res;
+2. inverse.py ``chunk_inverse_kernel`` [NT, H, 1 or 2] (delta rule): ``T_β``, ``T_γ``;
+3. forward.py ``forward_states_kernel`` [V/BV, N·H], sequential over chunks: carries S (and R), stores the states
+   before every chunk, the writes u (delta) and w (residual) and the prediction error (for the backward pass);
+4. forward.py ``output_kernel`` [V/BV, NT, H]: the read-outs from the stored states.
+
+Backward:
+
+5. backward_states.py ``backward_states_kernel`` [V/BV, N·H], reverse over chunks: dS (and dR) at every chunk end,
+   dx, dy, d_err per token, the initial states' gradients;
+6. backward_scores.py ``backward_scores_kernel`` [NT, H]: dv, the score-matrix gradients E_Q, E_K, partial gate sums;
+7. backward_keys.py ``backward_keys_kernel`` [NT, H, K/BK]: dq, dk, partial gate sums;
+8. decay_grad.py ``decay_grad_kernel`` [NT, H]: dg, dβ, dγ.
 """
 
 from __future__ import annotations
@@ -17,38 +28,47 @@ from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
 from linmem.ops.triton.backward_states import backward_states_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
-from linmem.ops.triton.forward import forward_kernel
+from linmem.ops.triton.forward import forward_states_kernel, output_kernel
 from linmem.ops.triton.inverse import chunk_inverse
-from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, interpreting, key_block
+from linmem.ops.triton.layout import (
+    CHUNK,
+    MAX_WIDTH,
+    SequenceLayout,
+    dot_dtype,
+    interpreting,
+    key_tiling,
+    score_dtype,
+)
 from linmem.ops.triton.primitives import TARGET_CODES
 from linmem.ops.triton.scores import chunk_scores
 
-# Launch options per kernel on a GPU (linmem.bench.kernels times alternatives; the interpreter ignores them).
-# BV: value rows per program (the sequential passes hold two [BV, K] float32 states), BK: key columns per program.
-# num_stages=1: Triton's default software pipelining (3 stages) multi-buffers every tile of these long loop bodies;
-# on Triton 3.6 that asked for 248 KB (bf16) to 502 KB (fp32) of shared memory on an H200 (limit 227 KB).
+# Launch options per kernel on a GPU (``linmem.bench.kernels --sweep`` times alternatives; the interpreter ignores
+# them). BV: value columns per program. The sequential passes (forward, backward_states) hold one or two states as
+# [64, BV] float32 key blocks; num_stages=1 keeps Triton from multi-buffering every tile of their long loop bodies
+# (Triton 3.6's default of 3 stages asked for more than the H200's 227 KB of shared memory).
 KERNEL_OPTIONS = {
-    "scores": dict(num_warps=4),
-    "inverse": dict(num_warps=4),
-    "forward": dict(num_warps=8, num_stages=1, BV=32),
-    "backward_states": dict(num_warps=8, num_stages=1, BV=32),
-    "backward_scores": dict(num_warps=8, num_stages=1, BV=64),
-    "backward_keys": dict(num_warps=8, num_stages=1, BK=64, BV=32),
-    "decay_grad": dict(num_warps=4),
+    "scores": dict(num_warps=4, num_stages=1),
+    "inverse": dict(num_warps=4, num_stages=1),
+    "forward": dict(num_warps=4, num_stages=1, BV=32),
+    "output": dict(num_warps=4, num_stages=1, BV=64),
+    "backward_states": dict(num_warps=4, num_stages=1, BV=32),
+    "backward_scores": dict(num_warps=8, num_stages=1, BV=32),
+    "backward_keys": dict(num_warps=8, num_stages=1, BV=32),
+    "decay_grad": dict(num_warps=4, num_stages=1),
 }
+INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
 
 
-def _options(name: str, key_dim: int = 0, value_dim: int = 0) -> tuple[dict, dict]:
-    """(block sizes, launch options) of one kernel for these widths."""
+def _options(name: str, value_dim: int = 0) -> tuple[dict, dict]:
+    """(block sizes, launch options) of one kernel for this value width."""
     opts = dict(KERNEL_OPTIONS[name])
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if interpreting():
         launch = {}
+        if "BV" in opts:
+            opts["BV"] = INTERPRETER_BV
     if "BV" in opts:
-        cap = 16 if key_dim > 128 and name in ("forward", "backward_states") else opts["BV"]
-        opts["BV"] = min(cap, max(16, triton.next_power_of_2(value_dim)))
-    if "BK" in opts:
-        opts["BK"] = min(opts["BK"], key_block(key_dim))
+        opts["BV"] = min(opts["BV"], max(16, triton.next_power_of_2(value_dim)))
     return opts, launch
 
 
@@ -62,55 +82,10 @@ class _Flags:
         self.target = TARGET_CODES[config.residual_target]
         self.clip = float(config.clip)
         self.dt = dot_dtype(dtype)
+        self.store_dtype = score_dtype(dtype)
 
     def kernel_args(self) -> dict:
-        return dict(DT=self.dt, DELTA=self.delta, RESIDUAL=self.residual, OUTPUT_GATES=self.gates)
-
-
-def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, layout: SequenceLayout, store: bool):
-    n_tok, heads, key_dim = k.shape
-    value_dim = v.shape[-1]
-    b, key_scores, base_scores, res_scores = chunk_scores(q, k, g, layout, delta=flags.delta,
-                                                          residual=flags.residual, output_gates=flags.gates,
-                                                          launch=_options("scores")[1])
-    inv_beta = inv_gamma = None
-    if flags.delta:
-        inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
-                                            _options("inverse")[1])
-
-    dev = k.device
-    o = _buf((n_tok, heads, value_dim), dev, v.dtype)
-    base_final = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
-    res_final = _buf(base_final.shape, dev, base_final.dtype) if flags.residual else None
-    saved = {}
-    if store:
-        per_chunk = (layout.num_chunks, heads, value_dim, key_dim)
-        per_token = (n_tok, heads, value_dim)
-        saved["base_chunks"] = _buf(per_chunk, dev)
-        saved["u"] = _buf(per_token, dev)
-        if flags.delta or flags.residual:
-            saved["err"] = _buf(per_token, dev)
-        if flags.residual:
-            saved["res_chunks"] = _buf(per_chunk, dev)
-            saved["w"] = _buf(per_token, dev)
-            saved["eps"] = _buf(per_token, dev)
-            if flags.gates:
-                saved["res_read"] = _buf(per_token, dev)
-    dummy = b
-    blocks, launch = _options("forward", key_dim, value_dim)
-    grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
-    forward_kernel[grid](
-        q, k, v, b, g, beta, gamma if gamma is not None else dummy,
-        _or(key_scores, dummy), base_scores, _or(res_scores, dummy), _or(inv_beta, dummy), _or(inv_gamma, dummy),
-        base0, _or(res0, dummy), o, base_final, _or(res_final, dummy),
-        *(saved.get(name, dummy) for name in ("base_chunks", "res_chunks", "u", "w", "err", "eps", "res_read")),
-        layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=key_block(key_dim), TARGET=flags.target,
-        STORE=store, **blocks, **flags.kernel_args(), **launch,
-    )
-    prepared = dict(b=b, key_scores=key_scores, base_scores=base_scores, res_scores=res_scores, inv_beta=inv_beta,
-                    inv_gamma=inv_gamma)
-    return o, base_final, res_final, prepared, saved
+        return dict(DT=self.dt, DELTA=self.delta, RESIDUAL=self.residual)
 
 
 def _buf(shape, device, dtype=torch.float32):
@@ -121,66 +96,115 @@ def _or(t, dummy):
     return dummy if t is None else t
 
 
-def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, prepared, saved):
+def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, layout: SequenceLayout, store: bool):
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     dev = k.device
-    dummy = prepared["b"]
-    b = prepared["b"]
-    p = {name: _or(t, dummy) for name, t in prepared.items()}
-    s = {name: saved.get(name, dummy) for name in ("base_chunks", "res_chunks", "u", "w", "err", "eps", "res_read")}
+    bk, nk = key_tiling(key_dim)
+    b, key_scores, base_scores, res_scores = chunk_scores(q, k, g, layout, delta=flags.delta,
+                                                          residual=flags.residual, output_gates=flags.gates,
+                                                          launch=_options("scores")[1])
+    inv_beta = inv_gamma = None
+    if flags.delta:
+        inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
+                                            _options("inverse")[1])
 
-    per_chunk = (layout.num_chunks, heads, value_dim, key_dim)
+    per_chunk = (layout.num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
     per_token = (n_tok, heads, value_dim)
-    d_base_chunks = _buf(per_chunk, dev)
-    d_res_chunks = _buf(per_chunk, dev) if flags.residual else dummy
-    du = _buf(per_token, dev)
-    dw = _buf(per_token, dev) if flags.residual else dummy
+    base_chunks = _buf(per_chunk, dev, flags.store_dtype)
+    res_chunks = _buf(per_chunk, dev, flags.store_dtype) if flags.residual else None
+    u = _buf(per_token, dev, flags.store_dtype) if flags.delta else None
+    w = _buf(per_token, dev, flags.store_dtype) if flags.residual else None
+    err = _buf(per_token, dev) if (flags.residual and store) else None
+    base_final = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
+    res_final = _buf(base_final.shape, dev) if flags.residual else None
+    dummy = b
+    blocks, launch = _options("forward", value_dim)
+    forward_states_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)](
+        k, v, b, g, beta, _or(gamma, dummy), _or(key_scores, dummy), _or(inv_beta, dummy), _or(inv_gamma, dummy),
+        base0, _or(res0, dummy), base_final, _or(res_final, dummy), base_chunks, _or(res_chunks, dummy),
+        _or(u, dummy), _or(w, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, TARGET=flags.target, STORE_ERR=err is not None,
+        **blocks, **flags.kernel_args(), **launch,
+    )
+    o = _buf(per_token, dev, v.dtype)
+    blocks, launch = _options("output", value_dim)
+    output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
+        q, v, b, g, beta, _or(gamma, dummy), base_scores, _or(res_scores, dummy), base_chunks,
+        _or(res_chunks, dummy), _or(u, dummy), _or(w, dummy), o, layout.cu_seqlens, layout.chunk_indices, scale,
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates,
+        **blocks, **flags.kernel_args(), **launch,
+    )
+    saved = dict(b=b, key_scores=key_scores, base_scores=base_scores, res_scores=res_scores, inv_beta=inv_beta,
+                 inv_gamma=inv_gamma, base_chunks=base_chunks, res_chunks=res_chunks, u=u, w=w, err=err)
+    return o, base_final, res_final, saved
+
+
+def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, saved):
+    n_tok, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    dev = k.device
+    bk, nk = key_tiling(key_dim)
+    dummy = saved["b"]
+    s = {name: _or(t, dummy) for name, t in saved.items()}
+    gamma_ = _or(gamma, dummy)
+
+    per_chunk = (layout.num_chunks, heads, key_dim, value_dim)
+    per_token = (n_tok, heads, value_dim)
+    d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
+    d_res_chunks = _buf(per_chunk, dev, flags.store_dtype) if flags.residual else dummy
+    dx = _buf(per_token, dev)
+    dy = _buf(per_token, dev) if flags.residual else dummy
     d_err = _buf(per_token, dev) if flags.residual else dummy
     d_base0 = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
-    d_res0 = _buf(d_base0.shape, dev, d_base0.dtype) if flags.residual else None
-    blocks, launch = _options("backward_states", key_dim, value_dim)
+    d_res0 = _buf(d_base0.shape, dev) if flags.residual else None
+    blocks, launch = _options("backward_states", value_dim)
     backward_states_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)](
-        q, k, do, b, g, beta, _or(gamma, dummy), p["key_scores"], p["base_scores"], p["res_scores"], p["inv_beta"],
-        p["inv_gamma"], s["err"], d_base_final, _or(d_res_final, dummy), d_base0, _or(d_res0, dummy),
-        d_base_chunks, d_res_chunks, du, dw, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=key_block(key_dim), TARGET=flags.target,
+        q, k, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["inv_beta"],
+        s["inv_gamma"], s["err"], d_base_final, _or(d_res_final, dummy), d_base0, _or(d_res0, dummy),
+        d_base_chunks, d_res_chunks, dx, dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
         **blocks, **flags.kernel_args(), **launch,
     )
 
-    key_blocks, key_launch = _options("backward_keys", key_dim, value_dim)
-    n_kblocks = triton.cdiv(key_dim, key_blocks["BK"])
-    dv = _buf((n_tok, heads, value_dim), dev, v.dtype)
-    dbeta = _buf((n_tok, heads), dev)
-    dgamma = _buf((n_tok, heads), dev) if flags.residual else dummy
-    e_q = _buf((n_tok, heads, CHUNK), dev)
-    e_k = _buf((n_tok, heads, CHUNK), dev)
-    db_part = _buf((n_kblocks + 1, n_tok, heads), dev)
-    dbm_part = _buf((n_kblocks + 1, n_tok, heads), dev)
-    blocks, launch = _options("backward_scores", key_dim, value_dim)
+    # partial sums of the per-token gate gradients: one slot per key block, the last from backward_scores
+    parts = _buf((4, nk + 1, n_tok, heads), dev)
+    db_part, dbm_part, dbeta_part, dgamma_part = parts.unbind(0)
+    part_stride = n_tok * heads
+    dv = _buf(per_token, dev, v.dtype)
+    e_q = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
+    e_k = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
+    blocks, launch = _options("backward_scores", value_dim)
     backward_scores_kernel[(layout.num_chunks, heads)](
-        v, do, b, g, beta, _or(gamma, dummy), p["key_scores"], p["base_scores"], p["res_scores"], s["u"], s["w"],
-        s["err"], s["eps"], s["res_read"], du, dw, d_err, dv, dbeta, dgamma, e_q, e_k, db_part[n_kblocks],
-        dbm_part[n_kblocks], layout.cu_seqlens, layout.chunk_indices, scale,
-        H=heads, V=value_dim, C=CHUNK, **blocks, **flags.kernel_args(), **launch,
+        v, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["u"], s["w"],
+        s["err"], dx, dy, d_err, dv, e_q, e_k, db_part[nk], dbm_part[nk], dbeta_part[nk], dgamma_part[nk],
+        layout.cu_seqlens, layout.chunk_indices, scale, flags.clip,
+        H=heads, V=value_dim, C=CHUNK, OUTPUT_GATES=flags.gates, TARGET=flags.target,
+        **blocks, **flags.kernel_args(), **launch,
     )
 
     dq = _buf(q.shape, dev, q.dtype)
     dk = _buf(k.shape, dev, k.dtype)
-    db_end_part = _buf((n_kblocks, layout.num_chunks, heads), dev)
-    backward_keys_kernel[(layout.num_chunks, heads, n_kblocks)](
-        q, k, do, b, g, beta, _or(gamma, dummy), e_q, e_k, s["u"], s["w"], du, dw, d_err,
-        s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk, db_part, dbm_part, db_end_part,
-        layout.cu_seqlens, layout.chunk_indices, scale, n_tok, layout.num_chunks,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, **key_blocks, **flags.kernel_args(), **key_launch,
+    db_end_part = _buf((nk, layout.num_chunks, heads), dev)
+    blocks, launch = _options("backward_keys", value_dim)
+    backward_keys_kernel[(layout.num_chunks, heads, nk)](
+        q, k, v, do, s["b"], g, beta, gamma_, e_q, e_k, s["u"], s["w"], s["err"], dx, dy, d_err,
+        s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk,
+        db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride,
+        layout.cu_seqlens, layout.chunk_indices, scale, flags.clip, layout.num_chunks,
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
+        **blocks, **flags.kernel_args(), **launch,
     )
 
     dg = _buf((n_tok, heads), dev)
+    dbeta = _buf((n_tok, heads), dev)
+    dgamma = _buf((n_tok, heads), dev) if flags.residual else None
     decay_grad_kernel[(layout.num_chunks, heads)](
-        db_part, dbm_part, db_end_part, dg, layout.cu_seqlens, layout.chunk_indices, n_tok, layout.num_chunks,
-        H=heads, C=CHUNK, PARTS=n_kblocks + 1, END_PARTS=n_kblocks, **_options("decay_grad")[1],
+        db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, dg, dbeta, _or(dgamma, dummy), part_stride,
+        layout.cu_seqlens, layout.chunk_indices, layout.num_chunks,
+        H=heads, C=CHUNK, PARTS=nk + 1, END_PARTS=nk, RESIDUAL=flags.residual, **_options("decay_grad")[1],
     )
-    return dq, dk, dv, dg, dbeta, (dgamma if flags.residual else None), d_base0, d_res0
+    return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
 
 
 class LinearMemoryFunction(torch.autograd.Function):
@@ -191,11 +215,10 @@ class LinearMemoryFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, gamma, base0, res0, config, scale, layout):
         flags = _Flags(config, q.dtype)
         store = any(ctx.needs_input_grad)
-        o, base_final, res_final, prepared, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale,
-                                                             layout, store)
+        o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout,
+                                                   store)
         if store:
-            ctx.flags, ctx.scale, ctx.layout = flags, scale, layout
-            ctx.prepared, ctx.saved = prepared, saved
+            ctx.flags, ctx.scale, ctx.layout, ctx.saved = flags, scale, layout, saved
             ctx.save_for_backward(q, k, v, g, beta, gamma)
         return o, base_final, res_final
 
@@ -210,7 +233,7 @@ class LinearMemoryFunction(torch.autograd.Function):
             d_res_final = torch.zeros_like(d_base_final) if d_res_final is None else d_res_final.float().contiguous()
         d_base_final = d_base_final.float().contiguous()
         grads = _backward(do.contiguous(), d_base_final, d_res_final, q, k, v, g, beta, gamma, flags, ctx.scale,
-                          ctx.layout, ctx.prepared, ctx.saved)
+                          ctx.layout, ctx.saved)
         dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0 = grads
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
 
@@ -220,11 +243,13 @@ def triton_forward(q, k, v, g, beta, gamma, base_state, residual_state, config: 
     """The ``chunk_forward`` contract (``q, k [B, T, H, K]``, ``v [B, T, H, V]``, gates ``[B, T, H]``, states
     ``[N, H, V, K]``; returns ``o [B, T, H, V]`` and the final states), on the fused Triton kernels.
 
-    q, k, v may be bfloat16, float16 or float32 (dots in that type, states in float32). ``cu_seqlens`` (host-checked
-    boundaries, B == 1) runs packed sequences natively. Falls back to the chunk backend (plain PyTorch autograd) for
-    float64 inputs, per-key-channel decay ``g [B, T, H, K]`` and ``fit_history=False``.
+    q, k, v may be bfloat16, float16 or float32 (dots in that type, states carried in float32). ``cu_seqlens``
+    (host-checked boundaries, B == 1) runs packed sequences natively. Falls back to the chunk backend (plain PyTorch
+    autograd) for float64 inputs, per-key-channel decay ``g [B, T, H, K]``, ``fit_history=False`` and head widths
+    over ``MAX_WIDTH``.
     """
-    if q.dtype == torch.float64 or g.dim() == 4 or (config.residual and not config.fit_history):
+    too_wide = max(q.shape[-1], v.shape[-1]) > MAX_WIDTH
+    if q.dtype == torch.float64 or g.dim() == 4 or (config.residual and not config.fit_history) or too_wide:
         return _fallback(q, k, v, g, beta, gamma, base_state, residual_state, config, scale, cu_seqlens)
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]

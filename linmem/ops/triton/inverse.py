@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.layout import CHUNK, SequenceLayout, new_buffer
-from linmem.ops.triton.primitives import sequence_start
+from linmem.ops.triton.primitives import at_token, chunk_at
 
 
 @triton.jit
@@ -57,20 +57,15 @@ def _store_block(out, block, len_left, H: tl.constexpr, C: tl.constexpr, I: tl.c
 def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seqlens, chunk_indices,
                          H: tl.constexpr, C: tl.constexpr):
     i_c, i_h, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n = tl.load(chunk_indices + 2 * i_c)
-    j = tl.load(chunk_indices + 2 * i_c + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    tok0 = bos + j * C
-    left = (eos - tok0).to(tl.int32)
+    _, tok, left = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     if which == 0:
         strength, out = beta, inv_beta
     else:
         strength, out = gamma, inv_gamma
-    key_scores = sequence_start(key_scores, tok0, i_h, H, C)
-    out = sequence_start(out, tok0, i_h, H, C)
-    strength = sequence_start(strength, tok0, i_h, H, 1)
-    g = sequence_start(g, tok0, i_h, H, 1)
+    key_scores = at_token(key_scores, tok, i_h, H, C)
+    out = at_token(out, tok, i_h, H, C)
+    strength = at_token(strength, tok, i_h, H, 1)
+    g = at_token(g, tok, i_h, H, 1)
 
     d0 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 0, 0))
     d1 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 1, 1))

@@ -32,14 +32,26 @@ def dot_dtype(dtype: torch.dtype):
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Storage type of the ``[C, C]`` score rows and inverses: the input type (they feed dots in that type, as in
-    flash-linear-attention), float32 for float32 inputs."""
+    """Storage type of everything that only ever feeds dots in the input type (the ``[C, C]`` score rows and
+    inverses, the per-chunk states, the effective writes u and w, as in flash-linear-attention): the input type,
+    float32 for float32 inputs. Quantities that enter elementwise float32 arithmetic (errors, gradients of rows) stay
+    float32."""
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
 def key_block(key_dim: int) -> int:
-    """The padded key width a kernel holds in one tile (powers of two, at least 16 for ``tl.dot``)."""
+    """The padded width of a tile that holds all ``key_dim`` columns (powers of two, at least 16 for ``tl.dot``)."""
     return max(16, triton.next_power_of_2(key_dim))
+
+
+MAX_WIDTH = 256  # K and V up to this; wider heads run on the chunk backend
+
+
+def key_tiling(key_dim: int) -> tuple[int, int]:
+    """(BK, NK): the key axis of a state in NK ≤ 4 blocks of BK ≤ 64 columns (the sequential passes hold one state
+    as NK register tiles ``[BK, BV]``; the parallel kernels loop over the same blocks or run one program each)."""
+    bk = min(64, key_block(key_dim))
+    return bk, triton.cdiv(key_dim, bk)
 
 
 @dataclass(frozen=True)

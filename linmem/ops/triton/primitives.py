@@ -1,9 +1,17 @@
-"""Small Triton helpers every kernel of the package uses: tile loads and stores on the ``[N_tok, H, D]`` layout,
-the dot with an explicit operand type, in-chunk decay matrices, and the residual target ρ with its derivative.
+"""Small Triton helpers every kernel of the package uses: where a chunk lives, tile loads and stores, the dot with an
+explicit operand type, in-chunk decays, the states held as key blocks, and the residual target ρ with its derivative.
 
-Kernels first move each per-token pointer to its sequence's first token and their head (``ptr += (bos·H + h)·D``,
-64-bit, once); the helpers then address rows ``r`` of the sequence with 32-bit offsets ``r·H·D + column``, which
-keeps the per-element address arithmetic (and the registers it takes) small."""
+Addressing (the int32/int64 rule). Every kernel first moves each per-token pointer to the first token of its chunk
+and to its head (``at_token``: ``ptr + (tok·H + h)·D`` with ``tok`` int64, once per chunk), and every per-chunk state
+pointer to its ``[K, V]`` block (``state_at``: ``(c·H + h)·K·V`` in int64). Offsets inside a chunk (``row·H·D +
+column`` with row < 64, or ``key·V + value`` inside one state) then fit int32 for any realistic width, so no element
+offset is ever formed from a token index in 32 bits. Every load and store is masked on both axes: rows past the end
+of the sequence (the last chunk of a sequence is usually partial), key columns past K, value columns past V.
+
+States in registers. A sequential pass holds each state transposed, as up to four key blocks ``Sᵀ[i·BK:(i+1)·BK, v]``
+of ``[BK, BV]`` (BK = 64 for K > 32: every dot then has 64 rows, the tensor-core shape). ``NK`` (constexpr) says how
+many blocks exist; the helpers below take all four and touch only the first NK (callers pass block 0 for the rest).
+"""
 
 from __future__ import annotations
 
@@ -21,65 +29,274 @@ def mm(a, b, DT: tl.constexpr):
 
 
 @triton.jit
-def load_rows(ptr, r, mask_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
-    """Rows ``r`` of a ``[N_tok, H, WIDTH]`` tensor (pointer at the sequence start and head), columns ``cols``, as
-    float32 (0 outside)."""
-    offs = r[:, None] * (H * WIDTH) + cols[None, :]
-    return tl.load(ptr + offs, mask=mask_t[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+def mm_acc(acc, a, b, DT: tl.constexpr):
+    """``acc + a @ b`` (float32 accumulator)."""
+    return tl.dot(a.to(DT), b.to(DT), acc)
+
+
+# ------------------------------------------------------------------------------------------------ positions
 
 
 @triton.jit
-def load_tile(ptr, r, mask_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
-    """As ``load_rows`` but in the tensor's own type (for tiles that only feed dots)."""
-    offs = r[:, None] * (H * WIDTH) + cols[None, :]
-    return tl.load(ptr + offs, mask=mask_t[:, None] & mask_c[None, :], other=0.0)
+def sequence_at(cu_seqlens, i_n):
+    """First token (int64) and length (int32) of sequence ``i_n``."""
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    return bos, (eos - bos).to(tl.int32)
 
 
 @triton.jit
-def store_rows(ptr, value, r, mask_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, mask_c):
-    offs = r[:, None] * (H * WIDTH) + cols[None, :]
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask_t[:, None] & mask_c[None, :])
+def chunk_at(cu_seqlens, chunk_indices, i_c, C: tl.constexpr):
+    """Global chunk ``i_c``: its sequence, its first token (int64) and its number of tokens (1..C)."""
+    i_n = tl.load(chunk_indices + 2 * i_c)
+    j = tl.load(chunk_indices + 2 * i_c + 1)
+    bos, length = sequence_at(cu_seqlens, i_n)
+    tok = bos + j.to(tl.int64) * C
+    return i_n, tok, tl.minimum(length - j * C, C)
 
 
 @triton.jit
-def load_gate(ptr, r, mask_t, H: tl.constexpr):
-    """A per-token gate ``[N_tok, H]`` at rows ``r`` (0 outside the sequence)."""
-    return tl.load(ptr + r * H, mask=mask_t, other=0.0).to(tl.float32)
+def at_token(ptr, tok, i_h, H: tl.constexpr, WIDTH: tl.constexpr):
+    """``ptr`` moved to token ``tok`` (int64) and head ``i_h`` of a ``[N_tok, H, WIDTH]`` tensor."""
+    return ptr + (tok * H + i_h) * WIDTH
 
 
 @triton.jit
-def load_decay(b, r, mask_t, H: tl.constexpr, b_last):
-    """The in-chunk cumulative log decay ``b`` at rows ``r``; rows past the sequence end repeat ``b_last`` (the
-    value a zero-padded g gives), so that no decay exponent between rows is ever positive."""
-    return tl.where(mask_t, tl.load(b + r * H, mask=mask_t, other=0.0), b_last)
+def state_at(ptr, index, i_h, H: tl.constexpr, SIZE: tl.constexpr):
+    """``ptr`` moved to state ``index`` and head ``i_h`` of a ``[*, H, …]`` tensor of ``SIZE`` elements per state."""
+    return ptr + (index.to(tl.int64) * H + i_h) * SIZE
+
+
+# ------------------------------------------------------------------------------------------------ tiles
 
 
 @triton.jit
-def load_state(ptr, index, i_h, H: tl.constexpr, V: tl.constexpr, K: tl.constexpr, rows, mask_r, cols, mask_c):
-    """Block ``[rows, cols]`` of state ``index`` of a ``[*, H, V, K]`` float32 tensor."""
-    start = ptr + (index * H + i_h).to(tl.int64) * (V * K)
-    offs = rows[:, None] * K + cols[None, :]
-    return tl.load(start + offs, mask=mask_r[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+def _offsets(rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
+    if COL == 1:
+        offs = rows[:, None] * ROW + cols[None, :]
+    elif ROW == 1:
+        offs = rows[:, None] + cols[None, :] * COL
+    else:
+        offs = rows[:, None] * ROW + cols[None, :] * COL
+    return offs, m_r[:, None] & m_c[None, :]
 
 
 @triton.jit
-def store_state(ptr, value, index, i_h, H: tl.constexpr, V: tl.constexpr, K: tl.constexpr, rows, mask_r, cols,
-                mask_c):
-    start = ptr + (index * H + i_h).to(tl.int64) * (V * K)
-    offs = rows[:, None] * K + cols[None, :]
-    tl.store(start + offs, value.to(ptr.dtype.element_ty), mask=mask_r[:, None] & mask_c[None, :])
+def load_block(ptr, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
+    """The ``[rows, cols]`` tile at ``ptr + row·ROW + col·COL`` in the tensor's own type (0 where masked)."""
+    offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
+    return tl.load(ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
-def sequence_start(ptr, bos, i_h, H: tl.constexpr, WIDTH: tl.constexpr):
-    """``ptr`` moved to token ``bos`` (int64) and head ``i_h`` of a ``[N_tok, H, WIDTH]`` tensor."""
-    return ptr + (bos * H + i_h) * WIDTH
+def store_block(ptr, value, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
+    offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def load_rows(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
+    """Chunk rows ``pos`` of a ``[N_tok, H, WIDTH]`` tensor (pointer at the chunk start and head), as float32."""
+    return load_block(ptr, pos, m_t, H * WIDTH, cols, m_c, 1).to(tl.float32)
+
+
+@triton.jit
+def load_tile(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
+    """As ``load_rows`` in the tensor's own type (tiles that only feed dots)."""
+    return load_block(ptr, pos, m_t, H * WIDTH, cols, m_c, 1)
+
+
+@triton.jit
+def store_rows(ptr, value, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
+    store_block(ptr, value, pos, m_t, H * WIDTH, cols, m_c, 1)
+
+
+@triton.jit
+def load_gate(ptr, pos, m_t, H: tl.constexpr):
+    """A per-token gate ``[N_tok, H]`` at chunk rows ``pos`` (0 past the end)."""
+    return tl.load(ptr + pos * H, mask=m_t, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_scores(ptr, pos, m_t, H: tl.constexpr, C: tl.constexpr):
+    """The chunk's ``[C, C]`` matrix stored as rows ``[N_tok, H, C]`` (rows past the end are 0)."""
+    return load_tile(ptr, pos, m_t, H, C, pos, pos < C)
+
+
+@triton.jit
+def token_rows(ptr, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.constexpr):
+    """``load_rows`` of the chunk starting at token ``tok`` (int64) of a ``[N_tok, H, WIDTH]`` tensor."""
+    return load_rows(at_token(ptr, tok, i_h, H, WIDTH), pos, m_t, H, WIDTH, cols, m_c)
+
+
+@triton.jit
+def store_token_rows(ptr, value, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.constexpr):
+    store_rows(at_token(ptr, tok, i_h, H, WIDTH), value, pos, m_t, H, WIDTH, cols, m_c)
+
+
+@triton.jit
+def token_gate(ptr, tok, i_h, pos, m_t, H: tl.constexpr):
+    """``load_gate`` of the chunk starting at token ``tok``."""
+    return load_gate(at_token(ptr, tok, i_h, H, 1), pos, m_t, H)
+
+
+@triton.jit
+def store_token_gate(ptr, value, tok, i_h, pos, m_t, H: tl.constexpr):
+    tl.store(at_token(ptr, tok, i_h, H, 1) + pos * H, value, mask=m_t)
+
+
+@triton.jit
+def token_scores(ptr, tok, i_h, pos, m_t, H: tl.constexpr, C: tl.constexpr):
+    """``load_scores`` of the chunk starting at token ``tok``."""
+    return load_scores(at_token(ptr, tok, i_h, H, C), pos, m_t, H, C)
+
+
+@triton.jit
+def load_decays(b, g, tok, i_h, pos, n_valid, H: tl.constexpr):
+    """In-chunk log decays at rows ``pos`` of the chunk starting at token ``tok``: ``b`` (cumulative, inclusive),
+    ``bm = b − g`` and ``b_C`` (b of the chunk's last token). Rows past the end repeat ``b_C`` with g = 0, the values
+    a zero-padded g gives, so that no decay exponent between rows is ever positive."""
+    b = at_token(b, tok, i_h, H, 1)
+    m_t = pos < n_valid
+    b_last = tl.load(b + (n_valid - 1) * H)
+    bb = tl.where(m_t, tl.load(b + pos * H, mask=m_t, other=0.0), b_last)
+    return bb, bb - token_gate(g, tok, i_h, pos, m_t, H), b_last
+
+
+@triton.jit
+def chunk_of_sequence(bos, length, j, C: tl.constexpr):
+    """First token (int64) and number of tokens of chunk ``j`` of the sequence at ``bos`` with ``length`` tokens."""
+    return bos + j * C, tl.minimum(length - j * C, C)
 
 
 @triton.jit
 def decay(row_exp, col_exp, mask):
     """``e^{row_exp_t − col_exp_s}`` where ``mask``, else 0 (the masked exponent never reaches ``exp``)."""
     return tl.exp(tl.where(mask, row_exp[:, None] - col_exp[None, :], float("-inf")))
+
+
+# ------------------------------------------------------------------------------------------------ state blocks
+
+
+@triton.jit
+def key_block(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I: tl.constexpr):
+    """Key block I of a per-token ``[N_tok, H, K]`` tensor at the chunk: ``[C, BK]``."""
+    cols = I * BK + tl.arange(0, BK)
+    return load_tile(ptr, pos, m_t, H, K, cols, cols < K)
+
+
+@triton.jit
+def key_block_t(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I: tl.constexpr):
+    """``key_block`` transposed: ``[BK, C]``."""
+    cols = I * BK + tl.arange(0, BK)
+    return load_block(ptr, cols, cols < K, 1, pos, m_t, H * K)
+
+
+@triton.jit
+def read_blocks(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+                s0, s1, s2, s3, DT: tl.constexpr):
+    """``X Sᵀ`` ([C, BV]) for the chunk rows X of a per-token ``[N_tok, H, K]`` tensor and a state in key blocks."""
+    acc = mm(key_block(ptr, pos, m_t, H, K, BK, 0), s0, DT)
+    if NK > 1:
+        acc = mm_acc(acc, key_block(ptr, pos, m_t, H, K, BK, 1), s1, DT)
+    if NK > 2:
+        acc = mm_acc(acc, key_block(ptr, pos, m_t, H, K, BK, 2), s2, DT)
+    if NK > 3:
+        acc = mm_acc(acc, key_block(ptr, pos, m_t, H, K, BK, 3), s3, DT)
+    return acc
+
+
+@triton.jit
+def update_blocks(s0, s1, s2, s3, scale, ptr, pos, m_t, x, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                  NK: tl.constexpr, DT: tl.constexpr):
+    """``Sᵀ ← scale·Sᵀ + Xᵀ x`` for the chunk rows X of a per-token ``[N_tok, H, K]`` tensor and ``x`` ([C, BV])."""
+    s0 = mm_acc(scale * s0, key_block_t(ptr, pos, m_t, H, K, BK, 0), x, DT)
+    if NK > 1:
+        s1 = mm_acc(scale * s1, key_block_t(ptr, pos, m_t, H, K, BK, 1), x, DT)
+    if NK > 2:
+        s2 = mm_acc(scale * s2, key_block_t(ptr, pos, m_t, H, K, BK, 2), x, DT)
+    if NK > 3:
+        s3 = mm_acc(scale * s3, key_block_t(ptr, pos, m_t, H, K, BK, 3), x, DT)
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _state_block(ptr, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constexpr, K: tl.constexpr,
+                 BK: tl.constexpr, I: tl.constexpr):
+    rows = I * BK + tl.arange(0, BK)
+    return load_block(ptr, rows, rows < K, KEY_STRIDE, vc, m_v, VALUE_STRIDE).to(tl.float32)
+
+
+@triton.jit
+def load_blocks(ptr, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constexpr, K: tl.constexpr,
+                BK: tl.constexpr, NK: tl.constexpr):
+    """A state's key blocks ``Sᵀ_i`` ([BK, BV] float32) for value columns ``vc``; ``ptr`` at the state, whose
+    element (value, key) lies at ``key·KEY_STRIDE + value·VALUE_STRIDE``. Blocks past NK repeat block 0."""
+    s0 = _state_block(ptr, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 0)
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    if NK > 1:
+        s1 = _state_block(ptr, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 1)
+    if NK > 2:
+        s2 = _state_block(ptr, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 2)
+    if NK > 3:
+        s3 = _state_block(ptr, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 3)
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _store_state_block(ptr, s, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constexpr, K: tl.constexpr,
+                       BK: tl.constexpr, I: tl.constexpr):
+    rows = I * BK + tl.arange(0, BK)
+    store_block(ptr, s, rows, rows < K, KEY_STRIDE, vc, m_v, VALUE_STRIDE)
+
+
+@triton.jit
+def store_blocks(ptr, s0, s1, s2, s3, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constexpr,
+                 K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
+    """Store a state held as key blocks (the layout of ``load_blocks``)."""
+    _store_state_block(ptr, s0, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 0)
+    if NK > 1:
+        _store_state_block(ptr, s1, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 1)
+    if NK > 2:
+        _store_state_block(ptr, s2, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 2)
+    if NK > 3:
+        _store_state_block(ptr, s3, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 3)
+
+
+@triton.jit
+def load_user_states(base, res, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BK: tl.constexpr, NK: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Sequence ``i_n``'s S (and R) of a user-layout ``[N, H, V, K]`` tensor as key blocks: ``s0..s3, r0..r3``
+    (without a residual memory the r blocks repeat the s blocks and are never used)."""
+    s0, s1, s2, s3 = load_blocks(state_at(base, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    r0, r1, r2, r3 = s0, s1, s2, s3
+    if RESIDUAL:
+        r0, r1, r2, r3 = load_blocks(state_at(res, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    return s0, s1, s2, s3, r0, r1, r2, r3
+
+
+@triton.jit
+def store_user_states(base, res, i_n, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The inverse of ``load_user_states``."""
+    store_blocks(state_at(base, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+    if RESIDUAL:
+        store_blocks(state_at(res, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.jit
+def store_chunk_states(base, res, index, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, RESIDUAL: tl.constexpr):
+    """S (and R) as chunk ``index`` of a per-chunk ``[NT, H, K, V]`` tensor (key-major: the read-outs and the
+    gradient kernels read value columns of it contiguously)."""
+    store_blocks(state_at(base, index, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
+    if RESIDUAL:
+        store_blocks(state_at(res, index, i_h, H, K * V), r0, r1, r2, r3, vc, m_v, V, 1, K, BK, NK)
+
+
+# ------------------------------------------------------------------------------------------------ residual target
 
 
 @triton.jit
@@ -111,3 +328,4 @@ def residual_target_grad(err, clip, TARGET: tl.constexpr):
         return 1.0 - t * t
     else:
         return tl.full(err.shape, 1.0, tl.float32)
+

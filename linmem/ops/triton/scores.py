@@ -8,7 +8,8 @@ For chunk-local positions t, s with ``b_t = Σ_{s'≤t} g_{s'}`` and ``bm_t = b_
   residual memory, ``e = bm`` without output gates; s ≤ t and ``e = b`` without a residual memory (``S_t q_t``);
 - ``res_scores``   ``e^{b_t − b_s} q_tᵀk_s`` (s ≤ t): the residual read ``R_t q_t``.
 
-Each is stored as ``[N_tok, H, C]``: row t of its chunk's ``[C, C]`` matrix.
+Each is stored as ``[N_tok, H, C]``: row t of its chunk's ``[C, C]`` matrix. One program per (chunk, head); the key
+axis is summed in blocks of at most 64 columns.
 """
 
 from __future__ import annotations
@@ -16,57 +17,58 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, key_block, new_buffer, score_dtype
-from linmem.ops.triton.primitives import decay, load_gate, load_tile, mm, sequence_start, store_rows
+from linmem.ops.triton.layout import CHUNK, SequenceLayout, dot_dtype, key_tiling, new_buffer, score_dtype
+from linmem.ops.triton.primitives import (
+    at_token,
+    chunk_at,
+    decay,
+    key_block,
+    mm_acc,
+    store_rows,
+    store_token_gate,
+    token_gate,
+)
 
 
 @triton.jit
 def chunk_scores_kernel(
     q, k, g, b_out, key_scores, base_scores, res_scores, cu_seqlens, chunk_indices,
-    H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, DT: tl.constexpr,
     KEY_SCORES: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(chunk_indices + 2 * i_c)
-    j = tl.load(chunk_indices + 2 * i_c + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    length = (eos - bos).to(tl.int32)
-    q = sequence_start(q, bos, i_h, H, K)
-    k = sequence_start(k, bos, i_h, H, K)
-    g = sequence_start(g, bos, i_h, H, 1)
-    b_out = sequence_start(b_out, bos, i_h, H, 1)
-    key_scores = sequence_start(key_scores, bos, i_h, H, C)
-    base_scores = sequence_start(base_scores, bos, i_h, H, C)
-    res_scores = sequence_start(res_scores, bos, i_h, H, C)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    q = at_token(q, tok, i_h, H, K)
+    k = at_token(k, tok, i_h, H, K)
     pos = tl.arange(0, C)
-    r = j * C + pos
-    m_t = r < length
+    m_t = pos < n_valid
 
-    gate = load_gate(g, r, m_t, H)
+    gate = token_gate(g, tok, i_h, pos, m_t, H)
     b = tl.cumsum(gate, 0)
     bm = b - gate
-    tl.store(b_out + r * H, b, mask=m_t)
+    store_token_gate(b_out, b, tok, i_h, pos, m_t, H)
 
-    cols = tl.arange(0, BK)
-    m_k = cols < K
-    kb = load_tile(k, r, m_t, H, K, cols, m_k)
-    qb = load_tile(q, r, m_t, H, K, cols, m_k)
+    kk = tl.zeros([C, C], dtype=tl.float32)
+    qk = tl.zeros([C, C], dtype=tl.float32)
+    for i in tl.static_range(NK):
+        kb = key_block(k, pos, m_t, H, K, BK, i)
+        if KEY_SCORES:
+            kk = mm_acc(kk, kb, tl.trans(kb), DT)
+        qk = mm_acc(qk, key_block(q, pos, m_t, H, K, BK, i), tl.trans(kb), DT)
     strict = pos[:, None] > pos[None, :]
     causal = pos[:, None] >= pos[None, :]
     all_c = pos < C
     if KEY_SCORES:
-        kk = mm(kb, tl.trans(kb), DT)
-        store_rows(key_scores, kk * decay(bm, b, strict), r, m_t, H, C, pos, all_c)
-    qk = mm(qb, tl.trans(kb), DT)
+        store_rows(at_token(key_scores, tok, i_h, H, C), kk * decay(bm, b, strict), pos, m_t, H, C, pos, all_c)
+    base_scores = at_token(base_scores, tok, i_h, H, C)
     if RESIDUAL:
         if OUTPUT_GATES:
-            store_rows(base_scores, qk * decay(b, b, strict), r, m_t, H, C, pos, all_c)
+            store_rows(base_scores, qk * decay(b, b, strict), pos, m_t, H, C, pos, all_c)
         else:
-            store_rows(base_scores, qk * decay(bm, b, strict), r, m_t, H, C, pos, all_c)
-        store_rows(res_scores, qk * decay(b, b, causal), r, m_t, H, C, pos, all_c)
+            store_rows(base_scores, qk * decay(bm, b, strict), pos, m_t, H, C, pos, all_c)
+        store_rows(at_token(res_scores, tok, i_h, H, C), qk * decay(b, b, causal), pos, m_t, H, C, pos, all_c)
     else:
-        store_rows(base_scores, qk * decay(b, b, causal), r, m_t, H, C, pos, all_c)
+        store_rows(base_scores, qk * decay(b, b, causal), pos, m_t, H, C, pos, all_c)
 
 
 def chunk_scores(q, k, g, layout: SequenceLayout, *, delta: bool, residual: bool, output_gates: bool,
@@ -80,10 +82,11 @@ def chunk_scores(q, k, g, layout: SequenceLayout, *, delta: bool, residual: bool
     key_scores = rows() if (delta or residual) else None
     base_scores = rows()
     res_scores = rows() if residual else None
+    bk, nk = key_tiling(key_dim)
     chunk_scores_kernel[(layout.num_chunks, heads)](
         q, k, g, b, key_scores if key_scores is not None else b, base_scores,
         res_scores if res_scores is not None else b, layout.cu_seqlens, layout.chunk_indices,
-        H=heads, K=key_dim, C=CHUNK, BK=key_block(key_dim), DT=dot_dtype(k.dtype),
+        H=heads, K=key_dim, C=CHUNK, BK=bk, NK=nk, DT=dot_dtype(k.dtype),
         KEY_SCORES=key_scores is not None, RESIDUAL=residual, OUTPUT_GATES=output_gates, **(launch or {}),
     )
     return b, key_scores, base_scores, res_scores
