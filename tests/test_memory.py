@@ -177,6 +177,8 @@ def test_logits_at_keeps_the_callers_order_and_counts_negatives_from_the_end():
 def test_bad_edits_raise_clear_errors():
     model = build("gdn")
     recipient, _ = pair()
+    with pytest.raises(ValueError, match="integer token index"):
+        mm.CacheSwap([0], ("kv",), 5)  # kinds where `at` goes
     with pytest.raises(ValueError, match="toward must be"):
         mm.KeyAlign([(0, 0)], span=(2, 5), toward=-1)
     with pytest.raises(ValueError, match="no residual memory R"):

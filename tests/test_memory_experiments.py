@@ -57,17 +57,18 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
     _, tokenizer, builder, sources = lab
     model = tiny(tokenizer, mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4,
                  attn_num_kv_heads=2)
+    sources = sources[:5]
     items = build_items(builder, sources)
     chosen = mm.Component(0, 1, "S")
     results = [
-        ex.head_scan(model, items), ex.lifecycle(model, items, chosen), ex.four_facts(model, builder, sources, chosen),
-        ex.hybrid_attribution(model, items), ex.s_vs_r(model, items),
+        ex.head_scan(model, items), ex.lifecycle(model, items[:3], chosen),
+        ex.four_facts(model, builder, sources, chosen), ex.hybrid_attribution(model, items), ex.s_vs_r(model, items),
         ex.sweep(model, tokenizer, sources, chosen, SPEC, "num_bindings", [1, 2]),
-        ex.sweep(model, tokenizer, sources, chosen, SPEC, "gap", [0, 8]), ex.overlap(model, items, chosen),
+        ex.sweep(model, tokenizer, sources, chosen, SPEC, "gap", [0, 8]), ex.overlap(model, items[:3], chosen),
         ex.logit_lens(model, items),
         ex.neutral_suppression(model, build_items(TaskBuilder(tokenizer, replace(SPEC, variant="neutral")),
                                                   sources), chosen),
-        ex.joint_topk(model, items, items, ks=(1, 2)), ex.write_read_spearman(model, items, draws=20),
+        ex.joint_topk(model, items, items, ks=(1, 2)), ex.write_read_spearman(model, items[:3], draws=20),
     ]
     for result in results:
         assert result.rows and result.figure is not None, result.name
@@ -181,3 +182,17 @@ def test_probe_reports_bad_options_before_running(model_dir, capsys):
     assert "head must be in [0, 2)" in capsys.readouterr().err
     assert probe(model_dir, "--only", "sweep_num_bindings", "--component", "L0H0S", "--loads", "1", "3") == 2
     assert "rule" in capsys.readouterr().err
+
+
+def test_benchmark_scans_agree(lab):
+    """``python -m linmem.bench.memory`` times two ways of one head scan: they must compute the same logits."""
+    from linmem.bench.memory import full_reruns, suffix_only
+    from linmem.memory.evaluate import make_batch
+
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="rdn")
+    batch = make_batch(build_items(builder, sources)[:3])
+    components = mm.heads(model)
+    fast, slow = suffix_only(model, batch, components, chunk=3), full_reruns(model, batch, components)
+    assert fast.shape == slow.shape == (len(components), 3, tokenizer.get_vocab_size())
+    assert (fast - slow).abs().max() < 1e-9

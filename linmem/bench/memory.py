@@ -5,8 +5,9 @@ re-running the whole prompt for each component, timed side by side in one run on
     python -m linmem.bench.memory --mixer rdn --layers 4 --filler 512 --device cuda --json out.json
 
 Both paths swap each component's pre-query state for the donor's and read the last position's logits; the script
-checks they agree, then prints seconds per scan and the ratio. The ratio grows with the number of components C:
-about ``C·T / (2·T + C·S)`` for prompts of T tokens and suffixes of S (the donor's prefix runs once too).
+checks they agree (exit status 1 if not), then prints seconds per scan and the ratio. The ratio grows with the
+number of components C: about ``C·T / (2·T + C·S)`` for prompts of T tokens and suffixes of S (the donor's prefix
+runs once too).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import time
 
 import torch
@@ -100,14 +102,19 @@ def main(argv=None) -> dict:
     fast, t_fast = timed(lambda: suffix_only(model, batch, components, args.chunk), args.device)
     slow, t_slow = timed(lambda: full_reruns(model, batch, components), args.device)
     error = (fast - slow).abs().max().item()
+    tolerance = 1e-4 * max(slow.abs().max().item(), 1.0)  # float32 rounding of two orders of the same sums
     result = {"mixer": args.mixer, "components": len(components), "prompts": batch.recipient.shape[0],
               "prompt_tokens": batch.length, "suffix_tokens": batch.length - batch.boundary,
               "suffix_only_s": round(t_fast, 3), "whole_prompt_s": round(t_slow, 3),
-              "speedup": round(t_slow / t_fast, 1), "max_abs_logit_diff": error, "device": args.device}
+              "speedup": round(t_slow / t_fast, 1), "max_abs_logit_diff": error, "agree": error <= tolerance,
+              "device": args.device}
     print(f"{len(components)} components x {result['prompts']} prompts of {batch.length} tokens "
           f"(suffix {result['suffix_tokens']}), {args.mixer} on {args.device}")
     print(f"suffix-only scan {t_fast:.2f} s | whole-prompt re-runs {t_slow:.2f} s | "
           f"speedup {t_slow / t_fast:.1f}x | max |Δlogit| {error:.2e}")
+    if not result["agree"]:
+        print(f"MISMATCH: the two scans differ by {error:.2e} > {tolerance:.2e}: the timing compares different "
+              f"computations")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -115,4 +122,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main()["agree"] else 1)

@@ -33,6 +33,16 @@ def _check_control(control: str) -> None:
         raise ValueError(f"control must be one of {CONTROLS}; got {control!r}")
 
 
+def _set_at(edit) -> None:
+    """Check and normalize ``edit.at``: a token count >= 1 (the state after tokens ``[0, at)``)."""
+    at = edit.at
+    if isinstance(at, bool) or not hasattr(at, "__index__"):
+        raise ValueError(f"at must be an integer token index (the state after tokens [0, at)); got {at!r}")
+    if at.__index__() < 1:
+        raise ValueError(f"at must be >= 1 (the state after at least one token); got {at}")
+    object.__setattr__(edit, "at", at.__index__())
+
+
 def _positions(value: Iterable[int] | int) -> tuple[int, ...]:
     out = (int(value),) if isinstance(value, int) else tuple(int(p) for p in value)
     if not out or min(out) < 0:
@@ -55,8 +65,7 @@ class StateSwap:
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", _components(self.components))
         _check_control(self.control)
-        if self.at < 1:
-            raise ValueError(f"at must be >= 1 (the state after at least one token); got {self.at}")
+        _set_at(self)
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,8 +79,7 @@ class StateAdd:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", _components(self.components))
-        if self.at < 1:
-            raise ValueError(f"at must be >= 1; got {self.at}")
+        _set_at(self)
         if self.delta.dim() != 3:
             raise ValueError(f"delta must be [B, V, K]; got {list(self.delta.shape)}")
 
@@ -182,15 +190,13 @@ class CacheSwap:
     kinds: tuple[str, ...] = CACHE_KINDS
 
     def __post_init__(self) -> None:
+        _set_at(self)
         layers = (self.layers,) if isinstance(self.layers, int) else tuple(int(i) for i in self.layers)
         object.__setattr__(self, "layers", layers)
-        kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
-        bad = [k for k in kinds if k not in CACHE_KINDS]
-        if bad or not kinds:
-            raise ValueError(f"kinds must be a non-empty subset of {CACHE_KINDS}; got {kinds}")
-        object.__setattr__(self, "kinds", kinds)
-        if self.at < 1:
-            raise ValueError(f"at must be >= 1; got {self.at}")
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else self.kinds
+        if not isinstance(kinds, (tuple, list)) or not kinds or any(k not in CACHE_KINDS for k in kinds):
+            raise ValueError(f"kinds must be a non-empty subset of {CACHE_KINDS}; got {self.kinds!r}")
+        object.__setattr__(self, "kinds", tuple(kinds))
 
 
 def _span(span) -> tuple[int, int]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from linmem.memory.edits import Edit
 from linmem.memory.intervene import run_many
@@ -66,6 +67,6 @@ def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int = 16) -> tor
     """``[N, B, 4]`` for edits that depend on the item (e.g. its fact spans): ``make_edits(item) -> N edit sets``,
     run one item at a time."""
     out = []
-    for b, item in enumerate(batch.items):
+    for b, item in enumerate(tqdm(batch.items, desc="items", unit="item", leave=False, disable=None)):
         out.append(candidate_logits(model, batch.subset([b]), make_edits(item), chunk)[:, 0])
     return torch.stack(out, dim=1)

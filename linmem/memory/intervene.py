@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from linmem.memory.components import check_component, mixer
 from linmem.memory.edits import (
@@ -159,7 +160,8 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
     shared = SharedPrefix(model, recipient_ids, donor_ids, edit_sets, at)
     step = chunk or max(1, len(edit_sets))
     out = []
-    for i in range(0, len(edit_sets), step):
+    starts = range(0, len(edit_sets), step)
+    for i in tqdm(starts, desc="edit sets", unit="chunk", leave=False, disable=None if len(starts) > 1 else True):
         group = edit_sets[i:i + step]
         plan = Plan(group, batch)
         if at is None:

@@ -8,15 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def _pyplot():
+def _subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6, 3), **options):
+    """``(figure, axes)`` like ``pyplot.subplots``, but a bare ``Figure`` that pyplot does not track: experiments
+    run in loops would otherwise pile up open figures (and warnings) until the process ends."""
     try:
-        import matplotlib
+        from matplotlib.figure import Figure
     except ImportError:
         raise ImportError("the memory lab's figures need matplotlib: pip install 'linmem[memory]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **options)
 
 
 def _errors(rows: list[dict]) -> np.ndarray:
@@ -25,9 +25,8 @@ def _errors(rows: list[dict]) -> np.ndarray:
 
 def head_scan(rows: list[dict]):
     """Mean donor-margin shift of each component's state swap, layer × head, one panel per memory."""
-    plt = _pyplot()
     memories = sorted({r["memory"] for r in rows})
-    fig, axes = plt.subplots(1, len(memories), figsize=(4.5 * len(memories), 3.6), squeeze=False)
+    fig, axes = _subplots(1, len(memories), figsize=(4.5 * len(memories), 3.6), squeeze=False)
     for ax, memory in zip(axes[0], memories):
         sub = [r for r in rows if r["memory"] == memory]
         layers, heads = max(r["layer"] for r in sub) + 1, max(r["head"] for r in sub) + 1
@@ -53,8 +52,7 @@ def _dot_rows(ax, rows: list[dict], label_keys: tuple[str, ...], xlabel: str) ->
 
 def lifecycle(rows: list[dict]):
     """Left: accuracy under write block (vs control head). Right: donor-margin shift of every intervention."""
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1, 2]})
+    fig, (left, right) = _subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1, 2]})
     acc = [r for r in rows if r["metric"] == "edited_correct" and r["intervention"] == "write block"]
     _dot_rows(left, acc, ("target",), "recall accuracy with the writes blocked")
     left.set_xlim(-0.05, 1.05)
@@ -66,8 +64,7 @@ def lifecycle(rows: list[dict]):
 
 def four_facts(rows: list[dict]):
     """Left: target donor-answer rate and non-target break rate. Right: fact B's margin change per part of Δ_A."""
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = _subplots(1, 2, figsize=(11, 3.8))
     rates = [r for r in rows if r["metric"] in ("donor_answer", "break_rate")]
     _dot_rows(left, rates, ("fact", "metric"), "rate")
     left.set_xlim(-0.05, 1.05)
@@ -79,8 +76,7 @@ def four_facts(rows: list[dict]):
 
 def hybrid(rows: list[dict]):
     """Normalized donor effect of each cache kind (1 = the effect of swapping both)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 2.8))
+    fig, ax = _subplots(figsize=(6, 2.8))
     _dot_rows(ax, [r for r in rows if r["metric"] == "normalized_donor_effect"], ("cache",),
               "normalized donor effect (share of the both-caches swap)")
     fig.tight_layout()
@@ -89,9 +85,8 @@ def hybrid(rows: list[dict]):
 
 def s_vs_r(rows: list[dict]):
     """Per layer: donor-margin shift of swapping S, R, or both."""
-    plt = _pyplot()
     sub = [r for r in rows if r["metric"] == "donor_margin_shift"]
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(sub) + 1.5))
+    fig, ax = _subplots(figsize=(7, 0.4 * len(sub) + 1.5))
     _dot_rows(ax, sub, ("layer", "memory"), "donor-margin shift (logit) of the layer's S / R / both swap")
     fig.tight_layout()
     return fig
@@ -100,8 +95,7 @@ def s_vs_r(rows: list[dict]):
 def sweep(rows: list[dict], field_name: str):
     """The three-way view of Fig. 8 against the swept field: clean accuracy, the state swap's donor-margin shift
     (chosen vs random) and the non-target break rate."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.5))
+    fig, axes = _subplots(1, 3, figsize=(14, 3.5))
     panels = (("clean_correct", ("chosen",), "clean accuracy"), ("donor_margin_shift", ("chosen", "random"),
               "donor-margin shift"), ("break_rate", ("chosen", "random"), "non-target break rate"))
     for ax, (metric, edits, label) in zip(axes, panels):
@@ -123,8 +117,7 @@ def sweep(rows: list[dict], field_name: str):
 
 def overlap(rows: list[dict]):
     """Target-margin change when later write keys are aligned with / orthogonalized to the target's key."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 2.6))
+    fig, ax = _subplots(figsize=(6, 2.6))
     _dot_rows(ax, [r for r in rows if r["metric"] == "target_margin_change"], ("edit",),
               "target-margin change (logit; < 0: the fact is harmed)")
     fig.tight_layout()
@@ -133,8 +126,7 @@ def overlap(rows: list[dict]):
 
 def neutral(rows: list[dict]):
     """Accuracy of the target and the other facts before and after the neutral state swap."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 2.8))
+    fig, ax = _subplots(figsize=(6, 2.8))
     _dot_rows(ax, [r for r in rows if r["metric"] in ("clean_correct", "edited_correct")], ("fact", "metric"),
               "accuracy")
     ax.set_xlim(-0.05, 1.05)
@@ -144,8 +136,7 @@ def neutral(rows: list[dict]):
 
 def lens(rows: list[dict]):
     """4-choice accuracy read from the residual stream after each layer."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = _subplots(figsize=(6, 3))
     ax.errorbar([r["layer"] for r in rows], [r["mean"] for r in rows], yerr=_errors(rows), marker="o", capsize=3)
     ax.axhline(0.25, color="gray", ls="--", lw=0.8)
     ax.set(xlabel="after layer", ylabel="4-choice accuracy (logit lens)", ylim=(-0.05, 1.05))
@@ -155,8 +146,7 @@ def lens(rows: list[dict]):
 
 def topk(rows: list[dict]):
     """Share of the full effect recovered by swapping the top-k components jointly."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = _subplots(figsize=(6, 3))
     ax.errorbar([r["k"] for r in rows], [r["mean"] for r in rows], yerr=_errors(rows), marker="o", capsize=3)
     ax.axhline(1.0, color="gray", ls="--", lw=0.8)
     ax.set(xlabel="top-k components swapped jointly", ylabel="share of the full swap's effect", xscale="log")
@@ -166,8 +156,7 @@ def topk(rows: list[dict]):
 
 def write_read(rows: list[dict], summary: dict):
     """Each component's write importance against its read importance."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = _subplots(figsize=(5, 4))
     ax.scatter([r["write_shift"] for r in rows], [r["read_shift"] for r in rows], s=12)
     ax.set(xlabel="donor write: donor-margin shift", ylabel="state swap: donor-margin shift",
            title=f"Spearman {summary['spearman']:.2f} [{summary['low']:.2f}, {summary['high']:.2f}]")
