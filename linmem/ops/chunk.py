@@ -27,8 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from linmem.ops.chunk_reads import DecayedScores, KeyReadTarget, QueryRead
 from linmem.ops.config import MemoryConfig
-from linmem.ops.step import residual_target
 
 CHUNK_SIZE = 64
 CHUNK_SIZE_PER_KEY_DECAY = 16
@@ -50,85 +50,6 @@ def from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
     """``[B, H, N, C, *]`` → ``[B, T, H, *]``."""
     batch, heads, n, chunk = x.shape[:4]
     return x.reshape(batch, heads, n * chunk, *x.shape[4:])[:, :, :length].transpose(1, 2)
-
-
-class DecayedScores(torch.autograd.Function):
-    """``M_ts = e^{e_t − b_s} x_tᵀ k_s`` for ``s ≤ t`` (``s < t`` if strict), else 0, for per-head log decays
-    ``e, b [.., C]`` and ``x, k [.., C, K]``: one ``[.., C, C]`` matrix per exponent ``e``, all from one product
-    ``x kᵀ`` (``x = None`` means ``x = k``).
-
-    The backward is written out because autograd's, through the masked exponential and the broadcast difference,
-    makes about twice as many passes over the ``[C, C]`` matrices; and for ``x = k`` the product is symmetric, so
-    ``dk = (dP + dPᵀ) k`` takes one matrix product instead of two.
-    """
-
-    @staticmethod
-    def forward(ctx, x, k, b, strict, *exponents):
-        keys_only = x is None
-        x = k if keys_only else x
-        product = torch.matmul(x, k.mT)
-        decays = [(e.unsqueeze(-1) - b.unsqueeze(-2)).exp_().tril_(-1 if strict else 0) for e in exponents]
-        scores = [product.mul_(decays[0])] if len(decays) == 1 else [product * d for d in decays]
-        ctx.keys_only = keys_only
-        ctx.save_for_backward(x, k, *decays, *scores)
-        return tuple(scores)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        x, k, *saved = ctx.saved_tensors
-        decays, scores = saved[: len(grads)], saved[len(grads) :]
-        grad_product = grads[0] * decays[0]
-        for grad, decay in zip(grads[1:], decays[1:]):
-            grad_product += grad * decay
-        grad_exponents, grad_b = [], None
-        for grad, score in zip(grads, scores):
-            grad_exponent = grad * score  # d/d(e_t − b_s)
-            grad_exponents.append(grad_exponent.sum(-1))
-            grad_b = -grad_exponent.sum(-2) if grad_b is None else grad_b - grad_exponent.sum(-2)
-        if ctx.keys_only:
-            grad_x, grad_k = None, (grad_product + grad_product.mT) @ k
-        else:
-            grad_x, grad_k = grad_product @ k, grad_product.mT @ x
-        return grad_x, grad_k, grad_b, None, *grad_exponents
-
-
-class ClippedError(torch.autograd.Function):
-    """``clamp(v − p, −c, c)``, the default residual target. Forward keeps where the error was not clipped
-    (``r == v − p``, which includes the bounds, as ``clamp``'s gradient does), so the backward is one masked
-    product instead of autograd's four passes through ``clamp``."""
-
-    @staticmethod
-    def forward(ctx, v, p, clip):
-        error = v - p
-        r = error.clamp(-clip, clip)
-        ctx.save_for_backward(r == error)
-        return r
-
-    @staticmethod
-    def backward(ctx, grad):
-        (kept,) = ctx.saved_tensors
-        grad_v = grad * kept
-        return grad_v, -grad_v, None
-
-
-def target_of_error(v: torch.Tensor, p: torch.Tensor, config: MemoryConfig) -> torch.Tensor:
-    """``r = ρ(v − p)`` for the prediction ``p = S_{t−1} k_t``."""
-    if config.residual_target == "clip":
-        return ClippedError.apply(v, p, config.clip)
-    return residual_target(v - p, config.residual_target, config.clip)
-
-
-class DenseGradient(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient. The output's gradient arrives in the ``[B, T, H, V]``
-    layout (or expanded, after a ``sum``), and each matrix product of the backward would copy it again."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
 
 
 class ChunkedKeys:
@@ -165,14 +86,6 @@ class ChunkedKeys:
             decay = torch.where(mask.unsqueeze(-1), diff, float("-inf")).exp()
             return torch.einsum("bhntk,bhnsk,bhntsk->bhnts", x, self.k, decay)
         return DecayedScores.apply(x, self.k, self.b, strict, e)[0]
-
-    def cached_scores(self, name: str, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
-        """``scores`` kept under ``name`` (same x and e on every call): the inclusive matrix is kept and the strict
-        one derived from it, so RLA/RDN's strict base read and inclusive residual read of q share one."""
-        if name not in self._cache:
-            self._cache[name] = self.scores(x, e, strict=False)
-        inclusive = self._cache[name]
-        return inclusive * self.strictly_causal if strict else inclusive
 
     def keys_to_chunk_end(self) -> torch.Tensor:
         """``e^{b_C − b_s} k_s``: how each key's write reaches the end of its chunk, ``[B, H, N, C, K]``."""
@@ -261,36 +174,30 @@ class ChunkedMemory:
             state = self._decay_state(state, decay) + u.mT @ reach
         return torch.stack(us, dim=2), torch.stack(starts, dim=2), state
 
-    def read_from_start(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """``S_0 x_t e^{e_t}`` for the state before each chunk: ``[B, H, N, C, V]``."""
-        return (self.keys.exp_decay(e) * x) @ self.starts.mT
-
-    def read(self, x: torch.Tensor, e: torch.Tensor, strict: bool, cache_as: str | None = None) -> torch.Tensor:
+    def read(self, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
         """``S_{t'} x_t`` scaled by ``e^{e_t − b_t'}``: ``[B, H, N, C, V]``. See the module docstring."""
         keys = self.keys
-        scores = keys.cached_scores(cache_as, x, e, strict) if cache_as else keys.scores(x, e, strict)
-        return self.read_from_start(x, e) + scores @ self.u
+        return QueryRead.apply(x, keys.exp_decay(e), keys.scores(x, e, strict), self.starts, self.u)
 
-    def read_keys(self) -> torch.Tensor:
-        """``S_{t−1} k_t``: ``[B, H, N, C, V]``."""
+    def residual_target(self, values: torch.Tensor, config: MemoryConfig) -> torch.Tensor:
+        """``r = ρ(v − S_{t−1} k_t)``, the residual memory's values: ``[B, H, N, C, V]``."""
         keys = self.keys
-        return self.read_from_start(keys.k, keys.before_step) + keys.key_read_scores() @ self.u
+        return KeyReadTarget.apply(keys.k, keys.exp_decay(keys.before_step), keys.key_read_scores(), self.starts,
+                                   self.u, values, config.residual_target, config.clip)
 
 
-def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor, e: torch.Tensor):
-    """``α_t S_{t−1} q_t`` and ``R_t q_t`` (``[B, H, N, C, V]`` each, times ``e^{e_t − b_t}``) from one query score
+def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor, e: torch.Tensor,
+                         gamma: torch.Tensor) -> torch.Tensor:
+    """``α_t S_{t−1} q_t + γ_t R_t q_t`` (times ``e^{e_t − b_t}``), ``[B, H, N, C, V]``, from one query score
     matrix: the strict base read drops its diagonal."""
     keys = base.keys
-    scores = keys.cached_scores("queries", q, e, strict=False)
-    weighted = keys.exp_decay(e) * q
-    base_read = weighted @ base.starts.mT + scores.tril(-1) @ base.u
-    residual_read = weighted @ residual.starts.mT + scores @ residual.u
-    return base_read, residual_read
+    scores = keys.scores(q, e, strict=False)
+    return QueryRead.apply(q, keys.exp_decay(e), scores, base.starts, base.u, residual.starts, residual.u, gamma)
 
 
 def output(o: torch.Tensor, rest: float, length: int) -> torch.Tensor:
     """``rest · o`` in the ``[B, T, H, V]`` layout (``rest``: what the queries did not carry of the scale)."""
-    return from_chunks(DenseGradient.apply(o) if rest == 1.0 else rest * o, length)
+    return from_chunks(o if rest == 1.0 else rest * o, length)
 
 
 def chunk_forward(
@@ -323,29 +230,24 @@ def chunk_forward(
     now, before = keys.b + log_scale, keys.before_step + log_scale  # S_t q_t (α_t S_{t−1} q_t if strict), S_{t−1} q_t
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
-        o = base.read(qc, now, strict=False, cache_as="queries")
+        o = base.read(qc, now, strict=False)
         return output(o, rest, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
-    r = target_of_error(vc, base.read_keys(), config)
+    r = base.residual_target(vc, config)
     if config.fit_history:
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
         residual_final = residual.final
-        if config.output_gates:
-            base_read, residual_read = read_queries_of_both(base, residual, qc, now)
-        else:
-            base_read = base.read(qc, before, strict=True)  # S_{t−1} q_t
-            residual_read = residual.read(qc, now, strict=False, cache_as="queries")
+        if config.output_gates:  # α_t S_{t−1} q_t + γ_t R_t q_t
+            o = read_queries_of_both(base, residual, qc, now, gammac)
+        else:  # S_{t−1} q_t + R_t q_t
+            o = base.read(qc, before, strict=True) + residual.read(qc, now, strict=False)
     else:  # R_t = r_t k_tᵀ: only this step's correction
+        own = r * ((qc * kc).sum(-1, keepdim=True) * read_scale)  # R_t q_t
         if config.output_gates:
-            base_read = base.read(qc, now, strict=True, cache_as="queries")  # α_t S_{t−1} q_t
+            o = torch.addcmul(base.read(qc, now, strict=True), gammac.unsqueeze(-1), own)
         else:
-            base_read = base.read(qc, before, strict=True)  # S_{t−1} q_t
-        residual_read = r * ((qc * kc).sum(-1, keepdim=True) * read_scale)
+            o = base.read(qc, before, strict=True) + own
         last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
         residual_final = torch.einsum("bhv,bhk->bhvk", *last)
-    if config.output_gates:
-        o = torch.addcmul(base_read, gammac.unsqueeze(-1), residual_read)
-    else:
-        o = base_read + residual_read
     return output(o, rest, length), base.final, residual_final
