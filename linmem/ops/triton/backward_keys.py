@@ -27,6 +27,7 @@ from linmem.ops.triton.primitives import (
     key_block,
     load_block,
     load_decays,
+    mm,
     mm_acc,
     residual_target,
     state_at,
@@ -99,56 +100,60 @@ def backward_keys_kernel(
             k_err = mm_acc(k_err, token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
             state_dot += tl.sum(r0.to(tl.float32) * dr.to(tl.float32), 0)
 
-    qb = key_block(at_token(q, tok, i_h, H, K), pos, m_t, H, K, BK, i_k).to(tl.float32)
-    kb = key_block(at_token(k, tok, i_h, H, K), pos, m_t, H, K, BK, i_k).to(tl.float32)
+    # queries first (their accumulators die before the key terms are formed), then keys
+    qb = key_block(at_token(q, tok, i_h, H, K), pos, m_t, H, K, BK, i_k)
+    kb = key_block(at_token(k, tok, i_h, H, K), pos, m_t, H, K, BK, i_k)
+    eq = token_scores(e_q, tok, i_h, pos, m_t, H, C)
     exp_b = tl.exp(bb)[:, None]
-    exp_bm = tl.exp(bm)[:, None]
     d_b = tl.zeros([C], dtype=tl.float32)
     d_bm = tl.zeros([C], dtype=tl.float32)
     d_beta = tl.zeros([C], dtype=tl.float32)
     d_gamma = tl.zeros([C], dtype=tl.float32)
     if RESIDUAL and not OUTPUT_GATES:
-        dq_total = exp_bm * q_base
-        d_bm += tl.sum(qb * dq_total, 1)
+        dq_total = tl.exp(bm)[:, None] * q_base
+        d_bm += tl.sum(qb.to(tl.float32) * dq_total, 1)
     else:
         dq_total = exp_b * q_base
-        d_b += tl.sum(qb * dq_total, 1)
-    dk_total = tl.zeros([C, BK], dtype=tl.float32)
+        d_b += tl.sum(qb.to(tl.float32) * dq_total, 1)
     if RESIDUAL:
+        res_term = exp_b * q_res
+        res_dots = tl.sum(qb.to(tl.float32) * res_term, 1)
         if OUTPUT_GATES:
-            q_res_read = tl.sum(qb * (exp_b * q_res), 1)
-            d_gamma += q_res_read
-            d_b += gamma_t * q_res_read
-            dq_total += (gamma_t[:, None] * exp_b) * q_res
+            d_gamma += res_dots
+            d_b += gamma_t * res_dots
+            dq_total += gamma_t[:, None] * res_term
         else:
-            d_b += tl.sum(qb * (exp_b * q_res), 1)
-            dq_total += exp_b * q_res
-        err_term = -exp_bm * k_err
-        d_bm += tl.sum(kb * err_term, 1)
-        dk_total += err_term
-    if DELTA:
-        x_dot = tl.sum(kb * (exp_b * k_x), 1)
-        d_beta -= x_dot
-        d_b -= beta_t * x_dot
-        dk_total -= (beta_t[:, None] * exp_b) * k_x
-        if RESIDUAL:
-            y_dot = tl.sum(kb * (exp_b * k_y), 1)
-            d_gamma -= y_dot
-            d_b -= gamma_t * y_dot
-            dk_total -= (gamma_t[:, None] * exp_b) * k_y
+            d_b += res_dots
+            dq_total += res_term
+    dq_total = mm_acc(dq_total, eq, kb, DT)
+    store_token_rows(dq, dq_total, tok, i_h, pos, m_t, kc, m_k, H, K)
+
+    ek = token_scores(e_k, tok, i_h, pos, m_t, H, C).to(tl.float32)
+    dk_total = mm(tl.trans(eq), qb, DT)
+    dk_total = mm_acc(dk_total, ek + tl.trans(ek), kb, DT)
+    kf = kb.to(tl.float32)
     end_term = tl.exp(b_last - bb)[:, None] * k_end
     dk_total += end_term
     # the chunk's last key reaches the chunk end undecayed (e^0): it adds nothing to db, so leave it out of both sides
-    end_dots = tl.where(pos == n_valid - 1, 0.0, tl.sum(kb * end_term, 1))
+    end_dots = tl.where(pos == n_valid - 1, 0.0, tl.sum(kf * end_term, 1))
     d_b -= end_dots
     d_end = tl.sum(end_dots, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)
-
-    eq = token_scores(e_q, tok, i_h, pos, m_t, H, C)
-    ek = token_scores(e_k, tok, i_h, pos, m_t, H, C).to(tl.float32)
-    dq_total = mm_acc(dq_total, eq, kb, DT)
-    dk_total = mm_acc(dk_total, tl.trans(eq), qb, DT)
-    dk_total = mm_acc(dk_total, ek + tl.trans(ek), kb, DT)
-    store_token_rows(dq, dq_total, tok, i_h, pos, m_t, kc, m_k, H, K)
+    if RESIDUAL:
+        err_term = tl.exp(bm)[:, None] * k_err
+        d_bm -= tl.sum(kf * err_term, 1)
+        dk_total -= err_term
+    if DELTA:
+        x_term = exp_b * k_x
+        x_dots = tl.sum(kf * x_term, 1)
+        d_beta -= x_dots
+        d_b -= beta_t * x_dots
+        dk_total -= beta_t[:, None] * x_term
+        if RESIDUAL:
+            y_term = exp_b * k_y
+            y_dots = tl.sum(kf * y_term, 1)
+            d_gamma -= y_dots
+            d_b -= gamma_t * y_dots
+            dk_total -= gamma_t[:, None] * y_term
     store_token_rows(dk, dk_total, tok, i_h, pos, m_t, kc, m_k, H, K)
     slot = i_k.to(tl.int64) * part_stride
     store_token_gate(db_part + slot, d_b, tok, i_h, pos, m_t, H)

@@ -103,19 +103,21 @@ def backward_scores_kernel(
     # entries whose exponent is identically 0: e = b on the diagonal, e = bm one below it
     diag = pos[:, None] == pos[None, :]
     below = pos[:, None] == pos[None, :] + 1
-    p_base = token_scores(base_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
     d_b = tl.zeros([C], dtype=tl.float32)
     d_bm = tl.zeros([C], dtype=tl.float32)
+
+    # the query scores (E_Q) first, so that their gradients die before the key scores' are formed
+    p_base = token_scores(base_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
+    if RESIDUAL and not OUTPUT_GATES:
+        row, col = _exponent_grads(g_base, p_base, below)
+        d_bm += row
+        eq = g_base * decay(bm, bb, strict)
+    else:
+        row, col = _exponent_grads(g_base, p_base, diag)  # (strictly lower with a residual memory)
+        d_b += row
+        eq = g_base * decay(bb, bb, strict if RESIDUAL else causal)
+    d_b -= col
     if RESIDUAL:
-        if OUTPUT_GATES:
-            row, col = _exponent_grads(g_base, p_base, diag)  # strictly lower: the diagonal is 0 anyway
-            d_b += row
-            eq = g_base * decay(bb, bb, strict)
-        else:
-            row, col = _exponent_grads(g_base, p_base, below)
-            d_bm += row
-            eq = g_base * decay(bm, bb, strict)
-        d_b -= col
         p_res = token_scores(res_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
         if OUTPUT_GATES:
             d_gamma += tl.sum(g_res * p_res, 1)
@@ -123,19 +125,17 @@ def backward_scores_kernel(
         row, col = _exponent_grads(g_res, p_res, diag)
         d_b += row - col
         eq += g_res * decay(bb, bb, causal)
+    store_token_rows(e_q, eq, tok, i_h, pos, m_t, pos, pos < C, H, C)
+
+    ek = tl.zeros([C, C], dtype=tl.float32)
+    if DELTA or RESIDUAL:
         a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
+    if RESIDUAL:
         row, col = _exponent_grads(-g_err, a_prev, below)
         d_bm += row
         d_b -= col
-        ek = -g_err * decay(bm, bb, strict)
-    else:
-        row, col = _exponent_grads(g_base, p_base, diag)
-        d_b += row - col
-        eq = g_base * decay(bb, bb, causal)
-        ek = tl.zeros([C, C], dtype=tl.float32)
+        ek -= g_err * decay(bm, bb, strict)
     if DELTA:
-        if not RESIDUAL:
-            a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
         a = tl.exp(bb - bm)[:, None] * a_prev  # A = diag(α) A' (strictly lower)
         d_beta -= tl.sum(g_x * a, 1)
         g_a = -beta_t[:, None] * g_x
@@ -145,8 +145,6 @@ def backward_scores_kernel(
         row, col = _exponent_grads(g_a, a, diag)
         d_b += row - col
         ek += g_a * decay(bb, bb, strict)
-
-    store_token_rows(e_q, eq, tok, i_h, pos, m_t, pos, pos < C, H, C)
     store_token_rows(e_k, ek, tok, i_h, pos, m_t, pos, pos < C, H, C)
     store_token_gate(db_part, d_b, tok, i_h, pos, m_t, H)
     store_token_gate(dbm_part, d_bm, tok, i_h, pos, m_t, H)

@@ -70,6 +70,7 @@ def backward_states_kernel(
         kp = at_token(k, tok, i_h, H, K)
         qp = at_token(q, tok, i_h, H, K)
         d_base_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
+        chunk_decay = tl.exp(b_last)
 
         if RESIDUAL:
             gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
@@ -88,6 +89,12 @@ def backward_states_kernel(
             err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             d_err = residual_target_grad(err, clip, TARGET) * gamma_t[:, None] * dy
             store_token_rows(derr_out, d_err, tok, i_h, pos, m_t, vc, m_v, H, V)
+            # dR is not needed again in this chunk: hand it over now (shorter live ranges)
+            r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, qp, pos, m_t,
+                                           tl.exp(bb)[:, None] * d_res_read, H, K, BK, NK, DT)
+            if DELTA:
+                r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, 1.0, kp, pos, m_t,
+                                               -(gamma_t * tl.exp(bb))[:, None] * dy, H, K, BK, NK, DT)
 
         du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
         du += mm(tl.trans(token_scores(base_scores, tok, i_h, pos, m_t, H, C)), d_base_read, DT)
@@ -99,7 +106,6 @@ def backward_states_kernel(
             dx = du
         store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
 
-        chunk_decay = tl.exp(b_last)
         if RESIDUAL and not OUTPUT_GATES:
             read_decay = tl.exp(bm)
         else:
@@ -115,12 +121,6 @@ def backward_states_kernel(
             else:
                 through_keys = tl.exp(bm)[:, None] * d_err
             s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
-        if RESIDUAL:
-            r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, qp, pos, m_t,
-                                           tl.exp(bb)[:, None] * d_res_read, H, K, BK, NK, DT)
-            if DELTA:
-                r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, 1.0, kp, pos, m_t,
-                                               -(gamma_t * tl.exp(bb))[:, None] * dy, H, K, BK, NK, DT)
 
     store_user_states(d_base0, d_res0, i_n, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H, K, V, BK, NK,
                       RESIDUAL)

@@ -88,10 +88,15 @@ def forward_states_kernel(
             store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
         else:
             u = beta_t[:, None] * vb
+        to_end = tl.exp(b_last - bb)[:, None]  # e^{b_C − b_s}: each write's decay to the chunk end
+        chunk_decay = tl.exp(b_last)
         if RESIDUAL:
             err = vb - tl.exp(bm)[:, None] * ks - mm(token_scores(key_scores, tok, i_h, pos, m_t, H, C), u, DT)
             if STORE_ERR:
                 store_token_rows(err_out, err, tok, i_h, pos, m_t, vc, m_v, H, V)
+        # S is not needed again in this chunk: hand it over now (shorter live ranges)
+        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, to_end * u, H, K, BK, NK, DT)
+        if RESIDUAL:
             gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
             target = residual_target(err, clip, TARGET)
             if DELTA:
@@ -101,11 +106,6 @@ def forward_states_kernel(
             else:
                 w = gamma_t[:, None] * target
             store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
-
-        to_end = tl.exp(b_last - bb)[:, None]  # e^{b_C − b_s}: each write's decay to the chunk end
-        chunk_decay = tl.exp(b_last)
-        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, to_end * u, H, K, BK, NK, DT)
-        if RESIDUAL:
             r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, kp, pos, m_t, to_end * w, H, K, BK, NK, DT)
 
     store_user_states(base_final, res_final, i_n, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H, K, V, BK, NK,

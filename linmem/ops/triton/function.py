@@ -49,9 +49,9 @@ from linmem.ops.triton.scores import chunk_scores
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=4, num_stages=1),
-    "forward": dict(num_warps=4, num_stages=1, BV=32),
+    "forward": dict(num_warps=4, num_stages=1, BV=16),
     "output": dict(num_warps=4, num_stages=1, BV=64),
-    "backward_states": dict(num_warps=4, num_stages=1, BV=32),
+    "backward_states": dict(num_warps=4, num_stages=1, BV=16),
     "backward_scores": dict(num_warps=8, num_stages=1, BV=32),
     "backward_keys": dict(num_warps=8, num_stages=1, BV=32),
     "decay_grad": dict(num_warps=4, num_stages=1),
