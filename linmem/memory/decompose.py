@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from linmem.memory.components import Component, check_component, mixer
-from linmem.memory.recording import Recording, backbone, state_dtype
+from linmem.memory.recording import Recording, backbone, on_model, state_dtype
 from linmem.models.cache import LinMemCache
 from linmem.ops.step import read, residual_target
 
@@ -32,7 +32,7 @@ def state(model: nn.Module, ids: torch.Tensor, layer: int, head: int, t: int, me
     """The memory ``[V, K]`` of ``(layer, head, memory)`` after tokens ``[0, t]`` of ``ids [T]`` (or ``[1, T]``)."""
     check_component(model, Component(layer, head, memory))
     cache = LinMemCache.from_config(model.config)
-    backbone(model)(input_ids=_prompt(ids, t), cache=cache, use_cache=True)
+    backbone(model)(input_ids=on_model(model, _prompt(ids, t)), cache=cache, use_cache=True)
     layer_cache = cache.layers[layer]
     return (layer_cache.base_state if memory == "S" else layer_cache.residual_state)[0, head]
 

@@ -56,11 +56,11 @@ def make_batch(items: Sequence[Item], binding: str | int = "target", device: str
 
 def candidate_logits(model: nn.Module, batch: Batch, edit_sets: Sequence[Sequence[Edit]],
                      chunk: int = 16, use_donor: bool = True) -> torch.Tensor:
-    """``[N, B, 4]`` candidate logits at the last position under each of ``N`` edit sets (``chunk`` sets per
-    batched run)."""
+    """``[N, B, 4]`` candidate logits (float64, on the CPU like the batch's labels) at the last position under
+    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device)."""
     logits = run_many(model, batch.recipient, batch.donor if use_donor else None, edit_sets,
                       logits_at=[batch.length - 1], chunk=chunk)
-    return torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits])
+    return torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits]).cpu()  # small: metrics on CPU
 
 
 def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int = 16) -> torch.Tensor:

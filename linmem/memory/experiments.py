@@ -27,8 +27,8 @@ from linmem.memory.edits import (
     WriteBlock,
 )
 from linmem.memory.evaluate import Batch, candidate_logits, make_batch, per_item
-from linmem.memory.metrics import break_rate, compare, donor_margin
-from linmem.memory.recording import backbone
+from linmem.memory.metrics import break_rate, choice_logits, compare, donor_margin
+from linmem.memory.recording import backbone, on_model
 from linmem.memory.stats import bootstrap, bootstrap_ratio, source_means
 from linmem.memory.tasks import Item, TaskBuilder, TaskSpec, build_items
 from linmem.models.cache import LinMemCache
@@ -141,7 +141,7 @@ def states_at(model: nn.Module, ids: torch.Tensor, at: int, component: Component
     """The component's memory after tokens ``[0, at)`` for each prompt of ``ids [B, T]``: ``[B, V, K]``."""
     cache = LinMemCache.from_config(model.config)
     with torch.no_grad():
-        backbone(model)(input_ids=ids[:, :at], cache=cache, use_cache=True)
+        backbone(model)(input_ids=on_model(model, ids[:, :at]), cache=cache, use_cache=True)
     layer = cache.layers[component.layer]
     return (layer.base_state if component.memory == "S" else layer.residual_state)[:, component.head]
 
@@ -393,12 +393,13 @@ def logit_lens(model: nn.Module, items: Sequence[Item]) -> Result:
     """4-choice accuracy of the answer read from the residual stream after each block (final norm + LM head at
     the last position): the layer where the answer becomes readable (C, Fig. 11)."""
     batch = make_batch(items)
-    hidden = backbone(model)(input_ids=batch.recipient, output_hidden_states=True, use_cache=False).hidden_states
+    hidden = backbone(model)(input_ids=on_model(model, batch.recipient), output_hidden_states=True,
+                             use_cache=False).hidden_states
     norm, rows = backbone(model).norm, []
     for layer in range(len(hidden) - 1):
         stream = hidden[layer + 1][:, -1]
         stream = stream if layer == len(hidden) - 2 else norm(stream)
-        choice = model.lm_head(stream).double().gather(-1, batch.candidates)
+        choice = choice_logits(model.lm_head(stream), batch.candidates).cpu()
         correct = (choice.argmax(-1) == batch.answer).double()
         rows += estimate_rows({"lens_accuracy": correct}, batch.sources, layer=layer)
     return Result("logit_lens", rows, {}, plots.lens(rows))

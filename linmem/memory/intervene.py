@@ -40,7 +40,7 @@ from linmem.memory.edits import (
     WriteBlock,
     edit_positions,
 )
-from linmem.memory.recording import Recording, backbone, head_scale, state_dtype, unembed
+from linmem.memory.recording import Recording, backbone, head_scale, on_model, state_dtype, unembed
 from linmem.memory.replay import HeadInputs, WriteOverrides, replay
 from linmem.models.cache import AttentionLayerCache, LinMemCache
 
@@ -144,9 +144,9 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
     Returns:
         ``[N, B, P, vocab]``.
     """
-    recipient_ids = recipient_ids.unsqueeze(0) if recipient_ids.dim() == 1 else recipient_ids
+    recipient_ids = on_model(model, recipient_ids.unsqueeze(0) if recipient_ids.dim() == 1 else recipient_ids)
     if donor_ids is not None:
-        donor_ids = donor_ids.unsqueeze(0) if donor_ids.dim() == 1 else donor_ids
+        donor_ids = on_model(model, donor_ids.unsqueeze(0) if donor_ids.dim() == 1 else donor_ids)
         if donor_ids.shape != recipient_ids.shape:
             raise ValueError(f"donor_ids must have the recipient's shape {list(recipient_ids.shape)} (pairs of equal "
                              f"token length); got {list(donor_ids.shape)}")

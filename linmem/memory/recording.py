@@ -47,6 +47,12 @@ def capture(model: nn.Module, layer_ids: list[int], stores: dict[int, dict[str, 
             handle.remove()
 
 
+def on_model(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` on the device of the model's weights (task batches are built on the CPU)."""
+    device = next(model.parameters()).device
+    return ids if ids.device == device else ids.to(device)
+
+
 def backbone(model: nn.Module) -> nn.Module:
     """The part of a causal LM that returns hidden states (``model.model``), or the model itself."""
     return getattr(model, "model", model)
@@ -74,6 +80,7 @@ class Recording:
     def of(cls, model: nn.Module, ids: torch.Tensor, layer_ids: list[int] | None = None) -> Recording:
         """Run ``ids`` once and keep the hook inputs of ``layer_ids`` (default: every recurrent layer)."""
         layer_ids = recurrent_layers(model) if layer_ids is None else layer_ids
+        ids = on_model(model, ids)
         stores: dict[int, dict[str, torch.Tensor]] = {}
         with capture(model, layer_ids, stores):
             backbone(model)(input_ids=ids, use_cache=False)
@@ -82,7 +89,8 @@ class Recording:
     def at(self, layer: int, name: str, batch: torch.Tensor, positions: list[int], heads: torch.Tensor):
         """Input ``name`` of prompts ``batch [n]``, heads ``heads [n]`` at ``positions``: ``[n, P, ...]``."""
         x = self.inputs[layer][name]
-        return x[batch[:, None], torch.as_tensor(positions, device=x.device)[None, :], heads[:, None]]
+        index = torch.as_tensor(positions, device=x.device)[None, :]
+        return x[batch.to(x.device)[:, None], index, heads.to(x.device)[:, None]]
 
     def derived(self, layer: int, positions: tuple[int, ...]) -> dict[str, torch.Tensor]:
         """``o``, ``base_read`` (the base memory's part of the read-out) and ``r`` (residual target), each
