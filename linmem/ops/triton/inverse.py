@@ -1,8 +1,9 @@
 """The delta rule's in-chunk inverse ``T = (I + diag(σ) A)^{-1}`` (the WY/UT representation), for σ = β and σ = γ.
 
 ``A = diag(α) A'`` is strictly lower triangular (``A'`` from scores.py), so ``L = I + diag(σα) A'`` is unit lower
-triangular. The chunk of 64 is cut into 4×4 blocks of 16: each diagonal block is inverted by forward substitution
-in float32, and the blocks below the diagonal follow from ``T_ij = −T_ii Σ_{j≤m<i} L_im T_mj`` (float32 dots).
+triangular. The chunk of 64 is cut into 4×4 blocks of 16: the four diagonal blocks are inverted together by forward
+substitution in float32, and the blocks below the diagonal follow from ``T_ij = −T_ii Σ_{j≤m<i} L_im T_mj``
+(float32 dots). One program per (chunk, head, σ).
 Rows past the end of a sequence load as zero, so their rows of T are rows of the identity.
 """
 
@@ -28,16 +29,30 @@ def _scaled_block(key_scores, len_left, H: tl.constexpr, C: tl.constexpr, scale_
 
 
 @triton.jit
-def _unit_lower_inverse16(n):
-    """``(I + n)^{-1}`` for a strictly lower ``[16, 16]`` block, row by row."""
+def _diagonal_inverses(key_scores, len_left, H: tl.constexpr, C: tl.constexpr, scale_ptr, g):
+    """``(I + n_i)^{-1}`` for the four strictly lower diagonal ``[16, 16]`` blocks ``n_i`` of ``diag(σα) A'``, all
+    four at once as a ``[4, 16, 16]`` tensor, by forward substitution row by row."""
+    blk = tl.arange(0, 4)[:, None, None]
     r = tl.arange(0, 16)
-    eye = (r[:, None] == r[None, :]).to(tl.float32)
-    inv = eye
+    row = blk * 16 + r[None, :, None]  # [4, 16, 1]
+    valid = row < len_left
+    scale = tl.load(scale_ptr + row * H, mask=valid, other=0.0) * tl.exp(tl.load(g + row * H, mask=valid, other=0.0))
+    n = tl.load(key_scores + row * (H * C) + (blk * 16 + r[None, None, :]), mask=valid, other=0.0)
+    n = n.to(tl.float32) * scale
+    eye = (r[:, None] == r[None, :]).to(tl.float32)[None, :, :]
+    inv = eye + tl.zeros([4, 16, 16], dtype=tl.float32)
     for i in tl.static_range(1, 16):
-        n_row = tl.sum(tl.where(r[:, None] == i, n, 0.0), 0)  # n[i, :]
-        new_row = -tl.sum(n_row[:, None] * inv, 0)  # −Σ_{j<i} n[i, j] inv[j, :]
-        inv = tl.where(r[:, None] == i, new_row[None, :] + eye, inv)
+        at_row = r[None, :, None] == i
+        n_row = tl.sum(tl.where(at_row, n, 0.0), 1)  # n_b[i, :]
+        new_row = -tl.sum(n_row[:, :, None] * inv, 1)  # −Σ_{j<i} n_b[i, j] inv_b[j, :]
+        inv = tl.where(at_row, new_row[:, None, :] + eye, inv)
     return inv
+
+
+@triton.jit
+def _block_of(blocks, I: tl.constexpr):
+    """Block I of a ``[4, 16, 16]`` tensor."""
+    return tl.sum(tl.where(tl.arange(0, 4)[:, None, None] == I, blocks, 0.0), 0)
 
 
 @triton.jit
@@ -67,10 +82,11 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     strength = at_token(strength, tok, i_h, H, 1)
     g = at_token(g, tok, i_h, H, 1)
 
-    d0 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 0, 0))
-    d1 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 1, 1))
-    d2 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 2, 2))
-    d3 = _unit_lower_inverse16(_scaled_block(key_scores, left, H, C, strength, g, 3, 3))
+    diagonal = _diagonal_inverses(key_scores, left, H, C, strength, g)
+    d0 = _block_of(diagonal, 0)
+    d1 = _block_of(diagonal, 1)
+    d2 = _block_of(diagonal, 2)
+    d3 = _block_of(diagonal, 3)
     n10 = _scaled_block(key_scores, left, H, C, strength, g, 1, 0)
     n20 = _scaled_block(key_scores, left, H, C, strength, g, 2, 0)
     n21 = _scaled_block(key_scores, left, H, C, strength, g, 2, 1)
@@ -85,23 +101,22 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     t31 = -_mm(d3, _mm(n31, d1) + _mm(n32, t21))
     t30 = -_mm(d3, _mm(n30, d0) + _mm(n31, t10) + _mm(n32, t20))
 
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-    _store_block(out, d0, left, H, C, 0, 0)
-    _store_block(out, zero, left, H, C, 0, 1)
-    _store_block(out, zero, left, H, C, 0, 2)
-    _store_block(out, zero, left, H, C, 0, 3)
+    # the diagonal blocks in one store, every block above the diagonal (zero) in another
+    blk = tl.arange(0, 4)[:, None, None]
+    r = tl.arange(0, 16)
+    row = blk * 16 + r[None, :, None]
+    tl.store(out + row * (H * C) + (blk * 16 + r[None, None, :]), diagonal.to(out.dtype.element_ty),
+             mask=row < left)
+    pos = tl.arange(0, C)
+    above = (pos[None, :] // 16) > (pos[:, None] // 16)
+    tl.store(out + pos[:, None] * (H * C) + pos[None, :], tl.zeros([C, C], dtype=tl.float32).to(out.dtype.element_ty),
+             mask=above & (pos < left)[:, None])
     _store_block(out, t10, left, H, C, 1, 0)
-    _store_block(out, d1, left, H, C, 1, 1)
-    _store_block(out, zero, left, H, C, 1, 2)
-    _store_block(out, zero, left, H, C, 1, 3)
     _store_block(out, t20, left, H, C, 2, 0)
     _store_block(out, t21, left, H, C, 2, 1)
-    _store_block(out, d2, left, H, C, 2, 2)
-    _store_block(out, zero, left, H, C, 2, 3)
     _store_block(out, t30, left, H, C, 3, 0)
     _store_block(out, t31, left, H, C, 3, 1)
     _store_block(out, t32, left, H, C, 3, 2)
-    _store_block(out, d3, left, H, C, 3, 3)
 
 
 def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout, launch: dict | None = None):

@@ -1,9 +1,9 @@
 """Small Triton helpers every kernel of the package uses: where a chunk lives, tile loads and stores, the dot with an
 explicit operand type, in-chunk decays, the states held as key blocks, and the residual target ρ with its derivative.
 
-Addressing (the int32/int64 rule). Every kernel first moves each per-token pointer to the first token of its chunk
-and to its head (``at_token``: ``ptr + (tok·H + h)·D`` with ``tok`` int64, once per chunk), and every per-chunk state
-pointer to its ``[K, V]`` block (``state_at``: ``(c·H + h)·K·V`` in int64). Offsets inside a chunk (``row·H·D +
+Addressing (the int32/int64 rule). Every per-token pointer is first moved to the first token of the chunk and to the
+head (``at_token``, and the ``token_*`` helpers: ``ptr + (tok·H + h)·D`` with ``tok`` int64), and every per-chunk
+state pointer to its ``[K, V]`` block (``state_at``: ``(c·H + h)·K·V`` in int64). Offsets inside a chunk (``row·H·D +
 column`` with row < 64, or ``key·V + value`` inside one state) then fit int32 for any realistic width, so no element
 offset is ever formed from a token index in 32 bits. Every load and store is masked on both axes: rows past the end
 of the sequence (the last chunk of a sequence is usually partial), key columns past K, value columns past V.
@@ -70,45 +70,51 @@ def state_at(ptr, index, i_h, H: tl.constexpr, SIZE: tl.constexpr):
 # ------------------------------------------------------------------------------------------------ tiles
 
 
+# Under TRITON_INTERPRET=1 every call of a jit helper re-patches triton.language (about 0.2 ms), so the tile helpers
+# below are flat: each computes its offsets itself instead of calling one another.
+
+
 @triton.jit
-def _offsets(rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
+def load_block(ptr, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
+    """The ``[rows, cols]`` tile at ``ptr + row·ROW + col·COL`` in the tensor's own type (0 where masked)."""
     if COL == 1:
         offs = rows[:, None] * ROW + cols[None, :]
     elif ROW == 1:
         offs = rows[:, None] + cols[None, :] * COL
     else:
         offs = rows[:, None] * ROW + cols[None, :] * COL
-    return offs, m_r[:, None] & m_c[None, :]
-
-
-@triton.jit
-def load_block(ptr, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
-    """The ``[rows, cols]`` tile at ``ptr + row·ROW + col·COL`` in the tensor's own type (0 where masked)."""
-    offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
-    return tl.load(ptr + offs, mask=mask, other=0.0)
+    return tl.load(ptr + offs, mask=m_r[:, None] & m_c[None, :], other=0.0)
 
 
 @triton.jit
 def store_block(ptr, value, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
-    offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+    if COL == 1:
+        offs = rows[:, None] * ROW + cols[None, :]
+    elif ROW == 1:
+        offs = rows[:, None] + cols[None, :] * COL
+    else:
+        offs = rows[:, None] * ROW + cols[None, :] * COL
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
 
 
 @triton.jit
 def load_rows(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
     """Chunk rows ``pos`` of a ``[N_tok, H, WIDTH]`` tensor (pointer at the chunk start and head), as float32."""
-    return load_block(ptr, pos, m_t, H * WIDTH, cols, m_c, 1).to(tl.float32)
+    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
+    return tl.load(ptr + offs, mask=m_t[:, None] & m_c[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
 def load_tile(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
     """As ``load_rows`` in the tensor's own type (tiles that only feed dots)."""
-    return load_block(ptr, pos, m_t, H * WIDTH, cols, m_c, 1)
+    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
+    return tl.load(ptr + offs, mask=m_t[:, None] & m_c[None, :], other=0.0)
 
 
 @triton.jit
 def store_rows(ptr, value, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
-    store_block(ptr, value, pos, m_t, H * WIDTH, cols, m_c, 1)
+    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
@@ -118,37 +124,38 @@ def load_gate(ptr, pos, m_t, H: tl.constexpr):
 
 
 @triton.jit
-def load_scores(ptr, pos, m_t, H: tl.constexpr, C: tl.constexpr):
-    """The chunk's ``[C, C]`` matrix stored as rows ``[N_tok, H, C]`` (rows past the end are 0)."""
-    return load_tile(ptr, pos, m_t, H, C, pos, pos < C)
-
-
-@triton.jit
 def token_rows(ptr, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.constexpr):
     """``load_rows`` of the chunk starting at token ``tok`` (int64) of a ``[N_tok, H, WIDTH]`` tensor."""
-    return load_rows(at_token(ptr, tok, i_h, H, WIDTH), pos, m_t, H, WIDTH, cols, m_c)
+    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
+    ptr += (tok * H + i_h) * WIDTH
+    return tl.load(ptr + offs, mask=m_t[:, None] & m_c[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
 def store_token_rows(ptr, value, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.constexpr):
-    store_rows(at_token(ptr, tok, i_h, H, WIDTH), value, pos, m_t, H, WIDTH, cols, m_c)
+    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
+    ptr += (tok * H + i_h) * WIDTH
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
 def token_gate(ptr, tok, i_h, pos, m_t, H: tl.constexpr):
     """``load_gate`` of the chunk starting at token ``tok``."""
-    return load_gate(at_token(ptr, tok, i_h, H, 1), pos, m_t, H)
+    return tl.load(ptr + (tok * H + i_h) + pos * H, mask=m_t, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def store_token_gate(ptr, value, tok, i_h, pos, m_t, H: tl.constexpr):
-    tl.store(at_token(ptr, tok, i_h, H, 1) + pos * H, value, mask=m_t)
+    tl.store(ptr + (tok * H + i_h) + pos * H, value, mask=m_t)
 
 
 @triton.jit
 def token_scores(ptr, tok, i_h, pos, m_t, H: tl.constexpr, C: tl.constexpr):
-    """``load_scores`` of the chunk starting at token ``tok``."""
-    return load_scores(at_token(ptr, tok, i_h, H, C), pos, m_t, H, C)
+    """The ``[C, C]`` matrix of the chunk starting at token ``tok``, stored as rows ``[N_tok, H, C]`` (rows past
+    the end are 0), in its own type."""
+    offs = pos[:, None] * (H * C) + pos[None, :]
+    ptr += (tok * H + i_h) * C
+    return tl.load(ptr + offs, mask=m_t[:, None], other=0.0)
 
 
 @triton.jit
@@ -156,11 +163,11 @@ def load_decays(b, g, tok, i_h, pos, n_valid, H: tl.constexpr):
     """In-chunk log decays at rows ``pos`` of the chunk starting at token ``tok``: ``b`` (cumulative, inclusive),
     ``bm = b − g`` and ``b_C`` (b of the chunk's last token). Rows past the end repeat ``b_C`` with g = 0, the values
     a zero-padded g gives, so that no decay exponent between rows is ever positive."""
-    b = at_token(b, tok, i_h, H, 1)
+    start = tok * H + i_h
     m_t = pos < n_valid
-    b_last = tl.load(b + (n_valid - 1) * H)
-    bb = tl.where(m_t, tl.load(b + pos * H, mask=m_t, other=0.0), b_last)
-    return bb, bb - token_gate(g, tok, i_h, pos, m_t, H), b_last
+    b_last = tl.load(b + start + (n_valid - 1) * H)
+    bb = tl.where(m_t, tl.load(b + start + pos * H, mask=m_t, other=0.0), b_last)
+    return bb, bb - tl.load(g + start + pos * H, mask=m_t, other=0.0), b_last
 
 
 @triton.jit
@@ -182,14 +189,16 @@ def decay(row_exp, col_exp, mask):
 def key_block(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I: tl.constexpr):
     """Key block I of a per-token ``[N_tok, H, K]`` tensor at the chunk: ``[C, BK]``."""
     cols = I * BK + tl.arange(0, BK)
-    return load_tile(ptr, pos, m_t, H, K, cols, cols < K)
+    offs = pos[:, None] * (H * K) + cols[None, :]
+    return tl.load(ptr + offs, mask=m_t[:, None] & (cols < K)[None, :], other=0.0)
 
 
 @triton.jit
 def key_block_t(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I: tl.constexpr):
     """``key_block`` transposed: ``[BK, C]``."""
     cols = I * BK + tl.arange(0, BK)
-    return load_block(ptr, cols, cols < K, 1, pos, m_t, H * K)
+    offs = cols[:, None] + pos[None, :] * (H * K)
+    return tl.load(ptr + offs, mask=(cols < K)[:, None] & m_t[None, :], other=0.0)
 
 
 @triton.jit
