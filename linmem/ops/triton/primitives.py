@@ -70,31 +70,32 @@ def state_at(ptr, index, i_h, H: tl.constexpr, SIZE: tl.constexpr):
 # ------------------------------------------------------------------------------------------------ tiles
 
 
-# Under TRITON_INTERPRET=1 every call of a jit helper re-patches triton.language (about 0.2 ms), so the tile helpers
-# below are flat: each computes its offsets itself instead of calling one another.
+# Under TRITON_INTERPRET=1 every call of a jit helper re-patches triton.language (about 0.2 ms), so the per-token tile
+# helpers (the most called) are flat: each computes its offsets itself instead of calling another helper.
+
+
+@triton.jit
+def _offsets(rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
+    if COL == 1:
+        offs = rows[:, None] * ROW + cols[None, :]
+    elif ROW == 1:
+        offs = rows[:, None] + cols[None, :] * COL
+    else:
+        offs = rows[:, None] * ROW + cols[None, :] * COL
+    return offs, m_r[:, None] & m_c[None, :]
 
 
 @triton.jit
 def load_block(ptr, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
     """The ``[rows, cols]`` tile at ``ptr + row·ROW + col·COL`` in the tensor's own type (0 where masked)."""
-    if COL == 1:
-        offs = rows[:, None] * ROW + cols[None, :]
-    elif ROW == 1:
-        offs = rows[:, None] + cols[None, :] * COL
-    else:
-        offs = rows[:, None] * ROW + cols[None, :] * COL
-    return tl.load(ptr + offs, mask=m_r[:, None] & m_c[None, :], other=0.0)
+    offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
+    return tl.load(ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
 def store_block(ptr, value, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
-    if COL == 1:
-        offs = rows[:, None] * ROW + cols[None, :]
-    elif ROW == 1:
-        offs = rows[:, None] + cols[None, :] * COL
-    else:
-        offs = rows[:, None] * ROW + cols[None, :] * COL
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
+    offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
