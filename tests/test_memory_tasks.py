@@ -65,6 +65,19 @@ def test_variants(corpus):
     assert item.recipient[end - len(builder.after) - 1] in builder.values
 
 
+def test_filler_sits_between_the_last_fact_and_the_query_by_default(corpus):
+    """``gap=None``: the stretch before the query is a stretch like the others (K·R + 1 equal shares of the
+    filler), not an empty one that puts the last fact right before the query."""
+    docs, tokenizer, _ = corpus
+    sources = passages(docs, Tokenize(tokenizer), 80)
+    builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=2, repeats=2, filler_tokens=50))
+    for item in build_items(builder, sources):
+        end = item.boundary - 10  # 50 filler tokens in 5 stretches of 10
+        assert item.recipient[end - len(builder.after):end] == builder.after
+        assert item.recipient[end - len(builder.after) - 1] in builder.values
+        assert len(item.recipient) == 50 + 4 * len(builder.fact(0, 0))
+
+
 def test_rules_raise_clear_errors(corpus):
     docs, tokenizer, _ = corpus
     with pytest.raises(ValueError, match="rule 'single-token values'"):

@@ -89,6 +89,8 @@ def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Comp
 def control_component(model: nn.Module, chosen: Component, seed: int = 0) -> Component:
     """A control: another head of the same memory kind, in another layer where possible."""
     pool = [c for c in heads(model) if c.memory == chosen.memory and c != chosen]
+    if not pool:
+        raise ValueError(f"no control head: {chosen} is the model's only {chosen.memory} memory")
     other_layer = [c for c in pool if c.layer != chosen.layer] or pool
     return other_layer[np.random.default_rng(seed).integers(len(other_layer))]
 

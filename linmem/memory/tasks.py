@@ -204,12 +204,15 @@ class TaskBuilder:
         return self._assemble(source_id, split, filler, keys, values, target, donor_value, old_value, order, draw)
 
     def _stretches(self, filler: list[int], slots: int) -> list[list[int]]:
-        """The filler cut into ``slots`` stretches before the facts, plus the gap before the query."""
+        """The filler cut into ``slots`` stretches before the facts and a last one before the query: the ``gap``
+        last tokens, or with ``gap=None`` a stretch of the same share as the others."""
         gap = self.spec.gap
-        body = filler if gap is None else filler[: len(filler) - gap]
+        if gap is None:
+            cuts = np.linspace(0, len(filler), slots + 2).round().astype(int)
+            return [filler[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        body = filler[: len(filler) - gap]
         cuts = np.linspace(0, len(body), slots + 1).round().astype(int)
-        stretches = [body[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
-        return stretches + [[] if gap is None else filler[len(filler) - gap:]]
+        return [body[a:b] for a, b in zip(cuts[:-1], cuts[1:])] + [filler[len(filler) - gap:]]
 
     def _assemble(self, source_id, split, filler, keys, values, target, donor_value, old_value, order, rng) -> Item:
         stretches = self._stretches(filler, len(order))
