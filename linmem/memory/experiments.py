@@ -80,7 +80,8 @@ def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Comp
     best = int(order[0])
     loso = [int(np.argmax(np.delete(table, s, axis=1).mean(1))) == best for s in range(table.shape[1])]
     clean_correct = (choice[0].argmax(-1) == batch.answer).double().cpu().numpy()
-    summary = {"chosen": str(comps[best]), "top1_sources": int((table.argmax(0) == best).sum()),
+    summary = {"chosen": str(comps[best]), "edit": repr(StateSwap([comps[best]], batch.boundary)),
+               "top1_sources": int((table.argmax(0) == best).sum()),
                "sources": table.shape[1], "loso_agreement": int(sum(loso)),
                "clean_accuracy": bootstrap(clean_correct, batch.sources).as_dict()}
     return Result("head_scan", rows, summary, plots.head_scan(rows))
@@ -134,8 +135,10 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
         rows += estimate_rows({k: values[k] for k in METRICS}, batch.sources, intervention=intervention,
                               target=target, component=str(component if "control" not in target else control))
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
+    first = lifecycle_edits(batch.items[0], component, control, batch.length, seed * 1_000_003)
     summary = {"component": str(component), "control": str(control),
-               "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict()}
+               "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
+               "edits_of_first_item": {name: [repr(e) for e in edits] for name, edits in first.items()}}
     return Result("lifecycle", rows, summary, plots.lifecycle(rows))
 
 
