@@ -16,8 +16,9 @@ A read ``S_{t'} x_t`` (``t' = t`` inclusive, ``t − 1`` strict) is
 is ≤ 0 where it is used, so nothing overflows.
 
 RLA/RDN run two such memories: the base pass also yields ``S_{t−1} k_t`` (for r) and ``α_t S_{t−1} q_t``, then
-the residual memory runs on values ``r`` with strength γ. Per-key-channel decay (GLA) uses a ``[C, C, K]`` decay
-tensor and a smaller chunk.
+the residual memory runs on values ``r`` with strength γ, and one query read-out serves both memories. The score
+matrices and the reads are hand-differentiated functions (``chunk_reads.py``); the rest is plain autograd.
+Per-key-channel decay (GLA) uses a ``[C, C, K]`` decay tensor and a smaller chunk.
 """
 
 from __future__ import annotations
