@@ -154,3 +154,18 @@ def test_chunk_fallbacks(options):
         inputs["g"] = -0.2 * torch.rand(1, 20, 1, 16, generator=torch.Generator().manual_seed(9),
                                         dtype=torch.float64)
     compare(inputs, True, tol=max(TOL, 1e-5), rule="additive", **options)
+
+
+def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
+    """``python -m linmem.bench.kernels`` end to end on the CPU (interpreter, tiny shapes): options, timing, the
+    report files and the summary table the GPU run ends with."""
+    from linmem.bench import kernels
+
+    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
+    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
+    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
+    kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
+                  "--methods", "linmem sGLA", "--workers", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith("| 64 | ")  # the summary row (FLA absent on the CPU)
+    assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()

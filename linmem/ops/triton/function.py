@@ -153,9 +153,11 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     per_token = (n_tok, heads, value_dim)
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
     d_res_chunks = _buf(per_chunk, dev, flags.store_dtype) if flags.residual else dummy
-    dx = _buf(per_token, dev)
-    dy = _buf(per_token, dev) if flags.residual else dummy
-    d_err = _buf(per_token, dev) if flags.residual else dummy
+    # the gradients of the writes and the error feed dots in the input type; for half-precision inputs they are
+    # stored in it (the elementwise uses, dv and the gate sums, are rounded to that precision anyway)
+    dx = _buf(per_token, dev, flags.store_dtype)
+    dy = _buf(per_token, dev, flags.store_dtype) if flags.residual else dummy
+    d_err = _buf(per_token, dev, flags.store_dtype) if flags.residual else dummy
     d_base0 = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
     d_res0 = _buf(d_base0.shape, dev) if flags.residual else None
     blocks, launch = _options("backward_states", value_dim)

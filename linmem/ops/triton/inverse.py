@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.layout import CHUNK, SequenceLayout, new_buffer
-from linmem.ops.triton.primitives import at_token, chunk_at
+from linmem.ops.triton.primitives import at_token, chunk_at, stored
 
 
 @triton.jit
@@ -64,7 +64,7 @@ def _mm(a, b):
 def _store_block(out, block, len_left, H: tl.constexpr, C: tl.constexpr, I: tl.constexpr, J: tl.constexpr):
     r = tl.arange(0, 16)
     row = I * 16 + r
-    tl.store(out + row[:, None] * (H * C) + (J * 16 + r)[None, :], block.to(out.dtype.element_ty),
+    tl.store(out + row[:, None] * (H * C) + (J * 16 + r)[None, :], stored(block, out.dtype.element_ty),
              mask=(row < len_left)[:, None])
 
 
@@ -105,11 +105,11 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     blk = tl.arange(0, 4)[:, None, None]
     r = tl.arange(0, 16)
     row = blk * 16 + r[None, :, None]
-    tl.store(out + row * (H * C) + (blk * 16 + r[None, None, :]), diagonal.to(out.dtype.element_ty),
+    tl.store(out + row * (H * C) + (blk * 16 + r[None, None, :]), stored(diagonal, out.dtype.element_ty),
              mask=row < left)
     pos = tl.arange(0, C)
     above = (pos[None, :] // 16) > (pos[:, None] // 16)
-    tl.store(out + pos[:, None] * (H * C) + pos[None, :], tl.zeros([C, C], dtype=tl.float32).to(out.dtype.element_ty),
+    tl.store(out + pos[:, None] * (H * C) + pos[None, :], tl.zeros([C, C], dtype=out.dtype.element_ty),
              mask=above & (pos < left)[:, None])
     _store_block(out, t10, left, H, C, 1, 0)
     _store_block(out, t20, left, H, C, 2, 0)

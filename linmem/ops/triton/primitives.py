@@ -15,11 +15,28 @@ many blocks exist; the helpers below take all four and touch only the first NK (
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 # ρ, the residual memory's target (config.residual_target), as a compile-time code
 TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
+
+# Triton's interpreter converts float32 to bfloat16 by truncation (round toward zero), a GPU rounds to nearest even:
+# under the interpreter every store rounds first (``stored``), so that CPU results carry the GPU's rounding errors
+# rather than a systematic bias. Fixed when this module is imported, as the kernels' own mode is.
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def stored(value, dtype: tl.constexpr):
+    """``value`` converted to the storage type ``dtype`` (round to nearest even)."""
+    if INTERPRET and dtype == tl.bfloat16:
+        bits = value.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        value = bits.to(tl.float32, bitcast=True)
+    return value.to(dtype)
 
 
 @triton.jit
@@ -95,7 +112,7 @@ def load_block(ptr, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
 @triton.jit
 def store_block(ptr, value, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.constexpr):
     offs, mask = _offsets(rows, m_r, ROW, cols, m_c, COL)
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + offs, stored(value, ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -115,7 +132,7 @@ def load_tile(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
 @triton.jit
 def store_rows(ptr, value, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
     offs = pos[:, None] * (H * WIDTH) + cols[None, :]
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+    tl.store(ptr + offs, stored(value, ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
@@ -136,7 +153,7 @@ def token_rows(ptr, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.co
 def store_token_rows(ptr, value, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.constexpr):
     offs = pos[:, None] * (H * WIDTH) + cols[None, :]
     ptr += (tok * H + i_h) * WIDTH
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+    tl.store(ptr + offs, stored(value, ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
