@@ -1,23 +1,25 @@
-"""The forward pass: a sequential pass that only carries the states, then a chunk-parallel read-out.
+"""The forward pass: sequential passes that only carry a state, then a chunk-parallel read-out.
 
-``forward_states_kernel``: one program per (sequence, head, block of BV value columns) walks the chunks in order and
-carries the transposed states ``Sᵀ`` (and ``Rᵀ``) as key blocks ``[BK, BV]`` (float32). Per chunk, with
-``KS = K S_0ᵀ`` (one product serves the delta write and the prediction error):
+``state_pass_kernel``: one program per (sequence, head, block of BV value columns) walks the chunks in order and
+carries one memory's transposed state ``Sᵀ`` as key blocks ``[BK, BV]`` (float32). A memory with values X and write
+strength σ, per chunk (``KS = K S_0ᵀ``, one product for the delta write and the prediction error):
 
-- base writes ``u = T_β diag(β)(V − diag(e^b) KS)`` (delta) or ``diag(β) V`` (additive);
-- prediction error ``err_t = v_t − S_{t−1}k_t = V − diag(e^{bm}) KS − A' u``, target ``r = ρ(err)``;
-- residual writes ``w = T_γ diag(γ)(r − diag(e^b) K R_0ᵀ)`` (delta) or ``diag(γ) r`` (additive);
-- hand-over ``Sᵀ ← e^{b_C} Sᵀ + Kᵀ diag(e^{b_C − b}) u`` and the same for R with w.
+- writes ``u = T_σ diag(σ)(X − diag(e^b) KS)`` (delta) or ``diag(σ) X`` (additive);
+- (ERR_OUT) prediction error ``err_t = x_t − S_{t−1}k_t = X − diag(e^{bm}) KS − A' u``;
+- hand-over ``Sᵀ ← e^{b_C} Sᵀ + Kᵀ diag(e^{b_C − b}) u``.
 
-Everything that does not depend on the state (b, the score rows A', P, the inverses T_β, T_γ) comes from the
-chunk-parallel kernels before it (scores.py, inverse.py). The pass stores the states before every chunk (input type
-for half-precision inputs, as the dots read them), the writes u (delta) and w, and (for the backward pass) err.
+RLA/RDN run it twice: the base memory (X = V, σ = β, emitting err), then the residual memory (X = ρ(err), σ = γ):
+the residual memory depends on the base one only through err, so neither pass holds both states (half the live
+registers of a fused pass, with the same products in the same order). Everything that does not depend on the state
+(b, the score rows A', P, the inverses T_β, T_γ) comes from the chunk-parallel kernels before (scores.py,
+inverse.py). Each pass stores its state before every chunk (in the input type for half-precision inputs: the dots
+read them in that type) and its writes (u, w; not the additive base memory's, ``β∘v``).
 
-This is the WY/UT form with the state product taken first: ``u = T_β diag(β) V − (T_β diag(β e^b) K) S_0ᵀ`` with a
-precomputed ``W = T_β diag(βe^b) K`` costs the same number of products per chunk (``W S_0ᵀ`` and ``M S_0ᵀ`` for the
-error, against ``K S_0ᵀ``, ``T_β·`` and ``A'·``), and this form needs no W, M, u0 tensors written and read back.
+This is the WY/UT form with the state product taken first. Precomputing ``W = T_β diag(βe^b) K``, ``u0 = T_β
+diag(β) V`` (and ``M = diag(e^{bm}) K − A' W``, ``e0 = V − A' u0`` for the error) would take the same number of
+products per chunk (``W S_0ᵀ``, ``M S_0ᵀ`` against ``K S_0ᵀ``, ``T_β·``, ``A'·``) and write and read four more tensors.
 
-``output_kernel``: one program per (chunk, head, block of value columns) reads the outputs from the stored states:
+``output_kernel``: one program per (block of value columns, chunk, head) reads the outputs from the stored states:
 ``o = scale·(diag(e^e) Q S_0ᵀ + P_base u + γ ∘ (diag(e^b) Q R_0ᵀ + P_res w))`` (``e = bm`` for the base read without
 output gates, else b; without a residual memory ``o = scale·(diag(e^b) Q S_0ᵀ + P_base u)`` with the inclusive P).
 """
@@ -33,17 +35,16 @@ from linmem.ops.triton.primitives import (
     chunk_of_sequence,
     key_block,
     load_block,
+    load_blocks,
     load_decays,
-    load_user_states,
     mm,
     mm_acc,
     read_blocks,
     residual_target,
     sequence_at,
     state_at,
-    store_chunk_states,
+    store_blocks,
     store_token_rows,
-    store_user_states,
     token_gate,
     token_rows,
     token_scores,
@@ -52,14 +53,15 @@ from linmem.ops.triton.primitives import (
 
 
 @triton.jit
-def forward_states_kernel(
-    k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma,
-    base0, res0, base_final, res_final, base_chunks, res_chunks, u_out, w_out, err_out,
+def state_pass_kernel(
+    k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out,
     cu_seqlens, chunk_offsets, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr,
-    STORE_ERR: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, FROM_ERR: tl.constexpr, ERR_OUT: tl.constexpr,
+    STORE_WRITES: tl.constexpr, TARGET: tl.constexpr,
 ):
+    """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x`` (or
+    ``ρ(err)`` with FROM_ERR), strength σ; with ERR_OUT it also emits the prediction error."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos, length = sequence_at(cu_seqlens, i_n)
@@ -68,48 +70,36 @@ def forward_states_kernel(
     vc = i_v * BV + tl.arange(0, BV)
     m_v = vc < V
 
-    s0, s1, s2, s3, r0, r1, r2, r3 = load_user_states(base0, res0, i_n, i_h, vc, m_v, H, K, V, BK, NK,
-                                                      RESIDUAL)
-
+    # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
+    s0, s1, s2, s3 = load_blocks(state_at(state0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
     for j in range(tl.cdiv(length, C)):
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
         m_t = pos < n_valid
-        store_chunk_states(base_chunks, res_chunks, c0 + j, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3,
-                           H, K, V, BK, NK, RESIDUAL)
+        store_blocks(state_at(state_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
         bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
         kp = at_token(k, tok, i_h, H, K)
-        vb = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
-        beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
-        if DELTA or RESIDUAL:
+        if FROM_ERR:
+            values = residual_target(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+        else:
+            values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
+        sigma = token_gate(strength, tok, i_h, pos, m_t, H)
+        if DELTA or ERR_OUT:
             ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)  # K S_0ᵀ
         if DELTA:
-            t_beta = token_scores(inv_beta, tok, i_h, pos, m_t, H, C)
-            u = mm(t_beta, beta_t[:, None] * (vb - tl.exp(bb)[:, None] * ks), DT)
-            store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
+            t_sigma = token_scores(inverse, tok, i_h, pos, m_t, H, C)
+            u = mm(t_sigma, sigma[:, None] * (values - tl.exp(bb)[:, None] * ks), DT)
         else:
-            u = beta_t[:, None] * vb
-        to_end = tl.exp(b_last - bb)[:, None]  # e^{b_C − b_s}: each write's decay to the chunk end
-        chunk_decay = tl.exp(b_last)
-        if RESIDUAL:
-            err = vb - tl.exp(bm)[:, None] * ks - mm(token_scores(key_scores, tok, i_h, pos, m_t, H, C), u, DT)
-            if STORE_ERR:
-                store_token_rows(err_out, err, tok, i_h, pos, m_t, vc, m_v, H, V)
-        # S is not needed again in this chunk: hand it over now (shorter live ranges)
-        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, to_end * u, H, K, BK, NK, DT)
-        if RESIDUAL:
-            gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
-            target = residual_target(err, clip, TARGET)
-            if DELTA:
-                kr = read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)  # K R_0ᵀ
-                t_gamma = token_scores(inv_gamma, tok, i_h, pos, m_t, H, C)
-                w = mm(t_gamma, gamma_t[:, None] * (target - tl.exp(bb)[:, None] * kr), DT)
-            else:
-                w = gamma_t[:, None] * target
-            store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
-            r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, kp, pos, m_t, to_end * w, H, K, BK, NK, DT)
-
-    store_user_states(base_final, res_final, i_n, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H, K, V, BK, NK,
-                      RESIDUAL)
+            u = sigma[:, None] * values
+        if STORE_WRITES:
+            store_token_rows(writes_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
+        if ERR_OUT:
+            a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
+            error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
+            store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
+        # e^{b_C − b_s}: each write's decay to the chunk end
+        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), kp, pos, m_t,
+                                       tl.exp(b_last - bb)[:, None] * u, H, K, BK, NK, DT)
+    store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
 
 
 @triton.jit

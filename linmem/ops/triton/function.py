@@ -4,14 +4,15 @@ Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
 
 1. scores.py ``chunk_scores_kernel`` [NT, H]: in-chunk log decays b and the ``[C, C]`` score rows A', P_base, P_res;
 2. inverse.py ``chunk_inverse_kernel`` [NT, H, 1 or 2] (delta rule): ``T_β``, ``T_γ``;
-3. forward.py ``forward_states_kernel`` [V/BV, N·H], sequential over chunks: carries S (and R), stores the states
-   before every chunk, the writes u (delta) and w (residual) and the prediction error (for the backward pass);
+3. forward.py ``state_pass_kernel`` [V/BV, N·H], sequential over chunks, once per memory: carries S, stores the
+   states before every chunk, the writes u (delta), and the prediction error; with a residual memory a second
+   launch carries R on ``ρ(err)`` and stores w;
 4. forward.py ``output_kernel`` [V/BV, NT, H]: the read-outs from the stored states.
 
 Backward:
 
-5. backward_states.py ``backward_states_kernel`` [V/BV, N·H], reverse over chunks: dS (and dR) at every chunk end,
-   dx, dy, d_err per token, the initial states' gradients;
+5. backward_states.py ``reverse_pass_kernel`` [V/BV, N·H], reverse over chunks, once per memory (the residual one
+   first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients;
 6. backward_scores.py ``backward_scores_kernel`` [NT, H]: dv, the score-matrix gradients E_Q, E_K, partial gate sums;
 7. backward_keys.py ``backward_keys_kernel`` [NT, H, K/BK]: dq, dk, partial gate sums;
 8. decay_grad.py ``decay_grad_kernel`` [NT, H]: dg, dβ, dγ.
@@ -26,9 +27,9 @@ from linmem.ops.config import MemoryConfig
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
-from linmem.ops.triton.backward_states import backward_states_kernel
+from linmem.ops.triton.backward_states import reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
-from linmem.ops.triton.forward import forward_states_kernel, output_kernel
+from linmem.ops.triton.forward import output_kernel, state_pass_kernel
 from linmem.ops.triton.inverse import chunk_inverse
 from linmem.ops.triton.layout import (
     CHUNK,
@@ -96,7 +97,7 @@ def _or(t, dummy):
     return dummy if t is None else t
 
 
-def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, layout: SequenceLayout, store: bool):
+def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, layout: SequenceLayout):
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     dev = k.device
@@ -111,22 +112,32 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
 
     per_chunk = (layout.num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
     per_token = (n_tok, heads, value_dim)
+    final = (layout.num_seqs, heads, value_dim, key_dim)
     base_chunks = _buf(per_chunk, dev, flags.store_dtype)
-    res_chunks = _buf(per_chunk, dev, flags.store_dtype) if flags.residual else None
     u = _buf(per_token, dev, flags.store_dtype) if flags.delta else None
-    w = _buf(per_token, dev, flags.store_dtype) if flags.residual else None
-    err = _buf(per_token, dev) if (flags.residual and store) else None
-    base_final = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
-    res_final = _buf(base_final.shape, dev) if flags.residual else None
+    err = _buf(per_token, dev) if flags.residual else None
+    base_final = _buf(final, dev)
     dummy = b
     blocks, launch = _options("forward", value_dim)
-    forward_states_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)](
-        k, v, b, g, beta, _or(gamma, dummy), _or(key_scores, dummy), _or(inv_beta, dummy), _or(inv_gamma, dummy),
-        base0, _or(res0, dummy), base_final, _or(res_final, dummy), base_chunks, _or(res_chunks, dummy),
-        _or(u, dummy), _or(w, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, TARGET=flags.target, STORE_ERR=err is not None,
-        **blocks, **flags.kernel_args(), **launch,
+    grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
+    common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
+                  TARGET=flags.target, **blocks, **launch)
+    # the base memory (values v, strength β), emitting the prediction error for the residual memory
+    state_pass_kernel[grid](
+        k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, base_final, base_chunks,
+        _or(u, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+        FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
     )
+    res_chunks = w = res_final = None
+    if flags.residual:  # the residual memory (values ρ(err), strength γ)
+        res_chunks = _buf(per_chunk, dev, flags.store_dtype)
+        w = _buf(per_token, dev, flags.store_dtype)
+        res_final = _buf(final, dev)
+        state_pass_kernel[grid](
+            k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), err, res0, res_final, res_chunks, w, dummy,
+            layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+            FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
+        )
     o = _buf(per_token, dev, v.dtype)
     blocks, launch = _options("output", value_dim)
     output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
@@ -151,23 +162,33 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
 
     per_chunk = (layout.num_chunks, heads, key_dim, value_dim)
     per_token = (n_tok, heads, value_dim)
-    d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
-    d_res_chunks = _buf(per_chunk, dev, flags.store_dtype) if flags.residual else dummy
+    initial = (layout.num_seqs, heads, value_dim, key_dim)
     # the gradients of the writes and the error feed dots in the input type; for half-precision inputs they are
     # stored in it (the elementwise uses, dv and the gate sums, are rounded to that precision anyway)
     dx = _buf(per_token, dev, flags.store_dtype)
-    dy = _buf(per_token, dev, flags.store_dtype) if flags.residual else dummy
-    d_err = _buf(per_token, dev, flags.store_dtype) if flags.residual else dummy
-    d_base0 = _buf((layout.num_seqs, heads, value_dim, key_dim), dev)
-    d_res0 = _buf(d_base0.shape, dev) if flags.residual else None
+    d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
+    d_base0 = _buf(initial, dev)
     blocks, launch = _options("backward_states", value_dim)
-    backward_states_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)](
-        q, k, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["inv_beta"],
-        s["inv_gamma"], s["err"], d_base_final, _or(d_res_final, dummy), d_base0, _or(d_res0, dummy),
-        d_base_chunks, d_res_chunks, dx, dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
-        **blocks, **flags.kernel_args(), **launch,
+    grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
+    common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
+                  TARGET=flags.target, **blocks, **launch)
+    dy = d_err = d_res_chunks = d_res0 = None
+    if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+        dy = _buf(per_token, dev, flags.store_dtype)
+        d_err = _buf(per_token, dev, flags.store_dtype)
+        d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
+        d_res0 = _buf(initial, dev)
+        reverse_pass_kernel[grid](
+            q, k, do, s["b"], g, gamma_, gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy,
+            d_res_final, d_res0, d_res_chunks, dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
+            READ_BM=False, GATED=flags.gates, ERR_IN=False, ERR_OUT=True, **common,
+        )
+    reverse_pass_kernel[grid](
+        q, k, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
+        d_base_final, d_base0, d_base_chunks, dx, dummy, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
+        READ_BM=flags.residual and not flags.gates, GATED=False, ERR_IN=flags.residual, ERR_OUT=False, **common,
     )
+    dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
     # partial sums of the per-token gate gradients: one slot per key block, the last from backward_scores
     parts = _buf((4, nk + 1, n_tok, heads), dev)
@@ -217,8 +238,7 @@ class LinearMemoryFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, gamma, base0, res0, config, scale, layout):
         flags = _Flags(config, q.dtype)
         store = any(ctx.needs_input_grad)
-        o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout,
-                                                   store)
+        o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout)
         if store:
             ctx.flags, ctx.scale, ctx.layout, ctx.saved = flags, scale, layout, saved
             ctx.save_for_backward(q, k, v, g, beta, gamma)

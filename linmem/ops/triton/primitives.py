@@ -292,37 +292,6 @@ def store_blocks(ptr, s0, s1, s2, s3, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_S
         _store_state_block(ptr, s3, vc, m_v, KEY_STRIDE, VALUE_STRIDE, K, BK, 3)
 
 
-@triton.jit
-def load_user_states(base, res, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BK: tl.constexpr, NK: tl.constexpr, RESIDUAL: tl.constexpr):
-    """Sequence ``i_n``'s S (and R) of a user-layout ``[N, H, V, K]`` tensor as key blocks: ``s0..s3, r0..r3``
-    (without a residual memory the r blocks repeat the s blocks and are never used)."""
-    s0, s1, s2, s3 = load_blocks(state_at(base, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    r0, r1, r2, r3 = s0, s1, s2, s3
-    if RESIDUAL:
-        r0, r1, r2, r3 = load_blocks(state_at(res, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    return s0, s1, s2, s3, r0, r1, r2, r3
-
-
-@triton.jit
-def store_user_states(base, res, i_n, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H: tl.constexpr,
-                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, RESIDUAL: tl.constexpr):
-    """The inverse of ``load_user_states``."""
-    store_blocks(state_at(base, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
-    if RESIDUAL:
-        store_blocks(state_at(res, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
-
-
-@triton.jit
-def store_chunk_states(base, res, index, i_h, vc, m_v, s0, s1, s2, s3, r0, r1, r2, r3, H: tl.constexpr,
-                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, RESIDUAL: tl.constexpr):
-    """S (and R) as chunk ``index`` of a per-chunk ``[NT, H, K, V]`` tensor (key-major: the read-outs and the
-    gradient kernels read value columns of it contiguously)."""
-    store_blocks(state_at(base, index, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
-    if RESIDUAL:
-        store_blocks(state_at(res, index, i_h, H, K * V), r0, r1, r2, r3, vc, m_v, V, 1, K, BK, NK)
-
-
 # ------------------------------------------------------------------------------------------------ residual target
 
 

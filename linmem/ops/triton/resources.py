@@ -89,7 +89,7 @@ def record_launches(memory: str, dtype: torch.dtype, width: int, output_gates: b
     log: list[Launch] = []
     with _recording(log):
         _, base_final, res_final, saved = function._forward(*qk, v, *gates, state, state if residual else None,
-                                                            flags, 0.1, layout, store=True)
+                                                            flags, 0.1, layout)
         function._backward(torch.zeros_like(v), state, state if residual else None, *qk, v, *gates, flags, 0.1,
                            layout, saved)
     for launch in log:
