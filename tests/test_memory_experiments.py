@@ -65,6 +65,7 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
         ex.four_facts(model, builder, sources, chosen), ex.hybrid_attribution(model, items), ex.s_vs_r(model, items),
         ex.sweep(model, tokenizer, sources, chosen, SPEC, "num_bindings", [1, 2]),
         ex.sweep(model, tokenizer, sources, chosen, SPEC, "gap", [0, 8]), ex.overlap(model, items[:3], chosen),
+        ex.overlap_sweep(model, tokenizer, sources[:3], chosen, SPEC, [1, 2]),
         ex.logit_lens(model, items),
         ex.neutral_suppression(model, build_items(TaskBuilder(tokenizer, replace(SPEC, variant="neutral")),
                                                   sources), chosen),
@@ -79,6 +80,8 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
     assert set(hybrid) == {"recurrent", "kv", "both"}
     shares = rows_of(results[4], metric="share_of_layer", memory="S+R")
     assert shares and all(r["mean"] == pytest.approx(1.0) for r in shares)
+    assert {(r["num_bindings"], r["edit"]) for r in rows_of(results[8], metric="target_margin_change")} == {
+        (k, e) for k in (1, 2) for e in ("align", "orthogonal", "align, control head")}
 
 
 def test_recurrent_cache_swap_is_the_whole_effect_without_attention(lab):

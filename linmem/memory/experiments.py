@@ -369,6 +369,18 @@ def overlap(model: nn.Module, items: Sequence[Item], component: Component) -> Re
     return Result("overlap", rows, {"component": str(component), "control": str(control)}, plots.overlap(rows))
 
 
+def overlap_sweep(model: nn.Module, tokenizer, sources, component: Component, base: TaskSpec,
+                  loads: Sequence[int], seed: int = 0, split: str | None = None, fixed_length: bool = True) -> Result:
+    """The write-key overlap edits of ``overlap`` at each load (Fig. 7, right: align, orthogonalize, control head
+    per number of bindings), prompts of one length across loads as in ``sweep``."""
+    rows, control = [], control_component(model, component)
+    for value, spec in zip(loads, sweep_specs(tokenizer, base, "num_bindings", loads, fixed_length)):
+        items = build_items(TaskBuilder(tokenizer, spec), sources, seed=seed, split=split)
+        rows += [{"num_bindings": value, **r} for r in overlap(model, items, component).rows]
+    summary = {"component": str(component), "control": str(control)}
+    return Result("overlap_sweep", rows, summary, plots.overlap(rows, ("num_bindings", "edit")))
+
+
 def neutral_suppression(model: nn.Module, items: Sequence[Item], component: Component) -> Result:
     """Items of ``TaskSpec(variant="neutral")``: the component's pre-query state taken from the run where the
     target fact is replaced by filler; accuracy of the target and of the other facts, before and after (D.1)."""

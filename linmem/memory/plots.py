@@ -115,11 +115,12 @@ def sweep(rows: list[dict], field_name: str):
     return fig
 
 
-def overlap(rows: list[dict]):
-    """Target-margin change when later write keys are aligned with / orthogonalized to the target's key."""
-    fig, ax = _subplots(figsize=(6, 2.6))
-    _dot_rows(ax, [r for r in rows if r["metric"] == "target_margin_change"], ("edit",),
-              "target-margin change (logit; < 0: the fact is harmed)")
+def overlap(rows: list[dict], label_keys: tuple[str, ...] = ("edit",)):
+    """Target-margin change when later write keys are aligned with / orthogonalized to the target's key (one row
+    per ``label_keys`` value, e.g. load and edit for the overlap sweep)."""
+    sub = [r for r in rows if r["metric"] == "target_margin_change"]
+    fig, ax = _subplots(figsize=(6, 0.35 * len(sub) + 1.5))
+    _dot_rows(ax, sub, label_keys, "target-margin change (logit; < 0: the fact is harmed)")
     fig.tight_layout()
     return fig
 

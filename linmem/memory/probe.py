@@ -65,10 +65,12 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
 
 
 EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
-               "sweep_gap", "overlap", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
-SWEEPS = ("sweep_num_bindings", "sweep_gap")
-EXTRAS = ("overlap", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
-NEEDS_COMPONENT = ("lifecycle", "four_facts", "sweep_num_bindings", "sweep_gap", "overlap", "neutral_suppression")
+               "sweep_gap", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
+               "write_read_spearman")
+SWEEPS = ("sweep_num_bindings", "sweep_gap", "overlap_sweep")
+EXTRAS = ("overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
+NEEDS_COMPONENT = ("lifecycle", "four_facts", "sweep_num_bindings", "sweep_gap", "overlap", "overlap_sweep",
+                   "neutral_suppression")
 
 
 def selected(options: ProbeOptions) -> list[str]:
@@ -99,7 +101,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     names = selected(options)
     loads = [k for k in options.loads if k <= len(builder.keys)]
     gaps = [g for g in options.gaps if g <= options.filler_tokens]
-    if "sweep_num_bindings" in names:  # a load that does not fit fails now, not after the costly experiments
+    if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
         ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
     chosen = None if options.component is None else Component.parse(options.component)
     if chosen is not None:
@@ -117,6 +119,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
                                                loads, options.seed),
         "sweep_gap": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed),
         "overlap": lambda: ex.overlap(model, confirm_items, chosen),
+        "overlap_sweep": lambda: ex.overlap_sweep(model, tokenizer, confirm, chosen, builder.spec, loads,
+                                                  options.seed),
         "logit_lens": lambda: ex.logit_lens(model, confirm_items),
         "neutral_suppression": lambda: ex.neutral_suppression(model, build_items(
             TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed), chosen),
@@ -138,7 +142,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),
               "chosen_by": "option" if options.component else "head scan on development sources",
               "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
-              "loads": loads if "sweep_num_bindings" in names else None,
+              "loads": loads if {"sweep_num_bindings", "overlap_sweep"} & set(names) else None,
               "gaps": gaps if "sweep_gap" in names else None,
               "attention_layers": attention_layers(model), "seed": options.seed}
     write_report(results, out_dir, header)

@@ -33,6 +33,8 @@ READING = {
     "overlap": "Target-margin change when the chosen head's write keys after the target's last presentation are "
                "turned toward the key it wrote the target's value with (align), away from it (orthogonal, the "
                "control), or the same on a control head. < 0: overlapping later writes harm the fact.",
+    "overlap_sweep": "The write-key overlap edits at each load (number of bindings, prompts of one length): does "
+                     "aligning later keys with the target's harm it more as the memory fills?",
     "logit_lens": "4-choice accuracy of the answer read from the residual stream after each layer: where the answer "
                   "becomes readable (not where the information first exists).",
     "neutral_suppression": "The chosen head's pre-query state taken from the run where the target fact is replaced "
