@@ -374,8 +374,12 @@ def offsets_check(batch: int = 5, length: int = 122880, heads: int = 16, dim: in
 # ------------------------------------------------------------------------------------------------ compile workers
 
 
-def _worker(task):
-    kind, payload = task
+def _worker(numbered_task):
+    index, (kind, payload) = numbered_task
+    return index, _run_task(kind, payload)
+
+
+def _run_task(kind, payload):
     if os.environ.get("LINMEM_BENCH_SHAPE"):
         _set_shape(*(int(x) for x in os.environ["LINMEM_BENCH_SHAPE"].split(",")))
     try:
@@ -423,9 +427,10 @@ def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tupl
 
 
 def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool = False,
-                   lengths: tuple[int, ...] = (131072,), tokens: int = 131072):
-    """Run the correctness tasks and compile every kernel configuration in parallel processes; return the
-    correctness results (checks, offsets, finite) and the compile failures."""
+                   lengths: tuple[int, ...] = (131072,), tokens: int = 131072, deadline: float | None = None):
+    """Run the correctness tasks (first) and compile every kernel configuration in parallel processes, until
+    ``deadline`` (``time.time()``); return the correctness results (checks, offsets, finite, what did not finish)
+    and the compile failures."""
     tasks = [] if skip_check else correctness_tasks(quick, list(lengths), tokens)
     for method in ("linmem RDN", "linmem RLA", "linmem GDN", "linmem sGLA") if DEVICE == "cuda" else ():
         tasks.append(("compile", dict(method=method)))
@@ -435,11 +440,19 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
     for method in ("FLA sGLA", "FLA GDN", "FLA GLA") if DEVICE == "cuda" else ():
         tasks.append(("compile", dict(method=method, B=2, T=8192)))  # FLA's autotune candidates (results not kept)
     ctx = mp.get_context("spawn")
-    results = dict(checks=[], offsets=None, finite=None)
+    results = dict(checks=[], offsets=None, finite=None, unfinished=[])
     failures = []
+    done = set()
     # one task per worker process: a CUDA fault poisons its process's context, and must not fail later tasks
     with ctx.Pool(workers, maxtasksperchild=1) as pool:
-        for kind, result in pool.imap_unordered(_worker, tasks):
+        pending = pool.imap_unordered(_worker, list(enumerate(tasks)))
+        for _ in tasks:
+            wait = None if deadline is None else max(0.0, deadline - time.time())
+            try:
+                index, (kind, result) = pending.next(timeout=wait)
+            except mp.TimeoutError:
+                break
+            done.add(index)
             if kind in ("check", "offsets", "finite"):
                 if kind == "check":
                     results["checks"].append(result)
@@ -454,6 +467,11 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
             elif not result["ok"]:
                 failures.append(result)
                 print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
+    for index, (kind, payload) in enumerate(tasks):
+        if index not in done:  # stopped at the deadline (the pool's exit terminated the workers)
+            results["unfinished"].append(f"{kind} {_case_name(payload) if kind == 'check' else payload}")
+    if results["unfinished"]:
+        print(f"not finished within the time budget: {results['unfinished']}", flush=True)
     return results, failures
 
 
@@ -463,7 +481,8 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
 def sweep_variants() -> list[dict]:
     """One kernel's launch options changed at a time from the defaults in linmem.ops.triton.function (the offline
     sm_90 compiles in docs/benchmarks/kernels-status.md say which of them spill)."""
-    sequential = [dict(num_warps=4, num_stages=1, BV=32), dict(num_warps=8, num_stages=1, BV=16)]
+    sequential = [dict(num_warps=4, num_stages=1, BV=16), dict(num_warps=4, num_stages=1, BV=32),
+                  dict(num_warps=8, num_stages=1, BV=None)]  # the default BV=None picks 16 or 32 per call
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]
             + [{"output": dict(num_warps=4, num_stages=1, BV=128)}, {"output": dict(num_warps=8, num_stages=2, BV=64)}]
             + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)}]
@@ -569,7 +588,7 @@ def markdown(report: dict) -> str:
             what = found.get("case") or f"no NaN/Inf in outputs and gradients at T = {found.get('T')}"
             lines += [f"{'passed' if found['passed'] else 'FAILED'}: {what} {found.get('finite') or ''}".strip(), ""]
     if report.get("skipped"):
-        lines += ["Not measured (time budget): " + ", ".join(report["skipped"]), ""]
+        lines += ["Not run or not measured within the time budget: " + ", ".join(report["skipped"]), ""]
     if report.get("kernel_options"):
         lines += ["Launch options used: `" + json.dumps(report["kernel_options"]) + "`", ""]
     return "\n".join(lines)
@@ -585,6 +604,9 @@ def summary(report: dict) -> str:
     for key in ("offsets", "finite"):
         if report.get(key):
             verdicts.append(f"{key} {'ok' if report[key]['passed'] else 'FAILED'}")
+    unfinished = [s for s in report.get("skipped", []) if not s.startswith("T=")]
+    if unfinished:
+        verdicts.append(f"{len(unfinished)} correctness/compile tasks not finished")
     lines = ["", f"Summary: forward+backward ms, bf16, H = {HEADS}, d = {HEAD_DIM}, {report['tokens']} tokens per "
              f"batch (goal: ratio <= {GOAL}); " + ", ".join(verdicts),
              "| T | RDN | FLA GDN | RDN/GDN | RLA | FLA sGLA | RLA/sGLA | RDN/3-call | RLA/3-call |",
@@ -691,17 +713,17 @@ def main(argv=None) -> None:
     lengths = [int(t) for t in args.lengths.split(",")]
     variants = sweep_variants() if args.sweep else []
     correctness, failures = warm_and_check(variants, args.workers, args.skip_check, args.quick_check, lengths,
-                                           args.tokens)
+                                           args.tokens, deadline=start + 0.6 * args.budget)
     checks = correctness["checks"]
     print(f"compile + checks: {time.time() - start:.0f} s; {sum(c['passed'] for c in checks)} of {len(checks)} "
           "checks passed", flush=True)
 
     report = dict(env=environment(), tokens=args.tokens, checks=checks, offsets=correctness["offsets"],
-                  finite=correctness["finite"], results=[], skipped=[],
+                  finite=correctness["finite"], results=[], skipped=list(correctness["unfinished"]),
                   compile_failures=[f["task"] for f in failures])
     from linmem.ops.triton import function
 
-    if args.sweep and left() > 0.6 * args.budget:
+    if args.sweep and left() > 0.3 * args.budget:
         report["kernel_options"] = tune(variants, max(1, args.tokens // 32768), min(32768, args.tokens))
     else:
         if args.sweep:

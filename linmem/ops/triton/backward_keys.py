@@ -1,17 +1,19 @@
 """Per-chunk gradients of the queries and keys, and the key-side parts of dβ, dγ and the decay gradient.
 
 One program per (chunk, head, block of BK key columns) loops over value blocks. With ``S_0, R_0`` the states before
-the chunk (forward pass) and ``dS, dR`` the gradients of the states after it (reverse pass), it accumulates
-``[C, BK]`` products: ``ō S_0``, ``ō R_0``, ``dx S_0`` (delta), ``dy R_0`` (delta, residual), ``d_err S_0``
-(residual) and ``u dS + w dR``. Then
+the chunk (forward passes) and ``dS, dR`` the gradients of the states after it (reverse passes), it accumulates
+``[C, BK]`` products: ``ō S_0``, ``ō R_0``, ``Z S_0`` with ``Z = αβ∘dx + d_err`` (``dx`` without a residual memory,
+``d_err`` for the additive rule), ``dy R_0`` (delta, residual) and ``u dS + w dR``. Then
 
 - ``dQ = diag(e^e) ō S_0 + diag(γ e^b) ō R_0 + E_Q K`` (``e = bm`` for the base read without output gates, and no γ);
-- ``dK = −diag(β e^b) dx S_0 − diag(γ e^b) dy R_0 − diag(e^{bm}) d_err S_0 + diag(e^{b_C − b})(u dS + w dR)
-  + E_Qᵀ Q + (E_K + E_Kᵀ) K``;
+- ``dK = −diag(e^{bm}) Z S_0 − diag(γ e^b) dy R_0 + diag(e^{b_C − b})(u dS + w dR) + E_Qᵀ Q + (E_K + E_Kᵀ) K``
+  (without a residual memory the first term is ``−diag(β e^b) dx S_0``), since ``β e^b dx + e^{bm} d_err =
+  e^{bm} Z``;
 - each state term's decay adds the row-wise dot of its own rows with the query or key rows to the gradient of its
   exponent (+ for a row decay ``e^{b_t}`` or ``e^{bm_t}``, − for ``e^{−b_s}``); the chunk end ``b_C`` also gets
   ``e^{b_C}(⟨S_0, dS⟩ + ⟨R_0, dR⟩)``;
-- ``dβ −= e^b k·(dx S_0)``, ``dγ += e^b q·(ō R_0) − e^b k·(dy R_0)``.
+- ``dγ += e^b q·(ō R_0) − e^b k·(dy R_0)``; ``dβ −= e^b k·(dx S_0)`` without a residual memory (with one,
+  backward_scores.py has dβ whole).
 
 The per-token sums are partial (one slot per key block); decay_grad.py adds them up.
 """
@@ -64,11 +66,12 @@ def backward_keys_kernel(
     kc = i_k * BK + tl.arange(0, BK)
     m_k = kc < K
 
+    if RESIDUAL or DELTA:
+        alpha_beta = tl.exp(bb - bm) * beta_t
     q_base = tl.zeros([C, BK], dtype=tl.float32)  # ō S_0
     q_res = tl.zeros([C, BK], dtype=tl.float32)  # ō R_0
-    k_x = tl.zeros([C, BK], dtype=tl.float32)  # dx S_0
-    k_y = tl.zeros([C, BK], dtype=tl.float32)  # dy R_0
-    k_err = tl.zeros([C, BK], dtype=tl.float32)  # d_err S_0
+    k_base = tl.zeros([C, BK], dtype=tl.float32)  # (αβ∘dx + d_err) S_0 with a residual memory, dx S_0 without
+    k_res = tl.zeros([C, BK], dtype=tl.float32)  # dy R_0
     k_end = tl.zeros([C, BK], dtype=tl.float32)  # u dS + w dR
     state_dot = tl.zeros([BK], dtype=tl.float32)
     for v0 in range(0, V, BV):
@@ -80,7 +83,6 @@ def backward_keys_kernel(
         d_base_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
         if DELTA:
             u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-            k_x = mm_acc(k_x, token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
         else:
             u = beta_t[:, None] * token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
         q_base = mm_acc(q_base, d_base_read, s0, DT)
@@ -89,16 +91,21 @@ def backward_keys_kernel(
         if RESIDUAL:
             r0 = load_block(res_chunks, vc, m_v, 1, kc, m_k, V)
             dr = load_block(d_res_chunks, vc, m_v, 1, kc, m_k, V)
+            d_err = token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             if DELTA:
                 w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-                k_y = mm_acc(k_y, token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V), r0, DT)
+                dx = token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                k_base = mm_acc(k_base, alpha_beta[:, None] * dx + d_err, s0, DT)
+                k_res = mm_acc(k_res, token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V), r0, DT)
             else:
                 err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
                 w = gamma_t[:, None] * residual_target(err, clip, TARGET)
+                k_base = mm_acc(k_base, d_err, s0, DT)
             q_res = mm_acc(q_res, d_base_read, r0, DT)
             k_end = mm_acc(k_end, w, dr, DT)
-            k_err = mm_acc(k_err, token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
             state_dot += tl.sum(r0.to(tl.float32) * dr.to(tl.float32), 0)
+        elif DELTA:
+            k_base = mm_acc(k_base, token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
 
     # queries first (their accumulators die before the key terms are formed), then keys
     qb = key_block(at_token(q, tok, i_h, H, K), pos, m_t, H, K, BK, i_k)
@@ -139,21 +146,22 @@ def backward_keys_kernel(
     d_b -= end_dots
     d_end = tl.sum(end_dots, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)
     if RESIDUAL:
-        err_term = tl.exp(bm)[:, None] * k_err
-        d_bm -= tl.sum(kf * err_term, 1)
-        dk_total -= err_term
-    if DELTA:
-        x_term = exp_b * k_x
-        x_dots = tl.sum(kf * x_term, 1)
-        d_beta -= x_dots
-        d_b -= beta_t * x_dots
-        dk_total -= beta_t[:, None] * x_term
-        if RESIDUAL:
-            y_term = exp_b * k_y
-            y_dots = tl.sum(kf * y_term, 1)
-            d_gamma -= y_dots
-            d_b -= gamma_t * y_dots
-            dk_total -= gamma_t[:, None] * y_term
+        # all of it decays with e^{bm} = e^b / α; its β terms' share of dg_t alone is backward_scores.py's ``direct``
+        base_term = tl.exp(bm)[:, None] * k_base
+        d_bm -= tl.sum(kf * base_term, 1)
+        dk_total -= base_term
+        if DELTA:
+            res_term = exp_b * k_res
+            res_dots = tl.sum(kf * res_term, 1)
+            d_gamma -= res_dots
+            d_b -= gamma_t * res_dots
+            dk_total -= gamma_t[:, None] * res_term
+    elif DELTA:
+        base_term = exp_b * k_base
+        base_dots = tl.sum(kf * base_term, 1)
+        d_beta -= base_dots
+        d_b -= beta_t * base_dots
+        dk_total -= beta_t[:, None] * base_term
     store_token_rows(dk, dk_total, tok, i_h, pos, m_t, kc, m_k, H, K)
     slot = i_k.to(tl.int64) * part_stride
     store_token_gate(db_part + slot, d_b, tok, i_h, pos, m_t, H)

@@ -1,19 +1,21 @@
 """Per-chunk gradients that need a sum over the value axis: dv, the value-side parts of dβ and dγ, the gradients of
 the in-chunk score matrices and their share of the decay gradient.
 
-One program per (chunk, head) loops over value blocks (``ō = scale·dO``, the reverse pass's ``dx, dy, d_err``, the
-forward pass's u, w, err) and accumulates ``[C, C]`` products: ``G_b = ō uᵀ``, ``G_r = ō wᵀ``, ``G_x = dx uᵀ``
-(delta), ``G_y = dy wᵀ`` (delta, residual), ``G_e = d_err uᵀ`` (residual). The score matrices' gradients are then
+One program per (chunk, head) loops over value blocks (``ō = scale·dO``, the reverse passes' ``dx, dy, d_err``, the
+forward passes' u, w, err) and accumulates three ``[C, C]`` products: ``G_b = ō uᵀ``, ``G_r = ō wᵀ`` (residual) and
+``G_k = (αβ∘dx + d_err) uᵀ + (αγ∘dy) wᵀ`` (the terms each exist for the delta rule / a residual memory). The score
+matrices' gradients are then
 
 - ``P_base``: ``G_b``; ``P_res``: ``γ ∘ G_r`` (rows; ``G_r`` without output gates);
-- ``A = diag(α) A'`` (the delta rule's in-chunk term of ``T = (I + diag(σ) A)^{-1}``): ``−β ∘ G_x − γ ∘ G_y``;
-- ``A'`` (the in-chunk part of the prediction ``S_{t−1}k_t``): ``−G_e``.
+- the key scores: ``A = diag(α) A'`` (inside ``T_β, T_γ``) gets ``−β ∘ G_x − γ ∘ G_y`` (``G_x = dx uᵀ``,
+  ``G_y = dy wᵀ``) and ``A'`` (inside the prediction error) ``−G_e`` (``G_e = d_err uᵀ``): together ``−G_k ∘ A'``.
 
-Stored: ``E_Q`` with ``dQ += E_Q K`` and ``dK += E_Qᵀ Q`` (the P gradients times their decays), ``E_K`` (strictly
-lower) with ``dK += (E_K + E_Kᵀ) K``, and, per token, ``dv = β ∘ dx + d_err`` and these partial sums:
-``dβ = dx·v − (G_x ∘ A)1``, ``dγ = dy·r − (G_y ∘ A)1 + (G_r ∘ P_res)1`` (the last with output gates), and the
-decay gradients ``db``/``dbm``: a score ``e^{e_t − b_s} x_tᵀk_s`` with upstream gradient ``G_ts`` adds ``G_ts·score_ts``
-to the gradient of its row exponent ``e_t`` (b or bm) and subtracts it from that of ``b_s``.
+Stored: ``E_Q`` with ``dQ += E_Q K`` and ``dK += E_Qᵀ Q`` (the P gradients times their decays), ``E_K = −G_k ∘ Γ'``
+(strictly lower) with ``dK += (E_K + E_Kᵀ) K``, and, per token, ``dv = β ∘ dx + d_err`` and these partial sums:
+``dβ = dx·v − dx·(A u)`` (``dx·((1 − α) v + α err)``, complete, with a residual memory), ``dγ = dy·r − dy·(A w) +
+(G_r ∘ P_res) 1`` (the last with output gates), and the decay gradients ``db``/``dbm``: a score
+``e^{e_t − b_s} x_tᵀk_s`` with upstream gradient ``G_ts`` adds ``G_ts·score_ts`` to the gradient of its row exponent
+``e_t`` (b or bm) and subtracts it from that of ``b_s``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from linmem.ops.triton.primitives import (
     chunk_at,
     decay,
     load_decays,
+    mm,
     mm_acc,
     residual_target,
     store_token_gate,
@@ -60,13 +63,16 @@ def backward_scores_kernel(
     if RESIDUAL:
         gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
 
-    g_base = tl.zeros([C, C], dtype=tl.float32)
-    g_res = tl.zeros([C, C], dtype=tl.float32)
-    g_x = tl.zeros([C, C], dtype=tl.float32)
-    g_y = tl.zeros([C, C], dtype=tl.float32)
-    g_err = tl.zeros([C, C], dtype=tl.float32)
+    alpha = tl.exp(bb - bm)
+    if DELTA:  # A = diag(α) A' (strictly lower), for the row sums dx·(A u) and dy·(A w)
+        a = alpha[:, None] * token_scores(key_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
+
+    g_base = tl.zeros([C, C], dtype=tl.float32)  # ō uᵀ
+    g_res = tl.zeros([C, C], dtype=tl.float32)  # ō wᵀ
+    g_keys = tl.zeros([C, C], dtype=tl.float32)  # (αβ∘dx + d_err) uᵀ + (αγ∘dy) wᵀ
     d_beta = tl.zeros([C], dtype=tl.float32)
     d_gamma = tl.zeros([C], dtype=tl.float32)
+    direct = tl.zeros([C], dtype=tl.float32)  # decay-gradient terms of g_t alone (see below)
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
         m_v = vc < V
@@ -78,12 +84,10 @@ def backward_scores_kernel(
             u = beta_t[:, None] * vb
         dx = token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V)
         g_base = mm_acc(g_base, d_base_read, tl.trans(u), DT)
-        d_beta += tl.sum(dx * vb, 1)
         dv_block = beta_t[:, None] * dx
-        if DELTA:
-            g_x = mm_acc(g_x, dx, tl.trans(u), DT)
         if RESIDUAL:
-            target = residual_target(token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+            err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+            target = residual_target(err, clip, TARGET)
             if DELTA:
                 w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             else:
@@ -91,11 +95,26 @@ def backward_scores_kernel(
             dy = token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             d_err = token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             g_res = mm_acc(g_res, d_base_read, tl.trans(w), DT)
-            g_err = mm_acc(g_err, d_err, tl.trans(u), DT)
             d_gamma += tl.sum(dy * target, 1)
-            if DELTA:
-                g_y = mm_acc(g_y, dy, tl.trans(w), DT)
             dv_block += d_err
+            if DELTA:
+                # dβ_t = dx_t·(v_t − α_t S_{t−1}k_t) = dx_t·((1 − α_t) v_t + α_t err_t) (every β term at once)
+                d_beta += tl.sum(dx * ((1.0 - alpha)[:, None] * vb + alpha[:, None] * err), 1)
+                y_dot = tl.sum(dy * mm(a, w, DT), 1)  # dy·(A w) = (G_y ∘ A) 1
+                d_gamma -= y_dot
+                direct -= gamma_t * y_dot + beta_t * alpha * tl.sum(dx * (vb - err), 1)
+                g_keys = mm_acc(g_keys, (alpha * beta_t)[:, None] * dx + d_err, tl.trans(u), DT)
+                g_keys = mm_acc(g_keys, (alpha * gamma_t)[:, None] * dy, tl.trans(w), DT)
+            else:
+                d_beta += tl.sum(dx * vb, 1)
+                g_keys = mm_acc(g_keys, d_err, tl.trans(u), DT)
+        else:
+            d_beta += tl.sum(dx * vb, 1)
+            if DELTA:
+                x_dot = tl.sum(dx * mm(a, u, DT), 1)  # dx·(A u) = (G_x ∘ A) 1
+                d_beta -= x_dot
+                direct -= beta_t * x_dot
+                g_keys = mm_acc(g_keys, (alpha * beta_t)[:, None] * dx, tl.trans(u), DT)
         store_token_rows(dv, dv_block, tok, i_h, pos, m_t, vc, m_v, H, V)
 
     strict = pos[:, None] > pos[None, :]
@@ -127,24 +146,19 @@ def backward_scores_kernel(
         eq += g_res * decay(bb, bb, causal)
     store_token_rows(e_q, eq, tok, i_h, pos, m_t, pos, pos < C, H, C)
 
+    # The key scores: A = diag(α) A' enters T_β, T_γ (gradient −β∘G_x − γ∘G_y), A' the prediction error (−G_e);
+    # with e^{b_t − b_s} = α_t e^{bm_t − b_s} both are one matrix −G_k ∘ A' (G_k accumulated above) whose row sums
+    # all go to bm. The A part's exponent is really b_t = bm_t + g_t: its row sums (−β x_dot − γ y_dot) also count
+    # for g_t alone, as do the keys kernel's β terms of its S_0 product, which it also sends to bm; ``direct``
+    # holds both (for RDN, −β α dx·(v − err) = −β e^b k·(dx S_0) + β x_dot, from e^{bm} K S_0ᵀ = V − err − A'u).
+    # A term for g_t alone is db_t += X with dbm_t −= X (decay_grad.py sums db over t ≥ s, dbm over t > s).
     ek = tl.zeros([C, C], dtype=tl.float32)
     if DELTA or RESIDUAL:
         a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C).to(tl.float32)
-    if RESIDUAL:
-        row, col = _exponent_grads(-g_err, a_prev, below)
-        d_bm += row
-        d_b -= col
-        ek -= g_err * decay(bm, bb, strict)
-    if DELTA:
-        a = tl.exp(bb - bm)[:, None] * a_prev  # A = diag(α) A' (strictly lower)
-        d_beta -= tl.sum(g_x * a, 1)
-        g_a = -beta_t[:, None] * g_x
-        if RESIDUAL:
-            d_gamma -= tl.sum(g_y * a, 1)
-            g_a -= gamma_t[:, None] * g_y
-        row, col = _exponent_grads(g_a, a, diag)
-        d_b += row - col
-        ek += g_a * decay(bb, bb, strict)
+        row, col = _exponent_grads(-g_keys, a_prev, below)
+        d_bm += row - direct
+        d_b += direct - col
+        ek -= g_keys * decay(bm, bb, strict)
     store_token_rows(e_k, ek, tok, i_h, pos, m_t, pos, pos < C, H, C)
     store_token_gate(db_part, d_b, tok, i_h, pos, m_t, H)
     store_token_gate(dbm_part, d_bm, tok, i_h, pos, m_t, H)

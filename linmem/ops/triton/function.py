@@ -20,6 +20,8 @@ Backward:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -44,15 +46,16 @@ from linmem.ops.triton.primitives import TARGET_CODES
 from linmem.ops.triton.scores import chunk_scores
 
 # Launch options per kernel on a GPU (``linmem.bench.kernels --sweep`` times alternatives; the interpreter ignores
-# them). BV: value columns per program. The sequential passes (forward, backward_states) hold one or two states as
-# [64, BV] float32 key blocks; num_stages=1 keeps Triton from multi-buffering every tile of their long loop bodies
-# (Triton 3.6's default of 3 stages asked for more than the H200's 227 KB of shared memory).
+# them). BV: value columns per program. The sequential passes (forward, backward_states) hold one state as [64, BV]
+# float32 key blocks; BV=None there picks it per call (``_sequential_block``). num_stages=1 keeps Triton from
+# multi-buffering every tile of the long loop bodies (its default of 3 stages asked for more than the H200's 227 KB
+# of shared memory); the offline sm_90 compiles in docs/benchmarks/kernels-status.md show no spills with these.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=4, num_stages=1),
-    "forward": dict(num_warps=4, num_stages=1, BV=16),
+    "forward": dict(num_warps=4, num_stages=1, BV=None),
     "output": dict(num_warps=4, num_stages=1, BV=64),
-    "backward_states": dict(num_warps=4, num_stages=1, BV=16),
+    "backward_states": dict(num_warps=4, num_stages=1, BV=None),
     "backward_scores": dict(num_warps=8, num_stages=1, BV=32),
     "backward_keys": dict(num_warps=8, num_stages=1, BV=32),
     "decay_grad": dict(num_warps=4, num_stages=1),
@@ -60,10 +63,29 @@ KERNEL_OPTIONS = {
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
 
 
-def _options(name: str, value_dim: int = 0) -> tuple[dict, dict]:
-    """(block sizes, launch options) of one kernel for this value width."""
+@functools.cache
+def _multiprocessors() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132  # an H100/H200, for offline compiles
+
+
+def _sequential_block(key_dim: int, dtype: torch.dtype, programs_at_32: int) -> int:
+    """BV of a sequential pass: 32 (half the tile loads per value column) where it fits in registers (16-bit inputs,
+    K ≤ 128) and still gives two programs per multiprocessor, else 16 (twice the programs: at long sequences
+    only ``N·H·V/BV`` programs run, each latency-bound)."""
+    if key_dim > 128 or dtype == torch.float32:
+        return 16
+    return 32 if programs_at_32 >= 2 * _multiprocessors() else 16
+
+
+def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
+             sequences: int = 0) -> tuple[dict, dict]:
+    """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
     opts = dict(KERNEL_OPTIONS[name])
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
+    if opts.get("BV", 0) is None:
+        opts["BV"] = _sequential_block(key_dim, dtype, sequences * triton.cdiv(value_dim, 32))
     if interpreting():
         launch = {}
         if "BV" in opts:
@@ -118,7 +140,7 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     err = _buf(per_token, dev) if flags.residual else None
     base_final = _buf(final, dev)
     dummy = b
-    blocks, launch = _options("forward", value_dim)
+    blocks, launch = _options("forward", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
@@ -168,7 +190,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dx = _buf(per_token, dev, flags.store_dtype)
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
     d_base0 = _buf(initial, dev)
-    blocks, launch = _options("backward_states", value_dim)
+    blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
