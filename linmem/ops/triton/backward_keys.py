@@ -42,6 +42,15 @@ from linmem.ops.triton.primitives import (
 
 
 @triton.jit
+def _gated_term(acc, exponent, gate, keys):
+    """A term ``diag(gate ∘ e^exponent) acc`` of dK: the term, its row-wise dots with the key rows without the gate
+    (the gate's gradient) and with it (the exponent's)."""
+    term = tl.exp(exponent)[:, None] * acc
+    dots = tl.sum(keys * term, 1)
+    return gate[:, None] * term, dots, gate * dots
+
+
+@triton.jit
 def backward_keys_kernel(
     q, k, v, do, b, g, beta, gamma, e_q, e_k, u_in, w_in, err_in, dx_in, dy_in, derr_in,
     base_chunks, res_chunks, d_base_chunks, d_res_chunks, dq, dk,
@@ -151,17 +160,15 @@ def backward_keys_kernel(
         d_bm -= tl.sum(kf * base_term, 1)
         dk_total -= base_term
         if DELTA:
-            res_term = exp_b * k_res
-            res_dots = tl.sum(kf * res_term, 1)
-            d_gamma -= res_dots
-            d_b -= gamma_t * res_dots
-            dk_total -= gamma_t[:, None] * res_term
+            term, dots, gated_dots = _gated_term(k_res, bb, gamma_t, kf)
+            d_gamma -= dots
+            d_b -= gated_dots
+            dk_total -= term
     elif DELTA:
-        base_term = exp_b * k_base
-        base_dots = tl.sum(kf * base_term, 1)
-        d_beta -= base_dots
-        d_b -= beta_t * base_dots
-        dk_total -= beta_t[:, None] * base_term
+        term, dots, gated_dots = _gated_term(k_base, bb, beta_t, kf)
+        d_beta -= dots
+        d_b -= gated_dots
+        dk_total -= term
     store_token_rows(dk, dk_total, tok, i_h, pos, m_t, kc, m_k, H, K)
     slot = i_k.to(tl.int64) * part_stride
     store_token_gate(db_part + slot, d_b, tok, i_h, pos, m_t, H)
