@@ -43,13 +43,13 @@ class DemoSettings:
 
 
 # 4 perplexity windows, MQAR with 8 and 32 pairs (4 sequences each), 16 memory-lab items, NIAH at 256 and 512 tokens
-# x 3 depths (2 trials per cell); the probe on 6 development and 6 held-out passages of 128 filler tokens, without
+# x 3 depths (2 trials per cell); the probe on 6 development and 4 held-out passages of 128 filler tokens, without
 # the load / gap sweeps and the extras (``linmem probe --no-sweeps --no-extras``: the sweeps alone take minutes).
 DEMO = DemoSettings(
     EvalOptions(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=4,
                 niah_lengths=(256, 512), niah_depths=(0.0, 0.5, 1.0), niah_samples=2, recall_items=16,
                 recall_filler=128),
-    ProbeOptions(dev_sources=6, confirm_sources=6, filler_tokens=128, num_bindings=4, repeats=2, sweeps=False,
+    ProbeOptions(dev_sources=6, confirm_sources=4, filler_tokens=128, num_bindings=4, repeats=2, sweeps=False,
                  extras=False))
 # The smallest sizes that still run every step (tests).
 QUICK = DemoSettings(

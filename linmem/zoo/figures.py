@@ -47,17 +47,27 @@ def loss_curves(groups: dict[str, dict[str, dict[str, list]]]):
     training loss (moving average) and the validation losses (markers)."""
     plt = _pyplot()
     panels = [(title, curves) for title, curves in groups.items() if curves]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.2), squeeze=False)
-    for ax, (title, curves) in zip(axes[0], panels):
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, curves) in zip(axes.flat, panels):
+        tops, lows = [], []
         for name, curve in curves.items():
             width = max(1, len(curve["loss"]) // 40)
-            (line,) = ax.plot(curve["step"], _smooth(curve["loss"], width), label=name, linewidth=1.3)
+            smooth = _smooth(curve["loss"], width)
+            (line,) = ax.plot(curve["step"], smooth, label=name, linewidth=1.3)
             if curve.get("val_step"):
                 ax.plot(curve["val_step"], curve["val_loss"], "o", color=line.get_color(), markersize=3)
+            later = smooth[len(smooth) // 10:] or smooth  # the warm-up's fall would flatten the rest
+            tops.append(max(later + curve.get("val_loss", [])))
+            lows.append(min(smooth + curve.get("val_loss", [])))
+        margin = 0.05 * (max(tops) - min(lows))
+        ax.set_ylim(min(lows) - margin, max(tops) + margin)
         ax.set_xlabel("update")
         ax.set_ylabel("loss (nats / token)")
         ax.set_title(f"{title}: training loss (line), validation loss (dots)", fontsize=10)
-        ax.set_ylim(top=min(ax.get_ylim()[1], 8.5))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -67,10 +77,12 @@ def loss_curves(groups: dict[str, dict[str, dict[str, list]]]):
 def mqar_curves(tables: dict[str, list[dict[str, Any]]], title: str = "MQAR accuracy"):
     """Accuracy against the number of pairs for each model (``{name: mqar table rows}``), with chance."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.2, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
     pairs: set[int] = set()
-    for name, rows in tables.items():
-        ax.plot([r["pairs"] for r in rows], [r["accuracy"] for r in rows], marker="o", label=name)
+    colors = plt.get_cmap("tab20" if len(tables) > 10 else "tab10")
+    for i, (name, rows) in enumerate(tables.items()):
+        ax.plot([r["pairs"] for r in rows], [r["accuracy"] for r in rows], marker="o", label=name, color=colors(i),
+                linestyle="-" if i < 10 else ":")
         pairs |= {r["pairs"] for r in rows}
     xs = sorted(pairs)
     ax.plot(xs, [1 / n for n in xs], linestyle="--", color="grey", label="chance (1 / pairs)")
@@ -81,7 +93,7 @@ def mqar_curves(tables: dict[str, list[dict[str, Any]]], title: str = "MQAR accu
     ax.set_ylabel("accuracy")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
 
