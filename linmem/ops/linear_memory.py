@@ -5,6 +5,7 @@ The contract (names, argument order, shapes, state layout ``[B, H, V, K]``) is f
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -118,14 +119,18 @@ def linear_memory(
     q, k, v, g, beta, gamma = _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=native)
     base0, residual0 = _states_or_zeros(base0, residual0, residual, g, (num_seqs, heads, value_dim, key_dim))
 
-    if bounds is None:
-        o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale)
-    elif native:
-        o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale,
-                                                cu_seqlens=cu_seqlens)
-    else:
-        o, base_final, residual_final = _run_varlen(forward, bounds, q, k, v, g, beta, gamma, base0, residual0,
-                                                    config, scale)
+    # the PyTorch backends compute in the state dtype they were given: an enclosing autocast would hand their
+    # matrix products bf16 inputs (and the hand-differentiated chunk reads mix them with float32 accumulators)
+    exact = contextlib.nullcontext() if native else torch.autocast(q.device.type, enabled=False)
+    with exact:
+        if bounds is None:
+            o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale)
+        elif native:
+            o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale,
+                                                    cu_seqlens=cu_seqlens)
+        else:
+            o, base_final, residual_final = _run_varlen(forward, bounds, q, k, v, g, beta, gamma, base0,
+                                                        residual0, config, scale)
     o = o.to(out_dtype)
     if not output_final_state:
         return o, None
