@@ -485,8 +485,8 @@ def sweep_variants() -> list[dict]:
                   dict(num_warps=8, num_stages=1, BV=None)]  # the default BV=None picks 16 or 32 per call
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]
             + [{"output": dict(num_warps=4, num_stages=1, BV=128)}, {"output": dict(num_warps=8, num_stages=2, BV=64)}]
-            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)}]
-            + [{"backward_keys": dict(num_warps=8, num_stages=1, BV=64)}])
+            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=32)}]
+            + [{"backward_keys": dict(num_warps=8, num_stages=1, BV=64, BK=None)}])
 
 
 def tune(variants, B, T) -> dict:

@@ -47,17 +47,19 @@ from linmem.ops.triton.scores import chunk_scores
 
 # Launch options per kernel on a GPU (``linmem.bench.kernels --sweep`` times alternatives; the interpreter ignores
 # them). BV: value columns per program. The sequential passes (forward, backward_states) hold one state as [64, BV]
-# float32 key blocks; BV=None there picks it per call (``_sequential_block``). num_stages=1 keeps Triton from
+# float32 key blocks; BV=None there picks it per call (``_sequential_block``), num_warps=None 4 (8 for float32
+# inputs, whose tiles take twice the registers). BK=None: 64 key columns per program of backward_keys, 32 for float32
+# inputs. num_stages=1 keeps Triton from
 # multi-buffering every tile of the long loop bodies (its default of 3 stages asked for more than the H200's 227 KB
 # of shared memory); the offline sm_90 compiles in docs/benchmarks/kernels-status.md show no spills with these.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=4, num_stages=1),
-    "forward": dict(num_warps=4, num_stages=1, BV=None),
+    "forward": dict(num_warps=None, num_stages=1, BV=None),
     "output": dict(num_warps=4, num_stages=1, BV=64),
-    "backward_states": dict(num_warps=4, num_stages=1, BV=None),
-    "backward_scores": dict(num_warps=8, num_stages=1, BV=32),
-    "backward_keys": dict(num_warps=8, num_stages=1, BV=32),
+    "backward_states": dict(num_warps=None, num_stages=1, BV=None),
+    "backward_scores": dict(num_warps=8, num_stages=1, BV=16),
+    "backward_keys": dict(num_warps=8, num_stages=1, BV=32, BK=None),
     "decay_grad": dict(num_warps=4, num_stages=1),
 }
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
@@ -84,8 +86,12 @@ def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype
     """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
     opts = dict(KERNEL_OPTIONS[name])
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
+    if "num_warps" in launch and launch["num_warps"] is None:
+        launch["num_warps"] = 8 if dtype == torch.float32 else 4
     if opts.get("BV", 0) is None:
         opts["BV"] = _sequential_block(key_dim, dtype, sequences * triton.cdiv(value_dim, 32))
+    if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators)
+        opts["BK"] = min(opts["BK"] or (32 if dtype == torch.float32 else 64), key_tiling(key_dim)[0])
     if interpreting():
         launch = {}
         if "BV" in opts:
@@ -212,7 +218,11 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     )
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
-    # partial sums of the per-token gate gradients: one slot per key block, the last from backward_scores
+    # partial sums of the per-token gate gradients: one slot per key block of backward_keys, the last from
+    # backward_scores
+    key_blocks, key_launch = _options("backward_keys", value_dim, key_dim, k.dtype)
+    keys_bk = key_blocks.pop("BK")
+    nk = triton.cdiv(key_dim, keys_bk)
     parts = _buf((4, nk + 1, n_tok, heads), dev)
     db_part, dbm_part, dbeta_part, dgamma_part = parts.unbind(0)
     part_stride = n_tok * heads
@@ -231,14 +241,13 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dq = _buf(q.shape, dev, q.dtype)
     dk = _buf(k.shape, dev, k.dtype)
     db_end_part = _buf((nk, layout.num_chunks, heads), dev)
-    blocks, launch = _options("backward_keys", value_dim)
     backward_keys_kernel[(layout.num_chunks, heads, nk)](
         q, k, v, do, s["b"], g, beta, gamma_, e_q, e_k, s["u"], s["w"], s["err"], dx, dy, d_err,
         s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk,
         db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride,
         layout.cu_seqlens, layout.chunk_indices, scale, flags.clip, layout.num_chunks,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
-        **blocks, **flags.kernel_args(), **launch,
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=keys_bk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
+        **key_blocks, **flags.kernel_args(), **key_launch,
     )
 
     dg = _buf((n_tok, heads), dev)

@@ -204,7 +204,7 @@ def decay(row_exp, col_exp, mask):
 
 
 @triton.jit
-def key_block(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I: tl.constexpr):
+def key_block(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I):
     """Key block I of a per-token ``[N_tok, H, K]`` tensor at the chunk: ``[C, BK]``."""
     cols = I * BK + tl.arange(0, BK)
     offs = pos[:, None] * (H * K) + cols[None, :]
@@ -212,7 +212,7 @@ def key_block(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
 
 
 @triton.jit
-def key_block_t(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I: tl.constexpr):
+def key_block_t(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, I):
     """``key_block`` transposed: ``[BK, C]``."""
     cols = I * BK + tl.arange(0, BK)
     offs = cols[:, None] + pos[None, :] * (H * K)
