@@ -146,10 +146,11 @@ def test_half_precision_inputs(dtype):
     compare(make_inputs(1, 70, 2, 32, 16, seed=7), True, dtype=dtype, tol=2e-2, rule="delta")
 
 
-@pytest.mark.parametrize("options", [dict(fit_history=False), dict(per_key=True)])
+@pytest.mark.parametrize("options", [dict(fit_history=False), dict(per_key=True), dict(key_dim=272)])
 def test_chunk_fallbacks(options):
-    """fit_history=False and per-key-channel decay run on the chunk backend behind backend='triton'."""
-    inputs = make_inputs(1, 20, 1, 16, 16, seed=8)
+    """fit_history=False, per-key-channel decay and heads wider than 256 run on the chunk backend behind
+    backend='triton'."""
+    inputs = make_inputs(1, 20, 1, options.pop("key_dim", 16), 16, seed=8)
     if options.pop("per_key", False):
         inputs["g"] = -0.2 * torch.rand(1, 20, 1, 16, generator=torch.Generator().manual_seed(9),
                                         dtype=torch.float64)
