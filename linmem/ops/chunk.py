@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from linmem.ops.chunk_fused import AdditiveHandOver, ResidualAdditive
 from linmem.ops.chunk_reads import DecayedScores, KeyReadTarget, QueryRead
 from linmem.ops.config import MemoryConfig
 
@@ -138,27 +139,26 @@ class ChunkedMemory:
         else:
             increments = writes.mT @ to_end  # [B, H, N, V, K]
             self.u = writes
-            self.starts = self._hand_over_additive(increments, b[:, :, :, -1], state0)
-            self.final = self._decay_state(self.starts[:, :, -1], chunk_decay[:, :, -1]) + increments[:, :, -1]
+            if keys.per_key:
+                self.starts = self._hand_over_per_key(increments, b[:, :, :, -1], state0)
+                self.final = self._decay_state(self.starts[:, :, -1], chunk_decay[:, :, -1]) + increments[:, :, -1]
+            else:
+                self.starts, self.final = AdditiveHandOver.apply(increments, b[:, :, :, -1], state0)
 
     def _decay_state(self, state: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
         return state * (decay.unsqueeze(-2) if self.keys.per_key else decay[..., None, None])
 
-    def _hand_over_additive(self, increments, chunk_decay_log, state):
-        """Additive states need no loop: ``S_n = e^{P_n} S_0 + Σ_{m<n} e^{P_n − P_{m+1}} ΔS_m`` with ``P_n`` the log
-        decay of chunks ``0..n−1``, one small ``[N, N]`` weight matrix. ``P`` is summed in float64 so that
-        differences of long sums stay exact."""
-        total = chunk_decay_log.double().cumsum(dim=2)  # P_{m+1}: [B, H, N] or [B, H, N, K]
+    def _hand_over_per_key(self, increments, chunk_decay_log, state):
+        """Additive states with per-key decay need no loop either: ``S_n = e^{P_n} S_0 + Σ_{m<n} e^{P_n − P_{m+1}}
+        ΔS_m`` per key channel, with ``P_n`` the log decay of chunks ``0..n−1`` summed in float64 (see
+        ``chunk_fused.hand_over`` for per-head decay)."""
+        total = chunk_decay_log.double().cumsum(dim=2)  # P_{m+1}: [B, H, N, K]
         before = torch.cat([torch.zeros_like(total[:, :, :1]), total[:, :, :-1]], dim=2)  # P_n for n = 0..N-1
         n = total.shape[2]
         reach = torch.ones(n, n, dtype=torch.bool, device=total.device).tril(-1)  # chunk m before state n
-        diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N, N] or [B, H, N, N, K]
-        if self.keys.per_key:
-            weights = torch.where(reach.unsqueeze(-1), diff, float("-inf")).exp().to(increments.dtype)
-            states = torch.einsum("bhnmk,bhmvk->bhnvk", weights, increments)
-        else:
-            weights = torch.where(reach, diff, float("-inf")).exp().to(increments.dtype)
-            states = (weights @ increments.flatten(-2)).unflatten(-1, increments.shape[-2:])
+        diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N, N, K]
+        weights = torch.where(reach.unsqueeze(-1), diff, float("-inf")).exp().to(increments.dtype)
+        states = torch.einsum("bhnmk,bhmvk->bhnvk", weights, increments)
         if not state.requires_grad and not state.any():  # no initial state: its term is zero
             return states
         return states + self._decay_state(state.unsqueeze(2), before.exp().to(state.dtype))
@@ -222,12 +222,19 @@ def chunk_forward(
     per_key = g.dim() == 4
     chunk = chunk_size or (CHUNK_SIZE_PER_KEY_DECAY if per_key else CHUNK_SIZE)
     qc, kc, vc, gc, betac = (to_chunks(t, chunk) for t in (q, k, v, g, beta))
-    needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual
-    keys = ChunkedKeys(kc, gc, needed)
     # A positive read-out scale rides in the queries' log decay (e^{e + log scale}), which saves a pass over o;
     # any other scale multiplies o at the end.
     read_scale, rest = (scale, 1.0) if scale > 0 else (1.0, scale)
     log_scale = math.log(read_scale)
+    fused = config.rule == "additive" and config.residual and config.fit_history and config.output_gates
+    if fused and not per_key:  # RLA as the paper has it, in one hand-differentiated function
+        b = gc.cumsum(dim=3)
+        o, base_final, residual_final = ResidualAdditive.apply(
+            qc, kc, vc, betac, to_chunks(gamma, chunk), b, b - gc, base_state, residual_state, log_scale,
+            config.residual_target, config.clip)
+        return output(o, rest, length), base_final, residual_final
+    needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual
+    keys = ChunkedKeys(kc, gc, needed)
     now, before = keys.b + log_scale, keys.before_step + log_scale  # S_t q_t (α_t S_{t−1} q_t if strict), S_{t−1} q_t
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
