@@ -170,10 +170,11 @@ def _override(overrides: dict | None) -> None:
 
 def resource_table(memories, dtypes, widths, workers: int = 1, arch: int = 90, overrides: dict | None = None,
                    kernels: list[str] | None = None) -> list[dict]:
-    """Compile every distinct kernel launch of these configurations (in ``workers`` processes); ``overrides``
-    changes ``KERNEL_OPTIONS`` entries, ``kernels`` keeps only these kernels (names without ``_kernel``)."""
+    """Compile every distinct kernel launch of these configurations (in ``workers`` processes) and return a row per
+    configuration and launch (launches that compile to the same kernel share one compile); ``overrides`` changes
+    ``KERNEL_OPTIONS`` entries, ``kernels`` keeps only these kernels (names without ``_kernel``)."""
     _override(overrides)
-    jobs, seen = [], set()
+    jobs, keys, found = [], {}, []
     for memory in memories:
         for dtype in dtypes:
             for width in widths:
@@ -183,13 +184,16 @@ def resource_table(memories, dtypes, widths, workers: int = 1, arch: int = 90, o
                     signature, constants, _, options = _signature(launch)
                     key = (launch.name, repr(sorted(signature.items())), repr(sorted(constants.items())),
                            repr(sorted(options.items())))
-                    if key not in seen:
-                        seen.add(key)
+                    if key not in keys:
+                        keys[key] = len(jobs)
                         jobs.append((memory, dtype, width, index, overrides, arch, kernels))
+                    found.append((keys[key], launch.info))
     if workers <= 1:
-        return [_compile_one(job) for job in jobs]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_compile_one, jobs))
+        compiled = [_compile_one(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            compiled = list(pool.map(_compile_one, jobs))
+    return [dict(compiled[job], **info) for job, info in found]
 
 
 def markdown(rows: list[dict]) -> str:
@@ -206,6 +210,42 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+KERNEL_ORDER = ("chunk_scores", "chunk_inverse", "state_pass", "output", "reverse_pass", "backward_scores",
+                "backward_keys", "decay_grad")
+
+
+def pivot_markdown(rows: list[dict]) -> str:
+    """One table per input type: a row per kernel, a column per memory × width with ``registers`` (``+N`` bytes of
+    spilled stack per thread where there are any; the larger of a memory's two launches for the sequential passes),
+    and the kernel's launch options and largest shared memory."""
+    memories = [m for m in MEMORIES if any(r["memory"] == m for r in rows)]
+    widths = sorted({r["width"] for r in rows})
+    out = []
+    for dtype in sorted({r["dtype"] for r in rows}):
+        cols = [(m, w) for m in memories for w in widths]
+        out += [f"**{dtype} inputs** (registers per thread, +spilled bytes):", "",
+                "| kernel | warps, stages, BV | " + " | ".join(f"{m} {w}" for m, w in cols) + " | shared memory |",
+                "|---" * (len(cols) + 3) + "|"]
+        for kernel in KERNEL_ORDER:
+            found = [r for r in rows if r["dtype"] == dtype and r["kernel"] == kernel and "error" not in r]
+            if not found:
+                continue
+            cells = []
+            for m, w in cols:
+                here = [r for r in found if r["memory"] == m and r["width"] == w]
+                if not here:
+                    cells.append("–")
+                    continue
+                worst = max(here, key=lambda r: (r["stack"], r["regs"]))
+                cells.append(f"{worst['regs']}" + (f" +{worst['stack']}" if worst["stack"] else ""))
+            launch = sorted({f"{r.get('num_warps', '')}, {r.get('num_stages', '')}, {r.get('BV', '–')}"
+                             for r in found})
+            shared = max(r["shared"] for r in found) / 1024
+            out.append(f"| {kernel} | {'; '.join(launch)} | " + " | ".join(cells) + f" | ≤ {shared:.1f} KB |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--memories", default="RDN,RLA,GDN,sGLA")
@@ -214,15 +254,16 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--options", default="{}", help='JSON, e.g. {"forward": {"num_warps": 8}}')
-    parser.add_argument("--kernels", default="", help="only these kernels, e.g. forward_states,output")
+    parser.add_argument("--kernels", default="", help="only these kernels, e.g. state_pass,output")
+    parser.add_argument("--pivot", action="store_true", help="one compact table per input type")
     args = parser.parse_args(argv)
     rows = resource_table(args.memories.split(","), [getattr(torch, d) for d in args.dtypes.split(",")],
                           [int(w) for w in args.widths.split(",")], args.workers, args.arch,
                           json.loads(args.options), [k for k in args.kernels.split(",") if k])
     print(f"triton {triton.__version__}, sm_{args.arch}, offline (no GPU)")
-    print(markdown(rows))
+    print(pivot_markdown(rows) if args.pivot else markdown(rows))
     bad = [r for r in rows if "error" in r or (r["stack"] or 0) > 0 or r["shared"] > 227 * 1024]
-    print(f"{len(rows)} kernels compiled; {len(bad)} failed, spilled or over 227 KB of shared memory")
+    print(f"{len(rows)} launches compiled; {len(bad)} failed, spilled or over 227 KB of shared memory")
 
 
 if __name__ == "__main__":
