@@ -17,7 +17,8 @@ is ≤ 0 where it is used, so nothing overflows.
 
 RLA/RDN run two such memories: the base pass also yields ``S_{t−1} k_t`` (for r) and ``α_t S_{t−1} q_t``, then
 the residual memory runs on values ``r`` with strength γ, and one query read-out serves both memories. The score
-matrices and the reads are hand-differentiated functions (``chunk_reads.py``); the rest is plain autograd.
+matrices and the reads are hand-differentiated functions (``chunk_reads.py``), and so are the additive hand-over
+and RLA with the paper's switches and per-head decay, as one function (``chunk_fused.py``); the rest is autograd.
 Per-key-channel decay (GLA) uses a ``[C, C, K]`` decay tensor and a smaller chunk.
 """
 
@@ -226,11 +227,11 @@ def chunk_forward(
     # any other scale multiplies o at the end.
     read_scale, rest = (scale, 1.0) if scale > 0 else (1.0, scale)
     log_scale = math.log(read_scale)
-    fused = config.rule == "additive" and config.residual and config.fit_history and config.output_gates
-    if fused and not per_key:  # RLA as the paper has it, in one hand-differentiated function
+    paper_rla = config.rule == "additive" and config.residual and config.fit_history and config.output_gates
+    if paper_rla and not per_key:  # in one hand-differentiated function
         b = gc.cumsum(dim=3)
         o, base_final, residual_final = ResidualAdditive.apply(
-            qc, kc, vc, betac, to_chunks(gamma, chunk), b, b - gc, base_state, residual_state, log_scale,
+            qc, kc, vc, betac, to_chunks(gamma, chunk), b, b - gc, base_state, residual_state, read_scale,
             config.residual_target, config.clip)
         return output(o, rest, length), base_final, residual_final
     needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual

@@ -10,6 +10,8 @@ backward sums them inside the matrix products (``baddbmm_``, ``addcmul_``). Shap
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +22,7 @@ from linmem.ops.chunk_reads import (
     negated_product,
     residual_target,
     residual_target_grad,
+    scaled_product,
 )
 
 
@@ -94,13 +97,14 @@ class ResidualAdditive(torch.autograd.Function):
     read out as ``o = α_t S_{t−1} q_t + γ_t R_t q_t``.
 
     Inputs in chunk layout: ``q, k [B, H, N, C, K]``, ``v [B, H, N, C, V]``; ``beta, gamma``, ``b`` (cumulative log
-    decay since the chunk start) and ``before = b − g`` ``[B, H, N, C]``; initial states ``[B, H, V, K]``; the
-    query exponent is ``b + log_scale`` (the read-out scale rides in it). Returns o ``[B, H, N, C, V]`` and the two
-    final states.
+    decay since the chunk start) and ``before = b − g`` ``[B, H, N, C]``; initial states ``[B, H, V, K]``; a
+    positive read-out ``scale``. Returns o ``[B, H, N, C, V]`` and the two final states. The key read's decay
+    ``e^{b_{t−1} − b_s}`` is the query read's ``e^{b_t − b_s}`` one row up, and the scale rides in the query
+    products.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, gamma, b, before, base_state, residual_state, log_scale, target, clip):
+    def forward(ctx, q, k, v, beta, gamma, b, before, base_state, residual_state, scale, target, clip):
         ctx.set_materialize_grads(False)
         ctx.shapes = q.shape, v.shape, b.shape, base_state.shape
         batch, heads, n, chunk = b.shape
@@ -113,10 +117,11 @@ class ResidualAdditive(torch.autograd.Function):
         ctx.with_states = [ctx.needs_input_grad[i] or bool(s.any()) for i, s in zip((7, 8), states0)]
         weights, total = hand_over_weights(log_chunk, q.dtype)
 
-        query_exponent = b + log_scale
         to_end = (b[:, -1:] - b).exp().unsqueeze(-1)
         to_end_keys = k * to_end
-        decay_q, decay_k = query_exponent.exp().unsqueeze(-1), before.exp().unsqueeze(-1)
+        decay_q, decay_k = (b + math.log(scale)).exp().unsqueeze(-1), before.exp().unsqueeze(-1)
+        query_decay = decay_matrix(b, b, strict=False)
+        key_decay = F.pad(query_decay[:, :-1], (0, 0, 1, 0))
 
         def memory(writes, state0, with_state):
             starts, final = hand_over((writes.mT @ to_end_keys).view(state_shape), weights, total, log_chunk,
@@ -125,7 +130,6 @@ class ResidualAdditive(torch.autograd.Function):
 
         u = beta * v
         base_flat, base_final, base = memory(u, states0[0], ctx.with_states[0])
-        key_decay = decay_matrix(before, b, strict=True)
         key_scores = (k @ k.mT).mul_(key_decay)
         weighted_k = k * decay_k
         error = torch.baddbmm(v, weighted_k, base.mT, alpha=-1).baddbmm_(key_scores, u, alpha=-1)
@@ -133,15 +137,14 @@ class ResidualAdditive(torch.autograd.Function):
         w = gamma * r
         residual_flat, residual_final, residual = memory(w, states0[1], ctx.with_states[1])
 
-        query_decay = decay_matrix(query_exponent, b, strict=False)
-        query_scores = (q @ k.mT).mul_(query_decay)
+        query_scores = scaled_product(q, k.mT, scale).mul_(query_decay)
         strict_scores = query_scores.tril(-1)
         weighted_q = q * decay_q
         o = torch.bmm(weighted_q, base.mT).baddbmm_(strict_scores, u)
         residual_read = torch.bmm(weighted_q, residual.mT).baddbmm_(query_scores, w)
         o.addcmul_(residual_read, gamma)
 
-        ctx.target, ctx.clip = target, clip
+        ctx.target, ctx.clip, ctx.scale = target, clip, scale
         ctx.save_for_backward(q, k, v, beta, gamma, weights, total, log_chunk, to_end, to_end_keys, decay_q, decay_k,
                               u, base_flat, key_decay, key_scores, weighted_k, slope, r, w, residual_flat,
                               query_decay, query_scores, strict_scores, weighted_q, residual_read)
@@ -201,8 +204,9 @@ class ResidualAdditive(torch.autograd.Function):
         grad_k = torch.bmm(grad_product + grad_product.mT, k)
         grad_query_exponent, grad_b_queries = exponent_grads(grad_query_scores, query_scores)
         grad_product = grad_query_scores.mul_(query_decay)
-        grad_q = torch.bmm(grad_product, k).addcmul_(grad_weighted_q, decay_q)
-        grad_k.baddbmm_(grad_product.mT, q).addcmul_(grad_weighted_k, decay_k).addcmul_(grad_to_end_keys, to_end)
+        grad_q = scaled_product(grad_product, k, ctx.scale).addcmul_(grad_weighted_q, decay_q)
+        grad_k.baddbmm_(grad_product.mT, q, alpha=ctx.scale)
+        grad_k.addcmul_(grad_weighted_k, decay_k).addcmul_(grad_to_end_keys, to_end)
         grad_query_exponent += (grad_weighted_q * q).sum(-1) * decay_q.squeeze(-1)
         grad_before += (grad_weighted_k * k).sum(-1) * decay_k.squeeze(-1)
         grad_to_end = (grad_to_end_keys * k).sum(-1) * to_end.squeeze(-1)  # d/d(b_C − b_s)

@@ -18,9 +18,14 @@ def flat(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().flatten(0, -3)
 
 
+def scaled_product(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale · (a @ b)`` for ``[n, i, j] @ [n, j, l]``, the factor taken by the product itself."""
+    return torch.baddbmm(a.new_zeros(()).expand(a.shape[0], a.shape[1], b.shape[2]), a, b, beta=0, alpha=scale)
+
+
 def negated_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``−(a @ b)`` for ``[n, i, j] @ [n, j, l]``, the sign taken by the product itself."""
-    return torch.baddbmm(a.new_zeros(()).expand(a.shape[0], a.shape[1], b.shape[2]), a, b, beta=0, alpha=-1)
+    """``−(a @ b)``, the sign taken by the product itself."""
+    return scaled_product(a, b, -1.0)
 
 
 def row_scale_grads(grad_scaled: torch.Tensor, x: torch.Tensor, scale: torch.Tensor):
