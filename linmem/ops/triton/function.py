@@ -222,9 +222,10 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     # backward_scores
     key_blocks, key_launch = _options("backward_keys", value_dim, key_dim, k.dtype)
     keys_bk = key_blocks.pop("BK")
-    nk = triton.cdiv(key_dim, keys_bk)
-    parts = _buf((4, nk + 1, n_tok, heads), dev)
+    keys_nk = triton.cdiv(key_dim, keys_bk)
+    parts = _buf((4, keys_nk + 1, n_tok, heads), dev)
     db_part, dbm_part, dbeta_part, dgamma_part = parts.unbind(0)
+    score_parts = [part[keys_nk] for part in (db_part, dbm_part, dbeta_part, dgamma_part)]
     part_stride = n_tok * heads
     dv = _buf(per_token, dev, v.dtype)
     e_q = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
@@ -232,7 +233,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     blocks, launch = _options("backward_scores", value_dim)
     backward_scores_kernel[(layout.num_chunks, heads)](
         v, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["u"], s["w"],
-        s["err"], dx, dy, d_err, dv, e_q, e_k, db_part[nk], dbm_part[nk], dbeta_part[nk], dgamma_part[nk],
+        s["err"], dx, dy, d_err, dv, e_q, e_k, *score_parts,
         layout.cu_seqlens, layout.chunk_indices, scale, flags.clip,
         H=heads, V=value_dim, C=CHUNK, OUTPUT_GATES=flags.gates, TARGET=flags.target,
         **blocks, **flags.kernel_args(), **launch,
@@ -240,8 +241,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
 
     dq = _buf(q.shape, dev, q.dtype)
     dk = _buf(k.shape, dev, k.dtype)
-    db_end_part = _buf((nk, layout.num_chunks, heads), dev)
-    backward_keys_kernel[(layout.num_chunks, heads, nk)](
+    db_end_part = _buf((keys_nk, layout.num_chunks, heads), dev)
+    backward_keys_kernel[(layout.num_chunks, heads, keys_nk)](
         q, k, v, do, s["b"], g, beta, gamma_, e_q, e_k, s["u"], s["w"], s["err"], dx, dy, d_err,
         s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk,
         db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride,
@@ -256,7 +257,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     decay_grad_kernel[(layout.num_chunks, heads)](
         db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, dg, dbeta, _or(dgamma, dummy), part_stride,
         layout.cu_seqlens, layout.chunk_indices, layout.num_chunks,
-        H=heads, C=CHUNK, PARTS=nk + 1, END_PARTS=nk, RESIDUAL=flags.residual, **_options("decay_grad")[1],
+        H=heads, C=CHUNK, PARTS=keys_nk + 1, END_PARTS=keys_nk, RESIDUAL=flags.residual, **_options("decay_grad")[1],
     )
     return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
 
