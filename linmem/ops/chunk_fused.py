@@ -64,6 +64,14 @@ def hand_over_backward(grad_starts, grad_final, starts, weights, total, log_deca
     return grad_increments, grad_log_decay, grad_state
 
 
+def shifted_decay(product: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """``product`` times the decay one row up, in place: with ``decay = e^{b_t − b_s}`` (s ≤ t) that is
+    ``e^{b_{t−1} − b_s}`` for s < t, the strict key read's decay, and row 0 is zero."""
+    product[:, 1:].mul_(decay[:, :-1])
+    product[:, 0] = 0
+    return product
+
+
 class AdditiveHandOver(torch.autograd.Function):
     """``hand_over`` for ``[B, H, N, V, K]`` increments, ``[B, H, N]`` chunk log decays and a ``[B, H, V, K]``
     initial state: returns the chunk starts ``[B, H, N, V, K]`` and the final state."""
@@ -99,8 +107,8 @@ class ResidualAdditive(torch.autograd.Function):
     Inputs in chunk layout: ``q, k [B, H, N, C, K]``, ``v [B, H, N, C, V]``; ``beta, gamma``, ``b`` (cumulative log
     decay since the chunk start) and ``before = b − g`` ``[B, H, N, C]``; initial states ``[B, H, V, K]``; a
     positive read-out ``scale``. Returns o ``[B, H, N, C, V]`` and the two final states. The key read's decay
-    ``e^{b_{t−1} − b_s}`` is the query read's ``e^{b_t − b_s}`` one row up, and the scale rides in the query
-    products.
+    ``e^{b_{t−1} − b_s}`` is the query read's ``e^{b_t − b_s}`` one row up (``shifted_decay``), and the scale
+    rides in the query products.
     """
 
     @staticmethod
@@ -121,7 +129,6 @@ class ResidualAdditive(torch.autograd.Function):
         to_end_keys = k * to_end
         decay_q, decay_k = (b + math.log(scale)).exp().unsqueeze(-1), before.exp().unsqueeze(-1)
         query_decay = decay_matrix(b, b, strict=False)
-        key_decay = F.pad(query_decay[:, :-1], (0, 0, 1, 0))
 
         def memory(writes, state0, with_state):
             starts, final = hand_over((writes.mT @ to_end_keys).view(state_shape), weights, total, log_chunk,
@@ -130,7 +137,7 @@ class ResidualAdditive(torch.autograd.Function):
 
         u = beta * v
         base_flat, base_final, base = memory(u, states0[0], ctx.with_states[0])
-        key_scores = (k @ k.mT).mul_(key_decay)
+        key_scores = shifted_decay(k @ k.mT, query_decay)
         weighted_k = k * decay_k
         error = torch.baddbmm(v, weighted_k, base.mT, alpha=-1).baddbmm_(key_scores, u, alpha=-1)
         r, slope = residual_target(error, target, clip)
@@ -146,7 +153,7 @@ class ResidualAdditive(torch.autograd.Function):
 
         ctx.target, ctx.clip, ctx.scale = target, clip, scale
         ctx.save_for_backward(q, k, v, beta, gamma, weights, total, log_chunk, to_end, to_end_keys, decay_q, decay_k,
-                              u, base_flat, key_decay, key_scores, weighted_k, slope, r, w, residual_flat,
+                              u, base_flat, key_scores, weighted_k, slope, r, w, residual_flat,
                               query_decay, query_scores, strict_scores, weighted_q, residual_read)
         final_shape = ctx.shapes[3]
         return o.view(ctx.shapes[1]), base_final.view(final_shape), residual_final.view(final_shape)
@@ -154,7 +161,7 @@ class ResidualAdditive(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o, grad_base_final, grad_residual_final):
         (q, k, v, beta, gamma, weights, total, log_chunk, to_end, to_end_keys, decay_q, decay_k, u, base_flat,
-         key_decay, key_scores, weighted_k, slope, r, w, residual_flat, query_decay, query_scores, strict_scores,
+         key_scores, weighted_k, slope, r, w, residual_flat, query_decay, query_scores, strict_scores,
          weighted_q, residual_read) = ctx.saved_tensors
         value_key = (-1, v.shape[-1], k.shape[-1])
         base, residual = base_flat.view(value_key), residual_flat.view(value_key)
@@ -200,7 +207,7 @@ class ResidualAdditive(torch.autograd.Function):
 
         # score matrices M = (x kᵀ)·e^{e_t − b_s}, and the row scalings of q and k
         grad_before, grad_b = exponent_grads(grad_key_scores, key_scores)
-        grad_product = grad_key_scores.mul_(key_decay)
+        grad_product = shifted_decay(grad_key_scores, query_decay)
         grad_k = torch.bmm(grad_product + grad_product.mT, k)
         grad_query_exponent, grad_b_queries = exponent_grads(grad_query_scores, query_scores)
         grad_product = grad_query_scores.mul_(query_decay)
