@@ -112,6 +112,9 @@ def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run
     data = open_train_data(config.data, config.train.seed, state, where)
     model_config = build_model_config(config, data.vocab_size, where)
     torch.manual_seed(config.train.seed)
+    if state.device.type == "cuda":
+        # tf32 tensor cores for the float32 products (the PyTorch memory backends run outside autocast)
+        torch.set_float32_matmul_precision("high")
     model = LinMemForCausalLM(model_config).to(state.device)
     model = wrap_model(model, config.train.parallel, state)
     optimizer = build_optimizer(model, config)
