@@ -44,16 +44,17 @@ import torch
 HEADS, HEAD_DIM = 16, 128
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
 TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
-# With the clip target in bf16, a prediction error within rounding distance of ±clip flips ρ' between 0 and 1 for
-# that element, so dv (= β∘dx + d_err, the most direct) differs from float64 by ~1e-2 with no fault; the tanh case
-# checks the same paths tightly.
-CLIP_DV_TOLERANCE = 3e-2
+# With the clip target, a prediction error within rounding distance of ±clip flips ρ' between 0 and 1 for that
+# element, so dv (= β∘dx + d_err, the most direct) differs from float64 with no fault: rounding only q, k, v to tf32
+# in an exact float64 run moves dv by ~6e-3 for clip and 3e-4 for tanh (`python -m linmem.bench.clip_sensitivity`);
+# bf16 inputs move it by ~1e-2. The tanh cases check the same paths at the plain tolerance.
+CLIP_DV_TOLERANCE = {torch.float32: 1.5e-2, torch.bfloat16: 3e-2}
 
 
 def _tolerance(case: dict, dtype: torch.dtype, name: str) -> float:
     clipped = case["residual"] and case.get("options", {}).get("residual_target", "clip") == "clip"
-    if dtype == torch.bfloat16 and clipped and name == "dv":
-        return CLIP_DV_TOLERANCE
+    if clipped and name == "dv":
+        return CLIP_DV_TOLERANCE[dtype]
     return TOLERANCE[dtype]
 
 # ------------------------------------------------------------------------------------------------ inputs and runs
@@ -578,7 +579,8 @@ def markdown(report: dict) -> str:
         passed = sum(c["passed"] for c in checks)
         lines += ["## Correctness (linmem Triton vs float64 reference, relative Frobenius errors)", "",
                   f"{passed} of {len(checks)} cases within tolerance (fp32 {TOLERANCE[torch.float32]:.0e}, bf16 "
-                  f"{TOLERANCE[torch.bfloat16]:.0e}; dv of bf16 clip cases {CLIP_DV_TOLERANCE:.0e}). Fresh random "
+                  f"{TOLERANCE[torch.bfloat16]:.0e}; dv of clip cases {CLIP_DV_TOLERANCE[torch.float32]:.1e} / "
+                  f"{CLIP_DV_TOLERANCE[torch.bfloat16]:.0e}). Fresh random "
                   "inputs each run, NaN-poisoned buffers.", "",
                   "| case | worst | o | dq | dk | dv | dg | dβ | dγ | dS0 | dR0 |", "|---" * 11 + "|"]
         for c in sorted(checks, key=lambda c: c["case"]):

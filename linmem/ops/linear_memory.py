@@ -20,11 +20,11 @@ BACKENDS = ("auto", "reference", "chunk", "triton")
 
 State = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
-# ``auto`` picks the Triton kernels on CUDA only once they have passed the GPU correctness check of
-# ``python -m linmem.bench.kernels`` on a real GPU. As of 2026-11-29 they pass in Triton's CPU interpreter, and on an
-# H200 (triton 3.6) for sGLA/GDN in bf16, but the residual paths failed there (docs/benchmarks/kernels-status.md),
-# so ``auto`` stays on ``chunk``; ``backend="triton"`` still runs them on request.
-AUTO_USES_TRITON = False
+# ``auto`` picks the Triton kernels on CUDA. They passed every float64 check of ``python -m linmem.bench.kernels`` on
+# an H200 (triton 3.6, 2026-11-29: every memory, bf16 and fp32, K = 64/128/256, packed sequences, ablation switches,
+# extreme decays, 64-bit offsets; docs/benchmarks/kernels-status.md) and train a 124M model 2.8x (RDN) faster than
+# ``chunk``. Shapes they do not cover (per-channel decay, K or V > 256) fall back to ``chunk`` inside the backend.
+AUTO_USES_TRITON = True
 
 
 def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
@@ -95,8 +95,8 @@ def linear_memory(
             sequences with ``cu_seqlens``.
         output_final_state: return the final state(s).
         cu_seqlens: ``[N + 1]`` boundaries of N sequences packed in one row (B must be 1).
-        backend: ``"reference"``, ``"chunk"``, ``"triton"`` or ``"auto"`` (chunk; triton on CUDA once
-            the kernels pass the GPU check, see ``AUTO_USES_TRITON``).
+        backend: ``"reference"``, ``"chunk"``, ``"triton"`` or ``"auto"`` (triton on CUDA when triton is
+            installed, else chunk; see ``AUTO_USES_TRITON``).
     Returns:
         ``o [B, T, H, V]`` in q's dtype and ``None``, ``S_T`` or ``(S_T, R_T)`` (``[N, H, V, K]``, float32 or
         float64).

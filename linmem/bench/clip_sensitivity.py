@@ -1,0 +1,71 @@
+"""How much of a GPU kernel's dv error the clip target explains on its own.
+
+    python -m linmem.bench.clip_sensitivity [--trials 3]
+
+The clipped residual target ``r = clip(err, ±c)`` has the derivative ``ρ' ∈ {0, 1}``: an element of the base
+memory's prediction error that lies within rounding distance of ±c flips between the two when the inputs are
+rounded, and its whole gradient to v moves with it. This script runs the exact float64 ``chunk`` op twice, once on
+the inputs and once on q, k, v rounded to tf32 (10 mantissa bits, what the GPU's float32 dots see), and prints the
+relative Frobenius change of dv for the clip and the tanh target. The gap between the two is the part of a kernel's
+dv error that no kernel can remove; ``linmem.bench.kernels`` sets its clip-dv tolerances from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from linmem.ops.linear_memory import linear_memory
+
+B, T, H, D = 2, 300, 3, 128  # the kernel benchmark's main check shape
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its mantissa rounded to 10 explicit bits (tf32), kept in x's dtype."""
+    mantissa, exponent = torch.frexp(x)
+    return torch.ldexp(torch.round(mantissa * 2**11) / 2**11, exponent)
+
+
+def value_gradient(inputs: list[torch.Tensor], grad_o: torch.Tensor, rule: str, target: str) -> torch.Tensor:
+    """dv ``[B, T, H, D]`` of the residual memory for ``inputs = [q, k, v, g, beta, gamma]``."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    o, _ = linear_memory(*leaves, rule=rule, residual=True, residual_target=target, backend="chunk")
+    o.backward(grad_o)
+    return leaves[2].grad
+
+
+def random_inputs(generator: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def normal(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=generator)
+
+    q, k = (F.normalize(normal(B, T, H, D), dim=-1) for _ in range(2))
+    g = F.logsigmoid(normal(B, T, H) + 3)
+    beta, gamma = (torch.rand(B, T, H, dtype=torch.float64, generator=generator) for _ in range(2))
+    return [q, k, normal(B, T, H, D), g, beta, gamma], normal(B, T, H, D)
+
+
+def main(argv: list[str] | None = None) -> dict[tuple[str, str], float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=None, help="default: fresh random inputs")
+    args = parser.parse_args(argv)
+    generator = torch.Generator()
+    generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
+    worst: dict[tuple[str, str], float] = {}
+    for rule in ("delta", "additive"):
+        for target in ("clip", "tanh"):
+            for _ in range(args.trials):
+                inputs, grad_o = random_inputs(generator)
+                exact = value_gradient(inputs, grad_o, rule, target)
+                rounded = value_gradient([round_to_tf32(t) for t in inputs[:3]] + inputs[3:], grad_o, rule, target)
+                change = ((rounded - exact).norm() / exact.norm()).item()
+                worst[rule, target] = max(worst.get((rule, target), 0.0), change)
+            print(f"{rule:8} {target:5} worst relative dv change from tf32-rounded q, k, v over {args.trials} "
+                  f"trials: {worst[rule, target]:.1e}")
+    return worst
+
+
+if __name__ == "__main__":
+    main()
