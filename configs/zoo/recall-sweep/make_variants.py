@@ -1,6 +1,8 @@
 """Write the recall-recipe sweep's configs (docs/training.md, "Why this recall recipe") from a zoo config.
 
     python configs/zoo/recall-sweep/make_variants.py BASE.yaml [BASE.yaml ...] --out runs/sweep-configs
+    python configs/zoo/recall-sweep/make_variants.py configs/zoo/gdn.yaml configs/zoo/rdn.yaml \
+        --lrs 2e-3,4e-3,6e-3 --out runs/lr-configs      # the configs as they are, at each peak lr
     bash configs/zoo/recall-sweep/sweep.sh runs/sweep-configs runs/sweep 290
 
 Each variant changes one thing of the data recipe (recall fraction, answer weight, lr, generator mix) and evaluates
@@ -32,7 +34,7 @@ def variant(text: str, fraction=None, weight=None, lr=None, recall=None) -> str:
         text = re.sub(r"recall_loss_weight: [0-9.]+", f"recall_loss_weight: {weight}", text)
     if lr is not None:
         text = re.sub(r"\n  lr: [0-9.e-]+", f"\n  lr: {lr}", text)
-        text = re.sub(r"min_lr: [0-9.e-]+", f"min_lr: {lr / 10}", text)
+        text = re.sub(r"min_lr: [0-9.e-]+", f"min_lr: {lr / 10:.3g}", text)
     if recall is not None:
         text = re.sub(r"  recall:\n(    .*\n)+", "  recall:\n" + "".join(f"    - {r}\n" for r in recall), text)
     text = re.sub(r"eval_interval: \d+", "eval_interval: 100", text)
@@ -44,11 +46,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="write the recall-recipe sweep's configs")
     parser.add_argument("bases", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--lrs", default=None,
+                        help="comma-separated peak learning rates (min lr a tenth): one variant each instead of the "
+                             "recipe variants")
     args = parser.parse_args()
+    variants = VARIANTS
+    if args.lrs:
+        variants = {f"lr{lr}": {"lr": float(lr)} for lr in args.lrs.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     for base in args.bases:
         text = base.read_text()
-        for name, change in VARIANTS.items():
+        for name, change in variants.items():
             (args.out / f"{base.stem}-{name}.yaml").write_text(variant(text, **change))
 
 
