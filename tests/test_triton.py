@@ -170,3 +170,12 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("| 64 | ")  # the summary row (FLA absent on the CPU)
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
+
+
+def test_chunk_fallback_under_autocast():
+    """bf16 q, k, v under a bf16 autocast (mixed-precision training) reach the chunk fallback (here
+    fit_history=False), which computes in the state dtype as the chunk backend does instead of letting the autocast
+    mix bf16 products into its float32 accumulators."""
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, rule="additive",
+                fit_history=False)

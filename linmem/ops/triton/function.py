@@ -324,7 +324,16 @@ def triton_forward(q, k, v, g, beta, gamma, base_state, residual_state, config: 
 
 
 def _fallback(q, k, v, g, beta, gamma, base_state, residual_state, config, scale, cu_seqlens):
-    """The chunk backend in the state dtype, one sequence at a time for packed input."""
+    """The chunk backend in the state dtype, one sequence at a time for packed input; ``o`` in v's dtype as the
+    kernels return it. Autocast is off as for ``backend="chunk"``: an enclosing one would hand the chunk reads'
+    products bf16 inputs beside their float32 accumulators."""
+    with torch.autocast(q.device.type, enabled=False):
+        o, base_final, res_final = _fallback_chunk(q, k, v, g, beta, gamma, base_state, residual_state, config,
+                                                   scale, cu_seqlens)
+    return o.to(v.dtype), base_final, res_final
+
+
+def _fallback_chunk(q, k, v, g, beta, gamma, base_state, residual_state, config, scale, cu_seqlens):
     from linmem.ops.chunk import chunk_forward
 
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
