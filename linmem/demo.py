@@ -82,16 +82,31 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def pick_probe_model(names: list[str], mixers: dict[str, str], wanted: str | None) -> str:
-    """``wanted`` if given, else RDN, else the first residual model (RLA / RDN mixer), else the first model."""
+PROBE_RECALL_BAR = 0.5  # the memory lab's clean 4-choice recall (chance 0.25) a model needs to be worth probing
+
+
+def pick_probe_model(names: list[str], mixers: dict[str, str], wanted: str | None,
+                     recall: dict[str, float | None] | None = None) -> str:
+    """``wanted`` if given; else the first residual model (RDN, then RLA, then the others with those mixers) whose
+    clean memory-lab ``recall`` reaches ``PROBE_RECALL_BAR``; else the model with the best recall if it reaches it
+    (probing a model that does not hold the fact finds nothing); else the first residual model, else the first."""
     if wanted is not None:
         if wanted not in names:
             raise ValueError(f"--probe {wanted!r} is not among the evaluated models: {', '.join(names)}")
         return wanted
-    for name in [*RESIDUAL, *names]:
-        if name in names and mixers[name] in RESIDUAL:
+    residual = [n for n in dict.fromkeys([*RESIDUAL, *names]) if n in names and mixers[n] in RESIDUAL]
+    recall = recall or {}
+    recalls = [n for n in names if (recall.get(n) or 0.0) >= PROBE_RECALL_BAR]
+    for name in residual:
+        if name in recalls:
             return name
-    return names[0]
+    if recalls:
+        return max(recalls, key=lambda n: recall[n])
+    return residual[0] if residual else names[0]
+
+
+def _recall_text(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.2f}, chance 0.25"
 
 
 def heldout_documents(name: str, zoo_dir: str | None):
@@ -150,9 +165,10 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
                          "seconds": round(sum(t["seconds"] for t in report["tasks"].values()), 1)}
     mixers = {n: json.loads((zoo.path(n, zoo_dir) / "config.json").read_text(encoding="utf-8"))["mixer"]
               for n in names}
-    chosen = pick_probe_model(names, mixers, probe)
+    recall = {n: r["tasks"].get("recall", {}).get("metrics", {}).get("accuracy") for n, r in results.items()}
+    chosen = pick_probe_model(names, mixers, probe, recall)
     print(f"demo: memory lab on {chosen} ...", flush=True)
-    probe_result = run_probe(chosen, settings, device, out / "probe", zoo_dir)
+    probe_result = {**run_probe(chosen, settings, device, out / "probe", zoo_dir), "recall": recall.get(chosen)}
     total = time.perf_counter() - start
     summary = {"seconds": round(total, 1), "quick": quick, "device": device, "machine": machine(),
                "zoo_dir": str(zoo.root(zoo_dir)),
@@ -263,7 +279,9 @@ def report_html(summary: dict[str, Any], out: Path) -> str:
         table_html(summary_rows(summary["models"])), *images,
         f"<h2>Memory lab: {html.escape(probe['model'])}</h2>",
         f"<p>The memory lab's default protocol (<code>linmem probe</code>) on <b>{html.escape(probe['model'])}</b>, "
-        f"{probe['seconds']:.0f} s: key-value facts in held-out text, causal edits of the recurrent state. Chosen "
+        f"{probe['seconds']:.0f} s: key-value facts in held-out text, causal edits of the recurrent state "
+        f"(its clean recall above: {_recall_text(probe.get('recall'))}; the demo probes the first residual model "
+        f"with at least {PROBE_RECALL_BAR:g}, else the model that recalls best). Chosen "
         f"component (head scan on development passages): <b>{html.escape(str(header.get('chosen')))}</b>; its "
         f"state swap beats the equal-norm random swap on held-out passages: "
         f"<b>{header.get('confirmed_on_held_out')}</b>.</p>",

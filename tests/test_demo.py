@@ -49,3 +49,9 @@ def test_probe_model_choice():
     assert pick_probe_model(["sgla", "rla"], mixers, "sgla") == "sgla"
     with pytest.raises(ValueError, match="not among the evaluated models"):
         pick_probe_model(["sgla"], mixers, "rdn")
+    # a model that does not recall the fact gives the memory lab nothing to find: recall decides first
+    recall = {"sgla": 0.9, "rla": 0.6, "rdn": 0.27, "rla-no-clip": 1.0, "gdn-hybrid": 0.95}
+    assert pick_probe_model(list(mixers), mixers, None, recall) == "rla"  # the first residual model that recalls
+    assert pick_probe_model(["sgla", "rdn", "gdn-hybrid"], mixers, None, recall) == "gdn-hybrid"  # best recall
+    assert pick_probe_model(["sgla", "rdn"], mixers, None, {"sgla": 0.3, "rdn": None}) == "rdn"  # none recalls
+    assert pick_probe_model(["sgla", "rdn"], mixers, "sgla", recall) == "sgla"

@@ -135,8 +135,15 @@ def test_docs_table(shipped):
     assert values["tokens"] == f"{STEPS * 8 * SEQ_LEN:,}" and values["params"] == cards.millions(record["parameters"])
     chance = next(line for line in page.splitlines() if line.startswith("| chance |"))
     assert "0.500" in chance and "0.25" in chance  # MQAR with 2 pairs, memory-lab recall
+    assert values["updates"] == f"{STEPS:,}" and len(chance.strip("|").split("|")) == len(columns)
     assert (root / "docs" / "zoo" / "loss.png").stat().st_size > 1000
     assert "![Training and validation loss](zoo/loss.png)" in page and "## Needle in a haystack per depth" in page
+
+
+def test_updates_cell_marks_a_run_stopped_early():
+    assert cards.updates_cell({"steps": 2000, "scheduled_steps": 2000}) == "2,000"
+    assert cards.updates_cell({"steps": 1019, "scheduled_steps": 2000}) == "1,019 of 2,000 (stopped early)"
+    assert cards.updates_cell({"steps": 7}) == "7"  # records written before scheduled_steps existed
 
 
 def test_size_limit_and_reused_eval(shipped, monkeypatch):

@@ -221,6 +221,12 @@ def main() -> int:
         if deadline.is_file():
             args.seconds = float(deadline.read_text())
         if args.seconds and elapsed >= args.seconds:
+            for name in plan:  # a race still open at the deadline is decided where it stands
+                alive = [e for e in entries if e.name == name and e.status in ("running", "done")]
+                if name not in winners and alive:
+                    winners[name], choices[name] = decide(alive, args.recall_bar)
+                    choices[name]["rule"] += " (at the deadline)"
+                    choices_path.write_text(json.dumps(choices, indent=2))
             stop(running)
             for e in running:
                 e.read()

@@ -193,10 +193,18 @@ def data_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+def updates_cell(training: dict[str, Any]) -> str:
+    """``2,000``, or ``1,019 of 2,000 (stopped early)`` for a run finalised before its schedule's end."""
+    steps, scheduled = training["steps"], training.get("scheduled_steps")
+    if scheduled and steps < scheduled:
+        return f"{fmt(steps)} of {fmt(scheduled)} (stopped early)"
+    return fmt(steps)
+
+
 def training_lines(record: dict[str, Any]) -> list[str]:
     t = record["training"]
     optim = t.get("optim", {})
-    rows = [["updates", t["steps"]], ["batch", f"{fmt(t['batch_size'])} sequences x {fmt(t['seq_len'])} tokens"],
+    rows = [["updates", updates_cell(t)], ["batch", f"{fmt(t['batch_size'])} sequences x {fmt(t['seq_len'])} tokens"],
             ["tokens trained", t["tokens"]],
             ["optimizer", f"AdamW, peak lr {optim.get('lr'):g}, cosine to {optim.get('min_lr'):g}, warmup "
                           f"{optim.get('warmup_steps')} updates, weight decay {optim.get('weight_decay'):g}, grad clip "
@@ -290,22 +298,22 @@ def _lengths(records: Sequence[dict[str, Any]]) -> list[int]:
 def overview_rows(records: Sequence[dict[str, Any]], shipped: Sequence[str]) -> tuple[list[str], list[list[Any]]]:
     """The header and rows of the docs table (one row per run, then the chance row)."""
     pairs, lengths = _pairs(records), _lengths(records)
-    header = ["model", "kind", "mixer", "params", "tokens", "update time", "tokens/s", "final loss", "val loss",
-              "test ppl", "cloze acc", *(f"MQAR {p}" for p in pairs), "MQAR mean",
+    header = ["model", "kind", "mixer", "params", "tokens", "updates", "update time", "tokens/s", "final loss",
+              "val loss", "test ppl", "cloze acc", *(f"MQAR {p}" for p in pairs), "MQAR mean",
               *(f"NIAH {n}" for n in lengths), "NIAH mean", "recall [95% CI]", "max norm"]
     rows = []
     for r in records:
         h, t = headline(r["eval"]["tasks"]), r["training"]
         kind = ("main" if r["name"] in MAIN else "ablation") + (", shipped" if r["name"] in shipped else "")
         rows.append([f"`{r['name']}`", kind, mixer_label(r["model_config"]), millions(r["parameters"]),
-                     millions(t["tokens"]), duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0),
+                     millions(t["tokens"]), updates_cell(t), duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0),
                      t["final_loss_mean"], t["val_loss"],
                      fmt(h.get("ppl"), 2), h.get("cloze_acc"), *(h.get("mqar", {}).get(p) for p in pairs),
                      h.get("mqar_mean"), *(h.get("niah", {}).get(n) for n in lengths), h.get("niah_mean"),
                      recall_cell(h), h.get("max_output_norm")])
     vocab = {r["chance"]["ppl"] for r in records}
     niah = records[0]["chance"]["niah"] if records else 0
-    chance = ["chance", "", "", "", "", "", "", fmt(math.log(max(vocab))) if vocab else "–", "",
+    chance = ["chance", "", "", "", "", "", "", "", fmt(math.log(max(vocab))) if vocab else "–", "",
               ", ".join(f"{v:,}" for v in sorted(vocab)), "~0", *(fmt(1 / p) for p in pairs), "",
               *(f"{niah:.0e}" for _ in lengths), "", "0.25", ""]
     return header, rows + [chance]
@@ -356,7 +364,8 @@ def write_docs(records: Sequence[dict[str, Any]], path: Path, shipped: Sequence[
         "Re-train any of them with `linmem train configs/zoo/<name>.yaml --out runs/zoo/<name>`.", "",
         "## All runs", "",
         *table(header, rows), "",
-        "Columns: parameters; tokens trained; time spent in optimizer updates and the mean throughput (from "
+        "Columns: parameters; tokens trained; updates (and the schedule's, where a run was stopped early); time "
+        "spent in optimizer updates and the mean throughput (from "
         "`metrics.jsonl`; validation passes excluded); final training loss (mean of the last updates); last "
         "validation loss; test perplexity; LAMBADA-style cloze exact match; MQAR accuracy per number of key-value "
         "pairs and its mean; needle-in-a-haystack accuracy per context length (mean over depths) and overall; the "

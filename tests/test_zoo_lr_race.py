@@ -1,0 +1,81 @@
+"""configs/zoo/lr_race.py: the learning-rate race that trained the zoo (its decision rule and config rewriting)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_race():
+    spec = importlib.util.spec_from_file_location("lr_race", ROOT / "configs" / "zoo" / "lr_race.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lr_race"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+race = load_race()
+
+
+def entry(lr: float, steps: int, recall_loss: float, accuracy: dict[int, float], tmp_path: Path):
+    """An Entry whose metrics say: ``steps`` updates at ``recall_loss`` (+ noise), evaluations ``accuracy``."""
+    e = race.Entry("gdn", lr, tmp_path / f"gdn-lr{lr:g}")
+    rng = random.Random(lr)
+    e.rows = [{"step": s, "loss": 3.0, "recall_loss": recall_loss + rng.uniform(-0.01, 0.01), "tokens_per_s": 1.0,
+               **({"val_loss": 3.5, "val_recall_acc": accuracy[s]} if s in accuracy else {})}
+              for s in range(1, steps + 1)]
+    return e
+
+
+def test_recall_accuracy_decides_once_a_rate_clears_the_bar(tmp_path):
+    slow = entry(2e-3, 720, 5.9, {100 * i: 0.02 for i in range(1, 8)}, tmp_path)
+    fast = entry(5e-3, 705, 6.1, {100 * i: (0.02 if i < 7 else 0.30) for i in range(1, 8)}, tmp_path)
+    winner, record = race.decide([slow, fast], recall_bar=0.05)
+    assert winner is fast and record["decided_at_update"] == 705 and record["lr"] == 5e-3
+    assert "accuracy" in record["rule"] and record["figures"][fast.label]["recall_acc"] == 0.30
+
+
+def test_recall_loss_decides_on_the_plateau_and_compares_the_same_updates(tmp_path):
+    low = entry(2e-3, 800, 5.80, {100 * i: 0.03 for i in range(1, 9)}, tmp_path)
+    high = entry(5e-3, 700, 5.95, {100 * i: 0.03 for i in range(1, 8)}, tmp_path)
+    for row in low.rows:  # the lower loss after update 700 must not count: the race is judged at update 700
+        row["recall_loss"] = 6.2 if row["step"] <= 700 else 1.0
+    winner, record = race.decide([low, high], recall_bar=0.05)
+    assert winner is high and record["decided_at_update"] == 700
+    assert record["rule"].startswith("lowest training recall loss over updates 601-700")
+    assert math.isclose(record["figures"][low.label]["recall_loss"], 6.2)
+
+
+def test_a_diverged_rate_loses(tmp_path):
+    good = entry(2e-3, 300, 6.0, {100: 0.0, 200: 0.0, 300: 0.0}, tmp_path)
+    nan = entry(5e-3, 300, 6.0, {100: 0.0, 200: 0.0, 300: 0.0}, tmp_path)
+    nan.rows[-1]["recall_loss"] = float("nan")
+    assert race.decide([nan, good], recall_bar=0.05)[0] is good
+    assert nan.recall_loss_before(300) == math.inf
+
+
+def test_rate_variants_change_only_the_schedule_and_the_evaluation():
+    config = ROOT / "configs" / "zoo" / "rdn.yaml"
+    text = race.variant(config.read_text(), lr=5e-3)
+    base, varied = yaml.safe_load(config.read_text()), yaml.safe_load(text)
+    assert varied["optim"]["lr"] == 5e-3 and varied["optim"]["min_lr"] == pytest.approx(5e-4)
+    assert varied["train"]["eval_interval"] == 100
+    assert varied["model"] == base["model"] and varied["data"] == base["data"]
+    assert varied["train"]["steps"] == base["train"]["steps"] and varied["train"]["seed"] == base["train"]["seed"]
+
+
+def test_plan_parsing(tmp_path):
+    (tmp_path / "a.yaml").write_text("name: a\n")
+    assert race.parse_plan(["a=2e-3,5e-3"], tmp_path) == {"a": [2e-3, 5e-3]}
+    with pytest.raises(SystemExit, match="no config"):
+        race.parse_plan(["b=1e-3"], tmp_path)
+    with pytest.raises(SystemExit, match="expected NAME=LR"):
+        race.parse_plan(["a=fast"], tmp_path)
