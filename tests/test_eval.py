@@ -332,3 +332,35 @@ def test_harness_rolling_equals_direct_sum(em):
     assert split_trailing_space("Hello there  ", "world") == ("Hello there", "  world")
     generated = lm.generate_until([types.SimpleNamespace(args=("The quick", {"until": ["."], "max_gen_toks": 5}))])
     assert isinstance(generated[0], str) and "." not in generated[0]
+
+
+def test_lm_eval_harness_on_a_shipped_model(tmp_path, monkeypatch):
+    """The adapter as a user calls it: ``model="linmem"``, ``model_args="pretrained=<folder>"``, on a model the package
+    ships, with local task files; on its own held-out text it must beat the uniform guess by far."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    import linmem.eval.harness  # noqa: F401  (registers --model linmem)
+    from linmem import zoo
+    from linmem.data.tokenizer import load_tokenizer
+    from linmem.demo import heldout_documents
+
+    if "gdn" not in zoo.names(zoo.PACKAGE_DIR):
+        pytest.skip("the package ships no gdn model")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "tasks"
+    _harness_tasks(folder)
+    texts = [d.text[:800] for d in heldout_documents("gdn", zoo.PACKAGE_DIR)[:4]]
+    with open(folder / "docs.jsonl", "w") as f:  # the rolling task now reads held-out documents
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    tasks = TaskManager(include_path=str(folder), include_defaults=False)
+    model_dir = zoo.path("gdn", zoo.PACKAGE_DIR)
+    out = lm_eval.simple_evaluate(model="linmem", model_args=f"pretrained={model_dir},device=cpu",
+                                  tasks=["linmem_local_cloze", "linmem_local_rolling"], task_manager=tasks,
+                                  bootstrap_iters=0, log_samples=False)["results"]
+    assert 0 <= out["linmem_local_cloze"]["acc,none"] <= 1
+    tokenizer = load_tokenizer(model_dir)
+    tokens = sum(len(tokenizer.encode(t).ids) for t in texts)
+    uniform = tokens * math.log2(tokenizer.get_vocab_size()) / sum(len(t.encode()) for t in texts)
+    assert 0 < out["linmem_local_rolling"]["bits_per_byte,none"] < 0.6 * uniform
