@@ -242,8 +242,13 @@ def model_card(record: dict[str, Any]) -> str:
         f"memories store and recall facts (`linmem probe`, `linmem demo`), not a general-purpose language model.", "",
         "## Load", "", "```python", "import linmem.zoo", "",
         f"model, tokenizer = linmem.zoo.load({name!r})          # float32, CPU, eval mode",
-        "ids = tokenizer(\"The secret number of Alice is 4821.\", return_tensors=\"pt\").input_ids",
+        "text = tokenizer.eos_token + \"The secret number of Alice is 4821.\"  # sequences start with <|endoftext|>",
+        "ids = tokenizer(text, return_tensors=\"pt\").input_ids",
         "logits = model(ids).logits", "```", "",
+        "Every training sequence began with the end-of-text token, and the recurrent models lean on it: start "
+        "inputs with it as above (`linmem eval` and `linmem probe` do). Without it, recall can collapse (the shipped "
+        "GDN on 16 MQAR sequences of 512 tokens with 8 pairs, the training format: 100% of answers with it, 9% "
+        "without).", "",
         "or with the Hugging Face Auto classes (`import linmem` registers the model type):", "", "```python",
         "import linmem", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
         f"folder = linmem.zoo.path({name!r})",
