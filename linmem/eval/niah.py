@@ -4,17 +4,23 @@ For a context length L and a depth d in [0, 1], the haystack is L tokens of held
 position), the needle ``" The secret number of NAME is NUMBER."`` is inserted at token ``d·(haystack length)``,
 and the prompt ends with ``" The secret number of NAME is"``; the answer is ``" NUMBER"`` (4 digits). A trial
 counts when greedy decoding gives every answer token. Chance is about 1 in 9,000.
+
+``niah_trial`` builds one trial from an ``encode`` callable; the eval (``niah_prompt``) and the training recall
+generator ``NiahRecall`` (``data.recall: [{name: niah}]``, built by ``linmem.train.data``) both go through it, so
+training sequences have exactly the eval's needle, query and answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from linmem.data.randomness import sample_rng
 from linmem.data.shards import SplitTokens
+from linmem.data.synthetic import RecallSample
 from linmem.eval.loading import EvalModel
 from linmem.eval.scoring import score_continuations
 
@@ -34,20 +40,100 @@ def haystack_tokens(split: SplitTokens, limit: int = 4_000_000) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def niah_prompt(em: EvalModel, hay: np.ndarray, length: int, depth: float,
-                rng: np.random.Generator) -> tuple[list[int], list[int]] | None:
-    """``(context ids, answer ids)`` of one trial of ``length`` tokens in all, or None if it does not fit."""
-    name, number = NAMES[rng.integers(len(NAMES))], int(rng.integers(1000, 10000))
-    needle = em.encode(f" The secret number of {name} is {number}.")
-    query = em.encode(f"\n The secret number of {name} is")
-    answer = em.encode(f" {number}")
-    filler = length - len(needle) - len(query) - 1
+@dataclass(frozen=True)
+class NiahTrial:
+    """One trial without the leading end-of-text: ``context`` (haystack ``text`` with the ``needle`` inserted at
+    ``cut``, then the ``query``) and the ``answer`` that follows it."""
+
+    name: str
+    number: int
+    text: list[int]
+    cut: int
+    needle: list[int]
+    query: list[int]
+    answer: list[int]
+
+    @property
+    def context(self) -> list[int]:
+        return self.text[:self.cut] + self.needle + self.text[self.cut:] + self.query
+
+
+def niah_pieces(encode: Callable[[str], list[int]], name: str, number: int) -> tuple[list[int], list[int], list[int]]:
+    """``(needle, query, answer)`` ids: ``" The secret number of NAME is NUMBER."``, ``"\\n The secret number of NAME
+    is"``, ``" NUMBER"``."""
+    return (encode(f" The secret number of {name} is {number}."), encode(f"\n The secret number of {name} is"),
+            encode(f" {number}"))
+
+
+def niah_trial(encode: Callable[[str], list[int]], hay: np.ndarray, length: int, depth: float,
+               rng: np.random.Generator, names: Sequence[str] = NAMES,
+               with_answer: bool = False) -> NiahTrial | None:
+    """A trial whose context is ``length`` tokens (context and answer, if ``with_answer``), or None if it does not
+    fit. Draws from ``rng``, in order: the name, the number, the haystack's start in ``hay``."""
+    name, number = names[rng.integers(len(names))], int(rng.integers(1000, 10000))
+    needle, query, answer = niah_pieces(encode, name, number)
+    filler = length - len(needle) - len(query) - (len(answer) if with_answer else 0)
     if filler < 1 or filler >= len(hay):
         return None
     start = int(rng.integers(0, len(hay) - filler))
     text = hay[start:start + filler].tolist()
-    cut = int(round(depth * filler))
-    return [em.eos_id] + text[:cut] + needle + text[cut:] + query, answer
+    return NiahTrial(name, number, text, int(round(depth * filler)), needle, query, answer)
+
+
+def niah_prompt(em: EvalModel, hay: np.ndarray, length: int, depth: float,
+                rng: np.random.Generator) -> tuple[list[int], list[int]] | None:
+    """``(context ids, answer ids)`` of one trial of ``length`` tokens in all, or None if it does not fit."""
+    trial = niah_trial(em.encode, hay, length - 1, depth, rng)  # the end-of-text takes the first token
+    return None if trial is None else ([em.eos_id] + trial.context, trial.answer)
+
+
+@dataclass(frozen=True)
+class NiahRecall:
+    """Training recall generator (``linmem.data.synthetic`` protocol) of NIAH trials in the eval's format.
+
+    A sample of ``seq_len`` tokens ends with one trial of ``L`` tokens (haystack from ``hay`` with the needle at a
+    uniform depth, the query, the answer), ``L`` uniform in ``[min_length, max_length]`` (None: ``seq_len``; a
+    missing ``min_length`` is ``max_length``). A shorter trial is preceded by haystack text and an end-of-text, so
+    it always starts after one, as in the eval (the mixer's separator opens a full-length one). The loss mask marks
+    the answer tokens only.
+    """
+
+    encode: Callable[[str], list[int]]
+    hay: np.ndarray
+    eos_id: int
+    names: tuple[str, ...] = NAMES
+    min_length: int | None = None
+    max_length: int | None = None
+    name: ClassVar[str] = "niah"
+
+    def lengths(self, seq_len: int) -> tuple[int, int]:
+        """``(low, high)``: the range of trial lengths in a sample of ``seq_len`` tokens."""
+        high = seq_len if self.max_length is None else self.max_length
+        low = high if self.min_length is None else self.min_length
+        if not 1 <= low <= high <= seq_len:
+            raise ValueError(f"niah: min_length {low} and max_length {high} must satisfy 1 <= min_length <= "
+                             f"max_length <= {seq_len} (the sequence after the separator)")
+        return low, high
+
+    def sample(self, rng: np.random.Generator, seq_len: int) -> RecallSample:
+        low, high = self.lengths(seq_len)
+        length, depth = int(rng.integers(low, high + 1)), float(rng.random())
+        trial = niah_trial(self.encode, self.hay, length, depth, rng, self.names, with_answer=True)
+        if trial is None:
+            raise ValueError(f"niah: a trial of {length} tokens has no room for the needle, query and answer (raise "
+                             f"min_length or data.seq_len), or is not shorter than the haystack ({len(self.hay)} "
+                             f"tokens)")
+        lead = seq_len - length  # haystack text, then the end-of-text
+        start = int(rng.integers(0, max(1, len(self.hay) - lead)))
+        prefix = self.hay[start:start + lead - 1].tolist() + [self.eos_id] if lead else []
+        if len(prefix) != lead:
+            raise ValueError(f"niah: the haystack ({len(self.hay)} tokens) is shorter than the {lead} tokens before "
+                             f"a trial of {length}")
+        context = prefix + trial.context
+        tokens = np.asarray(context + trial.answer, dtype=np.int64)
+        mask = np.zeros(len(tokens), dtype=bool)
+        mask[len(context):] = True
+        return RecallSample(tokens, mask)
 
 
 def niah(em: EvalModel, split: SplitTokens, lengths: Sequence[int] = (256, 512, 1024, 2048),

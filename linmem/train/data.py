@@ -30,6 +30,8 @@ RECALL_EVAL_SEED_OFFSET = 1_000_003  # held-out recall samples: another seed tha
 KV_FILLER = "kv-filler"  # the memory lab's generator, built here from the dataset's tokenizer and text
 KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "num_bindings": 4, "repeats": 2}
 KV_FILLER_TOKENS = 1_000_000  # filler text: the first tokens of the training split
+NIAH = "niah"  # the NIAH eval's trials (linmem.eval.niah), haystack from the training split's first tokens
+NIAH_OPTIONS = ("min_length", "max_length", "names")
 
 
 @dataclass
@@ -80,10 +82,11 @@ def ensure_dataset(section: DataSection, state: Distributed, where: str = "confi
     return folder
 
 
-def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards,
-                      where: str) -> tuple[RecallGenerator, float, dict[str, Any]]:
-    """``(generator, weight, resolved spec)`` of ``data.recall[index]``. MQAR's ``vocab_range`` defaults to every
-    id above the end-of-text id (or below it, if it is the last); ``kv-filler`` is the memory lab's generator."""
+def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards, where: str,
+                      seq_len: int | None = None) -> tuple[RecallGenerator, float, dict[str, Any]]:
+    """``(generator, weight, resolved spec)`` of ``data.recall[index]`` for sequences of ``seq_len`` tokens (if
+    known). MQAR's ``vocab_range`` defaults to every id above the end-of-text id (or below it, if it is the last);
+    ``kv-filler`` is the memory lab's generator, ``niah`` the NIAH eval's trials."""
     key = f"data.recall[{index}]"
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"{where}: {key} must be a mapping with a 'name' (e.g. {{name: mqar}})")
@@ -96,9 +99,12 @@ def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards,
     try:
         if name == KV_FILLER:
             generator = kv_filler_generator(options, shards)
+        elif name == NIAH:
+            generator = niah_generator(options, shards, key, seq_len)
         elif name not in GENERATORS:
             raise ValueError(f"{key}.name {name!r} is not a registered recall generator (known: "
-                             f"{', '.join(sorted(GENERATORS))}); set {key}.module to the module that registers it")
+                             f"{', '.join(sorted({*GENERATORS, KV_FILLER, NIAH}))}); set {key}.module to the module "
+                             f"that registers it")
         else:
             generator = make_generator(name, **options)
     except (TypeError, ValueError, ImportError) as e:
@@ -136,6 +142,58 @@ def kv_filler_generator(options: dict[str, Any], shards: TokenShards) -> RecallG
     return KeyValueFiller.from_builder(builder, filler[:KV_FILLER_TOKENS], **generator_options)
 
 
+def niah_generator(options: dict[str, Any], shards: TokenShards, key: str,
+                   seq_len: int | None = None) -> RecallGenerator:
+    """The ``niah`` generator (``linmem.eval.niah.NiahRecall``): the NIAH eval's trials with this dataset's
+    tokenizer, the haystack the training split's first ``KV_FILLER_TOKENS`` tokens.
+
+    Options: ``min_length``, ``max_length`` (trial tokens; default: the whole sequence after the separator,
+    ``seq_len - 1``), ``names`` (default the eval's). ``options`` is completed in place with the values used.
+    Errors name ``key`` and the option.
+    """
+    from linmem.eval.niah import NAMES, NiahRecall, haystack_tokens, niah_pieces
+
+    given = [k for k in ("min_length", "max_length") if options.get(k) is not None]
+    unknown = sorted(set(options) - set(NIAH_OPTIONS))
+    if unknown:
+        raise ValueError(f"{key}: unknown option(s) {', '.join(unknown)} for niah (known: {', '.join(NIAH_OPTIONS)})")
+    room = None if seq_len is None else seq_len - 1  # the mixer's separator takes the first token
+    for option in ("min_length", "max_length"):
+        value = options.get(option)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{key}.{option} must be a positive integer (trial tokens); got {value!r}")
+        if value is not None and room is not None and value > room:
+            raise ValueError(f"{key}.{option} {value} is longer than a sequence after its separator (data.seq_len "
+                             f"{seq_len} - 1 = {room})")
+    if options.get("max_length") is None:
+        options["max_length"] = room
+    if options.get("min_length") is None:
+        options["min_length"] = options["max_length"]
+    low, high = options["min_length"], options["max_length"]
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{key}.min_length {low} is above {key}.max_length {high}")
+    names = options.setdefault("names", list(NAMES))
+    if (not isinstance(names, (list, tuple)) or not names
+            or not all(isinstance(n, str) and n.strip() and n == n.strip() for n in names)):
+        raise ValueError(f"{key}.names must be a non-empty list of names (strings without surrounding spaces); "
+                         f"got {names!r}")
+    options["names"] = list(names)
+    tokenizer = load_tokenizer(shards.folder)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    if low is not None:  # needs at least: the longest pieces over a sample of numbers, and one haystack token
+        needed, longest = max((sum(map(len, niah_pieces(encode, n, number))) + 1, n)
+                              for n in names for number in range(1000, 10000, 997))
+        if low < needed:
+            what = f"{key}.{given[0]} {low}" if given else f"data.seq_len {seq_len}"
+            raise ValueError(f"{what} leaves no room for a trial: the needle, query and answer of {longest!r} and one "
+                             f"haystack token need {needed} tokens with this tokenizer")
+    hay = haystack_tokens(shards.split("train"), KV_FILLER_TOKENS)
+    return NiahRecall(encode, hay, shards.eos_id, tuple(names), low, high)
+
+
 def open_train_data(section: DataSection, seed: int, state: Distributed, where: str = "config") -> TrainData:
     """Open (or build) the dataset and make the training stream; shape errors name the config key."""
     folder = ensure_dataset(section, state, where)
@@ -146,7 +204,7 @@ def open_train_data(section: DataSection, seed: int, state: Distributed, where: 
         windows = TokenWindows(shards.split("train"), section.seq_len, seed)
     except ValueError as e:
         raise ValueError(f"{where}: data.seq_len: {e}") from None
-    resolved = [resolve_generator(spec, i, shards, where)
+    resolved = [resolve_generator(spec, i, shards, where, section.seq_len)
                 for i, spec in enumerate(section.recall)]
     generators, weights, specs = [r[0] for r in resolved], [r[1] for r in resolved], [r[2] for r in resolved]
     stream: TokenWindows | RecallMix = windows
