@@ -54,3 +54,12 @@ def test_budget_and_failures_are_skipped_with_a_reason(tmp_path, monkeypatch):
 
     rows = training.main([*TINY, "--mixers", "gdn,rdn", "--budget", "0"])
     assert [r["mixer"] for r in rows] == ["gdn"] and rows[0]["timed_steps"] == 1  # the deadline ends its timing
+
+
+def test_environment_names_the_software():
+    from linmem.bench import environment
+
+    env = environment("cpu")
+    assert env["device"] == "cpu" and env["gpu"] is None and env["torch"] == torch.__version__
+    triton = pytest.importorskip("triton")
+    assert env["triton"] == triton.__version__

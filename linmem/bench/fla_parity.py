@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from linmem.bench import environment
 from linmem.models.fla_import import load_fla_checkpoint
 
 VOCAB = 4096
@@ -196,19 +197,12 @@ def first_config_only() -> None:
     Autotuner.run = run
 
 
-def environment(device: torch.device) -> list[str]:
-    import fla
+def environment_lines(device: torch.device) -> list[str]:
     import transformers
 
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "not installed"
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    return [f"- device: {gpu}", f"- torch {torch.__version__}, triton {triton_version}, flash-linear-attention "
-            f"{fla.__version__}, transformers {transformers.__version__}"]
+    env = environment(device)
+    return [f"- device: {env['gpu'] or 'CPU'}", f"- torch {env['torch']}, triton {env['triton'] or 'not installed'}, "
+            f"flash-linear-attention {env['fla']}, transformers {transformers.__version__}"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     fla.layers.attn.flash_attn_func = sdpa_flash_attn_func  # FLA's attention layer looks it up here
     if args.first_config:
         first_config_only()
-    for line in environment(device) + [
+    for line in environment_lines(device) + [
         f"- batch {args.batch}, vocab {VOCAB}; FLA runs in the row's dtype (its Triton kernels' default fp32 dot "
         f"precision{', first autotune config' if args.first_config else ''}); exact: linmem chunk in float64", "",
         "| model | T | dtype | logits of | max abs Δ vs FLA | max rel Δ vs FLA | top-1 agrees | max rel Δ vs exact |",

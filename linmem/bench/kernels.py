@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from linmem.bench import environment
+
 HEADS, HEAD_DIM = 16, 128
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
 TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
@@ -541,18 +543,9 @@ def profile_kernels(B, T) -> list[tuple[str, float]]:
 # ------------------------------------------------------------------------------------------------ report
 
 
-def environment() -> dict:
-    import triton
-
-    gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"CPU (Triton interpreter, {platform.machine()})"
-    env = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-               cuda=torch.version.cuda, python=platform.python_version())
-    try:
-        import fla
-
-        env["fla"] = getattr(fla, "__version__", "?")
-    except ImportError:
-        env["fla"] = None
+def run_environment() -> dict:
+    env = environment(DEVICE if DEVICE == "cuda" else "cpu")
+    env["gpu"] = env["gpu"] or f"CPU (Triton interpreter, {platform.machine()})"
     return env
 
 
@@ -725,7 +718,7 @@ def main(argv=None) -> None:
     print(f"compile + checks: {time.time() - start:.0f} s; {sum(c['passed'] for c in checks)} of {len(checks)} "
           "checks passed", flush=True)
 
-    report = dict(env=environment(), tokens=args.tokens, checks=checks, offsets=correctness["offsets"],
+    report = dict(env=run_environment(), tokens=args.tokens, checks=checks, offsets=correctness["offsets"],
                   finite=correctness["finite"], results=[], skipped=list(correctness["unfinished"]),
                   compile_failures=[f["task"] for f in failures])
     from linmem.ops.triton import function

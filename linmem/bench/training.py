@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from linmem.bench import environment
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.configuration import MIXERS
 from linmem.ops import BACKENDS
@@ -139,16 +140,6 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"| {NAMES[r['mixer']]} | {r['backend']} | {r['params'] / 1e6:.2f}M | {r['step_ms']:.1f} | "
                      f"{r['tokens_per_s']:,.0f} | {ratio} | {peak} | {r['final_loss']:.3f} |")
     return "\n".join(lines)
-
-
-def environment(device: torch.device) -> dict:
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), gpu=gpu, torch=torch.__version__, triton=triton_version)
 
 
 def settings_line(args: argparse.Namespace, env: dict) -> str:
