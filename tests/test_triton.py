@@ -173,8 +173,8 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
 
 
 def test_chunk_fallback_under_autocast():
-    """bf16 q, k, v under a bf16 autocast (mixed-precision training) reach the chunk fallback (here
-    fit_history=False), which computes in the state dtype as the chunk backend does instead of letting the autocast
+    """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not cover (here
+    fit_history=False) run on the chunk backend in the state dtype, autocast off, instead of letting the autocast
     mix bf16 products into its float32 accumulators."""
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, rule="additive",

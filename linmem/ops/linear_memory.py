@@ -23,7 +23,7 @@ State = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 # ``auto`` picks the Triton kernels on CUDA. They passed every float64 check of ``python -m linmem.bench.kernels`` on
 # an H200 (triton 3.6, 2026-11-29: every memory, bf16 and fp32, K = 64/128/256, packed sequences, ablation switches,
 # extreme decays, 64-bit offsets; docs/benchmarks/kernels-status.md) and train a 124M model 2.8x (RDN) faster than
-# ``chunk``. Shapes they do not cover (per-channel decay, K or V > 256) fall back to ``chunk`` inside the backend.
+# ``chunk``. Inputs they do not cover (``triton_forward.covers``: per-channel decay, K or V > 256) run on ``chunk``.
 AUTO_USES_TRITON = True
 
 
@@ -104,6 +104,8 @@ def linear_memory(
     config = MemoryConfig(rule, residual, residual_target, clip, fit_history, output_gates)
     check_sequence_inputs(q, k, v, g, beta, gamma, rule, residual)
     forward = _resolve_backend(backend, q.device)
+    if not getattr(forward, "covers", lambda *_: True)(q, v, g, config):
+        forward = chunk_forward  # inputs the Triton kernels do not take (see ``covers``)
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     bounds = check_cu_seqlens(cu_seqlens, batch, length) if cu_seqlens is not None else None

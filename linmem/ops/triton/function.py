@@ -299,13 +299,8 @@ def triton_forward(q, k, v, g, beta, gamma, base_state, residual_state, config: 
     ``[N, H, V, K]``; returns ``o [B, T, H, V]`` and the final states), on the fused Triton kernels.
 
     q, k, v may be bfloat16, float16 or float32 (dots in that type, states carried in float32). ``cu_seqlens``
-    (host-checked boundaries, B == 1) runs packed sequences natively. Falls back to the chunk backend (plain PyTorch
-    autograd) for float64 inputs, per-key-channel decay ``g [B, T, H, K]``, ``fit_history=False`` and head widths
-    over ``MAX_WIDTH``.
+    (host-checked boundaries, B == 1) runs packed sequences natively. Only for inputs that ``covers`` accepts.
     """
-    too_wide = max(q.shape[-1], v.shape[-1]) > MAX_WIDTH
-    if q.dtype == torch.float64 or g.dim() == 4 or (config.residual and not config.fit_history) or too_wide:
-        return _fallback(q, k, v, g, beta, gamma, base_state, residual_state, config, scale, cu_seqlens)
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     if length == 0:
@@ -323,35 +318,13 @@ def triton_forward(q, k, v, g, beta, gamma, base_state, residual_state, config: 
     return o.reshape(batch, length, heads, value_dim), base_final, res_final
 
 
-def _fallback(q, k, v, g, beta, gamma, base_state, residual_state, config, scale, cu_seqlens):
-    """The chunk backend in the state dtype, one sequence at a time for packed input; ``o`` in v's dtype as the
-    kernels return it. Autocast is off as for ``backend="chunk"``: an enclosing one would hand the chunk reads'
-    products bf16 inputs beside their float32 accumulators."""
-    with torch.autocast(q.device.type, enabled=False):
-        o, base_final, res_final = _fallback_chunk(q, k, v, g, beta, gamma, base_state, residual_state, config,
-                                                   scale, cu_seqlens)
-    return o.to(v.dtype), base_final, res_final
-
-
-def _fallback_chunk(q, k, v, g, beta, gamma, base_state, residual_state, config, scale, cu_seqlens):
-    from linmem.ops.chunk import chunk_forward
-
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
-    args = [cast(t) for t in (q, k, v, g, beta, gamma)]
-    if cu_seqlens is None:
-        return chunk_forward(*args, cast(base_state), cast(residual_state), config, scale)
-    bounds = [int(x) for x in cu_seqlens.tolist()]
-    outs, base_finals, res_finals = [], [], []
-    for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
-        part = [None if t is None else t[:, start:end] for t in args]
-        o, s, r = chunk_forward(*part, cast(base_state[n:n + 1]),
-                                None if residual_state is None else cast(residual_state[n:n + 1]), config, scale)
-        outs.append(o)
-        base_finals.append(s)
-        res_finals.append(r)
-    res_final = torch.cat(res_finals) if residual_state is not None else None
-    return torch.cat(outs, dim=1), torch.cat(base_finals), res_final
+def covers(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, config: MemoryConfig) -> bool:
+    """Whether the kernels run these inputs. Not: float64, per-key-channel decay ``g [B, T, H, K]``,
+    ``fit_history=False``, head widths over ``MAX_WIDTH``; ``linear_memory`` runs the chunk backend for those."""
+    too_wide = max(q.shape[-1], v.shape[-1]) > MAX_WIDTH
+    per_key = g is not None and g.dim() == 4
+    return not (q.dtype == torch.float64 or per_key or (config.residual and not config.fit_history) or too_wide)
 
 
 triton_forward.native_inputs = True  # linear_memory passes bf16/fp16 q, k, v and cu_seqlens through unchanged
+triton_forward.covers = covers  # for other inputs linear_memory runs the chunk backend
