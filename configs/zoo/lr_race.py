@@ -186,6 +186,10 @@ def main() -> int:
 
     while True:
         elapsed = time.monotonic() - started
+        deadline = args.out / "deadline"  # a number of seconds written there replaces --seconds (a lease running out)
+        if deadline.is_file():
+            args.seconds = float(deadline.read_text())
+        at_deadline = bool(args.seconds) and elapsed >= args.seconds  # open races are decided where they stand
         for e in entries:
             e.read()
             if e.status == "running" and e.process.poll() is not None:
@@ -201,8 +205,10 @@ def main() -> int:
                 winners[name] = alive[0]
                 choices[name] = {"winner": alive[0].label, "lr": alive[0].lr, "rule": "the only rate not failed"}
             elif (min(e.step for e in alive) >= args.decide_step or all(e.status == "done" for e in alive)
-                  or (elapsed >= args.decide_seconds and min(e.step for e in alive) >= 100)):
+                  or (elapsed >= args.decide_seconds and min(e.step for e in alive) >= 100) or at_deadline):
                 winners[name], choices[name] = decide(alive, args.recall_bar)
+                if at_deadline:
+                    choices[name]["rule"] += " (at the deadline)"
                 for e in alive:
                     if e is not winners[name] and e.status == "running":
                         e.process.send_signal(signal.SIGTERM)
@@ -217,17 +223,8 @@ def main() -> int:
         running = [e for e in entries if e.status == "running"]
         if not running:
             break
-        deadline = args.out / "deadline"  # a number of seconds written there replaces --seconds (a lease running out)
-        if deadline.is_file():
-            args.seconds = float(deadline.read_text())
-        if args.seconds and elapsed >= args.seconds:
-            for name in plan:  # a race still open at the deadline is decided where it stands
-                alive = [e for e in entries if e.name == name and e.status in ("running", "done")]
-                if name not in winners and alive:
-                    winners[name], choices[name] = decide(alive, args.recall_bar)
-                    choices[name]["rule"] += " (at the deadline)"
-                    choices_path.write_text(json.dumps(choices, indent=2))
-            stop(running)
+        if at_deadline:
+            stop(entries)  # the winners still running, and any loser stopped just now
             for e in running:
                 e.read()
                 e.status = "done" if e.finished else "stopped"
