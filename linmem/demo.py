@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from linmem.eval.runner import EvalOptions, evaluate
 from linmem.memory.probe import ProbeOptions
-from linmem.zoo.cards import mixer_label
+from linmem.zoo.cards import headline, mixer_label
 
 TASKS = ("ppl", "mqar", "recall", "niah")
 RESIDUAL = ("rdn", "rla")
@@ -165,7 +165,7 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
                          "seconds": round(sum(t["seconds"] for t in report["tasks"].values()), 1)}
     mixers = {n: json.loads((zoo.path(n, zoo_dir) / "config.json").read_text(encoding="utf-8"))["mixer"]
               for n in names}
-    recall = {n: r["tasks"].get("recall", {}).get("metrics", {}).get("accuracy") for n, r in results.items()}
+    recall = {n: headline(r["tasks"]).get("recall") for n, r in results.items()}
     chosen = pick_probe_model(names, mixers, probe, recall)
     print(f"demo: memory lab on {chosen} ...", flush=True)
     probe_result = {**run_probe(chosen, settings, device, out / "probe", zoo_dir), "recall": recall.get(chosen)}
@@ -190,7 +190,7 @@ def machine() -> dict[str, Any]:
 
 def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per model with the demo's headline numbers, then what guessing scores."""
-    from linmem.zoo.cards import fmt, headline, recall_cell
+    from linmem.zoo.cards import fmt, recall_cell
 
     heads = {name: headline(r["tasks"]) for name, r in models.items()}
     pairs = sorted({p for h in heads.values() for p in h.get("mqar", {})})
@@ -212,7 +212,6 @@ def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
 def summary_figures(models: dict[str, Any]) -> list[tuple[str, Any]]:
     """``(caption, Figure)``: MQAR curves, recall with CIs, NIAH and perplexity per model."""
     from linmem.zoo import figures
-    from linmem.zoo.cards import headline
 
     heads = {name: headline(r["tasks"]) for name, r in models.items()}
     out = [("MQAR accuracy against the number of key-value pairs (dashed: chance).",
