@@ -79,3 +79,19 @@ def test_plan_parsing(tmp_path):
         race.parse_plan(["b=1e-3"], tmp_path)
     with pytest.raises(SystemExit, match="expected NAME=LR"):
         race.parse_plan(["a=fast"], tmp_path)
+
+
+def test_a_tie_on_accuracy_goes_to_the_lower_recall_loss(tmp_path):
+    # the 2026-11-29 RDN race: both rates at the same held-out accuracy; listing order must not decide it
+    first = entry(3e-3, 1000, 5.10, {100 * i: 0.25 for i in range(1, 11)}, tmp_path)
+    second = entry(5e-3, 1000, 4.90, {100 * i: 0.25 for i in range(1, 11)}, tmp_path)
+    winner, record = race.decide([first, second], recall_bar=0.2)
+    assert winner is second and "accuracy" in record["rule"]
+
+
+def test_plateau_accuracy_is_below_the_default_bar(tmp_path):
+    # held-out accuracy on the plateau of the zoo's recall mix was 0.04-0.07 (2026-11-29): the recall loss decides
+    low = entry(3e-3, 1000, 4.90, {100 * i: 0.056 for i in range(1, 11)}, tmp_path)
+    high = entry(5e-3, 1000, 5.10, {100 * i: 0.07 for i in range(1, 11)}, tmp_path)
+    winner, record = race.decide([low, high], recall_bar=race.RECALL_BAR)
+    assert winner is low and record["rule"].startswith("lowest training recall loss")
