@@ -3,8 +3,6 @@ training config that mixes them in, and option errors that name the config key."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -18,14 +16,9 @@ from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.train.config import parse_config
 from linmem.train.data import KV_FILLER_TOKENS, open_train_data, resolve_generator
 from linmem.train.distributed import Distributed
-from tests.test_train_support import build_tiny_dataset, one_thread, tiny_config  # noqa: F401  (fixture)
+from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return build_tiny_dataset(tmp_path_factory.mktemp("niah"))
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,9 @@ class TrainSection:
     ``eval_interval`` / ``checkpoint_interval`` in steps (0: never; a last checkpoint is always written),
     ``eval_tokens`` held-out tokens per evaluation, ``keep_checkpoints`` (the newest N stay), ``seed``,
     ``device`` (``auto``: CUDA if present), ``dtype`` (``auto``: bfloat16 autocast on GPU, float32 on CPU),
-    ``parallel`` (``auto``: DDP when launched with more than one process), ``save_dtype`` of the final model.
+    ``parallel`` (``auto``: DDP when launched with more than one process), ``save_dtype`` of the final model,
+    ``init_from``: start from a saved model's weights (a model folder or ``zoo:NAME``; ``linmem.train.init_from``)
+    instead of a random initialisation.
     """
 
     steps: int = 1000
@@ -99,6 +101,7 @@ class TrainSection:
     parallel: str = "auto"
     save_dtype: str = "float32"
     progress: bool = True
+    init_from: str | None = None
 
 
 @dataclass

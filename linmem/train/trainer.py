@@ -47,6 +47,7 @@ from linmem.train.distributed import (
     shutdown,
     wrap_model,
 )
+from linmem.train.init_from import load_initial_weights
 from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
@@ -115,8 +116,11 @@ def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run
     if state.device.type == "cuda":
         # tf32 tensor cores for the float32 products (the PyTorch memory backends run outside autocast)
         torch.set_float32_matmul_precision("high")
-    model = LinMemForCausalLM(model_config).to(state.device)
-    model = wrap_model(model, config.train.parallel, state)
+    model = LinMemForCausalLM(model_config)
+    if config.train.init_from:  # every process loads the same weights (before DDP / FSDP2 wraps the model)
+        load_initial_weights(model, config.train.init_from, model_config, data.folder, data.shards.tokenizer_hash,
+                             where)
+    model = wrap_model(model.to(state.device), config.train.parallel, state)
     optimizer = build_optimizer(model, config)
     return Run(config, out, state, data, model_config, model, optimizer, micro, accumulation,
                autocast_dtype(config.train.dtype, state.device))

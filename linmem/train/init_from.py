@@ -1,0 +1,101 @@
+"""``train.init_from``: start a run from a saved model's weights instead of a random initialisation.
+
+The source is a model folder (``config.json`` + ``model.safetensors``: a run's ``OUT/model``, a
+``save_pretrained`` folder) or ``zoo:NAME`` (a model shipped in ``linmem.zoo``). A staged recipe trains one data
+mix, then continues from that model with another: the optimizer, the schedule and the data stream start afresh
+(``--resume`` is for continuing the same run; a checkpoint of this run, when resumed, wins over ``init_from``).
+
+Refused with an error that names the difference: another architecture (every ``config.json`` key that shapes the
+model must match the run's ``model`` section), another tokenizer (the source's ``train_info.json`` tokenizer hash,
+or its ``tokenizer.json`` vocabulary, against the dataset's), missing or extra tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from linmem.models import LinMemConfig
+
+ZOO_PREFIX = "zoo:"
+# config.json keys that do not shape the weights: how the op runs, how the weights were first drawn, bookkeeping
+NOT_ARCHITECTURE = frozenset({"backend", "initializer_range", "use_cache", "transformers_version", "architectures",
+                              "_name_or_path", "dtype", "torch_dtype", "bos_token_id", "eos_token_id",
+                              "pad_token_id", "max_position_embeddings"})
+
+
+def resolve_source(source: str, where: str = "config") -> Path:
+    """The model folder ``source`` names (``zoo:NAME`` or a path); ``FileNotFoundError`` naming the key if it
+    holds no model."""
+    if source.startswith(ZOO_PREFIX):
+        import linmem.zoo
+
+        try:
+            folder = linmem.zoo.path(source[len(ZOO_PREFIX):])
+        except ValueError as e:
+            raise FileNotFoundError(f"{where}: train.init_from {source!r}: {e}") from None
+    else:
+        folder = Path(source)
+    missing = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{where}: train.init_from {source!r} is not a model folder ({' and '.join(missing)} "
+                                f"missing); give a run's OUT/model folder, a save_pretrained folder or zoo:NAME")
+    return folder
+
+
+def architecture_differences(saved_config: LinMemConfig, config: LinMemConfig) -> list[str]:
+    """``key: saved X, run Y`` for every weight-shaping key where the source's config and the run's differ."""
+    saved, run = saved_config.to_dict(), config.to_dict()
+    keys = sorted((set(saved) | set(run)) - NOT_ARCHITECTURE)
+    return [f"{key}: saved {saved.get(key)!r}, run {run.get(key)!r}" for key in keys if saved.get(key) != run.get(key)]
+
+
+def tokenizer_difference(folder: Path, dataset: Path, dataset_hash: str) -> str | None:
+    """Why the source's tokenizer is not the dataset's, or None if they agree (or the source records neither)."""
+    info = folder / "train_info.json"
+    if info.is_file():
+        saved_hash = json.loads(info.read_text(encoding="utf-8")).get("tokenizer_hash")
+        if saved_hash is not None:
+            return None if saved_hash == dataset_hash else (
+                f"its tokenizer (hash {saved_hash[:12]}) is not the dataset's ({dataset_hash[:12]})")
+    if (folder / "tokenizer.json").is_file() and (dataset / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        saved = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
+        ours = Tokenizer.from_file(str(dataset / "tokenizer.json")).get_vocab()
+        return None if saved == ours else "its tokenizer.json vocabulary is not the dataset's"
+    return None
+
+
+def load_initial_weights(model: nn.Module, source: str, config: LinMemConfig, dataset: Path, dataset_hash: str,
+                         where: str = "config") -> Path:
+    """Copy the weights of ``source`` into ``model`` (built from ``config``, not yet wrapped); returns the folder."""
+    folder = resolve_source(source, where)
+    try:
+        saved = LinMemConfig.from_pretrained(folder)
+    except (ValueError, TypeError, OSError) as e:
+        raise ValueError(f"{where}: train.init_from {source!r}: its config.json is not a linmem model's: {e}") from None
+    differences = architecture_differences(saved, config)
+    if differences:
+        raise ValueError(f"{where}: train.init_from {source!r} has another architecture than the run's model "
+                         f"section: {'; '.join(differences)}")
+    why = tokenizer_difference(folder, dataset, dataset_hash)
+    if why:
+        raise ValueError(f"{where}: train.init_from {source!r}: {why}; the token ids would mean other tokens")
+    tensors = load_file(str(folder / "model.safetensors"))
+    own = model.state_dict()
+    if config.tie_word_embeddings and "lm_head.weight" not in tensors and "lm_head.weight" in own:
+        tensors["lm_head.weight"] = tensors.get("model.embeddings.weight")
+    missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+    wrong = sorted(k for k in set(own) & set(tensors) if tensors[k] is not None and tensors[k].shape != own[k].shape)
+    if missing or extra or wrong:
+        raise ValueError(f"{where}: train.init_from {source!r}: the weights do not fit the model (missing "
+                         f"{missing[:5]}, unexpected {extra[:5]}, other shapes {wrong[:5]})")
+    with torch.no_grad():
+        for name, tensor in own.items():
+            tensor.copy_(tensors[name].to(tensor.dtype))
+    return folder
