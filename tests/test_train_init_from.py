@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import linmem.zoo
 from linmem.train.config import parse_config
 from linmem.train.distributed import Distributed
-from linmem.train.init_from import resolve_source
+from linmem.train.init_from import earlier_stages, resolve_source
 from linmem.train.trainer import setup, train, unwrap
 from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
 
@@ -48,6 +48,11 @@ def test_the_run_starts_from_the_saved_weights(dataset, source, tmp_path):
 def test_a_staged_run_trains_and_records_its_source(dataset, source, tmp_path):
     info = train(staged(dataset, source), tmp_path / "run")
     assert info["steps"] == 4 and info["config"]["train"]["init_from"] == str(source)
+    assert info["init_from"] == {"source": str(source), "name": "tiny", "steps": 3, "tokens": 3 * 8 * 32}
+    third = train(staged(dataset, tmp_path / "run" / "model"), tmp_path / "third")  # a stage after that one
+    assert earlier_stages(third["init_from"]) == [
+        {"source": str(source), "name": "tiny", "steps": 3, "tokens": 768},
+        {"source": str(tmp_path / "run" / "model"), "name": "tiny", "steps": 4, "tokens": 1024}]
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     fresh = train(parse_config(tiny_config(dataset, train={"steps": 1})), tmp_path / "fresh")
     assert first["loss"] < fresh["final_metrics"]["loss"]  # trained weights start lower than random ones

@@ -143,6 +143,17 @@ def test_docs_table(shipped):
 def test_updates_cell_marks_a_run_stopped_early():
     assert cards.updates_cell({"steps": 2000, "scheduled_steps": 2000}) == "2,000"
     assert cards.updates_cell({"steps": 1019, "scheduled_steps": 2000}) == "1,019 of 2,000 (stopped early)"
+
+
+def test_cells_of_a_later_stage_count_the_earlier_ones():
+    stage2 = {"steps": 1000, "scheduled_steps": 1000, "tokens": 16_384_000,
+              "earlier_stages": [{"source": "zoo:gdn", "name": "gdn", "steps": 3000, "tokens": 49_152_000}]}
+    assert cards.updates_cell(stage2) == "1,000 after 3,000 (zoo:gdn)"
+    assert cards.tokens_cell(stage2) == "16.38M; 65.54M in all"
+    assert cards.total_tokens(stage2) == 65_536_000
+    unknown = dict(stage2, earlier_stages=[{"source": "elsewhere/model"}])
+    assert cards.total_tokens(unknown) is None and cards.tokens_cell(unknown) == "16.38M; earlier stages unknown"
+    assert cards.tokens_cell({"tokens": 16_384_000}) == "16.38M"
     assert cards.updates_cell({"steps": 7}) == "7"  # records written before scheduled_steps existed
 
 

@@ -71,6 +71,25 @@ def tokenizer_difference(folder: Path, dataset: Path, dataset_hash: str) -> str 
     return None
 
 
+def source_summary(source: str, folder: Path) -> dict:
+    """What a run started from: ``source`` as configured, and the source's own name, updates and tokens (and, if it
+    was itself a later stage, its ``init_from``), from its ``train_info.json``; only ``source`` if it has none."""
+    info_path = folder / "train_info.json"
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    summary = {"source": source}
+    summary.update({key: info[key] for key in ("name", "steps", "tokens", "init_from") if key in info})
+    return summary
+
+
+def earlier_stages(init_from: dict | None) -> list[dict]:
+    """The chain of ``source_summary`` records, first stage first."""
+    chain = []
+    while init_from:
+        chain.insert(0, {k: v for k, v in init_from.items() if k != "init_from"})
+        init_from = init_from.get("init_from")
+    return chain
+
+
 def load_initial_weights(model: nn.Module, source: str, config: LinMemConfig, dataset: Path, dataset_hash: str,
                          where: str = "config") -> Path:
     """Copy the weights of ``source`` into ``model`` (built from ``config``, not yet wrapped); returns the folder."""

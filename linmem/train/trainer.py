@@ -47,7 +47,7 @@ from linmem.train.distributed import (
     shutdown,
     wrap_model,
 )
-from linmem.train.init_from import load_initial_weights
+from linmem.train.init_from import load_initial_weights, source_summary
 from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
@@ -72,6 +72,7 @@ class Run:
     autocast_dtype: torch.dtype | None
     step: int = 0  # updates done
     tokens: int = 0  # input tokens consumed, all processes
+    init_from: dict[str, Any] | None = None  # the model it started from (``init_from.source_summary``)
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -117,13 +118,15 @@ def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run
         # tf32 tensor cores for the float32 products (the PyTorch memory backends run outside autocast)
         torch.set_float32_matmul_precision("high")
     model = LinMemForCausalLM(model_config)
+    source = None
     if config.train.init_from:  # every process loads the same weights (before DDP / FSDP2 wraps the model)
-        load_initial_weights(model, config.train.init_from, model_config, data.folder, data.shards.tokenizer_hash,
-                             where)
+        folder = load_initial_weights(model, config.train.init_from, model_config, data.folder,
+                                      data.shards.tokenizer_hash, where)
+        source = source_summary(config.train.init_from, folder)
     model = wrap_model(model.to(state.device), config.train.parallel, state)
     optimizer = build_optimizer(model, config)
     return Run(config, out, state, data, model_config, model, optimizer, micro, accumulation,
-               autocast_dtype(config.train.dtype, state.device))
+               autocast_dtype(config.train.dtype, state.device), init_from=source)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -328,7 +331,8 @@ def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]
             "dataset": str(run.data.folder.resolve()), "tokenizer_hash": run.data.shards.tokenizer_hash,
             "seq_len": run.config.data.seq_len, "recall_generators": run.data.generator_specs,
             "final_metrics": last, "world_size": run.state.world_size, "device": str(run.state.device),
-            "train_seconds": round(seconds, 2), "config": run.config.to_dict()}
+            "train_seconds": round(seconds, 2), "config": run.config.to_dict(),
+            **({"init_from": run.init_from} if run.init_from else {})}
 
 
 # ---------------------------------------------------------------- the run

@@ -194,18 +194,35 @@ def data_lines(record: dict[str, Any]) -> list[str]:
 
 
 def updates_cell(training: dict[str, Any]) -> str:
-    """``2,000``, or ``1,019 of 2,000 (stopped early)`` for a run finalised before its schedule's end."""
+    """``2,000``, or ``1,019 of 2,000 (stopped early)`` for a run finalised before its schedule's end; a later stage
+    (``train.init_from``) adds what came before: ``1,000 after 3,000 (zoo:gdn)``."""
     steps, scheduled = training["steps"], training.get("scheduled_steps")
-    if scheduled and steps < scheduled:
-        return f"{fmt(steps)} of {fmt(scheduled)} (stopped early)"
-    return fmt(steps)
+    cell = f"{fmt(steps)} of {fmt(scheduled)} (stopped early)" if scheduled and steps < scheduled else fmt(steps)
+    stages = training.get("earlier_stages") or []
+    if stages:
+        cell += " after " + " + ".join(f"{fmt(s.get('steps'))} ({s['source']})" for s in stages)
+    return cell
+
+
+def total_tokens(training: dict[str, Any]) -> int | None:
+    """Tokens of this run and every earlier stage (None if an earlier stage did not record its tokens)."""
+    earlier = [s.get("tokens") for s in training.get("earlier_stages") or []]
+    return None if None in earlier else training["tokens"] + sum(earlier)
+
+
+def tokens_cell(training: dict[str, Any]) -> str:
+    """Tokens of this run (``16.38M``), and of every stage where there were several (``16.38M; 65.54M in all``)."""
+    if not training.get("earlier_stages"):
+        return millions(training["tokens"])
+    total = total_tokens(training)
+    return f"{millions(training['tokens'])}; " + (f"{millions(total)} in all" if total else "earlier stages unknown")
 
 
 def training_lines(record: dict[str, Any]) -> list[str]:
     t = record["training"]
     optim = t.get("optim", {})
     rows = [["updates", updates_cell(t)], ["batch", f"{fmt(t['batch_size'])} sequences x {fmt(t['seq_len'])} tokens"],
-            ["tokens trained", t["tokens"]],
+            ["tokens trained", tokens_cell(t) if t.get("earlier_stages") else t["tokens"]],
             ["optimizer", f"AdamW, peak lr {optim.get('lr'):g}, cosine to {optim.get('min_lr'):g}, warmup "
                           f"{optim.get('warmup_steps')} updates, weight decay {optim.get('weight_decay'):g}, grad clip "
                           f"{optim.get('grad_clip'):g}"],
@@ -234,10 +251,11 @@ def model_card(record: dict[str, Any]) -> str:
     fields = [f for f in CONFIG_FIELDS if f in config and (residual or f not in RESIDUAL_FIELDS)]
     values = [[f, json.dumps(config[f]) if isinstance(config[f], list) else config[f]] for f in fields]
     opts = record["eval"]["request"]["options"]
+    tokens = total_tokens(record["training"]) or record["training"]["tokens"]
     lines = [
         f"# linmem zoo: `{name}` ({record['description'] or name})", "",
         f"Architecture: {what}. {record['parameters']:,} parameters, trained from scratch by "
-        f"linmem on {millions(record['training']['tokens'])} tokens of public-domain and "
+        f"linmem on {millions(tokens)} tokens of public-domain and "
         f"PSF-licensed text with synthetic recall mixed in. A small research model for studying how linear-attention "
         f"memories store and recall facts (`linmem probe`, `linmem demo`), not a general-purpose language model.", "",
         "## Load", "", "```python", "import linmem.zoo", "",
@@ -311,7 +329,7 @@ def overview_rows(records: Sequence[dict[str, Any]], shipped: Sequence[str]) -> 
         h, t = headline(r["eval"]["tasks"]), r["training"]
         kind = ("main" if r["name"] in MAIN else "ablation") + (", shipped" if r["name"] in shipped else "")
         rows.append([f"`{r['name']}`", kind, mixer_label(r["model_config"]), millions(r["parameters"]),
-                     millions(t["tokens"]), updates_cell(t), duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0),
+                     tokens_cell(t), updates_cell(t), duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0),
                      t["final_loss_mean"], t["val_loss"],
                      fmt(h.get("ppl"), 2), h.get("cloze_acc"), *(h.get("mqar", {}).get(p) for p in pairs),
                      h.get("mqar_mean"), *(h.get("niah", {}).get(n) for n in lengths), h.get("niah_mean"),

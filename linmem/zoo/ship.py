@@ -33,6 +33,7 @@ from linmem.eval.runner import TASKS, EvalOptions, evaluate
 from linmem.models import LinMemConfig
 from linmem.train.checkpoint import _sha256 as sha256  # the checkpoints' file hash
 from linmem.train.checkpoint import copy_tokenizer, write_model
+from linmem.train.init_from import earlier_stages
 from linmem.zoo import HELDOUT_DIR, MAIN, SIZE_LIMIT, folder_bytes, order
 
 STAGE = "zoo"  # RUN/zoo: staged model, eval report, eval.json
@@ -129,7 +130,7 @@ def training_summary(run: Run) -> dict[str, Any]:
             "val_recall_acc": last_val.get("val_recall_acc"), "val_step": last_val.get("step"),
             "batch_size": config.get("train", {}).get("batch_size"), "seq_len": info.get("seq_len"),
             "optim": config.get("optim", {}), "scheduled_steps": config.get("train", {}).get("steps"),
-            "curve": loss_curve(m)}
+            "earlier_stages": earlier_stages(info.get("init_from")), "curve": loss_curve(m)}
 
 
 # ---------------------------------------------------------------- staging and evaluation
