@@ -50,6 +50,26 @@ def test_zoo_shares_one_budget():
         assert 1e-3 <= d["optim"]["lr"] <= 1e-2, name
 
 
+STAGE2 = sorted((CONFIGS / "zoo" / "stage2").glob("*.yaml"))
+
+
+def test_second_stage_continues_each_main_model_with_one_budget():
+    """configs/zoo/stage2: every main model, started from its shipped first stage (same architecture and name, so
+    that it replaces it), all with the same data, run and optimizer, and another seed than the first stage."""
+    assert {p.stem for p in STAGE2} == MAIN
+
+    def budget(config):
+        d = config.to_dict()
+        return d["data"], d["optim"], {k: v for k, v in d["train"].items() if k != "init_from"}
+
+    reference = budget(load_config(STAGE2[0]))
+    for path in STAGE2:
+        second, first = load_config(path), load_config(CONFIGS / "zoo" / path.name)
+        assert second.model == first.model and second.name == first.name == path.stem
+        assert second.train.init_from == f"zoo:{path.stem}" and second.train.seed != first.train.seed
+        assert budget(second) == reference, path.stem
+
+
 @pytest.mark.parametrize("base", ["rla", "rdn"])
 def test_ablations_change_one_switch(base):
     reference = load_config(CONFIGS / "zoo" / f"{base}.yaml").model
