@@ -5,9 +5,10 @@ The source is a model folder (``config.json`` + ``model.safetensors``: a run's `
 mix, then continues from that model with another: the optimizer, the schedule and the data stream start afresh
 (``--resume`` is for continuing the same run; a checkpoint of this run, when resumed, wins over ``init_from``).
 
-Refused with an error that names the difference: another architecture (every ``config.json`` key that shapes the
-model must match the run's ``model`` section), another tokenizer (the source's ``train_info.json`` tokenizer hash,
-or its ``tokenizer.json`` vocabulary, against the dataset's), missing or extra tensors.
+Refused with an error that names the difference: another architecture (every ``config.json`` key that defines
+the model, shapes and switches alike, must match the run's ``model`` section), another tokenizer (the source's
+``train_info.json`` tokenizer hash, or its ``tokenizer.json`` vocabulary, against the dataset's), missing or
+extra tensors.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 from linmem.models import LinMemConfig
 
 ZOO_PREFIX = "zoo:"
-# config.json keys that do not shape the weights: how the op runs, how the weights were first drawn, bookkeeping
+# config.json keys that do not define the trained model: how the op runs, how the weights were first drawn, ids
 NOT_ARCHITECTURE = frozenset({"backend", "initializer_range", "use_cache", "transformers_version", "architectures",
                               "_name_or_path", "dtype", "torch_dtype", "bos_token_id", "eos_token_id",
                               "pad_token_id", "max_position_embeddings"})
@@ -48,7 +49,7 @@ def resolve_source(source: str, where: str = "config") -> Path:
 
 
 def architecture_differences(saved_config: LinMemConfig, config: LinMemConfig) -> list[str]:
-    """``key: saved X, run Y`` for every weight-shaping key where the source's config and the run's differ."""
+    """``key: saved X, run Y`` for every key that defines the model where the source's and the run's differ."""
     saved, run = saved_config.to_dict(), config.to_dict()
     keys = sorted((set(saved) | set(run)) - NOT_ARCHITECTURE)
     return [f"{key}: saved {saved.get(key)!r}, run {run.get(key)!r}" for key in keys if saved.get(key) != run.get(key)]
