@@ -95,3 +95,51 @@ def test_plateau_accuracy_is_below_the_default_bar(tmp_path):
     high = entry(5e-3, 1000, 5.10, {100 * i: 0.07 for i in range(1, 11)}, tmp_path)
     winner, record = race.decide([low, high], recall_bar=race.RECALL_BAR)
     assert winner is low and record["rule"].startswith("lowest training recall loss")
+
+
+TINY_RACE_CONFIG = """name: tiny
+model: {mixer: gdn, hidden_size: 32, num_hidden_layers: 2, num_heads: 2, head_dim: 16, hidden_ratio: 2,
+        tie_word_embeddings: true}
+data:
+  dir: DATA
+  seq_len: 32
+  recall_fraction: 0.25
+  recall:
+    - {name: mqar, num_kv_pairs: 4}
+optim:
+  lr: 3.0e-3
+  min_lr: 3.0e-4
+  warmup_steps: 2
+train:
+  steps: 300
+  batch_size: 8
+  eval_interval: 4
+  eval_tokens: 512
+  eval_recall_samples: 8
+  checkpoint_interval: 4
+  progress: false
+  device: cpu
+"""
+
+
+def test_a_tiny_race_end_to_end(dataset, tmp_path):
+    """Two rates of one tiny config: the race is decided at update 4, the loser stops with a checkpoint, the winner
+    trains to the end, and OUT/finished names it (the file a waiting caller polls for)."""
+    import json
+    import subprocess
+
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "tiny.yaml").write_text(TINY_RACE_CONFIG.replace("DATA", str(dataset)))
+    out = tmp_path / "race"
+    done = subprocess.run([sys.executable, str(ROOT / "configs" / "zoo" / "lr_race.py"), "--out", str(out),
+                           "--configs-dir", str(configs), "--decide-step", "4", "--device", "cpu",
+                           "--poll-seconds", "0.5", "tiny=2e-3,4e-3"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    choice = json.loads((out / "choices.json").read_text())["tiny"]
+    winner = choice["winner"]
+    assert winner in ("tiny-lr0.002", "tiny-lr0.004") and choice["decided_at_update"] >= 4
+    assert json.loads((out / race.FINISHED).read_text()) == {"winners": [winner], "shipped": False}
+    assert (out / winner / "model" / "model.safetensors").is_file()
+    loser = ({"tiny-lr0.002", "tiny-lr0.004"} - {winner}).pop()
+    assert not (out / loser / "model").exists() and any((out / loser / "checkpoints").iterdir())

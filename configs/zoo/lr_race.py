@@ -20,7 +20,8 @@ stopped (``--resume --max-steps`` at its last update: the model card then says h
 winner is evaluated as soon as it is done (``linmem zoo ship RUN --ship none``, cached in ``RUN/zoo/eval.json``);
 with ``--ship`` the winners are then shipped into ``OUT/zoo`` with the zoo page in ``OUT/docs/zoo.md``, and
 ``OUT/fetch/`` gets one tar per shipped model and one with the page, the held-out text and every run's config,
-metrics and log.
+metrics and log. ``OUT/finished`` (the winners, as JSON) is written last: wait for it with
+``while [ ! -f OUT/finished ]; do sleep 5; done`` (a ``pgrep -f lr_race.py`` loop matches its own shell).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ sys.path.insert(0, str(HERE / "recall-sweep"))
 from make_variants import variant  # noqa: E402  (the sweep's config rewriter: lr, min lr, eval cadence)
 
 POLL_SECONDS = 15
+FINISHED = "finished"  # OUT/finished: written when the race, its evaluations and shipping are all over
 RECALL_BAR = 0.2  # held-out recall accuracy that counts as learning: the zoo mix's plateau sits at 0.04-0.07
 
 
@@ -165,6 +167,7 @@ def main() -> int:
     parser.add_argument("--ship", action="store_true", help="ship the winners into OUT/zoo and pack OUT/fetch")
     parser.add_argument("--device", default="auto", help="evaluation device")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--poll-seconds", type=float, default=POLL_SECONDS, help="how often the runs are read")
     parser.add_argument("--configs-dir", type=Path, default=HERE, help="where NAME.yaml are (default: configs/zoo)")
     args = parser.parse_args()
     plan = parse_plan(args.plan, args.configs_dir)
@@ -179,6 +182,7 @@ def main() -> int:
     for name, choice in choices.items():
         winners[name] = next(e for e in entries if e.label == choice["winner"])
     evaluations: dict[str, subprocess.Popen] = {}
+    (args.out / FINISHED).unlink(missing_ok=True)
     started = time.monotonic()
 
     def evaluate(e: Entry) -> None:
@@ -240,7 +244,7 @@ def main() -> int:
                     if e.finished:
                         evaluate(e)
             break
-        time.sleep(POLL_SECONDS)
+        time.sleep(args.poll_seconds)
     for proc in evaluations.values():
         proc.wait()
     (args.out / "status.txt").write_text(status_table(entries, time.monotonic() - started))
@@ -248,6 +252,9 @@ def main() -> int:
     done = [e for e in winners.values() if e.finished]
     if args.ship and done:
         ship(done, args)
+    # the last thing written: a caller waiting on the race (e.g. a follow-up command) polls for this file
+    summary = {"winners": [e.label for e in done], "shipped": bool(args.ship and done)}
+    (args.out / FINISHED).write_text(json.dumps(summary, indent=1) + "\n")
     return 0
 
 
