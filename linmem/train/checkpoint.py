@@ -155,6 +155,15 @@ def write_model(folder: Path, model_state: dict[str, torch.Tensor], config, dtyp
     config.to_json_file(str(folder / "config.json"))
 
 
+def with_tied_head(model_state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """``model_state`` as read from a ``model.safetensors`` that ``write_model`` wrote: with tied embeddings, the
+    left-out ``lm_head.weight`` put back as the embedding matrix (a state dict ``load_state_dict`` accepts)."""
+    state = dict(model_state)
+    if getattr(config, "tie_word_embeddings", False) and "model.embeddings.weight" in state:
+        state["lm_head.weight"] = state["model.embeddings.weight"]
+    return state
+
+
 def copy_tokenizer(source: Path, folder: Path) -> None:
     """Copy the tokenizer files found in ``source`` (a dataset or model folder) into ``folder``."""
     for name in TOKENIZER_FILES:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file
 from torch import nn
 
 from linmem.models import LinMemConfig
+from linmem.train.checkpoint import with_tied_head
 
 ZOO_PREFIX = "zoo:"
 # config.json keys that do not define the trained model: how the op runs, how the weights were first drawn, ids
@@ -106,16 +106,12 @@ def load_initial_weights(model: nn.Module, source: str, config: LinMemConfig, da
     why = tokenizer_difference(folder, dataset, dataset_hash)
     if why:
         raise ValueError(f"{where}: train.init_from {source!r}: {why}; the token ids would mean other tokens")
-    tensors = load_file(str(folder / "model.safetensors"))
+    tensors = with_tied_head(load_file(str(folder / "model.safetensors")), config)
     own = model.state_dict()
-    if config.tie_word_embeddings and "lm_head.weight" not in tensors and "lm_head.weight" in own:
-        tensors["lm_head.weight"] = tensors.get("model.embeddings.weight")
     missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
-    wrong = sorted(k for k in set(own) & set(tensors) if tensors[k] is not None and tensors[k].shape != own[k].shape)
+    wrong = sorted(k for k in set(own) & set(tensors) if tensors[k].shape != own[k].shape)
     if missing or extra or wrong:
         raise ValueError(f"{where}: train.init_from {source!r}: the weights do not fit the model (missing "
                          f"{missing[:5]}, unexpected {extra[:5]}, other shapes {wrong[:5]})")
-    with torch.no_grad():
-        for name, tensor in own.items():
-            tensor.copy_(tensors[name].to(tensor.dtype))
+    model.load_state_dict(tensors)  # copies into the parameters, in their dtype
     return folder

@@ -273,9 +273,7 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
     """Restore weights, AdamW state, generator states and the step from checkpoint ``path``."""
     saved = ckpt.read_checkpoint(path)
     check_same_run(saved.trainer_state["config"], run.config.to_dict(), path, where)
-    model_state = dict(saved.model_state)
-    if run.model_config.tie_word_embeddings:
-        model_state["lm_head.weight"] = model_state["model.embeddings.weight"]
+    model_state = ckpt.with_tied_head(saved.model_state, run.model_config)
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(run.model, model_state, options=options)
     set_optimizer_state_dict(run.model, run.optimizer, saved.optimizer_state, options=options)
