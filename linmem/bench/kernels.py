@@ -488,13 +488,22 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
 
 def sweep_variants() -> list[dict]:
     """One kernel's launch options changed at a time from the defaults in linmem.ops.triton.function (the offline
-    sm_90 compiles in docs/benchmarks/kernels-status.md say which of them spill)."""
+    sm_90 compiles in docs/benchmarks/kernels-status.md say which of them spill). Every variant computes the same
+    thing to within the checked tolerances: the inverse's PRECISION variants are at least as exact as the default
+    (tf32 for 16-bit inputs)."""
     sequential = [dict(num_warps=4, num_stages=1, BV=16), dict(num_warps=4, num_stages=1, BV=32),
-                  dict(num_warps=8, num_stages=1, BV=None)]  # the default BV=None picks 16 or 32 per call
+                  dict(num_warps=8, num_stages=1, BV=None),  # the default BV=None picks 16 or 32 per call
+                  dict(num_warps=4, num_stages=2, BV=None)]  # the next chunk's tiles loaded during this one's dots
+    inverse = [dict(num_warps=4, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
+    inverse += [dict(num_warps=w, num_stages=1, PRECISION=None) for w in (2, 8)]
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]
-            + [{"output": dict(num_warps=4, num_stages=1, BV=128)}, {"output": dict(num_warps=8, num_stages=2, BV=64)}]
-            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=32)}]
-            + [{"backward_keys": dict(num_warps=8, num_stages=1, BV=64, BK=None)}])
+            + [{"inverse": o} for o in inverse]
+            + [{"output": dict(num_warps=4, num_stages=1, BV=128)}, {"output": dict(num_warps=4, num_stages=2, BV=64)}]
+            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=16)},
+               {"backward_scores": dict(num_warps=8, num_stages=2, BV=32)}]
+            + [{"backward_keys": dict(num_warps=8, num_stages=1, BV=32, BK=None)},
+               {"backward_keys": dict(num_warps=8, num_stages=2, BV=64, BK=None)},
+               {"backward_keys": dict(num_warps=8, num_stages=2, BV=32, BK=None)}])
 
 
 def tune(variants, B, T) -> dict:

@@ -49,17 +49,19 @@ from linmem.ops.triton.scores import chunk_scores
 # them). BV: value columns per program. The sequential passes (forward, backward_states) hold one state as [64, BV]
 # float32 key blocks; BV=None there picks it per call (``_sequential_block``), num_warps=None 4 (8 for float32
 # inputs, whose tiles take twice the registers). BK=None: 64 key columns per program of backward_keys, 32 for float32
-# inputs. num_stages=1 keeps Triton from
-# multi-buffering every tile of the long loop bodies (its default of 3 stages asked for more than the H200's 227 KB
-# of shared memory); the offline sm_90 compiles in docs/benchmarks/kernels-status.md show no spills with these.
+# inputs. PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for
+# float32 ones (inverse.chunk_inverse). The values are the sweeps' winners on an H200 (docs/benchmarks/
+# kernels-status.md): num_stages=2 (the next loop iteration's tiles load during this one's dots) took RDN fwd+bwd at
+# B=4, T=32K from 35.1 ms to 32.6 (forward), 33.1 (reverse) and 32.9 (backward_keys) as single changes; more stages
+# than that asked for more than the H200's 227 KB of shared memory in an earlier version of the loops.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
-    "inverse": dict(num_warps=4, num_stages=1),
-    "forward": dict(num_warps=None, num_stages=1, BV=None),
-    "output": dict(num_warps=4, num_stages=1, BV=64),
-    "backward_states": dict(num_warps=None, num_stages=1, BV=None),
-    "backward_scores": dict(num_warps=8, num_stages=1, BV=16),
-    "backward_keys": dict(num_warps=8, num_stages=1, BV=32, BK=None),
+    "inverse": dict(num_warps=2, num_stages=1, PRECISION=None),
+    "forward": dict(num_warps=None, num_stages=2, BV=None),
+    "output": dict(num_warps=4, num_stages=1, BV=128),
+    "backward_states": dict(num_warps=None, num_stages=2, BV=None),
+    "backward_scores": dict(num_warps=8, num_stages=2, BV=32),
+    "backward_keys": dict(num_warps=8, num_stages=2, BV=64, BK=None),
     "decay_grad": dict(num_warps=4, num_stages=1),
 }
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
@@ -136,8 +138,9 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
                                                           launch=_options("scores")[1])
     inv_beta = inv_gamma = None
     if flags.delta:
+        inverse_opts, inverse_launch = _options("inverse")
         inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
-                                            _options("inverse")[1])
+                                            inverse_launch, inverse_opts["PRECISION"])
 
     per_chunk = (layout.num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
     per_token = (n_tok, heads, value_dim)

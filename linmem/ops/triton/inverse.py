@@ -3,12 +3,13 @@
 ``A = diag(α) A'`` is strictly lower triangular (``A'`` from scores.py), so ``L = I + diag(σα) A'`` is unit lower
 triangular. The chunk of 64 is cut into 4×4 blocks of 16: the four diagonal blocks are inverted together by forward
 substitution in float32, and the blocks below the diagonal follow from ``T_ij = −T_ii Σ_{j≤m<i} L_im T_mj``
-(float32 dots). One program per (chunk, head, σ).
+(float32 accumulation; the operands full float32 or tf32, see ``chunk_inverse``). One program per (chunk, head, σ).
 Rows past the end of a sequence load as zero, so their rows of T are rows of the identity.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -31,21 +32,21 @@ def _scaled_block(key_scores, len_left, H: tl.constexpr, C: tl.constexpr, scale_
 @triton.jit
 def _diagonal_inverses(key_scores, len_left, H: tl.constexpr, C: tl.constexpr, scale_ptr, g):
     """``(I + n_i)^{-1}`` for the four strictly lower diagonal ``[16, 16]`` blocks ``n_i`` of ``diag(σα) A'``, all
-    four at once as a ``[4, 16, 16]`` tensor, by forward substitution row by row."""
-    blk = tl.arange(0, 4)[:, None, None]
+    four at once as a ``[4, 16, 16]`` tensor, by forward substitution row by row (row i of every block is loaded
+    from memory, where it is cached, rather than picked out of the tile by a reduction)."""
+    blk = tl.arange(0, 4)[:, None]
     r = tl.arange(0, 16)
-    row = blk * 16 + r[None, :, None]  # [4, 16, 1]
-    valid = row < len_left
-    scale = tl.load(scale_ptr + row * H, mask=valid, other=0.0) * tl.exp(tl.load(g + row * H, mask=valid, other=0.0))
-    n = tl.load(key_scores + row * (H * C) + (blk * 16 + r[None, None, :]), mask=valid, other=0.0)
-    n = n.to(tl.float32) * scale
     eye = (r[:, None] == r[None, :]).to(tl.float32)[None, :, :]
     inv = eye + tl.zeros([4, 16, 16], dtype=tl.float32)
     for i in tl.static_range(1, 16):
-        at_row = r[None, :, None] == i
-        n_row = tl.sum(tl.where(at_row, n, 0.0), 1)  # n_b[i, :]
+        row = blk * 16 + i  # [4, 1]: row i of each block
+        valid = row < len_left
+        scale = tl.load(scale_ptr + row * H, mask=valid, other=0.0) * tl.exp(tl.load(g + row * H, mask=valid,
+                                                                                    other=0.0))
+        n_row = tl.load(key_scores + row * (H * C) + (blk * 16 + r[None, :]), mask=valid & (r[None, :] < i),
+                        other=0.0).to(tl.float32) * scale  # n_b[i, :], [4, 16]
         new_row = -tl.sum(n_row[:, :, None] * inv, 1)  # −Σ_{j<i} n_b[i, j] inv_b[j, :]
-        inv = tl.where(at_row, new_row[:, None, :] + eye, inv)
+        inv = tl.where(r[None, :, None] == i, new_row[:, None, :] + eye, inv)
     return inv
 
 
@@ -56,8 +57,8 @@ def _block_of(blocks, I: tl.constexpr):
 
 
 @triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
+def _mm(a, b, PRECISION: tl.constexpr):
+    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -70,7 +71,7 @@ def _store_block(out, block, len_left, H: tl.constexpr, C: tl.constexpr, I: tl.c
 
 @triton.jit
 def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seqlens, chunk_indices,
-                         H: tl.constexpr, C: tl.constexpr):
+                         H: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr):
     i_c, i_h, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, left = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     if which == 0:
@@ -94,12 +95,12 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     n31 = _scaled_block(key_scores, left, H, C, strength, g, 3, 1)
     n32 = _scaled_block(key_scores, left, H, C, strength, g, 3, 2)
 
-    t10 = -_mm(d1, _mm(n10, d0))
-    t21 = -_mm(d2, _mm(n21, d1))
-    t32 = -_mm(d3, _mm(n32, d2))
-    t20 = -_mm(d2, _mm(n20, d0) + _mm(n21, t10))
-    t31 = -_mm(d3, _mm(n31, d1) + _mm(n32, t21))
-    t30 = -_mm(d3, _mm(n30, d0) + _mm(n31, t10) + _mm(n32, t20))
+    t10 = -_mm(d1, _mm(n10, d0, PRECISION), PRECISION)
+    t21 = -_mm(d2, _mm(n21, d1, PRECISION), PRECISION)
+    t32 = -_mm(d3, _mm(n32, d2, PRECISION), PRECISION)
+    t20 = -_mm(d2, _mm(n20, d0, PRECISION) + _mm(n21, t10, PRECISION), PRECISION)
+    t31 = -_mm(d3, _mm(n31, d1, PRECISION) + _mm(n32, t21, PRECISION), PRECISION)
+    t30 = -_mm(d3, _mm(n30, d0, PRECISION) + _mm(n31, t10, PRECISION) + _mm(n32, t20, PRECISION), PRECISION)
 
     # the diagonal blocks in one store, every block above the diagonal (zero) in another
     blk = tl.arange(0, 4)[:, None, None]
@@ -119,15 +120,20 @@ def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seq
     _store_block(out, t32, left, H, C, 3, 2)
 
 
-def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout, launch: dict | None = None):
+def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout, launch: dict | None = None,
+                  precision: str | None = None):
     """``T_β`` and (with ``gamma``) ``T_γ``, each ``[N_tok, H, C]`` rows of the chunk's ``[C, C]`` inverse (in the
-    type of ``key_scores``)."""
+    type of ``key_scores``). ``precision``: of the block products (``tl.dot``'s ``input_precision``); None picks
+    ``"ieee"`` (full float32) for float32 scores and ``"tf32"`` (tensor cores) for 16-bit ones, which are stored
+    in 16 bits anyway (a tf32 product rounds to 10 mantissa bits, bfloat16 storage to 7)."""
+    if precision is None:
+        precision = "ieee" if key_scores.dtype == torch.float32 else "tf32"
     inv_beta = new_buffer(key_scores.shape, key_scores.device, key_scores.dtype)
     inv_gamma = new_buffer(key_scores.shape, key_scores.device, key_scores.dtype) if gamma is not None else None
     heads = key_scores.shape[1]
     chunk_inverse_kernel[(layout.num_chunks, heads, 1 if gamma is None else 2)](
         key_scores, g, beta, gamma if gamma is not None else beta, inv_beta,
         inv_gamma if inv_gamma is not None else inv_beta, layout.cu_seqlens, layout.chunk_indices, H=heads, C=CHUNK,
-        **(launch or {}),
+        PRECISION=precision, **(launch or {}),
     )
     return inv_beta, inv_gamma
