@@ -179,3 +179,15 @@ def test_chunk_fallback_under_autocast():
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, rule="additive",
                 fit_history=False)
+
+
+@pytest.mark.parametrize("kernel", ["forward", "backward_states", "backward_scores", "backward_keys"])
+def test_pipelined_stages_only_where_they_fit(kernel, monkeypatch):
+    """Two pipeline stages for 16-bit inputs with K ≤ 128; one for float32 inputs or K > 128, where two asked for
+    more shared memory than an H200 has (the GPU launch options; the interpreter ignores them)."""
+    from linmem.ops.triton import function
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    stages = {(key_dim, dtype): function._options(kernel, key_dim, key_dim, dtype, 256)[1]["num_stages"]
+              for key_dim in (64, 128, 256) for dtype in (torch.bfloat16, torch.float16, torch.float32)}
+    assert stages == {(k, d): 2 if d != torch.float32 and k <= 128 else 1 for k, d in stages}

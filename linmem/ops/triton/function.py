@@ -52,16 +52,16 @@ from linmem.ops.triton.scores import chunk_scores
 # inputs. PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for
 # float32 ones (inverse.chunk_inverse). The values are the sweeps' winners on an H200 (docs/benchmarks/
 # kernels-status.md): num_stages=2 (the next loop iteration's tiles load during this one's dots) took RDN fwd+bwd at
-# B=4, T=32K from 35.1 ms to 32.6 (forward), 33.1 (reverse) and 32.9 (backward_keys) as single changes; more stages
-# than that asked for more than the H200's 227 KB of shared memory in an earlier version of the loops.
+# B=4, T=32K from 35.1 ms to 32.6 (forward), 33.1 (reverse) and 32.9 (backward_keys) as single changes;
+# num_stages=None picks it where it fits in shared memory (``_pipeline_stages``).
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=2, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=2, BV=None),
+    "forward": dict(num_warps=None, num_stages=None, BV=None),
     "output": dict(num_warps=4, num_stages=1, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=2, BV=None),
-    "backward_scores": dict(num_warps=8, num_stages=2, BV=32),
-    "backward_keys": dict(num_warps=8, num_stages=2, BV=64, BK=None),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None),
+    "backward_scores": dict(num_warps=8, num_stages=None, BV=32),
+    "backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None),
     "decay_grad": dict(num_warps=4, num_stages=1),
 }
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
@@ -84,6 +84,13 @@ def _sequential_block(key_dim: int, dtype: torch.dtype, programs_at_32: int) -> 
     return 32 if programs_at_32 >= _multiprocessors() else 16
 
 
+def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
+    """num_stages of the kernels that loop over chunks or value blocks: 2 (the next iteration's tiles load during
+    this one's dots) for 16-bit inputs with K ≤ 128, else 1. On an H200 (triton 3.6) two stages asked for 242–283 KB
+    of shared memory (the limit is 227 KB) in the reverse pass with float32 inputs at K = 128 and bf16 at K = 256."""
+    return 2 if dtype in (torch.bfloat16, torch.float16) and key_dim <= 128 else 1
+
+
 def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
              sequences: int = 0) -> tuple[dict, dict]:
     """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
@@ -91,6 +98,8 @@ def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if "num_warps" in launch and launch["num_warps"] is None:
         launch["num_warps"] = 8 if dtype == torch.float32 else 4
+    if "num_stages" in launch and launch["num_stages"] is None:
+        launch["num_stages"] = _pipeline_stages(key_dim, dtype)
     if opts.get("BV", 0) is None:
         opts["BV"] = _sequential_block(key_dim, dtype, sequences * triton.cdiv(value_dim, 32))
     if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators)
@@ -234,7 +243,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dv = _buf(per_token, dev, v.dtype)
     e_q = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
     e_k = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
-    blocks, launch = _options("backward_scores", value_dim)
+    blocks, launch = _options("backward_scores", value_dim, key_dim, k.dtype)
     backward_scores_kernel[(layout.num_chunks, heads)](
         v, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["u"], s["w"],
         s["err"], dx, dy, d_err, dv, e_q, e_k, *score_parts,
