@@ -191,3 +191,18 @@ def test_pipelined_stages_only_where_they_fit(kernel, monkeypatch):
     stages = {(key_dim, dtype): function._options(kernel, key_dim, key_dim, dtype, 256)[1]["num_stages"]
               for key_dim in (64, 128, 256) for dtype in (torch.bfloat16, torch.float16, torch.float32)}
     assert stages == {(k, d): 2 if d != torch.float32 and k <= 128 else 1 for k, d in stages}
+
+
+def test_float32_inputs_keep_the_narrower_options(monkeypatch):
+    """float32 inputs take the launch options that do not spill registers with float32 tiles; 16-bit inputs the
+    faster, wider ones."""
+    from linmem.ops.triton import function
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name, overrides in function.FLOAT32_OPTIONS.items():
+        wide = {**function._options(name, 128, 128, torch.bfloat16, 256)[0],
+                **function._options(name, 128, 128, torch.bfloat16, 256)[1]}
+        narrow = {**function._options(name, 128, 128, torch.float32, 256)[0],
+                  **function._options(name, 128, 128, torch.float32, 256)[1]}
+        assert {key: narrow[key] for key in overrides} == overrides
+        assert all(wide[key] != value for key, value in overrides.items())

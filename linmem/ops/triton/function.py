@@ -64,6 +64,10 @@ KERNEL_OPTIONS = {
     "backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None),
     "decay_grad": dict(num_warps=4, num_stages=1),
 }
+# float32 inputs (a test path, not a speed target) keep the second GPU run's options, checked against float64 there:
+# the wider tiles and fewer warps above spill registers with float32 tiles (offline sm_90 compiles, 2026-11-29:
+# inverse 2 warps +56 bytes per thread, output BV 128 +8 to +32, backward_keys BV 64 +56 to +120 at K >= 128).
+FLOAT32_OPTIONS = {"inverse": dict(num_warps=4), "output": dict(BV=64), "backward_keys": dict(BV=32)}
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
 
 
@@ -95,6 +99,8 @@ def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype
              sequences: int = 0) -> tuple[dict, dict]:
     """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
     opts = dict(KERNEL_OPTIONS[name])
+    if dtype == torch.float32:
+        opts.update(FLOAT32_OPTIONS.get(name, {}))
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if "num_warps" in launch and launch["num_warps"] is None:
         launch["num_warps"] = 8 if dtype == torch.float32 else 4
@@ -147,7 +153,7 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
                                                           launch=_options("scores")[1])
     inv_beta = inv_gamma = None
     if flags.delta:
-        inverse_opts, inverse_launch = _options("inverse")
+        inverse_opts, inverse_launch = _options("inverse", dtype=k.dtype)
         inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
                                             inverse_launch, inverse_opts["PRECISION"])
 
@@ -180,7 +186,7 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
             FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
         )
     o = _buf(per_token, dev, v.dtype)
-    blocks, launch = _options("output", value_dim)
+    blocks, launch = _options("output", value_dim, key_dim, k.dtype)
     output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
         q, v, b, g, beta, _or(gamma, dummy), base_scores, _or(res_scores, dummy), base_chunks,
         _or(res_chunks, dummy), _or(u, dummy), _or(w, dummy), o, layout.cu_seqlens, layout.chunk_indices, scale,
