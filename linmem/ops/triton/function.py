@@ -90,8 +90,8 @@ def _sequential_block(key_dim: int, dtype: torch.dtype, programs_at_32: int) -> 
 
 def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
     """num_stages of the kernels that loop over chunks or value blocks: 2 (the next iteration's tiles load during
-    this one's dots) for 16-bit inputs with K ≤ 128, else 1. On an H200 (triton 3.6) two stages asked for 242–283 KB
-    of shared memory (the limit is 227 KB) in the reverse pass with float32 inputs at K = 128 and bf16 at K = 256."""
+    this one's dots) for 16-bit inputs with K ≤ 128, else 1. On an H200 (triton 3.6) two stages asked for 237–277 KiB
+    of shared memory (the limit is 227 KiB) in the reverse pass with float32 inputs at K = 128 and bf16 at K = 256."""
     return 2 if dtype in (torch.bfloat16, torch.float16) and key_dim <= 128 else 1
 
 
