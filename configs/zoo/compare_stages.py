@@ -19,6 +19,8 @@ COLUMNS = ("updates", "test ppl", "MQAR 2", "MQAR 4", "MQAR 8", "MQAR 16", "NIAH
 
 
 def main() -> None:
+    if len(sys.argv) not in (2, 3):
+        raise SystemExit(__doc__)
     stage1_dir = Path(sys.argv[1])
     zoo_dir = sys.argv[2] if len(sys.argv) > 2 else None
     names = [n for n in zoo.names(zoo_dir) if n in zoo.MAIN]
