@@ -172,6 +172,24 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
 
 
+def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
+    """The benchmark's float64 checks run with other launch options when given them (a sweep's winners, before
+    they are timed): every worker applies them and reports what it ran with."""
+    from linmem.bench import kernels
+
+    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
+    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
+    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
+    kernels._set_shape(1, 16)
+    options = {"backward_keys": dict(num_warps=4, num_stages=1, BV=32, BK=None)}
+    results, failures = kernels.warm_and_check([], workers=2, skip_check=False, quick=True, lengths=[64], tokens=64,
+                                               kernel_options=options)
+    assert not failures and not results["unfinished"]
+    done = results["checks"] + [results["offsets"], results["finite"]]
+    assert len(results["checks"]) >= 3 and all(r["passed"] for r in done)
+    assert all(r["kernel_options"] == options for r in done)
+
+
 def test_chunk_fallback_under_autocast():
     """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not cover (here
     fit_history=False) run on the chunk backend in the state dtype, autocast off, instead of letting the autocast

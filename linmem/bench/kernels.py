@@ -388,6 +388,12 @@ def _worker(numbered_task):
 def _run_task(kind, payload):
     if os.environ.get("LINMEM_BENCH_SHAPE"):
         _set_shape(*(int(x) for x in os.environ["LINMEM_BENCH_SHAPE"].split(",")))
+    payload = dict(payload)
+    kernel_options = payload.pop("kernel_options", None)  # launch options to check instead of the defaults
+    if kernel_options:
+        from linmem.ops.triton import function
+
+        function.KERNEL_OPTIONS.update(kernel_options)
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
 
@@ -395,12 +401,14 @@ def _run_task(kind, payload):
     except Exception:  # noqa: BLE001 (FLA absent: its methods fail later, with their error recorded)
         pass
     try:
-        if kind == "check":
-            return kind, run_check(payload)
-        if kind == "offsets":
-            return kind, offsets_check(**payload)
-        if kind == "finite":
-            return kind, finite_at_length(**payload)
+        if kind in ("check", "offsets", "finite"):
+            result = (run_check(payload) if kind == "check" else offsets_check(**payload) if kind == "offsets"
+                      else finite_at_length(**payload))
+            if kernel_options:
+                from linmem.ops.triton import function
+
+                result["kernel_options"] = {name: function.KERNEL_OPTIONS[name] for name in kernel_options}
+            return kind, result
         if kind == "options":  # compile linmem's kernels with these launch options
             from linmem.ops.triton import function
 
@@ -422,6 +430,10 @@ def _run_task(kind, payload):
         return kind, failed
 
 
+def _task_label(payload: dict) -> str:
+    return str({k: v for k, v in payload.items() if k != "kernel_options"})
+
+
 def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tuple[str, dict]]:
     """The float64 checks, the 64-bit offsets check and the finiteness check at the longest length."""
     tasks = [("check", c) for c in check_cases(quick)]
@@ -435,17 +447,22 @@ def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tupl
 
 
 def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool = False,
-                   lengths: tuple[int, ...] = (131072,), tokens: int = 131072, deadline: float | None = None):
+                   lengths: tuple[int, ...] = (131072,), tokens: int = 131072, deadline: float | None = None,
+                   kernel_options: dict | None = None):
     """Run the correctness tasks (first) and compile every kernel configuration in parallel processes, until
     ``deadline`` (``time.time()``); return the correctness results (checks, offsets, finite, what did not finish)
-    and the compile failures."""
+    and the compile failures. With ``kernel_options`` (kernel name → launch options, e.g. a sweep's winners): only
+    the correctness tasks, run with those options instead of the defaults."""
     tasks = [] if skip_check else correctness_tasks(quick, list(lengths), tokens)
-    for method in ("linmem RDN", "linmem RLA", "linmem GDN", "linmem sGLA") if DEVICE == "cuda" else ():
+    if kernel_options:
+        tasks = [(kind, dict(payload, kernel_options=kernel_options)) for kind, payload in tasks]
+    for method in ("linmem RDN", "linmem RLA", "linmem GDN", "linmem sGLA") if DEVICE == "cuda" and not kernel_options \
+            else ():
         tasks.append(("compile", dict(method=method)))
         if method in ("linmem RDN", "linmem RLA"):  # the tuned methods; the others compile on demand
             for variant in sweep_variants:
                 tasks.append(("options", dict(method=method, options=variant)))
-    for method in ("FLA sGLA", "FLA GDN", "FLA GLA") if DEVICE == "cuda" else ():
+    for method in ("FLA sGLA", "FLA GDN", "FLA GLA") if DEVICE == "cuda" and not kernel_options else ():
         tasks.append(("compile", dict(method=method, B=2, T=8192)))  # FLA's autotune candidates (results not kept)
     ctx = mp.get_context("spawn")
     results = dict(checks=[], offsets=None, finite=None, unfinished=[])
@@ -477,7 +494,7 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
                 print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
     for index, (kind, payload) in enumerate(tasks):
         if index not in done:  # stopped at the deadline (the pool's exit terminated the workers)
-            results["unfinished"].append(f"{kind} {_case_name(payload) if kind == 'check' else payload}")
+            results["unfinished"].append(f"{kind} {_case_name(payload) if kind == 'check' else _task_label(payload)}")
     if results["unfinished"]:
         print(f"not finished within the time budget: {results['unfinished']}", flush=True)
     return results, failures
@@ -607,6 +624,15 @@ def markdown(report: dict) -> str:
         if found:
             what = found.get("case") or f"no NaN/Inf in outputs and gradients at T = {found.get('T')}"
             lines += [f"{'passed' if found['passed'] else 'FAILED'}: {what} {found.get('finite') or ''}".strip(), ""]
+    tuned = report.get("tuned_checks")
+    if tuned:
+        bad = [c["case"] for c in tuned["checks"] if not c["passed"]]
+        bad += [key for key in ("offsets", "finite") if tuned.get(key) and not tuned[key]["passed"]]
+        lines += [f"Checked again with the sweep's winners ({json.dumps(tuned['options'])}), the launch options the "
+                  f"timings used: {sum(c['passed'] for c in tuned['checks'])} of {len(tuned['checks'])} cases within "
+                  "tolerance" + (f"; failed: {', '.join(bad)}" if bad else "; offsets and finiteness checks "
+                                 + ("passed" if tuned.get("offsets") and tuned.get("finite") else "not finished"))
+                  + (f"; not finished: {', '.join(tuned['unfinished'])}" if tuned["unfinished"] else "") + ".", ""]
     if report.get("skipped"):
         lines += ["Not run or not measured within the time budget: " + ", ".join(report["skipped"]), ""]
     if report.get("kernel_options"):
@@ -624,6 +650,10 @@ def summary(report: dict) -> str:
     for key in ("offsets", "finite"):
         if report.get(key):
             verdicts.append(f"{key} {'ok' if report[key]['passed'] else 'FAILED'}")
+    tuned = report.get("tuned_checks")
+    if tuned:
+        verdicts.append(f"with the sweep's winners {sum(c['passed'] for c in tuned['checks'])}/"
+                        f"{len(tuned['checks'])} passed")
     unfinished = [s for s in report.get("skipped", []) if not s.startswith("T=")]
     if unfinished:
         verdicts.append(f"{len(unfinished)} correctness/compile tasks not finished")
@@ -744,7 +774,14 @@ def main(argv=None) -> None:
     from linmem.ops.triton import function
 
     if args.sweep and left() > 0.3 * args.budget:
+        defaults = {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()}
         report["kernel_options"] = tune(variants, max(1, args.tokens // 32768), min(32768, args.tokens))
+        changed = {k: v for k, v in report["kernel_options"].items() if v != defaults[k]}
+        if changed and not args.skip_check:  # the options about to be timed, against float64 like the defaults
+            print(f"re-checking with the sweep's winners: {changed}", flush=True)
+            tuned, _ = warm_and_check([], args.workers, False, True, lengths, args.tokens,
+                                      deadline=time.time() + max(60.0, 0.3 * left()), kernel_options=changed)
+            report["tuned_checks"] = dict(tuned, options=changed)
     else:
         if args.sweep:
             print(f"sweep skipped: {left():.0f} s of the budget left", flush=True)
