@@ -329,6 +329,25 @@ def test_attention_masks_padding():
     assert torch.allclose(y_pad[:, 2:], layer(x), atol=TOL, rtol=0)
 
 
+
+def test_attention_hooks_see_the_rotated_queries_and_keys():
+    """``hook_q`` / ``hook_k`` carry ``[B, T, H, d]`` / ``[B, T, H_kv, d]`` after RoPE: the weights recomputed from
+    them, applied to the values, give the layer's output."""
+    layer = Attention(D, 4, num_kv_heads=2).double()
+    x = hidden(2, 7)
+    seen = {}
+    layer.hook_q.register_forward_hook(lambda m, a, out: seen.__setitem__("q", out))
+    layer.hook_k.register_forward_hook(lambda m, a, out: seen.__setitem__("k", out))
+    y = layer(x)
+    d = D // 4
+    assert seen["q"].shape == (2, 7, 4, d) and seen["k"].shape == (2, 7, 2, d)
+    k = seen["k"].repeat_interleave(2, dim=2)
+    v = layer.v_proj(x).view(2, 7, 2, d).repeat_interleave(2, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", seen["q"], k) / d**0.5
+    scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v)
+    assert torch.allclose(layer.o_proj(out.reshape(2, 7, -1)), y, atol=TOL, rtol=0)
+
 # ---------------------------------------------------------------- FLA 0.6.0 names and shapes
 
 def _shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -12,12 +12,11 @@ from functools import partial
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-import linmem.layers.attention as attention
 import linmem.zoo as zoo
 from linmem.data.shards import TokenShards
 from linmem.eval.niah import haystack_tokens, niah_trial
+from linmem.layers.attention import Attention
 
 
 def sublist_at(ids: list[int], part: list[int]) -> int:
@@ -28,20 +27,27 @@ def sublist_at(ids: list[int], part: list[int]) -> int:
     return -1
 
 
-class AttentionRecorder:
-    """Stands in for ``F.scaled_dot_product_attention`` inside linmem's attention layer and keeps, per call, the
-    attention weights of the last query position: ``[H, T]``."""
+def last_position_weights(model) -> list[torch.Tensor]:
+    """Forward hooks on every attention layer's ``hook_q`` and ``hook_k``: after a forward pass of one sequence, the
+    returned list holds, per layer, the attention weights of the last query position, ``[H, T]`` (with full causal
+    attention, as in the zoo, it sees every key: no mask is needed)."""
+    rows, seen = [], {}
+    for layer in model.model.layers:
+        attn = layer.attn
+        if not isinstance(attn, Attention):
+            continue
 
-    def __init__(self):
-        self.rows: list[torch.Tensor] = []
+        def keep_q(module, args, q):
+            seen["q"] = q
 
-    def __call__(self, q, k, v, attn_mask=None, **kwargs):
-        scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-                else scores + attn_mask
-        self.rows.append(scores[0, :, -1].softmax(-1))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
+        def weights(module, args, k, attn=attn):
+            q = seen.pop("q")[0, -1]  # [H, d]
+            k = k[0].repeat_interleave(attn.num_heads // attn.num_kv_heads, dim=1)  # [T, H, d]
+            rows.append(torch.einsum("hd,thd->ht", q, k).mul(attn.head_dim ** -0.5).softmax(-1))
+
+        attn.hook_q.register_forward_hook(keep_q)
+        attn.hook_k.register_forward_hook(weights)
+    return rows
 
 
 def main() -> None:
@@ -50,12 +56,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--length", type=int, default=256, help="tokens per trial, the end-of-text included")
     args = parser.parse_args()
-    recorder = AttentionRecorder()
-    attention.F = type("F", (), {"scaled_dot_product_attention": recorder})  # linmem's attention layer only
     for name in args.models.split(","):
         model, tokenizer = zoo.load(name)
         if not model.config.attn_layers:
             raise SystemExit(f"{name} has no attention layers")
+        rows = last_position_weights(model)
         heldout = next((zoo.path(name).parent / "_heldout").iterdir())
         hay = haystack_tokens(TokenShards(heldout).split("test"))
         encode = partial(tokenizer.encode, add_special_tokens=False)
@@ -69,11 +74,11 @@ def main() -> None:
             if number < 0:  # the number merged with its neighbours: take the needle's last tokens but the full stop
                 number = len(trial.needle) - len(trial.answer) - 1
             span = slice(needle_at + number, needle_at + number + len(trial.answer))
-            recorder.rows.clear()
+            rows.clear()
             with torch.no_grad():
                 logits = model(torch.tensor([ids])).logits[0, -1]
             right += int(logits.argmax().item() == trial.answer[0])
-            shares.append([row[:, span].sum(-1).tolist() for row in recorder.rows])
+            shares.append([row[:, span].sum(-1).tolist() for row in rows])
         mean = np.array(shares).mean(0)
         print(f"{name}: first answer token right in {right} of {args.trials} trials of {args.length} tokens")
         for layer, heads in zip(model.config.attn_layers, mean):

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linmem.layers.hooks import HookPoint
 from linmem.layers.norm import RMSNorm
 from linmem.layers.recurrent import padding_mask, zero_padding
 
@@ -62,6 +63,9 @@ class Attention(nn.Module):
         hidden_size: D. num_heads: H (head_dim = D / H, even). num_kv_heads: kv heads (None: H).
         qkv_bias: biases on q/k/v projections. qk_norm: per-head RMSNorm of q and k (``q_norm``, ``k_norm``).
         window_size: sliding window w (None: full causal). rope_theta: RoPE base. norm_eps: eps of qk norms.
+
+    Hook points (``linmem.layers.hooks``): ``hook_q`` ``[B, T, H, d]`` and ``hook_k`` ``[B, T, H_kv, d]``, the
+    queries and the new tokens' keys after RoPE, as the attention weights use them.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden_size, kv_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden_size, kv_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.hook_q, self.hook_k = HookPoint(), HookPoint()
         self.qk_norm = qk_norm
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=norm_eps)
@@ -121,6 +126,7 @@ class Attention(nn.Module):
             past = 0 if cache is None else cache.seen_tokens
             position_ids = torch.arange(past, past + length, device=q.device).expand(batch, length)
         q, k = apply_rope(q, position_ids, self.rope_theta), apply_rope(k, position_ids, self.rope_theta)
+        q, k = self.hook_q(q), self.hook_k(k)
         new_padding = padding_mask(attention_mask, length)
         k, v = zero_padding(k, new_padding), zero_padding(v, new_padding)  # masked keys must not carry NaN either
         if cache is not None:
