@@ -385,11 +385,11 @@ def _worker(numbered_task):
     return index, _run_task(kind, payload)
 
 
-def _run_task(kind, payload):
+def _run_task(kind, task):
     if os.environ.get("LINMEM_BENCH_SHAPE"):
         _set_shape(*(int(x) for x in os.environ["LINMEM_BENCH_SHAPE"].split(",")))
-    payload = dict(payload)
-    kernel_options = payload.pop("kernel_options", None)  # launch options to check instead of the defaults
+    kernel_options = task.get("kernel_options")  # launch options to run with instead of the defaults
+    payload = {key: value for key, value in task.items() if key != "kernel_options"}
     if kernel_options:
         from linmem.ops.triton import function
 
@@ -405,14 +405,8 @@ def _run_task(kind, payload):
             result = (run_check(payload) if kind == "check" else offsets_check(**payload) if kind == "offsets"
                       else finite_at_length(**payload))
             if kernel_options:
-                from linmem.ops.triton import function
-
                 result["kernel_options"] = {name: function.KERNEL_OPTIONS[name] for name in kernel_options}
             return kind, result
-        if kind == "options":  # compile linmem's kernels with these launch options
-            from linmem.ops.triton import function
-
-            function.KERNEL_OPTIONS.update(payload["options"])
         fn = METHODS[payload["method"]]
         # linmem's sequential passes pick their value block by the number of sequences (one long sequence and many
         # short ones compile different variants): warm both
@@ -420,18 +414,14 @@ def _run_task(kind, payload):
             o = fn(grad_leaves(bench_inputs(batch, payload.get("T", 2048) if batch == 1 else 128)))
             o.float().sum().backward()
         _sync()
-        return kind, dict(task=payload, ok=True)
+        return kind, dict(task=task, ok=True)
     except Exception as exc:  # noqa: BLE001
-        failed = dict(task=payload, ok=False, error=f"{type(exc).__name__}: {exc}",
+        failed = dict(task=task, ok=False, error=f"{type(exc).__name__}: {exc}",
                       trace=traceback.format_exc()[-2000:])
         if kind in ("check", "offsets", "finite"):
             name = _case_name(payload) if kind == "check" else f"{kind} {payload}"
             failed.update(case=name, errors={}, worst=math.inf, passed=False)
         return kind, failed
-
-
-def _task_label(payload: dict) -> str:
-    return str({k: v for k, v in payload.items() if k != "kernel_options"})
 
 
 def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tuple[str, dict]]:
@@ -461,7 +451,7 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
         tasks.append(("compile", dict(method=method)))
         if method in ("linmem RDN", "linmem RLA"):  # the tuned methods; the others compile on demand
             for variant in sweep_variants:
-                tasks.append(("options", dict(method=method, options=variant)))
+                tasks.append(("compile", dict(method=method, kernel_options=variant)))
     for method in ("FLA sGLA", "FLA GDN", "FLA GLA") if DEVICE == "cuda" and not kernel_options else ():
         tasks.append(("compile", dict(method=method, B=2, T=8192)))  # FLA's autotune candidates (results not kept)
     ctx = mp.get_context("spawn")
@@ -494,7 +484,7 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
                 print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
     for index, (kind, payload) in enumerate(tasks):
         if index not in done:  # stopped at the deadline (the pool's exit terminated the workers)
-            results["unfinished"].append(f"{kind} {_case_name(payload) if kind == 'check' else _task_label(payload)}")
+            results["unfinished"].append(f"{kind} {_case_name(payload) if kind == 'check' else payload}")
     if results["unfinished"]:
         print(f"not finished within the time budget: {results['unfinished']}", flush=True)
     return results, failures
