@@ -17,6 +17,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 import linmem  # noqa: F401  (registers the model class)
+import linmem.zoo as zoo
 from linmem.data.shards import TokenShards
 from linmem.train.data import resolve_generator
 
@@ -34,12 +35,12 @@ def config_and_model(name: str) -> tuple[dict, Path]:
     run = Path(name)
     if (run / "config.yaml").is_file():
         return yaml.safe_load((run / "config.yaml").read_text()), run / "model"
-    return yaml.safe_load((ROOT / f"configs/zoo/{name}.yaml").read_text()), ROOT / f"linmem/zoo/models/{name}"
+    return yaml.safe_load((ROOT / f"configs/zoo/{name}.yaml").read_text()), zoo.path(name)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", help="comma-separated zoo names (configs/zoo/NAME.yaml, linmem/zoo/models/NAME) "
+    parser.add_argument("models", help="comma-separated zoo names (configs/zoo/NAME.yaml, linmem.zoo.path(NAME)) "
                                        "or run folders")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--data", type=Path, default=ROOT / "data/zoo-4k")
