@@ -190,6 +190,20 @@ def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     assert all(r["kernel_options"] == options for r in done)
 
 
+def test_sweep_variants_each_change_one_default():
+    """Every variant of the benchmark's sweep changes one kernel's launch options, to something other than the
+    current default (a variant equal to the default would time the default twice), with no unknown option."""
+    from linmem.bench import kernels
+    from linmem.ops.triton import function
+
+    variants = kernels.sweep_variants()
+    assert variants
+    for variant in variants:
+        ((name, options),) = variant.items()
+        assert options != function.KERNEL_OPTIONS[name], name
+        assert set(options) == set(function.KERNEL_OPTIONS[name]), name
+
+
 def test_chunk_fallback_under_autocast():
     """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not cover (here
     fit_history=False) run on the chunk backend in the state dtype, autocast off, instead of letting the autocast

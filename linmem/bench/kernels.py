@@ -501,20 +501,22 @@ def sweep_variants() -> list[dict]:
     sequential = [dict(num_warps=4, num_stages=1, BV=16), dict(num_warps=4, num_stages=1, BV=32),
                   dict(num_warps=8, num_stages=None, BV=None),  # the default BV=None picks 16 or 32 per call
                   dict(num_warps=4, num_stages=1, BV=None)]  # one stage: the previous default
-    inverse = [dict(num_warps=2, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
-    inverse += [dict(num_warps=w, num_stages=1, PRECISION=None) for w in (1, 4)]
+    inverse = [dict(num_warps=1, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
+    inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # the third run's default
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]
             + [{"inverse": o} for o in inverse]
-            + [{"scores": dict(num_warps=w, num_stages=1)} for w in (2, 8)]
+            + [{"scores": dict(num_warps=4, num_stages=1)}]
             + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=2, BV=128)},
                {"output": dict(num_warps=8, num_stages=1, BV=128)}]
-            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=32)},
-               {"backward_scores": dict(num_warps=4, num_stages=None, BV=32)},
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=64)}]
-            + [{"backward_keys": dict(num_warps=8, num_stages=1, BV=64, BK=None)},
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None)},
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=128, BK=None)}]
-            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (2, 8)])
+            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)},
+               {"backward_scores": dict(num_warps=4, num_stages=None, BV=64)},
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=32)},  # the third run's default
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128)}]
+            + [{"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None)},  # the third run's default
+               {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None)},
+               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32)},  # half the accumulators
+               {"backward_keys": dict(num_warps=4, num_stages=None, BV=128, BK=None)}]
+            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
 
 
 def tune(variants, B, T) -> dict:

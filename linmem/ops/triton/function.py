@@ -53,21 +53,25 @@ from linmem.ops.triton.scores import chunk_scores
 # float32 ones (inverse.chunk_inverse). The values are the sweeps' winners on an H200 (docs/benchmarks/
 # kernels-status.md): num_stages=2 (the next loop iteration's tiles load during this one's dots) took RDN fwd+bwd at
 # B=4, T=32K from 35.1 ms to 32.6 (forward), 33.1 (reverse) and 32.9 (backward_keys) as single changes;
-# num_stages=None picks it where it fits in shared memory (``_pipeline_stages``).
+# num_stages=None picks it where it fits in shared memory (``_pipeline_stages``). The fourth run's sweep (27.59 ms
+# default) then took the inverse to 1 warp (26.51), backward_scores to BV 64 (26.65), backward_keys to 4 warps
+# (26.90), scores and decay_grad to 2 warps (27.50, 27.47); with all five, T = 2K took 24.59 ms (from 27.89).
 KERNEL_OPTIONS = {
-    "scores": dict(num_warps=4, num_stages=1),
-    "inverse": dict(num_warps=2, num_stages=1, PRECISION=None),
+    "scores": dict(num_warps=2, num_stages=1),
+    "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
     "forward": dict(num_warps=None, num_stages=None, BV=None),
     "output": dict(num_warps=4, num_stages=1, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None),
-    "backward_scores": dict(num_warps=8, num_stages=None, BV=32),
-    "backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None),
-    "decay_grad": dict(num_warps=4, num_stages=1),
+    "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
+    "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None),
+    "decay_grad": dict(num_warps=2, num_stages=1),
 }
 # float32 inputs (a test path, not a speed target) keep the second GPU run's options, checked against float64 there:
 # the wider tiles and fewer warps above spill registers with float32 tiles (offline sm_90 compiles, 2026-11-29:
-# inverse 2 warps +56 bytes per thread, output BV 128 +8 to +32, backward_keys BV 64 +56 to +120 at K >= 128).
-FLOAT32_OPTIONS = {"inverse": dict(num_warps=4), "output": dict(BV=64), "backward_keys": dict(BV=32)}
+# inverse 2 warps +56 bytes per thread, output BV 128 +8 to +32, backward_keys BV 64 +56 to +120 at K >= 128;
+# session 7: chunk_scores at 2 warps 488-2,312 bytes, backward_scores at BV 64 120-640, neither at 4 warps / BV 32).
+FLOAT32_OPTIONS = {"scores": dict(num_warps=4), "inverse": dict(num_warps=4), "output": dict(BV=64),
+                   "backward_scores": dict(BV=32), "backward_keys": dict(BV=32)}
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
 
 
