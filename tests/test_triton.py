@@ -109,6 +109,57 @@ def test_switches(rule, options):
     compare(make_inputs(1, 70, 2, 32, 16, seed=1), True, rule=rule, **options)
 
 
+class _Unused:
+    """Stands in for a kernel a test must not launch."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"{self.name} was launched")
+
+
+@pytest.mark.parametrize("rule, options, shape", [
+    ("additive", {}, (2, 100, 2, 32, 16)),
+    ("delta", {}, (2, 100, 2, 32, 16)),
+    ("delta", dict(output_gates=False, residual_target="tanh", clip=0.5), (1, 70, 2, 32, 16)),
+    ("additive", dict(output_gates=False, residual_target="identity", scale=0.7), (1, 70, 2, 32, 16)),
+    ("delta", dict(clip=0.2), (1, 66, 1, 200, 16)),
+    ("delta", dict(cu_seqlens=[0, 20, 20, 150, 151, 180]), (1, 180, 2, 32, 16)),
+])
+def test_fused_passes(rule, options, shape, monkeypatch):
+    """The ``FUSED`` launch option of the sequential passes (both memories in one forward pass and one reverse
+    pass) against the float64 reference; the one-memory passes must not run."""
+    from linmem.ops.triton import function
+
+    for name in ("forward", "backward_states"):
+        monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True))
+    for name in ("state_pass_kernel", "reverse_pass_kernel"):
+        monkeypatch.setattr(function, name, _Unused(name))
+    inputs = make_inputs(*shape, seed=11)
+    bounds = options.pop("cu_seqlens", None)
+    if bounds is not None:
+        for name in ("S0", "R0"):
+            inputs[name] = 0.3 * torch.randn(len(bounds) - 1, *inputs[name].shape[1:],
+                                             generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+        options["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+    compare(inputs, True, rule=rule, **options)
+
+
+def test_fused_option_resolves_per_memory(monkeypatch):
+    """FUSED takes effect only for a residual memory, and a fused pass whose options say None takes the narrow
+    block and one stage (it holds two states); a one-memory pass keeps its own choices."""
+    from linmem.ops.triton import function
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name in ("forward", "backward_states"):
+        monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True))
+        fused = function._options(name, 128, 128, torch.bfloat16, 256, residual=True)
+        alone = function._options(name, 128, 128, torch.bfloat16, 256, residual=False)
+        assert fused == ({"BV": 16, "FUSED": True}, {"num_warps": 4, "num_stages": 1})
+        assert alone == ({"BV": 32, "FUSED": False}, {"num_warps": 4, "num_stages": 2})
+
+
 @pytest.mark.parametrize("rule", ["additive", "delta"])
 def test_packed_sequences(rule):
     """cu_seqlens with an empty sequence, one shorter than a chunk and one spanning three chunks."""

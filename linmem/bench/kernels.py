@@ -498,9 +498,14 @@ def sweep_variants() -> list[dict]:
     sm_90 compiles in docs/benchmarks/kernels-status.md say which of them spill). Every variant computes the same
     thing to within the checked tolerances: the inverse's PRECISION variants are at least as exact as the default
     (tf32 for 16-bit inputs)."""
-    sequential = [dict(num_warps=4, num_stages=1, BV=16), dict(num_warps=4, num_stages=1, BV=32),
-                  dict(num_warps=8, num_stages=None, BV=None),  # the default BV=None picks 16 or 32 per call
-                  dict(num_warps=4, num_stages=1, BV=None)]  # one stage: the previous default
+    sequential = [dict(num_warps=4, num_stages=1, BV=16, FUSED=False),
+                  dict(num_warps=4, num_stages=1, BV=32, FUSED=False),
+                  dict(num_warps=8, num_stages=None, BV=None, FUSED=False),  # BV=None picks 16 or 32 per call
+                  dict(num_warps=4, num_stages=1, BV=None, FUSED=False),  # one stage: the second run's default
+                  # both memories in one pass (forward.py, backward_states.py): None picks BV 16 and one stage
+                  dict(num_warps=None, num_stages=None, BV=None, FUSED=True),
+                  dict(num_warps=None, num_stages=2, BV=16, FUSED=True),
+                  dict(num_warps=8, num_stages=1, BV=32, FUSED=True)]
     inverse = [dict(num_warps=1, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
     inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # the third run's default
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]

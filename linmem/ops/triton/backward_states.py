@@ -14,8 +14,9 @@ with write strength σ, read-out gradient ``ō`` (``scale·dO``, times γ for th
   diag(e^{bm}) d_err)``.
 
 RLA/RDN run it twice, the residual memory first (it emits d_err), then the base memory (it takes d_err): neither pass
-holds both states. Each stores dS at the end of every chunk (for backward_keys.py) and dx (dy for the residual
-memory) per token; every other gradient is chunk-parallel (backward_scores.py, backward_keys.py, decay_grad.py).
+holds both states; ``both_reverse_pass_kernel`` (launch option FUSED) runs both in one, chunk by chunk. Each
+stores dS at the end of every chunk (for backward_keys.py) and dx (dy for the residual memory) per token; every
+other gradient is chunk-parallel (backward_scores.py, backward_keys.py, decay_grad.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from linmem.ops.triton.primitives import (
     mm,
     read_blocks,
     residual_target_grad,
-    sequence_at,
+    sequential_program,
     state_at,
     store_blocks,
     store_token_rows,
@@ -50,14 +51,9 @@ def reverse_pass_kernel(
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr, GATED: tl.constexpr,
     ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, TARGET: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, length = sequence_at(cu_seqlens, i_n)
-    c0 = tl.load(chunk_offsets + i_n)
+    i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
     pos = tl.arange(0, C)
-    vc = i_v * BV + tl.arange(0, BV)
-    m_v = vc < V
 
     # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
     s0, s1, s2, s3 = load_blocks(state_at(d_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
@@ -103,3 +99,79 @@ def reverse_pass_kernel(
                 through_keys = tl.exp(bm)[:, None] * d_err
             s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
     store_blocks(state_at(d_initial, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.jit
+def both_reverse_pass_kernel(
+    q, k, do, b, g, beta, gamma, key_scores, base_scores, res_scores, inv_beta, inv_gamma, err,
+    d_base_final, d_res_final, d_base0, d_res0, d_base_chunks, d_res_chunks, dx_out, dy_out, d_err_out,
+    cu_seqlens, chunk_offsets, scale, clip,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, TARGET: tl.constexpr,
+):
+    """Both reverse passes of RLA/RDN in one (the ``FUSED`` launch option): per chunk the residual memory's part
+    first (dR, dy, d_err), then the base memory's, which takes this chunk's d_err from registers. The products are
+    those of the two ``reverse_pass_kernel`` launches (the residual one with ERR_OUT, the base one with ERR_IN)."""
+    i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
+    n_chunks = tl.cdiv(length, C)
+    pos = tl.arange(0, C)
+
+    s0, s1, s2, s3 = load_blocks(state_at(d_base_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    r0, r1, r2, r3 = load_blocks(state_at(d_res_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    for jj in range(n_chunks):
+        j = n_chunks - 1 - jj
+        tok, n_valid = chunk_of_sequence(bos, length, j, C)
+        m_t = pos < n_valid
+        store_blocks(state_at(d_base_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
+        store_blocks(state_at(d_res_chunks, c0 + j, i_h, H, K * V), r0, r1, r2, r3, vc, m_v, V, 1, K, BK, NK)
+        bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+        kp = at_token(k, tok, i_h, H, K)
+        qp = at_token(q, tok, i_h, H, K)
+        to_end = tl.exp(b_last - bb)[:, None]
+        d_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
+        gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
+        if GATED:
+            d_res_read = gamma_t[:, None] * d_read
+        else:
+            d_res_read = d_read
+
+        # the residual memory (values ρ(err), strength γ): dy, and d_err = ρ'(err) γ dy
+        du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)
+        du += mm(tl.trans(token_scores(res_scores, tok, i_h, pos, m_t, H, C)), d_res_read, DT)
+        if DELTA:
+            dy = mm(tl.trans(token_scores(inv_gamma, tok, i_h, pos, m_t, H, C)), du, DT)
+        else:
+            dy = du
+        store_token_rows(dy_out, dy, tok, i_h, pos, m_t, vc, m_v, H, V)
+        err_grad = residual_target_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+        d_err = err_grad * gamma_t[:, None] * dy
+        store_token_rows(d_err_out, d_err, tok, i_h, pos, m_t, vc, m_v, H, V)
+
+        # the base memory (values v, strength β), whose writes also enter the prediction error
+        du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+        du += mm(tl.trans(token_scores(base_scores, tok, i_h, pos, m_t, H, C)), d_read, DT)
+        du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)), d_err, DT)
+        if DELTA:
+            dx = mm(tl.trans(token_scores(inv_beta, tok, i_h, pos, m_t, H, C)), du, DT)
+        else:
+            dx = du
+        store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
+
+        decay_end = tl.exp(b_last)
+        exp_b = tl.exp(bb)[:, None]
+        r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, decay_end, qp, pos, m_t, exp_b * d_res_read,
+                                       H, K, BK, NK, DT)
+        if GATED:
+            base_read_decay = exp_b
+        else:
+            base_read_decay = tl.exp(bm)[:, None]
+        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, decay_end, qp, pos, m_t, base_read_decay * d_read,
+                                       H, K, BK, NK, DT)
+        through_keys = tl.exp(bm)[:, None] * d_err
+        if DELTA:
+            r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, 1.0, kp, pos, m_t, -(gamma_t[:, None] * exp_b * dy),
+                                           H, K, BK, NK, DT)
+            through_keys += token_gate(beta, tok, i_h, pos, m_t, H)[:, None] * exp_b * dx
+        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
+    store_blocks(state_at(d_base0, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+    store_blocks(state_at(d_res0, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)

@@ -6,13 +6,14 @@ Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
 2. inverse.py ``chunk_inverse_kernel`` [NT, H, 1 or 2] (delta rule): ``T_β``, ``T_γ``;
 3. forward.py ``state_pass_kernel`` [V/BV, N·H], sequential over chunks, once per memory: carries S, stores the
    states before every chunk, the writes u (delta), and the prediction error; with a residual memory a second
-   launch carries R on ``ρ(err)`` and stores w;
+   launch carries R on ``ρ(err)`` and stores w (launch option FUSED: ``both_states_pass_kernel``, both in one);
 4. forward.py ``output_kernel`` [V/BV, NT, H]: the read-outs from the stored states.
 
 Backward:
 
 5. backward_states.py ``reverse_pass_kernel`` [V/BV, N·H], reverse over chunks, once per memory (the residual one
-   first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients;
+   first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients (FUSED:
+   ``both_reverse_pass_kernel``, both in one);
 6. backward_scores.py ``backward_scores_kernel`` [NT, H]: dv, the score-matrix gradients E_Q, E_K, partial gate sums;
 7. backward_keys.py ``backward_keys_kernel`` [NT, H, K/BK]: dq, dk, partial gate sums;
 8. decay_grad.py ``decay_grad_kernel`` [NT, H]: dg, dβ, dγ.
@@ -29,9 +30,9 @@ from linmem.ops.config import MemoryConfig
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
-from linmem.ops.triton.backward_states import reverse_pass_kernel
+from linmem.ops.triton.backward_states import both_reverse_pass_kernel, reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
-from linmem.ops.triton.forward import output_kernel, state_pass_kernel
+from linmem.ops.triton.forward import both_states_pass_kernel, output_kernel, state_pass_kernel
 from linmem.ops.triton.inverse import chunk_inverse
 from linmem.ops.triton.layout import (
     CHUNK,
@@ -56,12 +57,14 @@ from linmem.ops.triton.scores import chunk_scores
 # num_stages=None picks it where it fits in shared memory (``_pipeline_stages``). The fourth run's sweep (27.59 ms
 # default) then took the inverse to 1 warp (26.51), backward_scores to BV 64 (26.65), backward_keys to 4 warps
 # (26.90), scores and decay_grad to 2 warps (27.50, 27.47); with all five, T = 2K took 24.59 ms (from 27.89).
+# FUSED (the sequential passes of RLA/RDN): both memories in one pass instead of one launch each; correct
+# (tests/test_triton.py), not yet timed on a GPU.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=2, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=None, BV=None),
+    "forward": dict(num_warps=None, num_stages=None, BV=None, FUSED=False),
     "output": dict(num_warps=4, num_stages=1, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=None, BV=None),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None, FUSED=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None),
     "decay_grad": dict(num_warps=2, num_stages=1),
@@ -100,18 +103,24 @@ def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
 
 
 def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
-             sequences: int = 0) -> tuple[dict, dict]:
-    """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
+             sequences: int = 0, residual: bool = False) -> tuple[dict, dict]:
+    """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass).
+    ``FUSED`` comes back resolved: true only for a residual memory. A fused pass holds two states, so where its
+    options say None it takes BV 16 and one stage (offline sm_90 compiles, bf16 K = 128: BV 32 spills 160-168 bytes
+    per thread at 4 warps; BV 16 with two stages asks 225.5 KiB of shared memory in the reverse pass, at the limit)."""
     opts = dict(KERNEL_OPTIONS[name])
     if dtype == torch.float32:
         opts.update(FLOAT32_OPTIONS.get(name, {}))
+    fused = bool(opts.get("FUSED")) and residual
+    if "FUSED" in opts:
+        opts["FUSED"] = fused
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if "num_warps" in launch and launch["num_warps"] is None:
         launch["num_warps"] = 8 if dtype == torch.float32 else 4
     if "num_stages" in launch and launch["num_stages"] is None:
-        launch["num_stages"] = _pipeline_stages(key_dim, dtype)
+        launch["num_stages"] = 1 if fused else _pipeline_stages(key_dim, dtype)
     if opts.get("BV", 0) is None:
-        opts["BV"] = _sequential_block(key_dim, dtype, sequences * triton.cdiv(value_dim, 32))
+        opts["BV"] = 16 if fused else _sequential_block(key_dim, dtype, sequences * triton.cdiv(value_dim, 32))
     if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators)
         opts["BK"] = min(opts["BK"] or (32 if dtype == torch.float32 else 64), key_tiling(key_dim)[0])
     if interpreting():
@@ -169,26 +178,35 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     err = _buf(per_token, dev) if flags.residual else None
     base_final = _buf(final, dev)
     dummy = b
-    blocks, launch = _options("forward", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
+    blocks, launch = _options("forward", value_dim, key_dim, k.dtype, layout.num_seqs * heads, flags.residual)
+    fused = blocks.pop("FUSED")
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
-    # the base memory (values v, strength β), emitting the prediction error for the residual memory
-    state_pass_kernel[grid](
-        k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, base_final, base_chunks,
-        _or(u, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-        FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
-    )
     res_chunks = w = res_final = None
-    if flags.residual:  # the residual memory (values ρ(err), strength γ)
+    if flags.residual:
         res_chunks = _buf(per_chunk, dev, flags.store_dtype)
         w = _buf(per_token, dev, flags.store_dtype)
         res_final = _buf(final, dev)
-        state_pass_kernel[grid](
-            k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), err, res0, res_final, res_chunks, w, dummy,
-            layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-            FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
+    if fused:  # both memories in one pass, the prediction error handed over in registers
+        both_states_pass_kernel[grid](
+            k, v, b, g, beta, gamma, _or(key_scores, dummy), _or(inv_beta, dummy), _or(inv_gamma, dummy), base0,
+            res0, base_final, res_final, base_chunks, res_chunks, _or(u, dummy), w, err, layout.cu_seqlens,
+            layout.chunk_offsets, flags.clip, **common,
         )
+    else:
+        # the base memory (values v, strength β), emitting the prediction error for the residual memory
+        state_pass_kernel[grid](
+            k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, base_final, base_chunks,
+            _or(u, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+            FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
+        )
+        if flags.residual:  # the residual memory (values ρ(err), strength γ)
+            state_pass_kernel[grid](
+                k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), err, res0, res_final, res_chunks, w, dummy,
+                layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+                FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
+            )
     o = _buf(per_token, dev, v.dtype)
     blocks, launch = _options("output", value_dim, key_dim, k.dtype)
     output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
@@ -219,26 +237,37 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dx = _buf(per_token, dev, flags.store_dtype)
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
     d_base0 = _buf(initial, dev)
-    blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
+    blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads,
+                              flags.residual)
+    fused = blocks.pop("FUSED")
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     dy = d_err = d_res_chunks = d_res0 = None
-    if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+    if flags.residual:
         dy = _buf(per_token, dev, flags.store_dtype)
         d_err = _buf(per_token, dev, flags.store_dtype)
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
         d_res0 = _buf(initial, dev)
-        reverse_pass_kernel[grid](
-            q, k, do, s["b"], g, gamma_, gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy,
-            d_res_final, d_res0, d_res_chunks, dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-            READ_BM=False, GATED=flags.gates, ERR_IN=False, ERR_OUT=True, **common,
+    if fused:  # both memories in one reverse pass, d_err handed over in registers
+        both_reverse_pass_kernel[grid](
+            q, k, do, s["b"], g, beta, gamma, s["key_scores"], s["base_scores"], s["res_scores"], s["inv_beta"],
+            s["inv_gamma"], s["err"], d_base_final, d_res_final, d_base0, d_res0, d_base_chunks, d_res_chunks, dx,
+            dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip, GATED=flags.gates, **common,
         )
-    reverse_pass_kernel[grid](
-        q, k, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
-        d_base_final, d_base0, d_base_chunks, dx, dummy, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-        READ_BM=flags.residual and not flags.gates, GATED=False, ERR_IN=flags.residual, ERR_OUT=False, **common,
-    )
+    else:
+        if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+            reverse_pass_kernel[grid](
+                q, k, do, s["b"], g, gamma_, gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy,
+                d_res_final, d_res0, d_res_chunks, dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale,
+                flags.clip, READ_BM=False, GATED=flags.gates, ERR_IN=False, ERR_OUT=True, **common,
+            )
+        reverse_pass_kernel[grid](
+            q, k, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["inv_beta"], dummy,
+            _or(d_err, dummy), d_base_final, d_base0, d_base_chunks, dx, dummy, layout.cu_seqlens,
+            layout.chunk_offsets, scale, flags.clip, READ_BM=flags.residual and not flags.gates, GATED=False,
+            ERR_IN=flags.residual, ERR_OUT=False, **common,
+        )
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, the last from

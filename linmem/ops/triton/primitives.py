@@ -63,6 +63,18 @@ def sequence_at(cu_seqlens, i_n):
 
 
 @triton.jit
+def sequential_program(cu_seqlens, chunk_offsets, H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """What program ``(value block, sequence·head)`` of a sequential pass works on: sequence ``i_n``, head ``i_h``,
+    the sequence's first token (int64) and length, its first global chunk ``c0``, value columns ``vc`` and their
+    mask."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n = i_nh // H
+    bos, length = sequence_at(cu_seqlens, i_n)
+    vc = i_v * BV + tl.arange(0, BV)
+    return i_n, i_nh % H, bos, length, tl.load(chunk_offsets + i_n), vc, vc < V
+
+
+@triton.jit
 def chunk_at(cu_seqlens, chunk_indices, i_c, C: tl.constexpr):
     """Global chunk ``i_c``: its sequence, its first token (int64) and its number of tokens (1..C)."""
     i_n = tl.load(chunk_indices + 2 * i_c)
