@@ -72,6 +72,32 @@ def test_rate_variants_change_only_the_schedule_and_the_evaluation():
     assert varied["train"]["steps"] == base["train"]["steps"] and varied["train"]["seed"] == base["train"]["seed"]
 
 
+def test_seed_variants_change_only_the_seed_and_the_evaluation():
+    for config in (ROOT / "configs" / "zoo" / "rdn.yaml", ROOT / "configs" / "zoo" / "stage2" / "rdn.yaml"):
+        base = yaml.safe_load(config.read_text())
+        varied = yaml.safe_load(race.variant(config.read_text(), lr=base["optim"]["lr"], seed=7))
+        assert varied["train"]["seed"] == 7 != base["train"]["seed"]
+        assert varied["model"] == base["model"] and varied["data"] == base["data"]
+        assert {k: v for k, v in varied["train"].items() if k not in ("seed", "eval_interval", "eval_tokens",
+                                                                       "checkpoint_interval")} == \
+            {k: v for k, v in base["train"].items() if k not in ("seed", "eval_interval", "eval_tokens",
+                                                                 "checkpoint_interval")}
+
+
+def test_seed_variant_of_a_config_without_a_seed():
+    varied = yaml.safe_load(race.variant(TINY_RACE_CONFIG, seed=5))
+    assert varied["train"]["seed"] == 5 and varied["train"]["steps"] == 300
+
+
+def test_seeded_runs_have_their_own_folders_and_seed_parsing(tmp_path):
+    assert race.Entry("gdn", 2e-3, tmp_path, seed=3).label == "gdn-lr0.002-seed3"
+    assert race.Entry("gdn", 2e-3, tmp_path).label == "gdn-lr0.002"
+    assert race.parse_seeds("0,1,5") == [0, 1, 5]
+    for bad in ("0,x", "1,1"):
+        with pytest.raises(race.argparse.ArgumentTypeError):
+            race.parse_seeds(bad)
+
+
 def test_plan_parsing(tmp_path):
     (tmp_path / "a.yaml").write_text("name: a\n")
     assert race.parse_plan(["a=2e-3,5e-3"], tmp_path) == {"a": [2e-3, 5e-3]}
@@ -143,3 +169,16 @@ def test_a_tiny_race_end_to_end(dataset, tmp_path):
     assert (out / winner / "model" / "model.safetensors").is_file()
     loser = ({"tiny-lr0.002", "tiny-lr0.004"} - {winner}).pop()
     assert not (out / loser / "model").exists() and any((out / loser / "checkpoints").iterdir())
+
+    # the same config at one rate and two train seeds: one run per seed, each with its own seed, one kept
+    seeded = tmp_path / "seeds"
+    done = subprocess.run([sys.executable, str(ROOT / "configs" / "zoo" / "lr_race.py"), "--out", str(seeded),
+                           "--configs-dir", str(configs), "--decide-step", "4", "--device", "cpu",
+                           "--poll-seconds", "0.5", "--seeds", "3,4", "tiny=2e-3"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    choice = json.loads((seeded / "choices.json").read_text())["tiny"]
+    assert choice["winner"] == f"tiny-lr0.002-seed{choice['seed']}" and choice["seed"] in (3, 4)
+    for seed in (3, 4):
+        config = yaml.safe_load((seeded / "configs" / f"tiny-lr0.002-seed{seed}.yaml").read_text())
+        assert config["train"]["seed"] == seed

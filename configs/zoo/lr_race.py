@@ -13,6 +13,11 @@ is decided at the last update all of them reached:
 2. otherwise the lowest training recall loss over the 100 updates before it (the plateau at ln 512 is left
    first by the rate that will learn recall first).
 
+With ``--seeds 0,1,2`` every config and rate runs once per train seed (``OUT/NAME-lrLR-seedS``), and the same rule
+keeps one run per config: small models leave the recall plateau at a different update for each seed (the zoo's RLA
+learned MQAR, NIAH and the facts in its first stage with seed 1 and not with seed 0), so a race of seeds keeps the
+one that left it first.
+
 The losers get SIGTERM (they write a checkpoint and stop). ``OUT/choices.json`` records every decision with its
 figures; ``OUT/status.txt`` is rewritten every 15 s; a number written to ``OUT/deadline`` replaces ``--seconds``.
 After ``--seconds`` every run still going is stopped with a checkpoint and, if it is a winner, finalised where it
@@ -55,13 +60,14 @@ class Entry:
     name: str
     lr: float
     folder: Path
+    seed: int | None = None  # the config's train.seed replaced (--seeds), else as the config has it
     process: subprocess.Popen | None = None
     status: str = "running"  # running, stopped (lost the race), done, finalised, failed
     rows: list[dict] = field(default_factory=list)
 
     @property
     def label(self) -> str:
-        return f"{self.name}-lr{self.lr:g}"
+        return f"{self.name}-lr{self.lr:g}" + ("" if self.seed is None else f"-seed{self.seed}")
 
     def read(self) -> None:
         path = self.folder / "metrics.jsonl"
@@ -87,6 +93,16 @@ class Entry:
         return statistics.mean(finite) if finite and len(finite) == len(losses) else math.inf
 
 
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: a seed is given twice")
+    return seeds
+
+
 def parse_plan(items: list[str], configs_dir: Path) -> dict[str, list[float]]:
     plan = {}
     for item in items:
@@ -102,7 +118,7 @@ def parse_plan(items: list[str], configs_dir: Path) -> dict[str, list[float]]:
 
 def launch(entry: Entry, python: str, configs_dir: Path, configs: Path) -> None:
     config = configs / f"{entry.label}.yaml"
-    config.write_text(variant((configs_dir / f"{entry.name}.yaml").read_text(), lr=entry.lr))
+    config.write_text(variant((configs_dir / f"{entry.name}.yaml").read_text(), lr=entry.lr, seed=entry.seed))
     entry.folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(entry.folder.parent / f"{entry.label}.log", "ab") as log:  # the child keeps its own copy of the handle
@@ -125,7 +141,7 @@ def decide(group: list[Entry], recall_bar: float) -> tuple[Entry, dict]:
         rule = (f"lowest training recall loss over updates {max(1, step - 99)}-{step} "
                 f"(no rate at {recall_bar:g} accuracy yet)")
     return winner, {"decided_at_update": step, "rule": rule, "winner": winner.label, "lr": winner.lr,
-                    "figures": figures}
+                    "seed": winner.seed, "figures": figures}
 
 
 def status_table(entries: list[Entry], elapsed: float) -> str:
@@ -169,16 +185,23 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--poll-seconds", type=float, default=POLL_SECONDS, help="how often the runs are read")
     parser.add_argument("--configs-dir", type=Path, default=HERE, help="where NAME.yaml are (default: configs/zoo)")
+    parser.add_argument("--seeds", type=parse_seeds, default=None,
+                        help="comma-separated train seeds: every config and rate runs once per seed (the config's "
+                             "own seed when not given)")
     args = parser.parse_args()
     plan = parse_plan(args.plan, args.configs_dir)
+    seeds = args.seeds or [None]
     configs = args.out / "configs"
     configs.mkdir(parents=True, exist_ok=True)
-    entries = [Entry(name, lr, args.out / f"{name}-lr{lr:g}") for name, rates in plan.items() for lr in rates]
+    entries = [Entry(name, lr, Path(), seed) for name, rates in plan.items() for lr in rates for seed in seeds]
+    for e in entries:
+        e.folder = args.out / e.label
     for e in entries:
         launch(e, args.python, args.configs_dir, configs)
     choices_path = args.out / "choices.json"
     choices = json.loads(choices_path.read_text()) if choices_path.is_file() else {}
-    winners = {name: next(e for e in entries if e.name == name) for name, rates in plan.items() if len(rates) == 1}
+    winners = {name: next(e for e in entries if e.name == name) for name, rates in plan.items()
+               if len(rates) * len(seeds) == 1}
     for name, choice in choices.items():
         winners[name] = next(e for e in entries if e.label == choice["winner"])
     evaluations: dict[str, subprocess.Popen] = {}
@@ -210,7 +233,8 @@ def main() -> int:
                 continue
             if len(alive) == 1:
                 winners[name] = alive[0]
-                choices[name] = {"winner": alive[0].label, "lr": alive[0].lr, "rule": "the only rate not failed"}
+                choices[name] = {"winner": alive[0].label, "lr": alive[0].lr, "seed": alive[0].seed,
+                                 "rule": "the only run not failed"}
             elif (min(e.step for e in alive) >= args.decide_step or all(e.status == "done" for e in alive)
                   or (elapsed >= args.decide_seconds and min(e.step for e in alive) >= 100) or at_deadline):
                 winners[name], choices[name] = decide(alive, args.recall_bar)

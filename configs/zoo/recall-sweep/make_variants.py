@@ -26,8 +26,9 @@ VARIANTS = {
 }
 
 
-def variant(text: str, fraction=None, weight=None, lr=None, recall=None) -> str:
-    """``text`` (a zoo config) with the given data/optim keys replaced and evaluation every 100 updates."""
+def variant(text: str, fraction=None, weight=None, lr=None, recall=None, seed=None) -> str:
+    """``text`` (a zoo config) with the given data/optim keys (and the train seed) replaced and evaluation every 100
+    updates."""
     if fraction is not None:
         text = re.sub(r"recall_fraction: [0-9.]+", f"recall_fraction: {fraction}", text)
     if weight is not None:
@@ -37,6 +38,12 @@ def variant(text: str, fraction=None, weight=None, lr=None, recall=None) -> str:
         text = re.sub(r"min_lr: [0-9.e-]+", f"min_lr: {lr / 10:.3g}", text)
     if recall is not None:
         text = re.sub(r"  recall:\n(    .*\n)+", "  recall:\n" + "".join(f"    - {r}\n" for r in recall), text)
+    if seed is not None:
+        text, found = re.subn(r"(\ntrain:\n(?:  .*\n)*?  seed: )\d+", rf"\g<1>{int(seed)}", text)
+        if not found:  # the config leaves the seed at its default: say it
+            text, found = re.subn(r"\ntrain:\n", f"\ntrain:\n  seed: {int(seed)}\n", text)
+        if not found:
+            raise ValueError("no train section to set the seed in")
     text = re.sub(r"eval_interval: \d+", "eval_interval: 100", text)
     text = re.sub(r"eval_tokens: \d+", "eval_tokens: 16384", text)
     return re.sub(r"checkpoint_interval: \d+", "checkpoint_interval: 100000", text)
