@@ -126,6 +126,7 @@ class _Unused:
     ("additive", dict(output_gates=False, residual_target="identity", scale=0.7), (1, 70, 2, 32, 16)),
     ("delta", dict(clip=0.2), (1, 66, 1, 200, 16)),
     ("delta", dict(cu_seqlens=[0, 20, 20, 150, 151, 180]), (1, 180, 2, 32, 16)),
+    ("delta", dict(dtype=torch.bfloat16), (1, 70, 2, 32, 16)),
 ])
 def test_fused_passes(rule, options, shape, monkeypatch):
     """The ``FUSED`` launch option of the sequential passes (both memories in one forward pass and one reverse
@@ -143,7 +144,8 @@ def test_fused_passes(rule, options, shape, monkeypatch):
             inputs[name] = 0.3 * torch.randn(len(bounds) - 1, *inputs[name].shape[1:],
                                              generator=torch.Generator().manual_seed(12), dtype=torch.float64)
         options["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
-    compare(inputs, True, rule=rule, **options)
+    dtype = options.pop("dtype", torch.float32)
+    compare(inputs, True, dtype=dtype, tol=TOL if dtype == torch.float32 else 2e-2, rule=rule, **options)
 
 
 def test_fused_option_resolves_per_memory(monkeypatch):
