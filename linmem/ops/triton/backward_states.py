@@ -44,6 +44,22 @@ from linmem.ops.triton.primitives import (
 
 
 @triton.jit
+def _input_grad(kp, to_end, s0, s1, s2, s3, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t,
+                H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+                DT: tl.constexpr, DELTA: tl.constexpr, ERR_IN: tl.constexpr):
+    """dx ([C, BV]), the gradient of one memory's write input in a chunk: ``du = diag(e^{b_C − b}) K dSᵀ + Pᵀ ō``
+    (− ``A'ᵀ d_err`` with ERR_IN; ``d_err`` is unused without it), then ``T_σᵀ du`` (delta) or du."""
+    du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+    du += mm(tl.trans(token_scores(scores, tok, i_h, pos, m_t, H, C)), d_read, DT)
+    if ERR_IN:
+        du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)), d_err, DT)
+    dx = du
+    if DELTA:
+        dx = mm(tl.trans(token_scores(inverse, tok, i_h, pos, m_t, H, C)), du, DT)
+    return dx
+
+
+@triton.jit
 def reverse_pass_kernel(
     q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_err_in,
     d_final, d_initial, d_chunks, dx_out, d_err_out, cu_seqlens, chunk_offsets, scale, clip,
@@ -68,15 +84,11 @@ def reverse_pass_kernel(
         if GATED:
             d_read = token_gate(gamma, tok, i_h, pos, m_t, H)[:, None] * d_read
 
-        du = tl.exp(b_last - bb)[:, None] * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-        du += mm(tl.trans(token_scores(scores, tok, i_h, pos, m_t, H, C)), d_read, DT)
+        d_err = d_read  # unused without ERR_IN
         if ERR_IN:
             d_err = token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-            du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)), d_err, DT)
-        if DELTA:
-            dx = mm(tl.trans(token_scores(inverse, tok, i_h, pos, m_t, H, C)), du, DT)
-        else:
-            dx = du
+        dx = _input_grad(kp, tl.exp(b_last - bb)[:, None], s0, s1, s2, s3, scores, d_read, key_scores, d_err,
+                         inverse, tok, i_h, pos, m_t, H, K, C, BK, NK, DT, DELTA, ERR_IN)
         store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
         if DELTA or ERR_OUT:
             sigma = token_gate(strength, tok, i_h, pos, m_t, H)
@@ -136,25 +148,16 @@ def both_reverse_pass_kernel(
             d_res_read = d_read
 
         # the residual memory (values ρ(err), strength γ): dy, and d_err = ρ'(err) γ dy
-        du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)
-        du += mm(tl.trans(token_scores(res_scores, tok, i_h, pos, m_t, H, C)), d_res_read, DT)
-        if DELTA:
-            dy = mm(tl.trans(token_scores(inv_gamma, tok, i_h, pos, m_t, H, C)), du, DT)
-        else:
-            dy = du
+        dy = _input_grad(kp, to_end, r0, r1, r2, r3, res_scores, d_res_read, key_scores, d_res_read, inv_gamma,
+                         tok, i_h, pos, m_t, H, K, C, BK, NK, DT, DELTA, False)
         store_token_rows(dy_out, dy, tok, i_h, pos, m_t, vc, m_v, H, V)
         err_grad = residual_target_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
         d_err = err_grad * gamma_t[:, None] * dy
         store_token_rows(d_err_out, d_err, tok, i_h, pos, m_t, vc, m_v, H, V)
 
         # the base memory (values v, strength β), whose writes also enter the prediction error
-        du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-        du += mm(tl.trans(token_scores(base_scores, tok, i_h, pos, m_t, H, C)), d_read, DT)
-        du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)), d_err, DT)
-        if DELTA:
-            dx = mm(tl.trans(token_scores(inv_beta, tok, i_h, pos, m_t, H, C)), du, DT)
-        else:
-            dx = du
+        dx = _input_grad(kp, to_end, s0, s1, s2, s3, base_scores, d_read, key_scores, d_err, inv_beta,
+                         tok, i_h, pos, m_t, H, K, C, BK, NK, DT, DELTA, True)
         store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
 
         decay_end = tl.exp(b_last)
