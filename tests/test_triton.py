@@ -149,8 +149,9 @@ def test_fused_passes(rule, options, shape, monkeypatch):
 
 
 def test_fused_option_resolves_per_memory(monkeypatch):
-    """FUSED takes effect only for a residual memory, and a fused pass whose options say None takes the narrow
-    block and one stage (it holds two states); a one-memory pass keeps its own choices."""
+    """FUSED takes effect only for a residual memory, and a fused pass whose options say None takes 4 warps, the
+    narrow block and one stage (it holds two states); more than 4 warps is refused; a one-memory pass keeps its own
+    choices."""
     from linmem.ops.triton import function
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -160,6 +161,15 @@ def test_fused_option_resolves_per_memory(monkeypatch):
         alone = function._options(name, 128, 128, torch.bfloat16, 256, residual=False)
         assert fused == ({"BV": 16, "FUSED": True}, {"num_warps": 4, "num_stages": 1})
         assert alone == ({"BV": 32, "FUSED": False}, {"num_warps": 4, "num_stages": 2})
+        # float32 one-memory passes take 8 warps; a fused one stays at 4, and asking it for 8 is refused (it faulted
+        # or computed wrong results at 8 warps on the GPU)
+        assert function._options(name, 128, 128, torch.float32, 256, residual=True)[1]["num_warps"] == 4
+        assert function._options(name, 128, 128, torch.float32, 256, residual=False)[1]["num_warps"] == 8
+        monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True,
+                                                                 num_warps=8))
+        with pytest.raises(ValueError, match="at most 4 warps"):
+            function._options(name, 128, 128, torch.bfloat16, 256, residual=True)
+        assert function._options(name, 128, 128, torch.bfloat16, 256, residual=False)[1]["num_warps"] == 8
 
 
 @pytest.mark.parametrize("rule", ["additive", "delta"])

@@ -6,8 +6,9 @@ The clipped residual target ``r = clip(err, ±c)`` has the derivative ``ρ' ∈ 
 memory's prediction error that lies within rounding distance of ±c flips between the two when the inputs are
 rounded, and its whole gradient to v moves with it. This script runs the exact float64 ``chunk`` op twice, once on
 the inputs and once on q, k, v rounded to tf32 (10 mantissa bits, what the GPU's float32 dots see), and prints the
-relative Frobenius change of dv for the clip and the tanh target. The gap between the two is the part of a kernel's
-dv error that no kernel can remove; ``linmem.bench.kernels`` sets its clip-dv tolerances from it.
+relative Frobenius change of every input gradient for the clip and the tanh target. The gap between the two is the
+part of a kernel's gradient error that no kernel can remove: dv moves most (it takes ``ρ'`` directly), and dk, dg,
+dβ move with it through the base memory's backward; ``linmem.bench.kernels`` sets its clip-case tolerances from it.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.round(mantissa * 2**11) / 2**11, exponent)
 
 
-def value_gradient(inputs: list[torch.Tensor], grad_o: torch.Tensor, rule: str, target: str) -> torch.Tensor:
-    """dv ``[B, T, H, D]`` of the residual memory for ``inputs = [q, k, v, g, beta, gamma]``."""
+GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dgamma")
+
+
+def input_gradients(inputs: list[torch.Tensor], grad_o: torch.Tensor, rule: str, target: str) -> dict:
+    """The residual memory's gradients for ``inputs = [q, k, v, g, beta, gamma]``, named as in ``GRADIENTS``."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     o, _ = linear_memory(*leaves, rule=rule, residual=True, residual_target=target, backend="chunk")
     o.backward(grad_o)
-    return leaves[2].grad
+    return {name: leaf.grad for name, leaf in zip(GRADIENTS, leaves)}
 
 
 def random_inputs(generator: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -46,24 +50,27 @@ def random_inputs(generator: torch.Generator) -> tuple[list[torch.Tensor], torch
     return [q, k, normal(B, T, H, D), g, beta, gamma], normal(B, T, H, D)
 
 
-def main(argv: list[str] | None = None) -> dict[tuple[str, str], float]:
+def main(argv: list[str] | None = None) -> dict[tuple[str, str, str], float]:
+    """The worst relative change of each gradient, keyed by (rule, target, gradient name)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--seed", type=int, default=None, help="default: fresh random inputs")
     args = parser.parse_args(argv)
     generator = torch.Generator()
     generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
-    worst: dict[tuple[str, str], float] = {}
+    worst: dict[tuple[str, str, str], float] = {}
+    print(f"worst relative change of each gradient from tf32-rounded q, k, v over {args.trials} trials")
+    print(f"{'rule':8} {'target':6} " + " ".join(f"{name:>7}" for name in GRADIENTS))
     for rule in ("delta", "additive"):
         for target in ("clip", "tanh"):
             for _ in range(args.trials):
                 inputs, grad_o = random_inputs(generator)
-                exact = value_gradient(inputs, grad_o, rule, target)
-                rounded = value_gradient([round_to_tf32(t) for t in inputs[:3]] + inputs[3:], grad_o, rule, target)
-                change = ((rounded - exact).norm() / exact.norm()).item()
-                worst[rule, target] = max(worst.get((rule, target), 0.0), change)
-            print(f"{rule:8} {target:5} worst relative dv change from tf32-rounded q, k, v over {args.trials} "
-                  f"trials: {worst[rule, target]:.1e}")
+                exact = input_gradients(inputs, grad_o, rule, target)
+                rounded = input_gradients([round_to_tf32(t) for t in inputs[:3]] + inputs[3:], grad_o, rule, target)
+                for name in GRADIENTS:
+                    change = ((rounded[name] - exact[name]).norm() / exact[name].norm()).item()
+                    worst[rule, target, name] = max(worst.get((rule, target, name), 0.0), change)
+            print(f"{rule:8} {target:6} " + " ".join(f"{worst[rule, target, n]:7.1e}" for n in GRADIENTS))
     return worst
 
 

@@ -51,12 +51,19 @@ TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole te
 # in an exact float64 run moves dv by ~6e-3 for clip and 3e-4 for tanh (`python -m linmem.bench.clip_sensitivity`);
 # bf16 inputs move it by ~1e-2. The tanh cases check the same paths at the plain tolerance.
 CLIP_DV_TOLERANCE = {torch.float32: 1.5e-2, torch.bfloat16: 3e-2}
+# The flips reach dk, dg and dβ too, through the base memory's backward, at up to a quarter of dv's change (16 trials
+# of the same rounding: dk 1.5e-3, dg 1.2e-3, dβ 1.9e-3 against dv 8.1e-3; tanh 3-4e-4 for all). Two float32 GPU
+# checks out of about forty failed that way at 3e-3 (dβ 4.4e-3; dβ 3.5e-3 and dg 3.0e-3 beside dv 1.4e-2), so clip
+# cases allow them the plain tolerance plus a third of the dv allowance; dq, dγ and the states keep the plain one.
+CLIP_COUPLED_TOLERANCE = {dtype: TOLERANCE[dtype] + CLIP_DV_TOLERANCE[dtype] / 3 for dtype in TOLERANCE}
 
 
 def _tolerance(case: dict, dtype: torch.dtype, name: str) -> float:
     clipped = case["residual"] and case.get("options", {}).get("residual_target", "clip") == "clip"
     if clipped and name == "dv":
         return CLIP_DV_TOLERANCE[dtype]
+    if clipped and name in ("dk", "dg", "dbeta"):
+        return CLIP_COUPLED_TOLERANCE[dtype]
     return TOLERANCE[dtype]
 
 # ------------------------------------------------------------------------------------------------ inputs and runs
@@ -505,12 +512,12 @@ def sweep_variants() -> list[dict]:
                   # both memories in one pass (forward.py, backward_states.py): None picks BV 16 and one stage
                   dict(num_warps=None, num_stages=None, BV=None, FUSED=True),
                   dict(num_warps=None, num_stages=2, BV=16, FUSED=True),
-                  dict(num_warps=8, num_stages=1, BV=32, FUSED=True)]
+                  dict(num_warps=4, num_stages=1, BV=32, FUSED=True)]  # spills 160-168 B offline (FUSED_MAX_WARPS: 4)
     inverse = [dict(num_warps=1, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
     inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # the third run's default
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]
             + [{"inverse": o} for o in inverse]
-            + [{"scores": dict(num_warps=4, num_stages=1)}]
+            + [{"scores": dict(num_warps=2, num_stages=1)}]  # the fourth run's default
             + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=2, BV=128)},
                {"output": dict(num_warps=8, num_stages=1, BV=128)}]
             + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)},
@@ -521,7 +528,7 @@ def sweep_variants() -> list[dict]:
                {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None)},
                {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32)},  # half the accumulators
                {"backward_keys": dict(num_warps=4, num_stages=None, BV=128, BK=None)}]
-            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
+            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (2, 4)])
 
 
 def tune(variants, B, T) -> dict:
@@ -607,8 +614,9 @@ def markdown(report: dict) -> str:
         lines += ["## Correctness (linmem Triton vs float64 reference, relative Frobenius errors)", "",
                   f"{passed} of {len(checks)} cases within tolerance (fp32 {TOLERANCE[torch.float32]:.0e}, bf16 "
                   f"{TOLERANCE[torch.bfloat16]:.0e}; dv of clip cases {CLIP_DV_TOLERANCE[torch.float32]:.1e} / "
-                  f"{CLIP_DV_TOLERANCE[torch.bfloat16]:.0e}). Fresh random "
-                  "inputs each run, NaN-poisoned buffers.", "",
+                  f"{CLIP_DV_TOLERANCE[torch.bfloat16]:.0e}, their dk, dg, dβ "
+                  f"{CLIP_COUPLED_TOLERANCE[torch.float32]:.1e} / {CLIP_COUPLED_TOLERANCE[torch.bfloat16]:.1e}). "
+                  "Fresh random inputs each run, NaN-poisoned buffers.", "",
                   "| case | worst | o | dq | dk | dv | dg | dβ | dγ | dS0 | dR0 |", "|---" * 11 + "|"]
         for c in sorted(checks, key=lambda c: c["case"]):
             e = c["errors"] or {"o": math.inf}
