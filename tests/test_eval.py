@@ -101,6 +101,24 @@ def test_cloze_examples_and_scores(em):
         assert example.target.startswith(" ") and example.target.strip().lower() in example.context.lower()
 
 
+def test_cloze_contexts_are_mid_document_text_without_eos(em, monkeypatch):
+    """A cloze context is cut from inside a document, so it goes to the model without the end-of-text token that
+    starts documents and recall samples in training."""
+    from linmem.eval import cloze as cloze_module
+
+    seen = []
+
+    def capture(model, pairs, batch_size):
+        seen.extend(pairs)
+        return [(-1.0, False)] * len(pairs)
+
+    monkeypatch.setattr(cloze_module, "score_continuations", capture)
+    result = cloze_module.cloze(em, open_heldout(em, None, "test"), count=6, context_tokens=32)
+    assert seen and result["metrics"]["eos_before_context"] is False
+    for context, target in seen:
+        assert 0 < len(context) <= 32 and context[0] != em.eos_id and em.eos_id not in context and target
+
+
 def test_training_record_holds_resolved_generators(em):
     mqar_spec, kv_spec = em.info["recall_generators"]
     data_vocab = TokenShards(em.info["dataset"]).vocab_size

@@ -120,6 +120,42 @@ def test_shipped_folder_evaluates_without_a_dataset(shipped, tmp_path):
     assert measured["ppl"] == pytest.approx(record["eval"]["tasks"]["ppl"]["metrics"]["ppl"], rel=1e-6)
 
 
+def test_remeasure_replaces_one_task_of_a_shipped_record(shipped, tmp_path):
+    """``linmem zoo remeasure`` runs a task again with the record's own settings on the shipped held-out text,
+    replaces only that task, notes why, re-renders the card; it refuses changed weights and a missing reason."""
+    import shutil
+
+    root, _ = shipped
+    zoo_dir = shutil.copytree(root / "zoo", tmp_path / "zoo")
+    folder = zoo.path(NAME, zoo_dir)
+    record = json.loads((folder / "eval.json").read_text())
+    old = record["eval"]["tasks"]["cloze"]
+    old["metrics"].pop("eos_before_context")  # as recorded before the cloze protocol changed
+    old["metrics"]["accuracy"] = -1.0
+    (folder / "eval.json").write_text(json.dumps(record))
+    assert cards.cloze_cell(record).endswith(" *")
+    assert main(["zoo", "remeasure", NAME, "--tasks", "cloze", "--why", "a test", "--zoo-dir", str(zoo_dir)]) == 0
+    new = json.loads((folder / "eval.json").read_text())
+    cloze = new["eval"]["tasks"]["cloze"]
+    assert cloze["metrics"]["eos_before_context"] is False and 0 <= cloze["metrics"]["accuracy"] <= 1
+    assert cloze["metrics"]["examples"] == TINY_EVAL.cloze_examples and not cards.cloze_cell(new).endswith("*")
+    assert new["eval"]["remeasured"]["cloze"]["why"] == "a test"
+    assert {k: v for k, v in new["eval"]["tasks"].items() if k != "cloze"} == \
+        {k: v for k, v in record["eval"]["tasks"].items() if k != "cloze"}
+    assert "`cloze` was measured again on" in (folder / "README.md").read_text()
+    with pytest.raises(ValueError, match="why"):
+        shipping.remeasure([NAME], ["cloze"], " ", zoo_dir=zoo_dir)
+    with pytest.raises(ValueError, match="unknown task"):
+        shipping.remeasure([NAME], ["lambada"], "x", zoo_dir=zoo_dir)
+    weights = load_file(folder / "model.safetensors")
+    next(iter(weights.values())).add_(1)
+    from safetensors.torch import save_file
+
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="not the file"):
+        shipping.remeasure([NAME], ["cloze"], "x", zoo_dir=zoo_dir)
+
+
 def test_docs_table(shipped):
     root, record = shipped
     page = (root / "docs" / "zoo.md").read_text()

@@ -263,10 +263,11 @@ def model_card(record: dict[str, Any]) -> str:
         "text = tokenizer.eos_token + \"The secret number of Alice is 4821.\"  # sequences start with <|endoftext|>",
         "ids = tokenizer(text, return_tensors=\"pt\").input_ids",
         "logits = model(ids).logits", "```", "",
-        "Every training sequence began with the end-of-text token, and the recurrent models lean on it: start "
-        "inputs with it as above (`linmem eval` and `linmem probe` do). Without it, recall can collapse (the shipped "
-        "GDN on 16 MQAR sequences of 512 tokens with 8 pairs, the training format: 100% of answers with it, 9% "
-        "without).", "",
+        "Every synthetic recall sequence of training began with the end-of-text token (text windows start anywhere "
+        "in a document, without it), and the models lean on it for recall: start recall prompts with it as above "
+        "(`linmem eval` and `linmem probe` do). Without it, recall can collapse (the shipped GDN on 16 MQAR "
+        "sequences of 512 tokens with 8 pairs, the training format: 100% of answers with it, 9% without). Before "
+        "text cut from the middle of a document it can hurt instead: `linmem eval`'s cloze leaves it out.", "",
         "or with the Hugging Face Auto classes (`import linmem` registers the model type):", "", "```python",
         "import linmem", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
         f"folder = linmem.zoo.path({name!r})",
@@ -284,6 +285,8 @@ def model_card(record: dict[str, Any]) -> str:
         "evaluation.", "",
         *table(["task", "metric", "value", "chance"], eval_rows(record)), "",
     ]
+    for task, note in record["eval"].get("remeasured", {}).items():  # linmem zoo remeasure
+        lines += [f"`{task}` was measured again on {note['date']} ({note['device']}): {note['why']}", ""]
     tasks = record["eval"]["tasks"]
     if "niah" in tasks:
         lines += ["Needle in a haystack, accuracy per context length and needle depth "
@@ -318,6 +321,15 @@ def _lengths(records: Sequence[dict[str, Any]]) -> list[int]:
     return sorted({n for r in records for n in headline(r["eval"]["tasks"]).get("niah", {})})
 
 
+def cloze_cell(record: dict[str, Any]) -> str:
+    """The cloze exact match, with a * where the end-of-text token went before each context (records measured
+    before linmem.eval.cloze left it out)."""
+    cloze = record["eval"]["tasks"].get("cloze")
+    if cloze is None:
+        return "–"
+    return fmt(cloze["metrics"]["accuracy"]) + ("" if cloze["metrics"].get("eos_before_context") is False else " *")
+
+
 def overview_rows(records: Sequence[dict[str, Any]], shipped: Sequence[str]) -> tuple[list[str], list[list[Any]]]:
     """The header and rows of the docs table (one row per run, then the chance row)."""
     pairs, lengths = _pairs(records), _lengths(records)
@@ -331,7 +343,7 @@ def overview_rows(records: Sequence[dict[str, Any]], shipped: Sequence[str]) -> 
         rows.append([f"`{r['name']}`", kind, mixer_label(r["model_config"]), millions(r["parameters"]),
                      tokens_cell(t), updates_cell(t), duration(t["update_seconds"]), fmt(t["tokens_per_s"], 0),
                      t["final_loss_mean"], t["val_loss"],
-                     fmt(h.get("ppl"), 2), h.get("cloze_acc"), *(h.get("mqar", {}).get(p) for p in pairs),
+                     fmt(h.get("ppl"), 2), cloze_cell(r), *(h.get("mqar", {}).get(p) for p in pairs),
                      h.get("mqar_mean"), *(h.get("niah", {}).get(n) for n in lengths), h.get("niah_mean"),
                      recall_cell(h), h.get("max_output_norm")])
     vocab = {r["chance"]["ppl"] for r in records}
@@ -390,7 +402,9 @@ def write_docs(records: Sequence[dict[str, Any]], path: Path, shipped: Sequence[
         "Columns: parameters; tokens trained; updates (and the schedule's, where a run was stopped early); time "
         "spent in optimizer updates and the mean throughput (from "
         "`metrics.jsonl`; validation passes excluded); final training loss (mean of the last updates); last "
-        "validation loss; test perplexity; LAMBADA-style cloze exact match; MQAR accuracy per number of key-value "
+        "validation loss; test perplexity; LAMBADA-style cloze exact match (a * marks "
+        "cells measured with the end-of-text token before each mid-document context, as `linmem.eval` did until "
+        "session 8: not comparable with the others); MQAR accuracy per number of key-value "
         "pairs and its mean; needle-in-a-haystack accuracy per context length (mean over depths) and overall; the "
         "memory lab's clean 4-choice recall with its source-bootstrap 95% CI; the largest per-layer mean norm of a "
         "mixer's output (RLA Fig. 4a). The last row is what guessing scores (for perplexity: the vocabulary size; "

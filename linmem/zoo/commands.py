@@ -1,4 +1,5 @@
-"""``linmem zoo list`` and ``linmem zoo ship RUN_DIR [RUN_DIR ...] [--ship NAME,...] [--docs docs/zoo.md]``."""
+"""``linmem zoo list``, ``linmem zoo ship RUN_DIR [RUN_DIR ...] [--ship NAME,...] [--docs docs/zoo.md]`` and
+``linmem zoo remeasure NAMES --tasks TASKS --why TEXT``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ def _names(text: str) -> list[str]:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="zoo_command", metavar="{list,ship}", required=True)
+    sub = parser.add_subparsers(dest="zoo_command", metavar="{list,ship,remeasure}", required=True)
     listing = sub.add_parser("list", help="the shipped models with their size and headline numbers")
     listing.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
     listing.set_defaults(func=run_list)
@@ -31,6 +32,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     ship.add_argument("--device", default="auto", help="evaluation device (default: cuda if present)")
     ship.add_argument("--force-eval", action="store_true", help="re-evaluate even if RUN/zoo/eval.json is current")
     ship.set_defaults(func=run_ship)
+    again = sub.add_parser("remeasure", help="run evaluation tasks again on shipped models (a task's protocol "
+                                             "changed) and update their eval.json and model card",
+                           description="Run --tasks again on the shipped models NAMES with the settings their "
+                                       "eval.json was made with, on the zoo's held-out text; replace those tasks' "
+                                       "results, record when and why, and re-render the model card.")
+    again.add_argument("names", type=_names, help="comma-separated shipped model names, or 'all'")
+    again.add_argument("--tasks", required=True, help="comma-separated linmem eval tasks, e.g. cloze")
+    again.add_argument("--why", required=True, help="what changed: kept in eval.json under eval.remeasured")
+    again.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
+    again.add_argument("--device", default="cpu", help="evaluation device (default: cpu)")
+    again.set_defaults(func=run_remeasure)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -64,3 +76,17 @@ def run_ship(args: argparse.Namespace) -> int:
     ship(args.runs, names, zoo_dir=args.zoo_dir, docs=args.docs, options=replace(SHIP_EVAL, device=args.device),
          data=args.data, force=args.force_eval)
     return 0
+
+
+def run_remeasure(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from linmem import zoo
+    from linmem.eval.runner import parse_tasks
+    from linmem.zoo.ship import remeasure
+
+    hf_logging.disable_progress_bar()
+    names = zoo.names(args.zoo_dir) if args.names == ["all"] else args.names
+    remeasure(names, parse_tasks(args.tasks), args.why, zoo_dir=args.zoo_dir, device=args.device)
+    return 0
+

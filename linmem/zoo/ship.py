@@ -316,3 +316,47 @@ def ship(run_dirs: Sequence[str | Path], ship_names: Sequence[str] | None = None
         if progress:
             print(f"[zoo] wrote {path}", flush=True)
     return list(records.values())
+
+
+# ---------------------------------------------------------------- re-measuring shipped models
+
+
+def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str | Path | None = None,
+              device: str = "auto", progress: bool = True) -> list[dict[str, Any]]:
+    """Run ``tasks`` again on shipped models, with the settings their records were made with, on the zoo's own
+    held-out text; replace those tasks in each ``eval.json``, note when, where and ``why`` under
+    ``eval["remeasured"]``, and re-render the model card. For a task whose protocol changed after the models were
+    shipped (the runs that made them need not exist any more). Weights and every other number stay as they are."""
+    import datetime
+    import tempfile
+
+    from linmem import zoo
+    from linmem.zoo import cards
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task(s) {unknown or list(tasks)}; choose from {', '.join(TASKS)}")
+    if not why.strip():
+        raise ValueError("say why the tasks are measured again (--why): the record keeps it")
+    records = []
+    for name in names:
+        folder = zoo.path(name, zoo_dir)
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        if sha256(folder / "model.safetensors") != record["model_sha256"]:
+            raise ValueError(f"{name}: model.safetensors is not the file its {RECORD} was measured on")
+        settings = {k: tuple(v) if isinstance(v, list) else v for k, v in record["eval"]["request"]["options"].items()}
+        options = replace(EvalOptions(**settings), data=None, device=device)  # data: the shipped held-out text
+        if progress:
+            print(f"[zoo] measuring {', '.join(tasks)} of {name} again", flush=True)
+        with tempfile.TemporaryDirectory() as scratch:  # the runner's report; the package folder is not written to
+            report = evaluate(folder, list(tasks), options, out_dir=scratch, progress=progress)
+        when = datetime.date.today().isoformat()
+        for task in tasks:
+            record["eval"]["tasks"][task] = report["tasks"][task]
+            record["eval"].setdefault("remeasured", {})[task] = {"date": when, "device": device, "why": why}
+        record["eval"]["seconds"] = round(sum(t.get("seconds", 0) for t in record["eval"]["tasks"].values()), 1)
+        write_json_atomic(folder / RECORD, record)
+        (folder / "README.md").write_text(cards.model_card(record), encoding="utf-8")
+        records.append(record)
+    return records
+
