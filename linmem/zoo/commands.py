@@ -89,4 +89,3 @@ def run_remeasure(args: argparse.Namespace) -> int:
     names = zoo.names(args.zoo_dir) if args.names == ["all"] else args.names
     remeasure(names, parse_tasks(args.tasks), args.why, zoo_dir=args.zoo_dir, device=args.device)
     return 0
-

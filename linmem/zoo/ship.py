@@ -359,4 +359,3 @@ def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str
         (folder / "README.md").write_text(cards.model_card(record), encoding="utf-8")
         records.append(record)
     return records
-
