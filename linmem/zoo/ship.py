@@ -168,6 +168,11 @@ def options_dict(options: EvalOptions) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()}
 
 
+def evaluation_seconds(tasks: dict[str, Any]) -> float:
+    """A record's ``eval.seconds``: the sum of its tasks' run times."""
+    return round(sum(t.get("seconds", 0) for t in tasks.values()), 1)
+
+
 def chance_levels(vocab_size: int) -> dict[str, Any]:
     """What guessing scores on each task (MQAR: 1 / pairs, per row of its table)."""
     return {"ppl": vocab_size, "cloze": 0.0, "mqar": "1 / pairs", "niah": NIAH_CHANCE, "recall": 0.25}
@@ -201,7 +206,7 @@ def evaluate_run(run: Run, options: EvalOptions = SHIP_EVAL, data: str | Path | 
                  "card": json.loads(card.read_text(encoding="utf-8")) if card.is_file() else None},
         "chance": chance_levels(int(config["vocab_size"])),
         "eval": {"request": wanted, "tasks": report["tasks"],
-                 "seconds": round(sum(t.get("seconds", 0) for t in report["tasks"].values()), 1)},
+                 "seconds": evaluation_seconds(report["tasks"])},
     }
     write_json_atomic(record_path, record)
     return record
@@ -354,7 +359,7 @@ def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str
         for task in tasks:
             record["eval"]["tasks"][task] = report["tasks"][task]
             record["eval"].setdefault("remeasured", {})[task] = {"date": when, "device": device, "why": why}
-        record["eval"]["seconds"] = round(sum(t.get("seconds", 0) for t in record["eval"]["tasks"].values()), 1)
+        record["eval"]["seconds"] = evaluation_seconds(record["eval"]["tasks"])
         write_json_atomic(folder / RECORD, record)
         (folder / "README.md").write_text(cards.model_card(record), encoding="utf-8")
         records.append(record)
