@@ -119,7 +119,7 @@ class _Unused:
         raise AssertionError(f"{self.name} was launched")
 
 
-@pytest.mark.parametrize("rule, options, shape", [
+LAUNCH_OPTION_CASES = [
     ("additive", {}, (2, 100, 2, 32, 16)),
     ("delta", {}, (2, 100, 2, 32, 16)),
     ("delta", dict(output_gates=False, residual_target="tanh", clip=0.5), (1, 70, 2, 32, 16)),
@@ -127,17 +127,18 @@ class _Unused:
     ("delta", dict(clip=0.2), (1, 66, 1, 200, 16)),
     ("delta", dict(cu_seqlens=[0, 20, 20, 150, 151, 180]), (1, 180, 2, 32, 16)),
     ("delta", dict(dtype=torch.bfloat16), (1, 70, 2, 32, 16)),
-])
-def test_fused_passes(rule, options, shape, monkeypatch):
-    """The ``FUSED`` launch option of the sequential passes (both memories in one forward pass and one reverse
-    pass) against the float64 reference; the one-memory passes must not run."""
+]
+
+
+def compare_with_launch_option(rule, options, shape, monkeypatch, residual=True, **launch_option):
+    """``compare`` with ``launch_option`` set in the sequential passes' KERNEL_OPTIONS."""
     from linmem.ops.triton import function
 
     for name in ("forward", "backward_states"):
-        monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True))
-    for name in ("state_pass_kernel", "reverse_pass_kernel"):
-        monkeypatch.setattr(function, name, _Unused(name))
+        if set(launch_option) <= set(function.KERNEL_OPTIONS[name]):
+            monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], **launch_option))
     inputs = make_inputs(*shape, seed=11)
+    options = dict(options)
     bounds = options.pop("cu_seqlens", None)
     if bounds is not None:
         for name in ("S0", "R0"):
@@ -145,7 +146,41 @@ def test_fused_passes(rule, options, shape, monkeypatch):
                                              generator=torch.Generator().manual_seed(12), dtype=torch.float64)
         options["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
     dtype = options.pop("dtype", torch.float32)
-    compare(inputs, True, dtype=dtype, tol=TOL if dtype == torch.float32 else 2e-2, rule=rule, **options)
+    compare(inputs, residual, dtype=dtype, tol=TOL if dtype == torch.float32 else 2e-2, rule=rule, **options)
+
+
+@pytest.mark.parametrize("rule, options, shape", LAUNCH_OPTION_CASES)
+def test_fused_passes(rule, options, shape, monkeypatch):
+    """The ``FUSED`` launch option of the sequential passes (both memories in one forward pass and one reverse
+    pass) against the float64 reference; the one-memory passes must not run."""
+    from linmem.ops.triton import function
+
+    for name in ("state_pass_kernel", "reverse_pass_kernel"):
+        monkeypatch.setattr(function, name, _Unused(name))
+    compare_with_launch_option(rule, options, shape, monkeypatch, FUSED=True)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("rule, options, shape", LAUNCH_OPTION_CASES)
+def test_local_reverse_inputs(rule, options, shape, residual, monkeypatch):
+    """The ``LOCAL`` launch option of the reverse passes (dx's in-chunk part and the delta rule's read keys
+    computed chunk-parallel before each pass) against the float64 reference, with and without a residual memory;
+    the chunk-parallel kernel must run once per memory."""
+    from linmem.ops.triton import function
+
+    launches = []
+    kernel = function.local_inputs_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(function, "local_inputs_kernel", Counted())
+    if not residual:
+        options = {key: value for key, value in options.items() if key in ("cu_seqlens", "dtype", "scale")}
+    compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual, LOCAL=True)
+    assert len(launches) == 2 if residual else 1
 
 
 def test_fused_option_resolves_per_memory(monkeypatch):
@@ -159,8 +194,11 @@ def test_fused_option_resolves_per_memory(monkeypatch):
         monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True))
         fused = function._options(name, 128, 128, torch.bfloat16, 256, residual=True)
         alone = function._options(name, 128, 128, torch.bfloat16, 256, residual=False)
-        assert fused == ({"BV": 16, "FUSED": True}, {"num_warps": 4, "num_stages": 1})
-        assert alone == ({"BV": 32, "FUSED": False}, {"num_warps": 4, "num_stages": 2})
+        local = "LOCAL" in function.KERNEL_OPTIONS[name]
+        assert fused == ({"BV": 16, "FUSED": True} | ({"LOCAL": False} if local else {}),
+                         {"num_warps": 4, "num_stages": 1})
+        assert alone == ({"BV": 32, "FUSED": False} | ({"LOCAL": function.KERNEL_OPTIONS[name]["LOCAL"]} if local
+                                                       else {}), {"num_warps": 4, "num_stages": 2})
         # float32 one-memory passes take 8 warps; a fused one stays at 4, and asking it for 8 is refused (it faulted
         # or computed wrong results at 8 warps on the GPU)
         assert function._options(name, 128, 128, torch.float32, 256, residual=True)[1]["num_warps"] == 4
@@ -170,6 +208,11 @@ def test_fused_option_resolves_per_memory(monkeypatch):
         with pytest.raises(ValueError, match="at most 4 warps"):
             function._options(name, 128, 128, torch.bfloat16, 256, residual=True)
         assert function._options(name, 128, 128, torch.bfloat16, 256, residual=False)[1]["num_warps"] == 8
+    # LOCAL belongs to the one-memory reverse passes: a fused pass resolves it to False
+    monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_states",
+                        dict(function.KERNEL_OPTIONS["backward_states"], FUSED=True, num_warps=4, LOCAL=True))
+    assert not function._options("backward_states", 128, 128, torch.bfloat16, 256, residual=True)[0]["LOCAL"]
+    assert function._options("backward_states", 128, 128, torch.bfloat16, 256, residual=False)[0]["LOCAL"]
 
 
 @pytest.mark.parametrize("rule", ["additive", "delta"])

@@ -505,6 +505,8 @@ def sweep_variants() -> list[dict]:
     sm_90 compiles in docs/benchmarks/kernels-status.md say which of them spill). Every variant computes the same
     thing to within the checked tolerances: the inverse's PRECISION variants are at least as exact as the default
     (tf32 for 16-bit inputs)."""
+    from linmem.ops.triton import function
+
     sequential = [dict(num_warps=4, num_stages=1, BV=16, FUSED=False),
                   dict(num_warps=4, num_stages=1, BV=32, FUSED=False),
                   dict(num_warps=8, num_stages=None, BV=None, FUSED=False),  # BV=None picks 16 or 32 per call
@@ -515,7 +517,16 @@ def sweep_variants() -> list[dict]:
                   dict(num_warps=4, num_stages=1, BV=32, FUSED=True)]  # spills 160-168 B offline (FUSED_MAX_WARPS: 4)
     inverse = [dict(num_warps=1, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
     inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # the third run's default
-    return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in sequential]
+    # the reverse passes: the same, forming dx in the pass (LOCAL=False) or reading dx's in-chunk part from
+    # local_inputs_kernel (LOCAL=True; a fused pass forms dx itself)
+    default_local = function.KERNEL_OPTIONS["backward_states"]["LOCAL"]
+    reverse = [dict(o, LOCAL=default_local) for o in sequential]
+    reverse += [dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=not default_local),
+                dict(num_warps=None, num_stages=None, BV=16, FUSED=False, LOCAL=True)]
+    local = [dict(num_warps=4, num_stages=1, BV=128), dict(num_warps=8, num_stages=1, BV=64),
+             dict(num_warps=4, num_stages=2, BV=32)]
+    return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
+            + [{"local_inputs": o} for o in local]
             + [{"inverse": o} for o in inverse]
             + [{"scores": dict(num_warps=2, num_stages=1)}]  # the fourth run's default
             + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=2, BV=128)},

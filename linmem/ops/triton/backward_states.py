@@ -17,6 +17,13 @@ RLA/RDN run it twice, the residual memory first (it emits d_err), then the base 
 holds both states; ``both_reverse_pass_kernel`` (launch option FUSED) runs both in one, chunk by chunk. Each
 stores dS at the end of every chunk (for backward_keys.py) and dx (dy for the residual memory) per token; every
 other gradient is chunk-parallel (backward_scores.py, backward_keys.py, decay_grad.py).
+
+Only the read ``K̃ dSᵀ`` of dx depends on dS. With the launch option LOCAL, ``local_inputs_kernel`` (one program per
+chunk and head, before each memory's pass) computes the rest chunk-parallel, ``dx_local = T_σᵀ(Pᵀ ō − A'ᵀ d_err)``,
+and for the delta rule the read's keys ``W̃ = T_σᵀ K̃``; the pass then takes ``dx = W̃ dSᵀ + dx_local`` (``K̃ dSᵀ +
+dx_local`` for the additive rule): per chunk one read and the two state-update products, without the three
+``[C, C] × [C, BV]`` products and their ``[C, C]`` tile loads (the split of flash-linear-attention's delta-rule
+backward).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import triton.language as tl
 
 from linmem.ops.triton.primitives import (
     at_token,
+    chunk_at,
     chunk_of_sequence,
+    key_block,
     load_blocks,
     load_decays,
     mm,
@@ -35,6 +44,7 @@ from linmem.ops.triton.primitives import (
     sequential_program,
     state_at,
     store_blocks,
+    store_rows,
     store_token_rows,
     token_gate,
     token_rows,
@@ -60,13 +70,55 @@ def _input_grad(kp, to_end, s0, s1, s2, s3, scores, d_read, key_scores, d_err, i
 
 
 @triton.jit
+def local_inputs_kernel(
+    k, do, b, g, gamma, key_scores, scores, inverse, d_err_in, keys_out, dx_out, cu_seqlens, chunk_indices, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr, ERR_IN: tl.constexpr,
+):
+    """The parts of one memory's reverse pass that do not depend on its state gradient, for chunk ``program_id(0)``
+    and head ``program_id(1)`` (launch option LOCAL): ``dx_local = T_σᵀ(Pᵀ ō − A'ᵀ d_err)`` ([C, V]; without
+    ``T_σᵀ`` for the additive rule; the A' term with ERR_IN) and, for the delta rule, the read's keys ``W̃ = T_σᵀ
+    diag(e^{b_C − b}) K`` ([C, K])."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    pos = tl.arange(0, C)
+    m_t = pos < n_valid
+    scores_t = tl.trans(token_scores(scores, tok, i_h, pos, m_t, H, C))
+    if DELTA:
+        inverse_t = tl.trans(token_scores(inverse, tok, i_h, pos, m_t, H, C))
+        bb, _, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+        to_end = tl.exp(b_last - bb)[:, None]
+        kp = at_token(k, tok, i_h, H, K)
+        keys_at = at_token(keys_out, tok, i_h, H, K)
+        for i in tl.static_range(NK):
+            cols = i * BK + tl.arange(0, BK)
+            keys = mm(inverse_t, to_end * key_block(kp, pos, m_t, H, K, BK, i).to(tl.float32), DT)
+            store_rows(keys_at, keys, pos, m_t, H, K, cols, cols < K)
+    read_scale = tl.full([C], scale, tl.float32)
+    if GATED:
+        read_scale *= token_gate(gamma, tok, i_h, pos, m_t, H)
+    for i_v in range(tl.cdiv(V, BV)):
+        vc = i_v * BV + tl.arange(0, BV)
+        m_v = vc < V
+        du = mm(scores_t, read_scale[:, None] * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V), DT)
+        if ERR_IN:
+            du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)),
+                     token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V), DT)
+        if DELTA:
+            du = mm(inverse_t, du, DT)
+        store_token_rows(dx_out, du, tok, i_h, pos, m_t, vc, m_v, H, V)
+
+
+@triton.jit
 def reverse_pass_kernel(
-    q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_err_in,
+    q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_err_in, local_keys, dx_local,
     d_final, d_initial, d_chunks, dx_out, d_err_out, cu_seqlens, chunk_offsets, scale, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr, GATED: tl.constexpr,
-    ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, TARGET: tl.constexpr,
+    ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, TARGET: tl.constexpr, LOCAL: tl.constexpr,
 ):
+    """One memory's reverse pass (module docstring); with LOCAL it reads ``dx_local`` and (delta) the keys ``W̃``
+    from ``local_inputs_kernel`` instead of forming dx from the score matrices."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
     pos = tl.arange(0, C)
@@ -87,8 +139,15 @@ def reverse_pass_kernel(
         d_err = d_read  # unused without ERR_IN
         if ERR_IN:
             d_err = token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-        dx = _input_grad(kp, tl.exp(b_last - bb)[:, None], s0, s1, s2, s3, scores, d_read, key_scores, d_err,
-                         inverse, tok, i_h, pos, m_t, H, K, C, BK, NK, DT, DELTA, ERR_IN)
+        if LOCAL:
+            dx = token_rows(dx_local, tok, i_h, pos, m_t, vc, m_v, H, V)
+            if DELTA:
+                dx += read_blocks(at_token(local_keys, tok, i_h, H, K), pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+            else:
+                dx += tl.exp(b_last - bb)[:, None] * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+        else:
+            dx = _input_grad(kp, tl.exp(b_last - bb)[:, None], s0, s1, s2, s3, scores, d_read, key_scores, d_err,
+                             inverse, tok, i_h, pos, m_t, H, K, C, BK, NK, DT, DELTA, ERR_IN)
         store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
         if DELTA or ERR_OUT:
             sigma = token_gate(strength, tok, i_h, pos, m_t, H)

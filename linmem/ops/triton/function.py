@@ -30,7 +30,7 @@ from linmem.ops.config import MemoryConfig
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
-from linmem.ops.triton.backward_states import both_reverse_pass_kernel, reverse_pass_kernel
+from linmem.ops.triton.backward_states import both_reverse_pass_kernel, local_inputs_kernel, reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
 from linmem.ops.triton.forward import both_states_pass_kernel, output_kernel, state_pass_kernel
 from linmem.ops.triton.inverse import chunk_inverse
@@ -66,7 +66,8 @@ KERNEL_OPTIONS = {
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
     "forward": dict(num_warps=None, num_stages=None, BV=None, FUSED=False),
     "output": dict(num_warps=4, num_stages=1, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=None, BV=None, FUSED=False),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=False),
+    "local_inputs": dict(num_warps=4, num_stages=1, BV=64),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None),
     "decay_grad": dict(num_warps=1, num_stages=1),
@@ -112,16 +113,18 @@ def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
 def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
              sequences: int = 0, residual: bool = False) -> tuple[dict, dict]:
     """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass).
-    ``FUSED`` comes back resolved: true only for a residual memory. A fused pass holds two states, so where its
-    options say None it takes 4 warps (at most ``FUSED_MAX_WARPS``), BV 16 and one stage (offline sm_90 compiles,
-    bf16 K = 128: BV 32 spills 160-168 bytes per thread at 4 warps; BV 16 with two stages asks 225.5 KiB of shared
-    memory in the reverse pass, at the limit)."""
+    ``FUSED`` comes back resolved: true only for a residual memory, and ``LOCAL`` false for a fused pass. A fused
+    pass holds two states, so where its options say None it takes 4 warps (at most ``FUSED_MAX_WARPS``), BV 16 and
+    one stage (offline sm_90 compiles, bf16 K = 128: BV 32 spills 160-168 bytes per thread at 4 warps; BV 16 with
+    two stages asks 225.5 KiB of shared memory in the reverse pass, at the limit)."""
     opts = dict(KERNEL_OPTIONS[name])
     if dtype == torch.float32:
         opts.update(FLOAT32_OPTIONS.get(name, {}))
     fused = bool(opts.get("FUSED")) and residual
     if "FUSED" in opts:
         opts["FUSED"] = fused
+    if "LOCAL" in opts:  # an option of the one-memory reverse passes: a fused pass forms dx itself
+        opts["LOCAL"] = bool(opts["LOCAL"]) and not fused
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if "num_warps" in launch and launch["num_warps"] is None:
         launch["num_warps"] = 8 if dtype == torch.float32 and not fused else 4
@@ -252,6 +255,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads,
                               flags.residual)
     fused = blocks.pop("FUSED")
+    local = blocks.pop("LOCAL")
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
@@ -268,18 +272,37 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
             dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip, GATED=flags.gates, **common,
         )
     else:
-        if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+        # LOCAL: dx's in-chunk part (and the delta rule's read keys) per chunk before each memory's pass, into two
+        # buffers the residual memory's pass has finished with when the base memory's are computed
+        local_keys = local_dx = dummy
+        if local:
+            local_blocks, local_launch = _options("local_inputs", value_dim, key_dim, k.dtype)
+            local_dx = _buf(per_token, dev, flags.store_dtype)
+            if flags.delta:
+                local_keys = _buf(k.shape, dev, flags.store_dtype)
+
+        def reverse_pass(strength, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks, out,
+                         d_err_out, read_bm, gated, err_in):
+            if local:
+                local_inputs_kernel[(layout.num_chunks, heads)](
+                    k, do, s["b"], g, gamma_, key_scores, scores, inverse, d_err_in, local_keys, local_dx,
+                    layout.cu_seqlens, layout.chunk_indices, scale, H=heads, K=key_dim, V=value_dim, C=CHUNK,
+                    BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta, GATED=gated, ERR_IN=err_in, **local_blocks,
+                    **local_launch,
+                )
             reverse_pass_kernel[grid](
-                q, k, do, s["b"], g, gamma_, gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy,
-                d_res_final, d_res0, d_res_chunks, dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale,
-                flags.clip, READ_BM=False, GATED=flags.gates, ERR_IN=False, ERR_OUT=True, **common,
+                q, k, do, s["b"], g, strength, gamma_, key_scores, scores, inverse, err, d_err_in, local_keys,
+                local_dx, d_final, d_initial, d_chunks, out, d_err_out, layout.cu_seqlens, layout.chunk_offsets,
+                scale, flags.clip, READ_BM=read_bm, GATED=gated, ERR_IN=err_in, ERR_OUT=d_err_out is not dummy,
+                LOCAL=local, **common,
             )
-        reverse_pass_kernel[grid](
-            q, k, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["inv_beta"], dummy,
-            _or(d_err, dummy), d_base_final, d_base0, d_base_chunks, dx, dummy, layout.cu_seqlens,
-            layout.chunk_offsets, scale, flags.clip, READ_BM=flags.residual and not flags.gates, GATED=False,
-            ERR_IN=flags.residual, ERR_OUT=False, **common,
-        )
+
+        if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+            reverse_pass(gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy, d_res_final, d_res0,
+                         d_res_chunks, dy, d_err, False, flags.gates, False)
+        reverse_pass(beta, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
+                     d_base_final, d_base0, d_base_chunks, dx, dummy, flags.residual and not flags.gates, False,
+                     flags.residual)
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, the last from
