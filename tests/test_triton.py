@@ -197,8 +197,10 @@ def test_fused_option_resolves_per_memory(monkeypatch):
         local = "LOCAL" in function.KERNEL_OPTIONS[name]
         assert fused == ({"BV": 16, "FUSED": True} | ({"LOCAL": False} if local else {}),
                          {"num_warps": 4, "num_stages": 1})
-        assert alone == ({"BV": 32, "FUSED": False} | ({"LOCAL": function.KERNEL_OPTIONS[name]["LOCAL"]} if local
-                                                       else {}), {"num_warps": 4, "num_stages": 2})
+        alone_bv = function.SEQUENTIAL_WIDEST[name]  # 256 sequences of 128 values keep every width busy
+        assert alone == ({"BV": alone_bv, "FUSED": False}
+                         | ({"LOCAL": function.KERNEL_OPTIONS[name]["LOCAL"]} if local else {}),
+                         {"num_warps": 4, "num_stages": 2})
         # float32 one-memory passes take 8 warps; a fused one stays at 4, and asking it for 8 is refused (it faulted
         # or computed wrong results at 8 warps on the GPU)
         assert function._options(name, 128, 128, torch.float32, 256, residual=True)[1]["num_warps"] == 4
@@ -213,6 +215,22 @@ def test_fused_option_resolves_per_memory(monkeypatch):
                         dict(function.KERNEL_OPTIONS["backward_states"], FUSED=True, num_warps=4, LOCAL=True))
     assert not function._options("backward_states", 128, 128, torch.bfloat16, 256, residual=True)[0]["LOCAL"]
     assert function._options("backward_states", 128, 128, torch.bfloat16, 256, residual=False)[0]["LOCAL"]
+
+
+def test_sequential_value_blocks(monkeypatch):
+    """BV=None of a sequential pass: 64 only in the reverse pass, where N·H·V/64 programs fill half the
+    multiprocessors; 32 where N·H·V/32 fill them all; else 16; always 16 for float32 or K > 128."""
+    from linmem.ops.triton import function
+
+    monkeypatch.setattr(function, "_multiprocessors", lambda: 132)
+    pick = function._sequential_block
+    assert pick(128, torch.bfloat16, 256, 128, widest=64) == 64  # B=16, H=16: 512 programs at 64
+    assert pick(128, torch.bfloat16, 64, 128, widest=64) == 64  # B=4: 128 programs at 64
+    assert pick(128, torch.bfloat16, 32, 128, widest=64) == 16  # B=2: 64 at 64, 128 at 32
+    assert pick(128, torch.bfloat16, 64, 128, widest=32) == 32  # the forward pass stops at 32
+    assert pick(128, torch.bfloat16, 16, 128, widest=64) == 16  # B=1
+    assert pick(256, torch.bfloat16, 256, 256, widest=64) == 16
+    assert pick(128, torch.float32, 256, 128, widest=64) == 16
 
 
 @pytest.mark.parametrize("rule", ["additive", "delta"])

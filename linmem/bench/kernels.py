@@ -522,7 +522,10 @@ def sweep_variants() -> list[dict]:
     default_local = function.KERNEL_OPTIONS["backward_states"]["LOCAL"]
     reverse = [dict(o, LOCAL=default_local) for o in sequential]
     reverse += [dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=not default_local),
-                dict(num_warps=None, num_stages=None, BV=16, FUSED=False, LOCAL=True)]
+                dict(num_warps=None, num_stages=None, BV=16, FUSED=False, LOCAL=True),
+                # BV=None picks 64 where N·H·V/64 programs fill half the GPU (function._sequential_block)
+                dict(num_warps=None, num_stages=None, BV=32, FUSED=False, LOCAL=default_local),
+                dict(num_warps=8, num_stages=None, BV=64, FUSED=False, LOCAL=default_local)]
     local = [dict(num_warps=4, num_stages=1, BV=128), dict(num_warps=8, num_stages=1, BV=64),
              dict(num_warps=4, num_stages=2, BV=32)]
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]

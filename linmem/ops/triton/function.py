@@ -60,7 +60,10 @@ from linmem.ops.triton.scores import chunk_scores
 # The fifth run's sweep (23.78 ms default) moved scores back to 4 warps (23.68) and decay_grad to 1 (23.76), both
 # within noise. FUSED (the sequential passes of RLA/RDN): both memories in one pass instead of one launch each;
 # correct (tests/test_triton.py and the GPU at up to 4 warps) but slower there: 24.03 ms at best (reverse pass,
-# 4 warps, BV 32) and 25.05 (forward), so it stays off.
+# 4 warps, BV 32) and 25.05 (forward), so it stays off. LOCAL (the reverse passes read dx's in-chunk part from
+# local_inputs_kernel): correct, and slower in session 9 (RDN 25.55 against 24.65 ms at B=16 T=8K: the chain lost
+# 0.39 ms, the new kernel took 1.87), so it stays off. The reverse pass's BV=None picks up to 64 there
+# (SEQUENTIAL_WIDEST), which took RDN fwd+bwd at T=8K from 23.94 to 22.74 ms.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
@@ -93,14 +96,24 @@ def _multiprocessors() -> int:
     return 132  # an H100/H200, for offline compiles
 
 
-def _sequential_block(key_dim: int, dtype: torch.dtype, programs_at_32: int) -> int:
-    """BV of a sequential pass: 32 (half the tile loads per value column) where it fits in registers (16-bit inputs,
-    K ≤ 128) and still gives one program per multiprocessor, else 16 (twice the programs: at long sequences
-    only ``N·H·V/BV`` programs run, each latency-bound). On an H200 (2026-11-29 sweep, RDN bf16 B=4 T=32K H=16,
-    256 programs at 32 on 132 multiprocessors) BV = 32 beat 16 by 5% in the forward pass and 11% in the reverse."""
+# the widest value block BV=None picks per sequential pass (``_sequential_block``)
+SEQUENTIAL_WIDEST = {"forward": 32, "backward_states": 64}
+
+
+def _sequential_block(key_dim: int, dtype: torch.dtype, sequences: int, value_dim: int, widest: int = 32) -> int:
+    """BV of a sequential pass over ``sequences`` (N·H) state columns of ``value_dim`` values: the widest of 64 (up
+    to ``widest``), 32 and 16 where it fits in registers (16-bit inputs, K ≤ 128) and keeps the multiprocessors
+    busy, else 16 (twice the programs: at long sequences only ``N·H·V/BV`` programs run, each latency-bound).
+    On an H200 (2026-11-29 sweep, RDN bf16 B=4 T=32K H=16, 256 programs at 32 on 132 multiprocessors) BV = 32 beat
+    16 by 5% in the forward pass and 11% in the reverse; in the reverse pass BV = 64 (4 warps, two stages) then beat
+    32 (session 9: RDN fwd+bwd 22.74 against 23.94 ms at B=16 T=8K, 22.77 against 24.18 at B=4 T=32K, with 512 and
+    128 programs), where the forward pass at 64 was slower (24.74, 25.15), so 64 needs half a program per
+    multiprocessor."""
     if key_dim > 128 or dtype == torch.float32:
         return 16
-    return 32 if programs_at_32 >= _multiprocessors() else 16
+    if widest >= 64 and 2 * sequences * triton.cdiv(value_dim, 64) >= _multiprocessors():
+        return 64
+    return 32 if sequences * triton.cdiv(value_dim, 32) >= _multiprocessors() else 16
 
 
 def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
@@ -135,7 +148,8 @@ def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype
     if "num_stages" in launch and launch["num_stages"] is None:
         launch["num_stages"] = 1 if fused else _pipeline_stages(key_dim, dtype)
     if opts.get("BV", 0) is None:
-        opts["BV"] = 16 if fused else _sequential_block(key_dim, dtype, sequences * triton.cdiv(value_dim, 32))
+        opts["BV"] = 16 if fused else _sequential_block(key_dim, dtype, sequences, value_dim,
+                                                        SEQUENTIAL_WIDEST.get(name, 32))
     if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators)
         opts["BK"] = min(opts["BK"] or (32 if dtype == torch.float32 else 64), key_tiling(key_dim)[0])
     if interpreting():
