@@ -337,6 +337,22 @@ def test_chunk_fallback_under_autocast():
                 fit_history=False)
 
 
+@pytest.mark.parametrize("BK, shape", [(128, (1, 66, 1, 200, 16)), (256, (1, 66, 1, 200, 16)),
+                                       (128, (2, 100, 2, 32, 16))])
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_wide_key_blocks(BK, shape, rule, monkeypatch):
+    """backward_keys with more than 64 key columns per program (half its programs, each reading the token tiles once
+    for twice the keys): K = 200 in two blocks of 128 (the second mostly masked) or one of 256; BK is capped at the
+    padded key width."""
+    from linmem.ops.triton import function
+
+    monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_keys",
+                        dict(function.KERNEL_OPTIONS["backward_keys"], BK=BK))
+    blocks, _ = function._options("backward_keys", shape[4], shape[3], torch.float32)
+    assert blocks["BK"] == min(BK, triton.next_power_of_2(shape[3]))
+    compare(make_inputs(*shape, seed=5), True, rule=rule, clip=0.3)
+
+
 @pytest.mark.parametrize("kernel", ["forward", "backward_states", "backward_scores", "backward_keys"])
 def test_pipelined_stages_only_where_they_fit(kernel, monkeypatch):
     """Two pipeline stages for 16-bit inputs with K ≤ 128; one for float32 inputs or K > 128, where two asked for

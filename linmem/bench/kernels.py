@@ -10,7 +10,7 @@ One run does five things, so that one GPU session answers both "is it right" and
    614K tokens (per-chunk state tensors of more than 2^31 elements) and checks that the last sequence's results
    equal those of the same sequence run alone (64-bit addressing);
 2. optionally (``--sweep``) times alternative launch options of linmem's kernels and keeps the fastest;
-3. optionally (``--profile``) prints per-kernel times of one RDN forward+backward;
+3. optionally (``--profile``) prints per-kernel times of one RDN and one RLA forward+backward;
 4. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
    head dim 128, bf16: linmem RLA/RDN (and its own sGLA/GDN, ``residual=False``), FLA ``chunk_simple_gla``,
    ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash attention, and RLA/RDN composed from three FLA
@@ -541,6 +541,10 @@ def sweep_variants() -> list[dict]:
             + [{"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None)},  # the third run's default
                {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None)},
                {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32)},  # half the accumulators
+               # every key in one program: the token tiles read once per chunk, not once per 64 keys (BK 32, which
+               # reads them twice as often, cost 1.9 ms in the fifth run)
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128)},
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=32, BK=128)},
                {"backward_keys": dict(num_warps=4, num_stages=None, BV=128, BK=None)}]
             + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (2, 4)])
 
@@ -572,12 +576,12 @@ def tune(variants, B, T) -> dict:
     return chosen
 
 
-def profile_kernels(B, T) -> list[tuple[str, float]]:
-    """Per-kernel CUDA time of one RDN forward+backward (torch.profiler)."""
+def profile_kernels(B, T, method: str = "linmem RDN") -> list[tuple[str, float]]:
+    """Per-kernel CUDA time of one forward+backward of ``method`` (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     leaves = grad_leaves(bench_inputs(B, T))
-    fn = METHODS["linmem RDN"]
+    fn = METHODS[method]
     d_o = torch.randn_like(fn(leaves))
 
     def step():  # as time_method times it: the gradients set afresh, not added to earlier ones
@@ -758,7 +762,7 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--quick-check", action="store_true", help="13 of the 18 float64 check cases")
     parser.add_argument("--sweep", action="store_true", help="time alternative launch options and keep the best")
-    parser.add_argument("--profile", action="store_true", help="per-kernel times of one RDN forward+backward")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times of RDN and RLA fwd+bwd")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
@@ -807,10 +811,11 @@ def main(argv=None) -> None:
         report["kernel_options"] = function.KERNEL_OPTIONS
     if args.profile and DEVICE == "cuda":
         for T in (8192, args.tokens):
-            rows = profile_kernels(max(1, args.tokens // T), T)
-            report.setdefault("profile", {})[T] = rows
-            print(f"profile RDN fwd+bwd T={T}:\n" + "\n".join(f"  {ms:8.3f} ms  {name[:90]}" for name, ms in rows),
-                  flush=True)
+            for method in ("linmem RDN", "linmem RLA"):
+                rows = profile_kernels(max(1, args.tokens // T), T, method)
+                report.setdefault("profile", {})[f"{method} T={T}"] = rows
+                print(f"profile {method} fwd+bwd T={T}:\n"
+                      + "\n".join(f"  {ms:8.3f} ms  {name[:90]}" for name, ms in rows), flush=True)
     for T in lengths:
         if left() < 30:
             report["skipped"].append(f"T={T}")

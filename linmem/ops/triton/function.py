@@ -150,8 +150,8 @@ def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype
     if opts.get("BV", 0) is None:
         opts["BV"] = 16 if fused else _sequential_block(key_dim, dtype, sequences, value_dim,
                                                         SEQUENTIAL_WIDEST.get(name, 32))
-    if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators)
-        opts["BK"] = min(opts["BK"] or (32 if dtype == torch.float32 else 64), key_tiling(key_dim)[0])
+    if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators), up to all
+        opts["BK"] = min(opts["BK"] or (32 if dtype == torch.float32 else 64), _layout.key_block(key_dim))
     if interpreting():
         launch = {}
         if "BV" in opts:
