@@ -119,6 +119,18 @@ class _Unused:
         raise AssertionError(f"{self.name} was launched")
 
 
+class _Counted:
+    """Stands in for a kernel, launching it and recording the grid of every launch."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.grids = []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
 LAUNCH_OPTION_CASES = [
     ("additive", {}, (2, 100, 2, 32, 16)),
     ("delta", {}, (2, 100, 2, 32, 16)),
@@ -168,19 +180,12 @@ def test_local_reverse_inputs(rule, options, shape, residual, monkeypatch):
     the chunk-parallel kernel must run once per memory."""
     from linmem.ops.triton import function
 
-    launches = []
-    kernel = function.local_inputs_kernel
-
-    class Counted:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(function, "local_inputs_kernel", Counted())
+    launches = _Counted(function.local_inputs_kernel)
+    monkeypatch.setattr(function, "local_inputs_kernel", launches)
     if not residual:
         options = {key: value for key, value in options.items() if key in ("cu_seqlens", "dtype", "scale")}
     compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual, LOCAL=True)
-    assert len(launches) == 2 if residual else 1
+    assert len(launches.grids) == (2 if residual else 1)
 
 
 def test_fused_option_resolves_per_memory(monkeypatch):
@@ -305,7 +310,7 @@ def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     kernels._set_shape(1, 16)
-    options = {"backward_keys": dict(num_warps=4, num_stages=1, BV=32, BK=None)}
+    options = {"backward_keys": dict(num_warps=4, num_stages=1, BV=32, BK=None, SPLIT=False)}
     results, failures = kernels.warm_and_check([], workers=2, skip_check=False, quick=True, lengths=[64], tokens=64,
                                                kernel_options=options)
     assert not failures and not results["unfinished"]
@@ -337,20 +342,26 @@ def test_chunk_fallback_under_autocast():
                 fit_history=False)
 
 
-@pytest.mark.parametrize("BK, shape", [(128, (1, 66, 1, 200, 16)), (256, (1, 66, 1, 200, 16)),
-                                       (128, (2, 100, 2, 32, 16))])
+@pytest.mark.parametrize("BK, split, shape, residual", [
+    (128, False, (1, 66, 1, 200, 16), True), (256, False, (1, 66, 1, 200, 16), False),
+    (128, False, (2, 100, 2, 32, 16), True), (64, True, (1, 66, 1, 200, 16), True),
+    (64, True, (2, 100, 2, 32, 16), False), (128, True, (2, 100, 2, 32, 16), True),
+])
 @pytest.mark.parametrize("rule", ["additive", "delta"])
-def test_wide_key_blocks(BK, shape, rule, monkeypatch):
+def test_key_gradient_launch_options(BK, split, shape, residual, rule, monkeypatch):
     """backward_keys with more than 64 key columns per program (half its programs, each reading the token tiles once
-    for twice the keys): K = 200 in two blocks of 128 (the second mostly masked) or one of 256; BK is capped at the
-    padded key width."""
+    for twice the keys): K = 200 in two blocks of 128 (the second mostly masked) or one of 256, BK capped at the
+    padded key width; and SPLIT, dk and dq in two launches that each write their own gate partial sums."""
     from linmem.ops.triton import function
 
     monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_keys",
-                        dict(function.KERNEL_OPTIONS["backward_keys"], BK=BK))
+                        dict(function.KERNEL_OPTIONS["backward_keys"], BK=BK, SPLIT=split))
+    launches = _Counted(function.backward_keys_kernel)
+    monkeypatch.setattr(function, "backward_keys_kernel", launches)
     blocks, _ = function._options("backward_keys", shape[4], shape[3], torch.float32)
     assert blocks["BK"] == min(BK, triton.next_power_of_2(shape[3]))
-    compare(make_inputs(*shape, seed=5), True, rule=rule, clip=0.3)
+    compare(make_inputs(*shape, seed=5), residual, rule=rule, **(dict(clip=0.3) if residual else {}))
+    assert len(launches.grids) == (2 if split else 1)
 
 
 @pytest.mark.parametrize("kernel", ["forward", "backward_states", "backward_scores", "backward_keys"])

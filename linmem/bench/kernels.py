@@ -538,14 +538,18 @@ def sweep_variants() -> list[dict]:
                {"backward_scores": dict(num_warps=4, num_stages=None, BV=64)},
                {"backward_scores": dict(num_warps=8, num_stages=None, BV=32)},  # the third run's default
                {"backward_scores": dict(num_warps=8, num_stages=None, BV=128)}]
-            + [{"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None)},  # the third run's default
-               {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None)},
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32)},  # half the accumulators
+            + [{"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=False)},  # third run's
+               {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None, SPLIT=False)},
+               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32, SPLIT=False)},  # half the acc.
                # every key in one program: the token tiles read once per chunk, not once per 64 keys (BK 32, which
                # reads them twice as often, cost 1.9 ms in the fifth run)
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128)},
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=32, BK=128)},
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=128, BK=None)}]
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128, SPLIT=False)},
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=32, BK=128, SPLIT=False)},
+               {"backward_keys": dict(num_warps=4, num_stages=None, BV=128, BK=None, SPLIT=False)},
+               # dk and dq in two launches (three and two [64, BK] accumulators instead of five; offline, bf16 K = 128
+               # RDN: 16 and 0 bytes spilled per thread against 392 in one launch; at BK 128 none at 8 warps)
+               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True)},
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128, SPLIT=True)}]
             + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (2, 4)])
 
 

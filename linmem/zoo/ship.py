@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from linmem.data.atomic import write_json_atomic
+from linmem.data.atomic import atomic_write, write_json_atomic
 from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.eval.loading import TRAIN_INFO
 from linmem.eval.runner import TASKS, EvalOptions, evaluate
@@ -361,6 +361,7 @@ def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str
             record["eval"].setdefault("remeasured", {})[task] = {"date": when, "device": device, "why": why}
         record["eval"]["seconds"] = evaluation_seconds(record["eval"]["tasks"])
         write_json_atomic(folder / RECORD, record)
-        (folder / "README.md").write_text(cards.model_card(record), encoding="utf-8")
+        with atomic_write(folder / "README.md", "w") as f:  # a card in place is never half-written
+            f.write(cards.model_card(record))
         records.append(record)
     return records

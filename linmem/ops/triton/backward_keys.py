@@ -54,12 +54,15 @@ def _gated_term(acc, exponent, gate, keys):
 def backward_keys_kernel(
     q, k, v, do, b, g, beta, gamma, e_q, e_k, u_in, w_in, err_in, dx_in, dy_in, derr_in,
     base_chunks, res_chunks, d_base_chunks, d_res_chunks, dq, dk,
-    db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride,
+    db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride, first_slot,
     cu_seqlens, chunk_indices, scale, clip, n_chunks_total,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
-    TARGET: tl.constexpr,
+    TARGET: tl.constexpr, QUERIES: tl.constexpr, KEYS: tl.constexpr,
 ):
+    """dq (QUERIES) and dk (KEYS) of one chunk, head and key block, with their partial gate sums in slot
+    ``first_slot + program_id(2)``; the launch option SPLIT runs the two as separate launches (two and three
+    accumulators instead of five), the default as one."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     base_chunks = state_at(base_chunks, i_c, i_h, H, K * V)
@@ -88,33 +91,37 @@ def backward_keys_kernel(
         m_v = vc < V
         # chunk states are [K, V]: the [BV, BK] tile has value stride 1, key stride V
         s0 = load_block(base_chunks, vc, m_v, 1, kc, m_k, V)
-        ds = load_block(d_base_chunks, vc, m_v, 1, kc, m_k, V)
-        d_base_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
-        if DELTA:
-            u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-        else:
-            u = beta_t[:, None] * token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
-        q_base = mm_acc(q_base, d_base_read, s0, DT)
-        k_end = mm_acc(k_end, u, ds, DT)
-        state_dot += tl.sum(s0.to(tl.float32) * ds.to(tl.float32), 0)
         if RESIDUAL:
             r0 = load_block(res_chunks, vc, m_v, 1, kc, m_k, V)
-            dr = load_block(d_res_chunks, vc, m_v, 1, kc, m_k, V)
-            d_err = token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        if QUERIES:
+            d_base_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
+            q_base = mm_acc(q_base, d_base_read, s0, DT)
+            if RESIDUAL:
+                q_res = mm_acc(q_res, d_base_read, r0, DT)
+        if KEYS:
+            ds = load_block(d_base_chunks, vc, m_v, 1, kc, m_k, V)
             if DELTA:
-                w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-                dx = token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-                k_base = mm_acc(k_base, alpha_beta[:, None] * dx + d_err, s0, DT)
-                k_res = mm_acc(k_res, token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V), r0, DT)
+                u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             else:
-                err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-                w = gamma_t[:, None] * residual_target(err, clip, TARGET)
-                k_base = mm_acc(k_base, d_err, s0, DT)
-            q_res = mm_acc(q_res, d_base_read, r0, DT)
-            k_end = mm_acc(k_end, w, dr, DT)
-            state_dot += tl.sum(r0.to(tl.float32) * dr.to(tl.float32), 0)
-        elif DELTA:
-            k_base = mm_acc(k_base, token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
+                u = beta_t[:, None] * token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+            k_end = mm_acc(k_end, u, ds, DT)
+            state_dot += tl.sum(s0.to(tl.float32) * ds.to(tl.float32), 0)
+            if RESIDUAL:
+                dr = load_block(d_res_chunks, vc, m_v, 1, kc, m_k, V)
+                d_err = token_rows(derr_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                if DELTA:
+                    w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                    dx = token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                    k_base = mm_acc(k_base, alpha_beta[:, None] * dx + d_err, s0, DT)
+                    k_res = mm_acc(k_res, token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V), r0, DT)
+                else:
+                    err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+                    w = gamma_t[:, None] * residual_target(err, clip, TARGET)
+                    k_base = mm_acc(k_base, d_err, s0, DT)
+                k_end = mm_acc(k_end, w, dr, DT)
+                state_dot += tl.sum(r0.to(tl.float32) * dr.to(tl.float32), 0)
+            elif DELTA:
+                k_base = mm_acc(k_base, token_rows(dx_in, tok, i_h, pos, m_t, vc, m_v, H, V), s0, DT)
 
     # queries first (their accumulators die before the key terms are formed), then keys
     qb = key_block(at_token(q, tok, i_h, H, K), pos, m_t, H, K, BK, i_k)
@@ -125,55 +132,59 @@ def backward_keys_kernel(
     d_bm = tl.zeros([C], dtype=tl.float32)
     d_beta = tl.zeros([C], dtype=tl.float32)
     d_gamma = tl.zeros([C], dtype=tl.float32)
-    if RESIDUAL and not OUTPUT_GATES:
-        dq_total = tl.exp(bm)[:, None] * q_base
-        d_bm += tl.sum(qb.to(tl.float32) * dq_total, 1)
-    else:
-        dq_total = exp_b * q_base
-        d_b += tl.sum(qb.to(tl.float32) * dq_total, 1)
-    if RESIDUAL:
-        res_term = exp_b * q_res
-        res_dots = tl.sum(qb.to(tl.float32) * res_term, 1)
-        if OUTPUT_GATES:
-            d_gamma += res_dots
-            d_b += gamma_t * res_dots
-            dq_total += gamma_t[:, None] * res_term
+    if QUERIES:
+        if RESIDUAL and not OUTPUT_GATES:
+            dq_total = tl.exp(bm)[:, None] * q_base
+            d_bm += tl.sum(qb.to(tl.float32) * dq_total, 1)
         else:
-            d_b += res_dots
-            dq_total += res_term
-    dq_total = mm_acc(dq_total, eq, kb, DT)
-    store_token_rows(dq, dq_total, tok, i_h, pos, m_t, kc, m_k, H, K)
+            dq_total = exp_b * q_base
+            d_b += tl.sum(qb.to(tl.float32) * dq_total, 1)
+        if RESIDUAL:
+            res_term = exp_b * q_res
+            res_dots = tl.sum(qb.to(tl.float32) * res_term, 1)
+            if OUTPUT_GATES:
+                d_gamma += res_dots
+                d_b += gamma_t * res_dots
+                dq_total += gamma_t[:, None] * res_term
+            else:
+                d_b += res_dots
+                dq_total += res_term
+        dq_total = mm_acc(dq_total, eq, kb, DT)
+        store_token_rows(dq, dq_total, tok, i_h, pos, m_t, kc, m_k, H, K)
 
-    ek = token_scores(e_k, tok, i_h, pos, m_t, H, C).to(tl.float32)
-    dk_total = mm(tl.trans(eq), qb, DT)
-    dk_total = mm_acc(dk_total, ek + tl.trans(ek), kb, DT)
-    kf = kb.to(tl.float32)
-    end_term = tl.exp(b_last - bb)[:, None] * k_end
-    dk_total += end_term
-    # the chunk's last key reaches the chunk end undecayed (e^0): it adds nothing to db, so leave it out of both sides
-    end_dots = tl.where(pos == n_valid - 1, 0.0, tl.sum(kf * end_term, 1))
-    d_b -= end_dots
-    d_end = tl.sum(end_dots, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)
-    if RESIDUAL:
-        # all of it decays with e^{bm} = e^b / α; its β terms' share of dg_t alone is backward_scores.py's ``direct``
-        base_term = tl.exp(bm)[:, None] * k_base
-        d_bm -= tl.sum(kf * base_term, 1)
-        dk_total -= base_term
-        if DELTA:
-            term, dots, gated_dots = _gated_term(k_res, bb, gamma_t, kf)
-            d_gamma -= dots
+    if KEYS:
+        ek = token_scores(e_k, tok, i_h, pos, m_t, H, C).to(tl.float32)
+        dk_total = mm(tl.trans(eq), qb, DT)
+        dk_total = mm_acc(dk_total, ek + tl.trans(ek), kb, DT)
+        kf = kb.to(tl.float32)
+        end_term = tl.exp(b_last - bb)[:, None] * k_end
+        dk_total += end_term
+        # the chunk's last key reaches the chunk end undecayed (e^0): it adds nothing to db, so leave it out of both
+        # sides
+        end_dots = tl.where(pos == n_valid - 1, 0.0, tl.sum(kf * end_term, 1))
+        d_b -= end_dots
+        d_end = tl.sum(end_dots, 0) + tl.exp(b_last) * tl.sum(state_dot, 0)
+        if RESIDUAL:
+            # all of it decays with e^{bm} = e^b / α; its β terms' share of dg_t alone is backward_scores.py's
+            # ``direct``
+            base_term = tl.exp(bm)[:, None] * k_base
+            d_bm -= tl.sum(kf * base_term, 1)
+            dk_total -= base_term
+            if DELTA:
+                term, dots, gated_dots = _gated_term(k_res, bb, gamma_t, kf)
+                d_gamma -= dots
+                d_b -= gated_dots
+                dk_total -= term
+        elif DELTA:
+            term, dots, gated_dots = _gated_term(k_base, bb, beta_t, kf)
+            d_beta -= dots
             d_b -= gated_dots
             dk_total -= term
-    elif DELTA:
-        term, dots, gated_dots = _gated_term(k_base, bb, beta_t, kf)
-        d_beta -= dots
-        d_b -= gated_dots
-        dk_total -= term
-    store_token_rows(dk, dk_total, tok, i_h, pos, m_t, kc, m_k, H, K)
-    slot = i_k.to(tl.int64) * part_stride
+        store_token_rows(dk, dk_total, tok, i_h, pos, m_t, kc, m_k, H, K)
+        tl.store(db_end_part + (i_k.to(tl.int64) * n_chunks_total + i_c) * H + i_h, d_end)
+    slot = (first_slot + i_k).to(tl.int64) * part_stride
     store_token_gate(db_part + slot, d_b, tok, i_h, pos, m_t, H)
     store_token_gate(dbm_part + slot, d_bm, tok, i_h, pos, m_t, H)
     store_token_gate(dbeta_part + slot, d_beta, tok, i_h, pos, m_t, H)
     if RESIDUAL:
         store_token_gate(dgamma_part + slot, d_gamma, tok, i_h, pos, m_t, H)
-    tl.store(db_end_part + (i_k.to(tl.int64) * n_chunks_total + i_c) * H + i_h, d_end)

@@ -15,7 +15,8 @@ Backward:
    first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients (FUSED:
    ``both_reverse_pass_kernel``, both in one);
 6. backward_scores.py ``backward_scores_kernel`` [NT, H]: dv, the score-matrix gradients E_Q, E_K, partial gate sums;
-7. backward_keys.py ``backward_keys_kernel`` [NT, H, K/BK]: dq, dk, partial gate sums;
+7. backward_keys.py ``backward_keys_kernel`` [NT, H, K/BK]: dq, dk, partial gate sums (launch option SPLIT: dk and
+   dq in two launches);
 8. decay_grad.py ``decay_grad_kernel`` [NT, H]: dg, dβ, dγ.
 """
 
@@ -72,7 +73,7 @@ KERNEL_OPTIONS = {
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=False),
     "local_inputs": dict(num_warps=4, num_stages=1, BV=64),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
-    "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None),
+    "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=False),
     "decay_grad": dict(num_warps=1, num_stages=1),
 }
 # float32 inputs (a test path, not a speed target) keep the second GPU run's options, checked against float64 there:
@@ -319,12 +320,14 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
                      flags.residual)
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
-    # partial sums of the per-token gate gradients: one slot per key block of backward_keys, the last from
-    # backward_scores
+    # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
+    # backward_scores, then (SPLIT) one per key block of its query launch
     key_blocks, key_launch = _options("backward_keys", value_dim, key_dim, k.dtype)
     keys_bk = key_blocks.pop("BK")
+    split = key_blocks.pop("SPLIT")
     keys_nk = triton.cdiv(key_dim, keys_bk)
-    parts = _buf((4, keys_nk + 1, n_tok, heads), dev)
+    n_parts = 2 * keys_nk + 1 if split else keys_nk + 1
+    parts = _buf((4, n_parts, n_tok, heads), dev)
     db_part, dbm_part, dbeta_part, dgamma_part = parts.unbind(0)
     score_parts = [part[keys_nk] for part in (db_part, dbm_part, dbeta_part, dgamma_part)]
     part_stride = n_tok * heads
@@ -343,14 +346,17 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dq = _buf(q.shape, dev, q.dtype)
     dk = _buf(k.shape, dev, k.dtype)
     db_end_part = _buf((keys_nk, layout.num_chunks, heads), dev)
-    backward_keys_kernel[(layout.num_chunks, heads, keys_nk)](
-        q, k, v, do, s["b"], g, beta, gamma_, e_q, e_k, s["u"], s["w"], s["err"], dx, dy, d_err,
-        s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk,
-        db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride,
-        layout.cu_seqlens, layout.chunk_indices, scale, flags.clip, layout.num_chunks,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=keys_bk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
-        **key_blocks, **flags.kernel_args(), **key_launch,
-    )
+    # dq and dk in one launch, or (SPLIT) dk then dq, each with fewer accumulators
+    for queries, keys, first_slot in ([(False, True, 0), (True, False, keys_nk + 1)] if split else
+                                      [(True, True, 0)]):
+        backward_keys_kernel[(layout.num_chunks, heads, keys_nk)](
+            q, k, v, do, s["b"], g, beta, gamma_, e_q, e_k, s["u"], s["w"], s["err"], dx, dy, d_err,
+            s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk,
+            db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride, first_slot,
+            layout.cu_seqlens, layout.chunk_indices, scale, flags.clip, layout.num_chunks,
+            H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=keys_bk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
+            QUERIES=queries, KEYS=keys, **key_blocks, **flags.kernel_args(), **key_launch,
+        )
 
     dg = _buf((n_tok, heads), dev)
     dbeta = _buf((n_tok, heads), dev)
@@ -358,7 +364,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     decay_grad_kernel[(layout.num_chunks, heads)](
         db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, dg, dbeta, _or(dgamma, dummy), part_stride,
         layout.cu_seqlens, layout.chunk_indices, layout.num_chunks,
-        H=heads, C=CHUNK, PARTS=keys_nk + 1, END_PARTS=keys_nk, RESIDUAL=flags.residual, **_options("decay_grad")[1],
+        H=heads, C=CHUNK, PARTS=n_parts, END_PARTS=keys_nk, RESIDUAL=flags.residual, **_options("decay_grad")[1],
     )
     return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
 
