@@ -342,6 +342,26 @@ def test_chunk_fallback_under_autocast():
                 fit_history=False)
 
 
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("rule, options, shape", [
+    ("delta", {}, (2, 100, 2, 32, 16)),
+    ("delta", dict(output_gates=False, residual_target="tanh", clip=0.5), (1, 70, 2, 32, 16)),
+    ("delta", dict(cu_seqlens=[0, 20, 20, 150, 151, 180]), (1, 180, 2, 32, 16)),
+    ("delta", dict(dtype=torch.bfloat16), (1, 70, 2, 32, 16)),
+    ("additive", {}, (2, 100, 2, 32, 16)),
+])
+def test_row_dots_after_the_value_loop(rule, options, shape, residual, monkeypatch):
+    """The ``ROW_DOTS_AFTER`` launch option of backward_scores (the delta rule's row dots with A from a whole
+    ``G_y = dy wᵀ``, or ``G_x = dx uᵀ``, after the value loop) against the float64 reference."""
+    from linmem.ops.triton import function
+
+    monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_scores",
+                        dict(function.KERNEL_OPTIONS["backward_scores"], ROW_DOTS_AFTER=True))
+    if not residual:
+        options = {key: value for key, value in options.items() if key in ("cu_seqlens", "dtype", "scale")}
+    compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual)
+
+
 @pytest.mark.parametrize("BK, split, shape, residual", [
     (128, False, (1, 66, 1, 200, 16), True), (256, False, (1, 66, 1, 200, 16), False),
     (128, False, (2, 100, 2, 32, 16), True), (64, True, (1, 66, 1, 200, 16), True),

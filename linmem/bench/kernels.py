@@ -534,10 +534,13 @@ def sweep_variants() -> list[dict]:
             + [{"scores": dict(num_warps=2, num_stages=1)}]  # the fourth run's default
             + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=2, BV=128)},
                {"output": dict(num_warps=8, num_stages=1, BV=128)}]
-            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)},
-               {"backward_scores": dict(num_warps=4, num_stages=None, BV=64)},
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=32)},  # the third run's default
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128)}]
+            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64, ROW_DOTS_AFTER=False)},
+               {"backward_scores": dict(num_warps=4, num_stages=None, BV=64, ROW_DOTS_AFTER=False)},
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=32, ROW_DOTS_AFTER=False)},  # third run's
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128, ROW_DOTS_AFTER=False)},
+               # the delta rule's row dots with A after the value loop (one product per block fewer)
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=64, ROW_DOTS_AFTER=True)},
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128, ROW_DOTS_AFTER=True)}]
             + [{"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=False)},  # third run's
                {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None, SPLIT=False)},
                {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32, SPLIT=False)},  # half the acc.

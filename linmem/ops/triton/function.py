@@ -72,7 +72,7 @@ KERNEL_OPTIONS = {
     "output": dict(num_warps=4, num_stages=1, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=False),
     "local_inputs": dict(num_warps=4, num_stages=1, BV=64),
-    "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
+    "backward_scores": dict(num_warps=8, num_stages=None, BV=64, ROW_DOTS_AFTER=False),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=False),
     "decay_grad": dict(num_warps=1, num_stages=1),
 }
