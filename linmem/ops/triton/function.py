@@ -299,7 +299,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
                 local_keys = _buf(k.shape, dev, flags.store_dtype)
 
         def reverse_pass(strength, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks, out,
-                         d_err_out, read_bm, gated, err_in):
+                         d_err_out, *, read_bm, gated, err_in):
             if local:
                 local_inputs_kernel[(layout.num_chunks, heads)](
                     k, do, s["b"], g, gamma_, key_scores, scores, inverse, d_err_in, local_keys, local_dx,
@@ -316,10 +316,10 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
 
         if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
             reverse_pass(gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy, d_res_final, d_res0,
-                         d_res_chunks, dy, d_err, False, flags.gates, False)
+                         d_res_chunks, dy, d_err, read_bm=False, gated=flags.gates, err_in=False)
         reverse_pass(beta, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
-                     d_base_final, d_base0, d_base_chunks, dx, dummy, flags.residual and not flags.gates, False,
-                     flags.residual)
+                     d_base_final, d_base0, d_base_chunks, dx, dummy, read_bm=flags.residual and not flags.gates,
+                     gated=False, err_in=flags.residual)
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
