@@ -509,7 +509,7 @@ def sweep_variants() -> list[dict]:
 
     sequential = [dict(num_warps=4, num_stages=1, BV=16, FUSED=False),
                   dict(num_warps=4, num_stages=1, BV=32, FUSED=False),
-                  dict(num_warps=8, num_stages=None, BV=None, FUSED=False),  # BV=None picks 16 or 32 per call
+                  dict(num_warps=8, num_stages=None, BV=None, FUSED=False),  # BV=None: function._sequential_block
                   dict(num_warps=4, num_stages=1, BV=None, FUSED=False),  # one stage: the second run's default
                   # both memories in one pass (forward.py, backward_states.py): None picks BV 16 and one stage
                   dict(num_warps=None, num_stages=None, BV=None, FUSED=True),
@@ -518,7 +518,8 @@ def sweep_variants() -> list[dict]:
     inverse = [dict(num_warps=1, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
     inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # the third run's default
     # the reverse passes: the same, forming dx in the pass (LOCAL=False) or reading dx's in-chunk part from
-    # local_inputs_kernel (LOCAL=True; a fused pass forms dx itself)
+    # local_inputs_kernel (LOCAL=True; a fused pass forms dx itself); local_inputs' own options (which matter only
+    # with LOCAL) are not swept
     default_local = function.KERNEL_OPTIONS["backward_states"]["LOCAL"]
     reverse = [dict(o, LOCAL=default_local) for o in sequential]
     reverse += [dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=not default_local),
@@ -526,10 +527,7 @@ def sweep_variants() -> list[dict]:
                 # BV=None picks 64 where N·H·V/64 programs fill half the GPU (function._sequential_block)
                 dict(num_warps=None, num_stages=None, BV=32, FUSED=False, LOCAL=default_local),
                 dict(num_warps=8, num_stages=None, BV=64, FUSED=False, LOCAL=default_local)]
-    local = [dict(num_warps=4, num_stages=1, BV=128), dict(num_warps=8, num_stages=1, BV=64),
-             dict(num_warps=4, num_stages=2, BV=32)]
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
-            + [{"local_inputs": o} for o in local]
             + [{"inverse": o} for o in inverse]
             + [{"scores": dict(num_warps=2, num_stages=1)}]  # the fourth run's default
             + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=2, BV=128)},
