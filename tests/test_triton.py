@@ -143,14 +143,16 @@ LAUNCH_OPTION_CASES = [
 
 
 def compare_with_launch_option(rule, options, shape, monkeypatch, residual=True, **launch_option):
-    """``compare`` with ``launch_option`` set in the sequential passes' KERNEL_OPTIONS."""
+    """``compare`` with ``launch_option`` set in the sequential passes' KERNEL_OPTIONS; without a residual memory,
+    ``options`` loses the residual memory's switches."""
     from linmem.ops.triton import function
 
     for name in ("forward", "backward_states"):
         if set(launch_option) <= set(function.KERNEL_OPTIONS[name]):
             monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], **launch_option))
     inputs = make_inputs(*shape, seed=11)
-    options = dict(options)
+    options = dict(options) if residual else {key: value for key, value in options.items()
+                                              if key in ("cu_seqlens", "dtype", "scale")}
     bounds = options.pop("cu_seqlens", None)
     if bounds is not None:
         for name in ("S0", "R0"):
@@ -182,8 +184,6 @@ def test_local_reverse_inputs(rule, options, shape, residual, monkeypatch):
 
     launches = _Counted(function.local_inputs_kernel)
     monkeypatch.setattr(function, "local_inputs_kernel", launches)
-    if not residual:
-        options = {key: value for key, value in options.items() if key in ("cu_seqlens", "dtype", "scale")}
     compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual, LOCAL=True)
     assert len(launches.grids) == (2 if residual else 1)
 
@@ -357,8 +357,6 @@ def test_row_dots_after_the_value_loop(rule, options, shape, residual, monkeypat
 
     monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_scores",
                         dict(function.KERNEL_OPTIONS["backward_scores"], ROW_DOTS_AFTER=True))
-    if not residual:
-        options = {key: value for key, value in options.items() if key in ("cu_seqlens", "dtype", "scale")}
     compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual)
 
 

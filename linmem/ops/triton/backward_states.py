@@ -94,6 +94,8 @@ def local_inputs_kernel(
             cols = i * BK + tl.arange(0, BK)
             keys = mm(inverse_t, to_end * key_block(kp, pos, m_t, H, K, BK, i).to(tl.float32), DT)
             store_rows(keys_at, keys, pos, m_t, H, K, cols, cols < K)
+    if ERR_IN:
+        key_scores_t = tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C))
     read_scale = tl.full([C], scale, tl.float32)
     if GATED:
         read_scale *= token_gate(gamma, tok, i_h, pos, m_t, H)
@@ -102,8 +104,7 @@ def local_inputs_kernel(
         m_v = vc < V
         du = mm(scores_t, read_scale[:, None] * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V), DT)
         if ERR_IN:
-            du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)),
-                     token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V), DT)
+            du -= mm(key_scores_t, token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V), DT)
         if DELTA:
             du = mm(inverse_t, du, DT)
         store_token_rows(dx_out, du, tok, i_h, pos, m_t, vc, m_v, H, V)
@@ -139,15 +140,16 @@ def reverse_pass_kernel(
         d_err = d_read  # unused without ERR_IN
         if ERR_IN:
             d_err = token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        to_end = tl.exp(b_last - bb)[:, None]
         if LOCAL:
             dx = token_rows(dx_local, tok, i_h, pos, m_t, vc, m_v, H, V)
             if DELTA:
                 dx += read_blocks(at_token(local_keys, tok, i_h, H, K), pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
             else:
-                dx += tl.exp(b_last - bb)[:, None] * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+                dx += to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
         else:
-            dx = _input_grad(kp, tl.exp(b_last - bb)[:, None], s0, s1, s2, s3, scores, d_read, key_scores, d_err,
-                             inverse, tok, i_h, pos, m_t, H, K, C, BK, NK, DT, DELTA, ERR_IN)
+            dx = _input_grad(kp, to_end, s0, s1, s2, s3, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos,
+                             m_t, H, K, C, BK, NK, DT, DELTA, ERR_IN)
         store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
         if DELTA or ERR_OUT:
             sigma = token_gate(strength, tok, i_h, pos, m_t, H)
