@@ -361,7 +361,7 @@ def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str
             record["eval"].setdefault("remeasured", {})[task] = {"date": when, "device": device, "why": why}
         record["eval"]["seconds"] = evaluation_seconds(record["eval"]["tasks"])
         write_json_atomic(folder / RECORD, record)
-        with atomic_write(folder / "README.md", "w") as f:  # a card in place is never half-written
+        with atomic_write(folder / CARD, "w") as f:  # a card in place is never half-written
             f.write(cards.model_card(record))
         records.append(record)
     return records
