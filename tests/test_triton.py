@@ -109,16 +109,6 @@ def test_switches(rule, options):
     compare(make_inputs(1, 70, 2, 32, 16, seed=1), True, rule=rule, **options)
 
 
-class _Unused:
-    """Stands in for a kernel a test must not launch."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __getitem__(self, grid):
-        raise AssertionError(f"{self.name} was launched")
-
-
 class _Counted:
     """Stands in for a kernel, launching it and recording the grid of every launch."""
 
@@ -131,95 +121,18 @@ class _Counted:
         return self.kernel[grid]
 
 
-LAUNCH_OPTION_CASES = [
-    ("additive", {}, (2, 100, 2, 32, 16)),
-    ("delta", {}, (2, 100, 2, 32, 16)),
-    ("delta", dict(output_gates=False, residual_target="tanh", clip=0.5), (1, 70, 2, 32, 16)),
-    ("additive", dict(output_gates=False, residual_target="identity", scale=0.7), (1, 70, 2, 32, 16)),
-    ("delta", dict(clip=0.2), (1, 66, 1, 200, 16)),
-    ("delta", dict(cu_seqlens=[0, 20, 20, 150, 151, 180]), (1, 180, 2, 32, 16)),
-    ("delta", dict(dtype=torch.bfloat16), (1, 70, 2, 32, 16)),
-]
-
-
-def compare_with_launch_option(rule, options, shape, monkeypatch, residual=True, **launch_option):
-    """``compare`` with ``launch_option`` set in the sequential passes' KERNEL_OPTIONS; without a residual memory,
-    ``options`` loses the residual memory's switches."""
-    from linmem.ops.triton import function
-
-    for name in ("forward", "backward_states"):
-        if set(launch_option) <= set(function.KERNEL_OPTIONS[name]):
-            monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], **launch_option))
-    inputs = make_inputs(*shape, seed=11)
-    options = dict(options) if residual else {key: value for key, value in options.items()
-                                              if key in ("cu_seqlens", "dtype", "scale")}
-    bounds = options.pop("cu_seqlens", None)
-    if bounds is not None:
-        for name in ("S0", "R0"):
-            inputs[name] = 0.3 * torch.randn(len(bounds) - 1, *inputs[name].shape[1:],
-                                             generator=torch.Generator().manual_seed(12), dtype=torch.float64)
-        options["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
-    dtype = options.pop("dtype", torch.float32)
-    compare(inputs, residual, dtype=dtype, tol=TOL if dtype == torch.float32 else 2e-2, rule=rule, **options)
-
-
-@pytest.mark.parametrize("rule, options, shape", LAUNCH_OPTION_CASES)
-def test_fused_passes(rule, options, shape, monkeypatch):
-    """The ``FUSED`` launch option of the sequential passes (both memories in one forward pass and one reverse
-    pass) against the float64 reference; the one-memory passes must not run."""
-    from linmem.ops.triton import function
-
-    for name in ("state_pass_kernel", "reverse_pass_kernel"):
-        monkeypatch.setattr(function, name, _Unused(name))
-    compare_with_launch_option(rule, options, shape, monkeypatch, FUSED=True)
-
-
-@pytest.mark.parametrize("residual", [True, False])
-@pytest.mark.parametrize("rule, options, shape", LAUNCH_OPTION_CASES)
-def test_local_reverse_inputs(rule, options, shape, residual, monkeypatch):
-    """The ``LOCAL`` launch option of the reverse passes (dx's in-chunk part and the delta rule's read keys
-    computed chunk-parallel before each pass) against the float64 reference, with and without a residual memory;
-    the chunk-parallel kernel must run once per memory."""
-    from linmem.ops.triton import function
-
-    launches = _Counted(function.local_inputs_kernel)
-    monkeypatch.setattr(function, "local_inputs_kernel", launches)
-    compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual, LOCAL=True)
-    assert len(launches.grids) == (2 if residual else 1)
-
-
-def test_fused_option_resolves_per_memory(monkeypatch):
-    """FUSED takes effect only for a residual memory, and a fused pass whose options say None takes 4 warps, the
-    narrow block and one stage (it holds two states); more than 4 warps is refused; a one-memory pass keeps its own
-    choices."""
+def test_sequential_pass_launch_options(monkeypatch):
+    """The sequential passes' options where they say None: 4 warps (8 for float32 inputs), two stages, and the
+    widest value block that keeps the multiprocessors busy."""
     from linmem.ops.triton import function
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(function, "_multiprocessors", lambda: 132)
     for name in ("forward", "backward_states"):
-        monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True))
-        fused = function._options(name, 128, 128, torch.bfloat16, 256, residual=True)
-        alone = function._options(name, 128, 128, torch.bfloat16, 256, residual=False)
-        local = "LOCAL" in function.KERNEL_OPTIONS[name]
-        assert fused == ({"BV": 16, "FUSED": True} | ({"LOCAL": False} if local else {}),
-                         {"num_warps": 4, "num_stages": 1})
-        alone_bv = function.SEQUENTIAL_WIDEST[name]  # 256 sequences of 128 values keep every width busy
-        assert alone == ({"BV": alone_bv, "FUSED": False}
-                         | ({"LOCAL": function.KERNEL_OPTIONS[name]["LOCAL"]} if local else {}),
-                         {"num_warps": 4, "num_stages": 2})
-        # float32 one-memory passes take 8 warps; a fused one stays at 4, and asking it for 8 is refused (it faulted
-        # or computed wrong results at 8 warps on the GPU)
-        assert function._options(name, 128, 128, torch.float32, 256, residual=True)[1]["num_warps"] == 4
-        assert function._options(name, 128, 128, torch.float32, 256, residual=False)[1]["num_warps"] == 8
-        monkeypatch.setitem(function.KERNEL_OPTIONS, name, dict(function.KERNEL_OPTIONS[name], FUSED=True,
-                                                                 num_warps=8))
-        with pytest.raises(ValueError, match="at most 4 warps"):
-            function._options(name, 128, 128, torch.bfloat16, 256, residual=True)
-        assert function._options(name, 128, 128, torch.bfloat16, 256, residual=False)[1]["num_warps"] == 8
-    # LOCAL belongs to the one-memory reverse passes: a fused pass resolves it to False
-    monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_states",
-                        dict(function.KERNEL_OPTIONS["backward_states"], FUSED=True, num_warps=4, LOCAL=True))
-    assert not function._options("backward_states", 128, 128, torch.bfloat16, 256, residual=True)[0]["LOCAL"]
-    assert function._options("backward_states", 128, 128, torch.bfloat16, 256, residual=False)[0]["LOCAL"]
+        # 256 sequences of 128 values keep every width busy
+        assert function._options(name, 128, 128, torch.bfloat16, 256) == (
+            {"BV": function.SEQUENTIAL_WIDEST[name]}, {"num_warps": 4, "num_stages": 2})
+        assert function._options(name, 128, 128, torch.float32, 256)[1]["num_warps"] == 8
 
 
 def test_sequential_value_blocks(monkeypatch):
@@ -333,6 +246,33 @@ def test_sweep_variants_each_change_one_default():
         assert set(options) == set(function.KERNEL_OPTIONS[name]), name
 
 
+def test_sweep_keeps_the_variant_best_for_both_rules(monkeypatch):
+    """The sweep keeps, per kernel, the variant with the smallest RDN + RLA time: a variant that speeds RDN up and
+    slows RLA down more loses to the default; the KERNEL_OPTIONS it leaves are the winners."""
+    from linmem.bench import kernels
+    from linmem.ops.triton import function
+
+    monkeypatch.setattr(kernels, "HEADS", 1)
+    monkeypatch.setattr(kernels, "HEAD_DIM", 16)
+    monkeypatch.setattr(function, "KERNEL_OPTIONS", {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()})
+    function.KERNEL_OPTIONS["output"]["BV"] = 128
+    function.KERNEL_OPTIONS["decay_grad"]["num_warps"] = 2
+    rdn_only = {"output": dict(function.KERNEL_OPTIONS["output"], BV=64)}
+    both = {"decay_grad": dict(function.KERNEL_OPTIONS["decay_grad"], num_warps=4)}
+    timings = {  # (output BV, decay_grad warps) -> (RDN, RLA) ms
+        (128, 2): (10.0, 8.0), (64, 2): (9.0, 9.5), (128, 4): (9.8, 7.9)}
+
+    def fake_time(fn, x, backward):
+        opts = function.KERNEL_OPTIONS
+        rdn, rla = timings[(opts["output"]["BV"], opts["decay_grad"]["num_warps"])]
+        return rdn if fn is kernels.METHODS["linmem RDN"] else rla
+
+    monkeypatch.setattr(kernels, "time_method", fake_time)
+    chosen = kernels.tune([rdn_only, both], 1, 64)
+    assert chosen["output"]["BV"] == 128 and chosen["decay_grad"]["num_warps"] == 4
+    assert function.KERNEL_OPTIONS["decay_grad"]["num_warps"] == 4 and function.KERNEL_OPTIONS["output"]["BV"] == 128
+
+
 def test_chunk_fallback_under_autocast():
     """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not cover (here
     fit_history=False) run on the chunk backend in the state dtype, autocast off, instead of letting the autocast
@@ -340,24 +280,6 @@ def test_chunk_fallback_under_autocast():
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, rule="additive",
                 fit_history=False)
-
-
-@pytest.mark.parametrize("residual", [True, False])
-@pytest.mark.parametrize("rule, options, shape", [
-    ("delta", {}, (2, 100, 2, 32, 16)),
-    ("delta", dict(output_gates=False, residual_target="tanh", clip=0.5), (1, 70, 2, 32, 16)),
-    ("delta", dict(cu_seqlens=[0, 20, 20, 150, 151, 180]), (1, 180, 2, 32, 16)),
-    ("delta", dict(dtype=torch.bfloat16), (1, 70, 2, 32, 16)),
-    ("additive", {}, (2, 100, 2, 32, 16)),
-])
-def test_row_dots_after_the_value_loop(rule, options, shape, residual, monkeypatch):
-    """The ``ROW_DOTS_AFTER`` launch option of backward_scores (the delta rule's row dots with A from a whole
-    ``G_y = dy wᵀ``, or ``G_x = dx uᵀ``, after the value loop) against the float64 reference."""
-    from linmem.ops.triton import function
-
-    monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_scores",
-                        dict(function.KERNEL_OPTIONS["backward_scores"], ROW_DOTS_AFTER=True))
-    compare_with_launch_option(rule, options, shape, monkeypatch, residual=residual)
 
 
 @pytest.mark.parametrize("BK, split, shape, residual", [

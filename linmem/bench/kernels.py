@@ -505,73 +505,61 @@ def sweep_variants() -> list[dict]:
     sm_90 compiles in docs/benchmarks/kernels-status.md say which of them spill). Every variant computes the same
     thing to within the checked tolerances: the inverse's PRECISION variants are at least as exact as the default
     (tf32 for 16-bit inputs)."""
-    from linmem.ops.triton import function
 
-    sequential = [dict(num_warps=4, num_stages=1, BV=16, FUSED=False),
-                  dict(num_warps=4, num_stages=1, BV=32, FUSED=False),
-                  dict(num_warps=8, num_stages=None, BV=None, FUSED=False),  # BV=None: function._sequential_block
-                  dict(num_warps=4, num_stages=1, BV=None, FUSED=False),  # one stage: the second run's default
-                  # both memories in one pass (forward.py, backward_states.py): None picks BV 16 and one stage
-                  dict(num_warps=None, num_stages=None, BV=None, FUSED=True),
-                  dict(num_warps=None, num_stages=2, BV=16, FUSED=True),
-                  dict(num_warps=4, num_stages=1, BV=32, FUSED=True)]  # spills 160-168 B offline (FUSED_MAX_WARPS: 4)
+    sequential = [dict(num_warps=4, num_stages=1, BV=16),
+                  dict(num_warps=4, num_stages=1, BV=32),
+                  dict(num_warps=8, num_stages=None, BV=None),  # BV=None: function._sequential_block
+                  dict(num_warps=4, num_stages=1, BV=None)]  # one stage: the second run's default
     inverse = [dict(num_warps=1, num_stages=1, PRECISION=p) for p in ("ieee", "tf32x3")]
     inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # the third run's default
-    # the reverse passes: the same, forming dx in the pass (LOCAL=False) or reading dx's in-chunk part from
-    # local_inputs_kernel (LOCAL=True; a fused pass forms dx itself); local_inputs' own options (which matter only
-    # with LOCAL) are not swept
-    default_local = function.KERNEL_OPTIONS["backward_states"]["LOCAL"]
-    reverse = [dict(o, LOCAL=default_local) for o in sequential]
-    reverse += [dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=not default_local),
-                dict(num_warps=None, num_stages=None, BV=16, FUSED=False, LOCAL=True),
-                # BV=None picks 64 where N·H·V/64 programs fill half the GPU (function._sequential_block)
-                dict(num_warps=None, num_stages=None, BV=32, FUSED=False, LOCAL=default_local),
-                dict(num_warps=8, num_stages=None, BV=64, FUSED=False, LOCAL=default_local)]
+    # the reverse passes: the same, and (where BV=None picks 64: N·H·V/64 programs fill half the GPU) 32, or 64 at
+    # 8 warps
+    reverse = sequential + [dict(num_warps=None, num_stages=None, BV=32), dict(num_warps=8, num_stages=None, BV=64)]
     return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
             + [{"inverse": o} for o in inverse]
             + [{"scores": dict(num_warps=2, num_stages=1)}]  # the fourth run's default
-            + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=2, BV=128)},
-               {"output": dict(num_warps=8, num_stages=1, BV=128)}]
-            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64, ROW_DOTS_AFTER=False)},
-               {"backward_scores": dict(num_warps=4, num_stages=None, BV=64, ROW_DOTS_AFTER=False)},
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=32, ROW_DOTS_AFTER=False)},  # third run's
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128, ROW_DOTS_AFTER=False)},
-               # the delta rule's row dots with A after the value loop (one product per block fewer)
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=64, ROW_DOTS_AFTER=True)},
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128, ROW_DOTS_AFTER=True)}]
-            + [{"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=False)},  # third run's
-               {"backward_keys": dict(num_warps=4, num_stages=1, BV=64, BK=None, SPLIT=False)},
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=32, SPLIT=False)},  # half the acc.
-               # every key in one program: the token tiles read once per chunk, not once per 64 keys (BK 32, which
-               # reads them twice as often, cost 1.9 ms in the fifth run)
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128, SPLIT=False)},
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=32, BK=128, SPLIT=False)},
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=128, BK=None, SPLIT=False)},
-               # dk and dq in two launches (three and two [64, BK] accumulators instead of five; offline, bf16 K = 128
-               # RDN: 16 and 0 bytes spilled per thread against 392 in one launch; at BK 128 none at 8 warps)
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True)},
+            + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=1, BV=128)},
+               {"output": dict(num_warps=8, num_stages=1, BV=128)}]  # the middle one: the sixth run's default
+            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)},
+               {"backward_scores": dict(num_warps=4, num_stages=None, BV=64)},
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=32)},  # the third run's
+               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128)}]
+            # dk and dq in one launch (five [64, BK] accumulators; offline, bf16 K = 128 RDN spills 392 bytes per
+            # thread, against 16 and 0 in two launches): the sixth run's default, and the third run's
+            + [{"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=False)},
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=False)},
+               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=True)},
+               {"backward_keys": dict(num_warps=4, num_stages=None, BV=32, BK=None, SPLIT=True)},
+               # every key in one program: the token tiles read once per chunk, not once per 64 keys
                {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128, SPLIT=True)}]
-            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (2, 4)])
+            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
 
 
 def tune(variants, B, T) -> dict:
-    """Time RDN forward+backward with each variant; keep, per kernel, the fastest (default included)."""
+    """Time RDN and RLA forward+backward with each variant; keep, per kernel, the variant (default included) with the
+    smallest sum of the two (the kernels are specialised per rule, and a change can help one rule and cost the
+    other)."""
     from linmem.ops.triton import function
 
     default = {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()}
     x = bench_inputs(B, T)
-    base_ms = time_method(METHODS["linmem RDN"], x, True)
-    print(f"sweep: default RDN fwd+bwd {base_ms:.2f} ms at B={B} T={T}", flush=True)
+
+    def both() -> tuple[float, str]:
+        times = [time_method(METHODS[name], x, True) for name in ("linmem RDN", "linmem RLA")]
+        return sum(times), f"RDN {times[0]:.2f} + RLA {times[1]:.2f} = {sum(times):.2f} ms"
+
+    base_ms, shown = both()
+    print(f"sweep: default fwd+bwd {shown} at B={B} T={T}", flush=True)
     best = {name: (base_ms, opts) for name, opts in default.items()}
     for variant in variants:
         function.KERNEL_OPTIONS.update(variant)
         try:
-            ms = time_method(METHODS["linmem RDN"], x, True)
+            ms, shown = both()
         except Exception as exc:  # noqa: BLE001 (a variant that does not run is not chosen)
-            ms = math.inf
+            ms, shown = math.inf, "failed"
             print(f"sweep: {variant}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         (name, opts), = variant.items()
-        print(f"sweep: {name} {opts}: {ms:.2f} ms", flush=True)
+        print(f"sweep: {name} {opts}: {shown}", flush=True)
         if ms < best[name][0]:
             best[name] = (ms, opts)
         function.KERNEL_OPTIONS.clear()

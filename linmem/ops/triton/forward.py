@@ -10,9 +10,8 @@ strength σ, per chunk (``KS = K S_0ᵀ``, one product for the delta write and t
 
 RLA/RDN run it twice: the base memory (X = V, σ = β, emitting err), then the residual memory (X = ρ(err), σ = γ):
 the residual memory depends on the base one only through err, so neither pass holds both states (half the live
-registers of a fused pass, with the same products in the same order). ``both_states_pass_kernel`` is that fused
-pass (launch option FUSED), for the GPU to decide between them: half the programs, each with twice the state and
-two independent update chains. Everything that does not depend on the state
+registers of one pass over both; such a pass, with the same products, was slower in every GPU sweep and is gone,
+docs/benchmarks/kernels-status.md). Everything that does not depend on the state
 (b, the score rows A', P, the inverses T_β, T_γ) comes from the chunk-parallel kernels before (scores.py,
 inverse.py). Each pass stores its state before every chunk (in the input type for half-precision inputs: the dots
 read them in that type) and its writes (u, w; not the additive base memory's, ``β∘v``).
@@ -97,56 +96,6 @@ def state_pass_kernel(
         s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), kp, pos, m_t,
                                        tl.exp(b_last - bb)[:, None] * u, H, K, BK, NK, DT)
     store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
-
-
-@triton.jit
-def both_states_pass_kernel(
-    k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, base_final, res_final, base_chunks,
-    res_chunks, u_out, w_out, err_out, cu_seqlens, chunk_offsets, clip,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr,
-):
-    """Both memories of RLA/RDN in one pass (the ``FUSED`` launch option): the two ``state_pass_kernel`` launches'
-    products per chunk, with the prediction error handed from S to R in registers. Twice the live state of one
-    pass, half the programs, one load of the keys, decays and values per chunk for both, and two independent
-    update chains per chunk (R's update needs this chunk's error, not S's update)."""
-    i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
-    pos = tl.arange(0, C)
-
-    s0, s1, s2, s3 = load_blocks(state_at(base0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    r0, r1, r2, r3 = load_blocks(state_at(res0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    for j in range(tl.cdiv(length, C)):
-        tok, n_valid = chunk_of_sequence(bos, length, j, C)
-        m_t = pos < n_valid
-        store_blocks(state_at(base_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
-        store_blocks(state_at(res_chunks, c0 + j, i_h, H, K * V), r0, r1, r2, r3, vc, m_v, V, 1, K, BK, NK)
-        bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
-        kp = at_token(k, tok, i_h, H, K)
-        values = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
-        beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
-        gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
-        ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)  # K S_0ᵀ
-        if DELTA:
-            kr = read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)  # K R_0ᵀ
-            u = mm(token_scores(inv_beta, tok, i_h, pos, m_t, H, C),
-                   beta_t[:, None] * (values - tl.exp(bb)[:, None] * ks), DT)
-            store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
-        else:
-            u = beta_t[:, None] * values
-        error = values - tl.exp(bm)[:, None] * ks - mm(token_scores(key_scores, tok, i_h, pos, m_t, H, C), u, DT)
-        store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
-        target = residual_target(error, clip, TARGET)
-        if DELTA:
-            w = mm(token_scores(inv_gamma, tok, i_h, pos, m_t, H, C),
-                   gamma_t[:, None] * (target - tl.exp(bb)[:, None] * kr), DT)
-        else:
-            w = gamma_t[:, None] * target
-        store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
-        to_end = tl.exp(b_last - bb)[:, None]
-        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), kp, pos, m_t, to_end * u, H, K, BK, NK, DT)
-        r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, tl.exp(b_last), kp, pos, m_t, to_end * w, H, K, BK, NK, DT)
-    store_blocks(state_at(base_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
-    store_blocks(state_at(res_final, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
 
 
 @triton.jit

@@ -6,14 +6,13 @@ Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
 2. inverse.py ``chunk_inverse_kernel`` [NT, H, 1 or 2] (delta rule): ``T_β``, ``T_γ``;
 3. forward.py ``state_pass_kernel`` [V/BV, N·H], sequential over chunks, once per memory: carries S, stores the
    states before every chunk, the writes u (delta), and the prediction error; with a residual memory a second
-   launch carries R on ``ρ(err)`` and stores w (launch option FUSED: ``both_states_pass_kernel``, both in one);
+   launch carries R on ``ρ(err)`` and stores w;
 4. forward.py ``output_kernel`` [V/BV, NT, H]: the read-outs from the stored states.
 
 Backward:
 
 5. backward_states.py ``reverse_pass_kernel`` [V/BV, N·H], reverse over chunks, once per memory (the residual one
-   first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients (FUSED:
-   ``both_reverse_pass_kernel``, both in one);
+   first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients;
 6. backward_scores.py ``backward_scores_kernel`` [NT, H]: dv, the score-matrix gradients E_Q, E_K, partial gate sums;
 7. backward_keys.py ``backward_keys_kernel`` [NT, H, K/BK]: dq, dk, partial gate sums (launch option SPLIT: dk and
    dq in two launches);
@@ -31,9 +30,9 @@ from linmem.ops.config import MemoryConfig
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
-from linmem.ops.triton.backward_states import both_reverse_pass_kernel, local_inputs_kernel, reverse_pass_kernel
+from linmem.ops.triton.backward_states import reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
-from linmem.ops.triton.forward import both_states_pass_kernel, output_kernel, state_pass_kernel
+from linmem.ops.triton.forward import output_kernel, state_pass_kernel
 from linmem.ops.triton.inverse import chunk_inverse
 from linmem.ops.triton.layout import (
     CHUNK,
@@ -59,24 +58,22 @@ from linmem.ops.triton.scores import chunk_scores
 # default) then took the inverse to 1 warp (26.51), backward_scores to BV 64 (26.65), backward_keys to 4 warps
 # (26.90), scores and decay_grad to 2 warps (27.50, 27.47); with all five, T = 2K took 24.59 ms (from 27.89).
 # The fifth run's sweep (23.78 ms default) moved scores back to 4 warps (23.68) and decay_grad to 1 (23.76), both
-# within noise. FUSED (the sequential passes of RLA/RDN): both memories in one pass instead of one launch each;
-# correct (tests/test_triton.py and the GPU at up to 4 warps) but slower there: 24.03 ms at best (reverse pass,
-# 4 warps, BV 32) and 25.05 (forward), so it stays off. LOCAL (the reverse passes read dx's in-chunk part from
-# local_inputs_kernel): correct, and slower in session 9 (RDN 25.55 against 24.65 ms at B=16 T=8K: the chain lost
-# 0.39 ms, the new kernel took 1.87), so it stays off. The reverse pass's BV=None picks up to 64 there
-# (SEQUENTIAL_WIDEST), which took RDN fwd+bwd at T=8K from 23.94 to 22.74 ms. SPLIT (backward_keys: dk and dq in
-# two launches) and ROW_DOTS_AFTER (backward_scores: one product per value block fewer) are correct under the
-# interpreter and not yet checked or timed on a GPU, so they are off and in the sweep.
+# within noise. The reverse pass's BV=None picks up to 64 there (SEQUENTIAL_WIDEST), which took RDN fwd+bwd at
+# T=8K from 23.94 to 22.74 ms (session 9). The seventh run's sweep (22.99 ms default) took backward_scores' row
+# dots after the value loop (21.84, now its only form), SPLIT (backward_keys: dk and dq in two launches, 22.73),
+# the output kernel to two stages (22.92) and decay_grad to 2 warps (22.88), the last two within noise; all four
+# were checked against float64 on the GPU before the timings. Both memories in one sequential pass (the option
+# FUSED, slower in every sweep: 24.19 ms at best in the seventh) and dx's in-chunk part precomputed before the
+# reverse pass (LOCAL, 23.98) were removed.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=None, BV=None, FUSED=False),
-    "output": dict(num_warps=4, num_stages=1, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=None, BV=None, FUSED=False, LOCAL=False),
-    "local_inputs": dict(num_warps=4, num_stages=1, BV=64),
-    "backward_scores": dict(num_warps=8, num_stages=None, BV=64, ROW_DOTS_AFTER=False),
-    "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=False),
-    "decay_grad": dict(num_warps=1, num_stages=1),
+    "forward": dict(num_warps=None, num_stages=None, BV=None),
+    "output": dict(num_warps=4, num_stages=2, BV=128),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None),
+    "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
+    "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
+    "decay_grad": dict(num_warps=2, num_stages=1),
 }
 # float32 inputs (a test path, not a speed target) keep the second GPU run's options, checked against float64 there:
 # the wider tiles and fewer warps above spill registers with float32 tiles (offline sm_90 compiles, 2026-11-29:
@@ -85,10 +82,6 @@ KERNEL_OPTIONS = {
 # chunk_scores is back at 4 warps for every dtype since the fifth run).
 FLOAT32_OPTIONS = {"inverse": dict(num_warps=4), "output": dict(BV=64),
                    "backward_scores": dict(BV=32), "backward_keys": dict(BV=32)}
-# The fused sequential passes (FUSED) passed the float64 checks on an H200 (triton 3.6) at 2 and 4 warps and failed
-# at 8 (BV 16 and 32, forward and reverse: illegal memory accesses, or relative errors of 0.12-1.03), where the
-# one-memory passes at 8 warps pass; the same code is exact under the interpreter, so the 8-warp build is refused.
-FUSED_MAX_WARPS = 4
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
 
 
@@ -127,32 +120,18 @@ def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
 
 
 def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
-             sequences: int = 0, residual: bool = False) -> tuple[dict, dict]:
-    """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass).
-    ``FUSED`` comes back resolved: true only for a residual memory, and ``LOCAL`` false for a fused pass. A fused
-    pass holds two states, so where its options say None it takes 4 warps (at most ``FUSED_MAX_WARPS``), BV 16 and
-    one stage (offline sm_90 compiles, bf16 K = 128: BV 32 spills 160-168 bytes per thread at 4 warps; BV 16 with
-    two stages asks 225.5 KiB of shared memory in the reverse pass, at the limit)."""
+             sequences: int = 0) -> tuple[dict, dict]:
+    """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
     opts = dict(KERNEL_OPTIONS[name])
     if dtype == torch.float32:
         opts.update(FLOAT32_OPTIONS.get(name, {}))
-    fused = bool(opts.get("FUSED")) and residual
-    if "FUSED" in opts:
-        opts["FUSED"] = fused
-    if "LOCAL" in opts:  # an option of the one-memory reverse passes: a fused pass forms dx itself
-        opts["LOCAL"] = bool(opts["LOCAL"]) and not fused
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if "num_warps" in launch and launch["num_warps"] is None:
-        launch["num_warps"] = 8 if dtype == torch.float32 and not fused else 4
-    if fused and launch.get("num_warps", 0) > FUSED_MAX_WARPS:
-        raise ValueError(f"{name}: the fused sequential pass (FUSED=True) runs at most {FUSED_MAX_WARPS} warps, not "
-                         f"{launch['num_warps']}: at 8 warps Triton 3.6 on an H200 made it fault (illegal memory "
-                         "access) or compute wrong results (docs/benchmarks/kernels-status.md)")
+        launch["num_warps"] = 8 if dtype == torch.float32 else 4
     if "num_stages" in launch and launch["num_stages"] is None:
-        launch["num_stages"] = 1 if fused else _pipeline_stages(key_dim, dtype)
+        launch["num_stages"] = _pipeline_stages(key_dim, dtype)
     if opts.get("BV", 0) is None:
-        opts["BV"] = 16 if fused else _sequential_block(key_dim, dtype, sequences, value_dim,
-                                                        SEQUENTIAL_WIDEST.get(name, 32))
+        opts["BV"] = _sequential_block(key_dim, dtype, sequences, value_dim, SEQUENTIAL_WIDEST.get(name, 32))
     if "BK" in opts:  # key columns per program of backward_keys (five [64, BK] float32 accumulators), up to all
         opts["BK"] = min(opts["BK"] or (32 if dtype == torch.float32 else 64), _layout.key_block(key_dim))
     if interpreting():
@@ -210,35 +189,26 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     err = _buf(per_token, dev) if flags.residual else None
     base_final = _buf(final, dev)
     dummy = b
-    blocks, launch = _options("forward", value_dim, key_dim, k.dtype, layout.num_seqs * heads, flags.residual)
-    fused = blocks.pop("FUSED")
+    blocks, launch = _options("forward", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     res_chunks = w = res_final = None
-    if flags.residual:
+    # the base memory (values v, strength β), emitting the prediction error for the residual memory
+    state_pass_kernel[grid](
+        k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, base_final, base_chunks,
+        _or(u, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+        FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
+    )
+    if flags.residual:  # the residual memory (values ρ(err), strength γ)
         res_chunks = _buf(per_chunk, dev, flags.store_dtype)
         w = _buf(per_token, dev, flags.store_dtype)
         res_final = _buf(final, dev)
-    if fused:  # both memories in one pass, the prediction error handed over in registers
-        both_states_pass_kernel[grid](
-            k, v, b, g, beta, gamma, _or(key_scores, dummy), _or(inv_beta, dummy), _or(inv_gamma, dummy), base0,
-            res0, base_final, res_final, base_chunks, res_chunks, _or(u, dummy), w, err, layout.cu_seqlens,
-            layout.chunk_offsets, flags.clip, **common,
-        )
-    else:
-        # the base memory (values v, strength β), emitting the prediction error for the residual memory
         state_pass_kernel[grid](
-            k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, base_final, base_chunks,
-            _or(u, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-            FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
+            k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), err, res0, res_final, res_chunks, w, dummy,
+            layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+            FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
         )
-        if flags.residual:  # the residual memory (values ρ(err), strength γ)
-            state_pass_kernel[grid](
-                k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), err, res0, res_final, res_chunks, w, dummy,
-                layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-                FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
-            )
     o = _buf(per_token, dev, v.dtype)
     blocks, launch = _options("output", value_dim, key_dim, k.dtype)
     output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
@@ -269,57 +239,30 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dx = _buf(per_token, dev, flags.store_dtype)
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
     d_base0 = _buf(initial, dev)
-    blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads,
-                              flags.residual)
-    fused = blocks.pop("FUSED")
-    local = blocks.pop("LOCAL")
+    blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     dy = d_err = d_res_chunks = d_res0 = None
-    if flags.residual:
+
+    def reverse_pass(strength, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks, out,
+                     d_err_out, *, read_bm, gated, err_in):
+        reverse_pass_kernel[grid](
+            q, k, do, s["b"], g, strength, gamma_, key_scores, scores, inverse, err, d_err_in, d_final, d_initial,
+            d_chunks, out, d_err_out, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
+            READ_BM=read_bm, GATED=gated, ERR_IN=err_in, ERR_OUT=d_err_out is not dummy, **common,
+        )
+
+    if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
         dy = _buf(per_token, dev, flags.store_dtype)
         d_err = _buf(per_token, dev, flags.store_dtype)
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
         d_res0 = _buf(initial, dev)
-    if fused:  # both memories in one reverse pass, d_err handed over in registers
-        both_reverse_pass_kernel[grid](
-            q, k, do, s["b"], g, beta, gamma, s["key_scores"], s["base_scores"], s["res_scores"], s["inv_beta"],
-            s["inv_gamma"], s["err"], d_base_final, d_res_final, d_base0, d_res0, d_base_chunks, d_res_chunks, dx,
-            dy, d_err, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip, GATED=flags.gates, **common,
-        )
-    else:
-        # LOCAL: dx's in-chunk part (and the delta rule's read keys) per chunk before each memory's pass, into two
-        # buffers the residual memory's pass has finished with when the base memory's are computed
-        local_keys = local_dx = dummy
-        if local:
-            local_blocks, local_launch = _options("local_inputs", value_dim, key_dim, k.dtype)
-            local_dx = _buf(per_token, dev, flags.store_dtype)
-            if flags.delta:
-                local_keys = _buf(k.shape, dev, flags.store_dtype)
-
-        def reverse_pass(strength, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks, out,
-                         d_err_out, *, read_bm, gated, err_in):
-            if local:
-                local_inputs_kernel[(layout.num_chunks, heads)](
-                    k, do, s["b"], g, gamma_, key_scores, scores, inverse, d_err_in, local_keys, local_dx,
-                    layout.cu_seqlens, layout.chunk_indices, scale, H=heads, K=key_dim, V=value_dim, C=CHUNK,
-                    BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta, GATED=gated, ERR_IN=err_in, **local_blocks,
-                    **local_launch,
-                )
-            reverse_pass_kernel[grid](
-                q, k, do, s["b"], g, strength, gamma_, key_scores, scores, inverse, err, d_err_in, local_keys,
-                local_dx, d_final, d_initial, d_chunks, out, d_err_out, layout.cu_seqlens, layout.chunk_offsets,
-                scale, flags.clip, READ_BM=read_bm, GATED=gated, ERR_IN=err_in, ERR_OUT=d_err_out is not dummy,
-                LOCAL=local, **common,
-            )
-
-        if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
-            reverse_pass(gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy, d_res_final, d_res0,
-                         d_res_chunks, dy, d_err, read_bm=False, gated=flags.gates, err_in=False)
-        reverse_pass(beta, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
-                     d_base_final, d_base0, d_base_chunks, dx, dummy, read_bm=flags.residual and not flags.gates,
-                     gated=False, err_in=flags.residual)
+        reverse_pass(gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy, d_res_final, d_res0,
+                     d_res_chunks, dy, d_err, read_bm=False, gated=flags.gates, err_in=False)
+    reverse_pass(beta, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
+                 d_base_final, d_base0, d_base_chunks, dx, dummy, read_bm=flags.residual and not flags.gates,
+                 gated=False, err_in=flags.residual)
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from

@@ -210,8 +210,8 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-KERNEL_ORDER = ("chunk_scores", "chunk_inverse", "state_pass", "both_states_pass", "output", "reverse_pass",
-                "both_reverse_pass", "backward_scores", "backward_keys", "decay_grad")
+KERNEL_ORDER = ("chunk_scores", "chunk_inverse", "state_pass", "output", "reverse_pass",
+                "backward_scores", "backward_keys", "decay_grad")
 
 
 def pivot_markdown(rows: list[dict]) -> str:
