@@ -20,7 +20,14 @@ from linmem.data.shards import ShardWriter, TokenShards, token_dtype, write_inde
 from linmem.data.sources import Document, JsonlFile, SourceUnavailable, TextFile, open_path, open_source
 from linmem.data.splits import SPLITS, SplitFractions, split_of
 from linmem.data.synthetic import MQAR, RecallSample, make_generator, power_law, register_generator
-from linmem.data.tokenizer import EOS_TOKEN, find_eos, load_tokenizer, save_tokenizer, train_tokenizer
+from linmem.data.tokenizer import (
+    EOS_TOKEN,
+    find_document_start,
+    find_eos,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
 from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_windows
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bards".split()
@@ -254,6 +261,27 @@ def test_tokenizer_trains_saves_and_loads_with_auto_tokenizer(tmp_path: Path):
     assert find_eos(foreign) == ("</s>", 0)
     with pytest.raises(ValueError, match="--eos-token"):
         find_eos(foreign, "<end>")
+
+
+def test_document_start_is_the_configured_bos_else_the_eos(tmp_path: Path):
+    """A document starts after the tokenizer config's BOS when the vocabulary has it (an imported Llama-style
+    tokenizer's ``<s>``), else after the end-of-text: linmem's own tokenizers name it as both."""
+    import json
+
+    rng = np.random.default_rng(5)
+    texts = [_text(rng, 50) for _ in range(60)]
+    foreign = train_tokenizer(texts, vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"])
+    folder = tmp_path / "imported"
+    folder.mkdir()
+    _, eos_id = find_eos(foreign)
+    assert (eos_id, foreign.token_to_id("<s>")) == (2, 1)
+    assert find_document_start(foreign, folder, eos_id) == eos_id  # no tokenizer_config.json
+    for bos, expected in (({"content": "<s>", "special": True}, 1), ("<s>", 1), ("<bos>", eos_id), (None, eos_id)):
+        (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": bos, "eos_token": "</s>"}))
+        assert find_document_start(foreign, folder, eos_id) == expected, bos
+    own = train_tokenizer(texts, vocab_size=300)
+    save_tokenizer(own, tmp_path / "own")
+    assert find_document_start(own, tmp_path / "own", own.token_to_id(EOS_TOKEN)) == own.token_to_id(EOS_TOKEN)
 
 
 # ---------------------------------------------------------------- MQAR and the mix

@@ -352,6 +352,21 @@ def test_harness_rolling_equals_direct_sum(em):
     assert isinstance(generated[0], str) and "." not in generated[0]
 
 
+def test_requests_start_where_documents_start(em):
+    """The harness and the NIAH prompts put the document start first: the end-of-text for linmem's own models, the
+    tokenizer's BOS where one is configured (an imported checkpoint)."""
+    pytest.importorskip("lm_eval")
+    from dataclasses import replace
+
+    from linmem.eval.harness import LinMemLM
+
+    assert em.document_start == em.eos_id
+    hay = haystack_tokens(open_heldout(em, None, "test"))
+    with_bos = replace(em, start_id=em.eos_id + 7)
+    assert LinMemLM(with_bos)._encode_context("Seven wizards") == [em.eos_id + 7] + em.encode("Seven wizards")
+    assert niah_prompt(with_bos, hay, 160, 0.5, np.random.default_rng(3))[0][0] == em.eos_id + 7
+
+
 def test_lm_eval_harness_on_a_shipped_model(tmp_path, monkeypatch):
     """The adapter as a user calls it: ``model="linmem"``, ``model_args="pretrained=<folder>"``, on a model the package
     ships, with local task files; on its own held-out text it must beat the uniform guess by far."""

@@ -214,6 +214,23 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
 
 
+def test_kernel_report_compares_with_fla_at_twice_the_value_width():
+    """The report's tables hold the methods a run timed, and, when FLA was timed at twice the value width, the
+    ratios against it; an unknown method is refused before anything runs."""
+    from linmem.bench import kernels
+
+    ms = {"linmem RDN": 22.0, "FLA GDN": 13.0, "FLA GDN 2V": 20.0, "linmem RLA": 19.0, "FLA sGLA": 8.0}
+    results = [dict(method=m, mode=mode, T=2048, B=64, ms=t) for m, t in ms.items() for mode in ("fwd", "fwd+bwd")]
+    report = dict(env=dict(gpu="GPU", torch="t", triton="tr", fla="f", cuda="c"), tokens=131072, results=results)
+    table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header == ["T", "linmem RLA", "linmem RDN", "FLA sGLA", "FLA GDN", "FLA GDN 2V", "RDN / GDN", "RLA / sGLA",
+                      "RDN / GDN 2V"]
+    assert table[2] == "| 2048 | 19.00 | 22.00 | 8.00 | 13.00 | 20.00 | 1.69x | 2.38x | 1.10x |"
+    with pytest.raises(SystemExit):
+        kernels.main(["--methods", "linmem RDN,FLA GDN 3V"])
+
+
 def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     """The benchmark's float64 checks run with other launch options when given them (a sweep's winners, before
     they are timed): every worker applies them and reports what it ran with."""

@@ -9,12 +9,14 @@ One run does five things, so that one GPU session answers both "is it right" and
    final states and every gradient, with every kernel output buffer NaN-poisoned first; one task also runs RDN at
    614K tokens (per-chunk state tensors of more than 2^31 elements) and checks that the last sequence's results
    equal those of the same sequence run alone (64-bit addressing);
-2. optionally (``--sweep``) times alternative launch options of linmem's kernels and keeps the fastest;
+2. optionally (``--sweep``) times alternative launch options of linmem's kernels on RDN and RLA and keeps, per
+   kernel, the one with the smallest sum;
 3. optionally (``--profile``) prints per-kernel times of one RDN and one RLA forward+backward;
 4. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
    head dim 128, bf16: linmem RLA/RDN (and its own sGLA/GDN, ``residual=False``), FLA ``chunk_simple_gla``,
    ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash attention, and RLA/RDN composed from three FLA
-   calls (queries shifted one step give ``S_{t−1}k_t`` and ``S_{t−1}q_t``; a third call runs the residual memory);
+   calls (queries shifted one step give ``S_{t−1}k_t`` and ``S_{t−1}q_t``; a third call runs the residual memory); on
+   request (``--methods``) FLA's sGLA and GDN at twice the value width, the state work of two memories;
 5. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions,
    and ends its output with a short table: RDN / FLA GDN and RLA / FLA sGLA at every length, against the 1.5x goal.
 
@@ -214,16 +216,19 @@ def linmem_method(rule: str, residual: bool):
     return run
 
 
-def fla_method(name: str):
+def fla_method(name: str, values: str = "v"):
+    """FLA's kernel ``name`` on the inputs' ``values`` (``v_wide``: twice the value width, the state work of two
+    memories such as RLA's or RDN's)."""
+
     def run(x):
         if name == "sgla":
             from fla.ops.simple_gla import chunk_simple_gla
 
-            return chunk_simple_gla(x["q"], x["k"], x["v"], g=x["g"])[0]
+            return chunk_simple_gla(x["q"], x["k"], x[values], g=x["g"])[0]
         if name == "gdn":
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-            return chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta_h"])[0]
+            return chunk_gated_delta_rule(x["q"], x["k"], x[values], x["g"], x["beta_h"])[0]
         from fla.ops.gla import chunk_gla
 
         return chunk_gla(x["q"], x["k"], x["v"], x["g_key"])[0]
@@ -281,7 +286,11 @@ METHODS = {
     "SDPA flash": sdpa_method,
     "FLA 3-call RLA": fla_three_calls("additive"),
     "FLA 3-call RDN": fla_three_calls("delta"),
+    # not timed unless asked for (``--methods``): FLA autotunes afresh for the wider values, minutes on an H200
+    "FLA sGLA 2V": fla_method("sgla", "v_wide"),
+    "FLA GDN 2V": fla_method("gdn", "v_wide"),
 }
+DEFAULT_METHODS = [name for name in METHODS if not name.endswith(" 2V")]
 
 
 def bench_inputs(B, T, seed=0):
@@ -289,6 +298,7 @@ def bench_inputs(B, T, seed=0):
     x["g"] = x["g"] * 0.3  # log decay ≥ −0.09 per token
     x["beta_h"], x["gamma_h"] = x["beta"].bfloat16(), x["gamma"].bfloat16()
     x["g_key"] = -0.05 * torch.rand(B, T, HEADS, HEAD_DIM, device=DEVICE)
+    x["v_wide"] = torch.cat([x["v"], x["v"].flip(-1)], dim=-1)  # [B, T, H, 2V]
     for name in ("S0", "R0"):
         del x[name]
     return x
@@ -603,7 +613,9 @@ def run_environment() -> dict:
 
 def markdown(report: dict) -> str:
     results = report["results"]
-    names = list(METHODS)
+    names = [n for n in METHODS if any(r["method"] == n for r in results)]  # the methods this run timed
+    wide = [("RDN / GDN 2V", "linmem RDN", "FLA GDN 2V"), ("RLA / sGLA 2V", "linmem RLA", "FLA sGLA 2V")]
+    wide = [w for w in wide if w[2] in names]
     lengths = sorted({r["T"] for r in results})
     lines = [f"# Kernel benchmark: {report['env']['gpu']}", "",
              f"torch {report['env']['torch']}, triton {report['env']['triton']}, FLA {report['env']['fla']}, "
@@ -611,12 +623,14 @@ def markdown(report: dict) -> str:
              "batch (B = tokens / T), `triton.testing.do_bench` medians in ms. Command: "
              "`python -m linmem.bench.kernels`.", ""]
     for mode in ("fwd+bwd", "fwd"):
-        lines += [f"## {mode}", "", "| T | " + " | ".join(names) + " | RDN / GDN | RLA / sGLA |",
-                  "|---" * (len(names) + 3) + "|"]
+        lines += [f"## {mode}", "", "| T | " + " | ".join(names + ["RDN / GDN", "RLA / sGLA"]
+                                                          + [w[0] for w in wide]) + " |",
+                  "|---" * (len(names) + 3 + len(wide)) + "|"]
         for T in lengths:
             ms = {r["method"]: r["ms"] for r in results if r["T"] == T and r["mode"] == mode}
             cells = [_ms(ms, n) for n in names]
             ratio = [_ratio(ms, "linmem RDN", "FLA GDN"), _ratio(ms, "linmem RLA", "FLA sGLA")]
+            ratio += [_ratio(ms, a, b) for _, a, b in wide]
             lines.append(f"| {T} | " + " | ".join(cells + ratio) + " |")
         lines.append("")
     checks = report.get("checks") or []
@@ -750,7 +764,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="docs/benchmarks")
     parser.add_argument("--lengths", default="2048,131072,32768,8192", help="timed in this order")
     parser.add_argument("--tokens", type=int, default=131072)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help=f"any of: {', '.join(METHODS)}")
     parser.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 4))
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--quick-check", action="store_true", help="13 of the 18 float64 check cases")
@@ -760,6 +775,9 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
     args = parser.parse_args(argv)
+    unknown = [name for name in args.methods.split(",") if name not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(map(repr, unknown))}; known: {', '.join(METHODS)}")
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         # the dry run needs the interpreter, and Triton fixes its own jit helpers (tl.sum, …) as compiled or
         # interpreted when it is first imported, which the linmem package did before this ran: start again

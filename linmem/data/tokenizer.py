@@ -65,19 +65,20 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ValueError(f"{file}: not a valid tokenizers file ({e})") from None
 
 
-def _configured_eos(path: Path) -> str | None:
+def _configured_token(path: Path, key: str) -> str | None:
+    """The special token ``key`` (``eos_token``, ``bos_token``) of a ``tokenizer_config.json`` beside ``path``."""
     config = (path if path.is_dir() else path.parent) / "tokenizer_config.json"
     if not config.is_file():
         return None
-    eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
-    return eos.get("content") if isinstance(eos, dict) else eos
+    token = json.loads(config.read_text(encoding="utf-8")).get(key)
+    return token.get("content") if isinstance(token, dict) else token
 
 
 def find_eos(tokenizer: Tokenizer, eos_token: str | None = None, path: str | Path | None = None) -> tuple[str, int]:
     """``(token, id)`` of the end-of-text token: ``eos_token`` if given, else the one in a
     ``tokenizer_config.json`` beside ``path``, else the first of ``EOS_CANDIDATES`` in the vocabulary."""
     candidates = [eos_token] if eos_token else []
-    if not candidates and path is not None and (configured := _configured_eos(Path(path))):
+    if not candidates and path is not None and (configured := _configured_token(Path(path), "eos_token")):
         candidates = [configured]
     candidates = candidates or list(EOS_CANDIDATES)
     for token in candidates:
@@ -86,6 +87,15 @@ def find_eos(tokenizer: Tokenizer, eos_token: str | None = None, path: str | Pat
             return token, token_id
     raise ValueError(f"the tokenizer has none of the end-of-text tokens {candidates}; name its token with "
                      f"--eos-token")
+
+
+def find_document_start(tokenizer: Tokenizer, path: str | Path, eos_id: int) -> int:
+    """The id a document starts after: the ``bos_token`` of a ``tokenizer_config.json`` beside ``path`` when the
+    vocabulary has it (an imported checkpoint's, e.g. ``<s>``), else ``eos_id`` (linmem's tokenizers name their
+    end-of-text as both, since training separates documents with it)."""
+    configured = _configured_token(Path(path), "bos_token")
+    token_id = tokenizer.token_to_id(configured) if configured else None
+    return eos_id if token_id is None else token_id
 
 
 def save_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, eos_token: str = EOS_TOKEN,

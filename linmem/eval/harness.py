@@ -7,9 +7,11 @@ lm_eval.simple_evaluate(model="linmem", model_args="pretrained=runs/rdn/model", 
 or from a shell: ``python -m linmem.eval.harness run --model linmem --model_args pretrained=DIR --tasks T
 --include_path TASKS_DIR`` (the harness CLI, with the model registered first).
 
-Every request is prefixed with the end-of-text token (documents follow EOS in training). A trailing space of a
-context moves to the continuation (byte-level BPE attaches spaces to the next word). Contexts are cut on the
-left to ``max_length`` tokens (default: the training window). Generation is greedy.
+Every request is prefixed with the token a document starts after (``EvalModel.document_start``): the
+tokenizer's BOS for an imported checkpoint that names one (lm-evaluation-harness's Hugging Face models put it
+before an empty context), else the end-of-text, which separates documents in linmem's training. A trailing space of
+a context moves to the continuation (byte-level BPE attaches spaces to the next word). Contexts are cut on the left
+to ``max_length`` tokens (default: the training window). Generation is greedy.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class LinMemLM(LM):
         self.max_gen_toks = int(max_gen_toks)
 
     def _encode_context(self, context: str) -> list[int]:
-        return [self.em.eos_id] + self.em.encode(context)
+        return [self.em.document_start] + self.em.encode(context)
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         """``(log p(continuation | context), greedy)`` for each ``Instance`` with ``args = (context, cont)``."""
@@ -63,7 +65,7 @@ class LinMemLM(LM):
 
     def loglikelihood_rolling(self, requests) -> list[float]:
         """Log-likelihood of each whole string: chunks of ``max_length`` targets, each scored with as much
-        preceding context as fits (every token predicted once, the first from EOS)."""
+        preceding context as fits (every token predicted once, the first from the document start)."""
         results = []
         for request in tqdm(requests, disable=len(requests) < 50, desc="rolling"):
             sequence = self._encode_context(request.args[0])

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from linmem.data.shards import INDEX_NAME, SplitTokens, TokenShards
-from linmem.data.tokenizer import find_eos, load_tokenizer, tokenizer_hash
+from linmem.data.tokenizer import find_document_start, find_eos, load_tokenizer, tokenizer_hash
 from linmem.models import LinMemForCausalLM
 from linmem.train.checkpoint import latest_checkpoint
 
@@ -33,6 +33,12 @@ class EvalModel:
     device: torch.device
     eos_id: int
     info: dict[str, Any] = field(default_factory=dict)
+    start_id: int | None = None  # the token a document starts after (None: eos_id); see ``find_document_start``
+
+    @property
+    def document_start(self) -> int:
+        """The id put before a scored or prompted text: where a training document starts."""
+        return self.eos_id if self.start_id is None else self.start_id
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -75,7 +81,7 @@ def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torc
     model.to(target).eval()
     info_path = folder / TRAIN_INFO
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
-    return EvalModel(model, tokenizer, folder, target, eos_id, info)
+    return EvalModel(model, tokenizer, folder, target, eos_id, info, find_document_start(tokenizer, folder, eos_id))
 
 
 def open_heldout(em: EvalModel, data_dir: str | Path | None, split: str) -> SplitTokens:

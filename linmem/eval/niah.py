@@ -83,8 +83,8 @@ def niah_trial(encode: Callable[[str], list[int]], hay: np.ndarray, length: int,
 def niah_prompt(em: EvalModel, hay: np.ndarray, length: int, depth: float,
                 rng: np.random.Generator) -> tuple[list[int], list[int]] | None:
     """``(context ids, answer ids)`` of one trial of ``length`` tokens in all, or None if it does not fit."""
-    trial = niah_trial(em.encode, hay, length - 1, depth, rng)  # the end-of-text takes the first token
-    return None if trial is None else ([em.eos_id] + trial.context, trial.answer)
+    trial = niah_trial(em.encode, hay, length - 1, depth, rng)  # the document start takes the first token
+    return None if trial is None else ([em.document_start] + trial.context, trial.answer)
 
 
 @dataclass(frozen=True)
