@@ -121,6 +121,13 @@ class _Counted:
         return self.kernel[grid]
 
 
+def _resolved(name, dtype, width=128, sequences=256):
+    """A kernel's (block sizes, launch options) at key and value width ``width`` over ``sequences`` N·H."""
+    from linmem.ops.triton import function
+
+    return function._options(name, value_dim=width, key_dim=width, dtype=dtype, sequences=sequences)
+
+
 def test_sequential_pass_launch_options(monkeypatch):
     """The sequential passes' options where they say None: 4 warps (8 for float32 inputs), two stages, and the
     widest value block that keeps the multiprocessors busy."""
@@ -130,9 +137,9 @@ def test_sequential_pass_launch_options(monkeypatch):
     monkeypatch.setattr(function, "_multiprocessors", lambda: 132)
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
-        assert function._options(name, 128, 128, torch.bfloat16, 256) == (
+        assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name]}, {"num_warps": 4, "num_stages": 2})
-        assert function._options(name, 128, 128, torch.float32, 256)[1]["num_warps"] == 8
+        assert _resolved(name, torch.float32)[1]["num_warps"] == 8
 
 
 def test_sequential_value_blocks(monkeypatch):
@@ -315,7 +322,7 @@ def test_key_gradient_launch_options(BK, split, shape, residual, rule, monkeypat
                         dict(function.KERNEL_OPTIONS["backward_keys"], BK=BK, SPLIT=split))
     launches = _Counted(function.backward_keys_kernel)
     monkeypatch.setattr(function, "backward_keys_kernel", launches)
-    blocks, _ = function._options("backward_keys", shape[4], shape[3], torch.float32)
+    blocks, _ = function._options("backward_keys", value_dim=shape[4], key_dim=shape[3], dtype=torch.float32)
     assert blocks["BK"] == min(BK, triton.next_power_of_2(shape[3]))
     compare(make_inputs(*shape, seed=5), residual, rule=rule, **(dict(clip=0.3) if residual else {}))
     assert len(launches.grids) == (2 if split else 1)
@@ -325,10 +332,9 @@ def test_key_gradient_launch_options(BK, split, shape, residual, rule, monkeypat
 def test_pipelined_stages_only_where_they_fit(kernel, monkeypatch):
     """Two pipeline stages for 16-bit inputs with K ≤ 128; one for float32 inputs or K > 128, where two asked for
     more shared memory than an H200 has (the GPU launch options; the interpreter ignores them)."""
-    from linmem.ops.triton import function
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    stages = {(key_dim, dtype): function._options(kernel, key_dim, key_dim, dtype, 256)[1]["num_stages"]
+    stages = {(key_dim, dtype): _resolved(kernel, dtype, key_dim)[1]["num_stages"]
               for key_dim in (64, 128, 256) for dtype in (torch.bfloat16, torch.float16, torch.float32)}
     assert stages == {(k, d): 2 if d != torch.float32 and k <= 128 else 1 for k, d in stages}
 
@@ -340,9 +346,9 @@ def test_float32_inputs_keep_the_narrower_options(monkeypatch):
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for name, overrides in function.FLOAT32_OPTIONS.items():
-        wide = {**function._options(name, 128, 128, torch.bfloat16, 256)[0],
-                **function._options(name, 128, 128, torch.bfloat16, 256)[1]}
-        narrow = {**function._options(name, 128, 128, torch.float32, 256)[0],
-                  **function._options(name, 128, 128, torch.float32, 256)[1]}
+        wide = {**_resolved(name, torch.bfloat16)[0],
+                **_resolved(name, torch.bfloat16)[1]}
+        narrow = {**_resolved(name, torch.float32)[0],
+                  **_resolved(name, torch.float32)[1]}
         assert {key: narrow[key] for key in overrides} == overrides
         assert all(wide[key] != value for key, value in overrides.items())

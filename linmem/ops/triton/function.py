@@ -119,7 +119,7 @@ def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
     return 2 if dtype in (torch.bfloat16, torch.float16) and key_dim <= 128 else 1
 
 
-def _options(name: str, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
+def _options(name: str, *, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
              sequences: int = 0) -> tuple[dict, dict]:
     """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
     opts = dict(KERNEL_OPTIONS[name])
@@ -189,7 +189,8 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     err = _buf(per_token, dev) if flags.residual else None
     base_final = _buf(final, dev)
     dummy = b
-    blocks, launch = _options("forward", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
+    blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
+                              sequences=layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
@@ -210,7 +211,7 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
             FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
         )
     o = _buf(per_token, dev, v.dtype)
-    blocks, launch = _options("output", value_dim, key_dim, k.dtype)
+    blocks, launch = _options("output", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
     output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
         q, v, b, g, beta, _or(gamma, dummy), base_scores, _or(res_scores, dummy), base_chunks,
         _or(res_chunks, dummy), _or(u, dummy), _or(w, dummy), o, layout.cu_seqlens, layout.chunk_indices, scale,
@@ -239,7 +240,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dx = _buf(per_token, dev, flags.store_dtype)
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
     d_base0 = _buf(initial, dev)
-    blocks, launch = _options("backward_states", value_dim, key_dim, k.dtype, layout.num_seqs * heads)
+    blocks, launch = _options("backward_states", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
+                              sequences=layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
@@ -267,7 +269,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
     # backward_scores, then (SPLIT) one per key block of its query launch
-    key_blocks, key_launch = _options("backward_keys", value_dim, key_dim, k.dtype)
+    key_blocks, key_launch = _options("backward_keys", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
     keys_bk = key_blocks.pop("BK")
     split = key_blocks.pop("SPLIT")
     keys_nk = triton.cdiv(key_dim, keys_bk)
@@ -279,7 +281,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dv = _buf(per_token, dev, v.dtype)
     e_q = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
     e_k = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
-    blocks, launch = _options("backward_scores", value_dim, key_dim, k.dtype)
+    blocks, launch = _options("backward_scores", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
     backward_scores_kernel[(layout.num_chunks, heads)](
         v, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["u"], s["w"],
         s["err"], dx, dy, d_err, dv, e_q, e_k, *score_parts,
