@@ -215,10 +215,12 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
-                  "--methods", "linmem sGLA", "--workers", "1", "--out", str(tmp_path)])
+                  "--methods", "linmem sGLA,FLA sGLA 2V", "--workers", "1", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("| 64 | ")  # the summary row (FLA absent on the CPU)
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
+    table = (tmp_path / "kernels.md").read_text().split("## fwd+bwd")[1].strip().splitlines()
+    assert table[0].startswith("| T | linmem sGLA | FLA sGLA 2V | RDN / GDN | RLA / sGLA |")
 
 
 def test_kernel_report_compares_with_fla_at_twice_the_value_width():

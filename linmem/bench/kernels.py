@@ -293,12 +293,15 @@ METHODS = {
 DEFAULT_METHODS = [name for name in METHODS if not name.endswith(" 2V")]
 
 
-def bench_inputs(B, T, seed=0):
+def bench_inputs(B, T, seed=0, wide=False):
+    """The timed inputs: q, k, v ``[B, T, H, d]`` in bf16 and the gates; ``wide`` adds ``v_wide [B, T, H, 2d]`` for
+    the " 2V" methods."""
     x = random_inputs(B, T, HEADS, HEAD_DIM, HEAD_DIM, torch.bfloat16, DEVICE, seed)
     x["g"] = x["g"] * 0.3  # log decay ≥ −0.09 per token
     x["beta_h"], x["gamma_h"] = x["beta"].bfloat16(), x["gamma"].bfloat16()
     x["g_key"] = -0.05 * torch.rand(B, T, HEADS, HEAD_DIM, device=DEVICE)
-    x["v_wide"] = torch.cat([x["v"], x["v"].flip(-1)], dim=-1)  # [B, T, H, 2V]
+    if wide:
+        x["v_wide"] = torch.cat([x["v"], x["v"].flip(-1)], dim=-1)
     for name in ("S0", "R0"):
         del x[name]
     return x
@@ -833,7 +836,7 @@ def main(argv=None) -> None:
             print(f"T={T} skipped: {left():.0f} s of the budget left", flush=True)
             continue
         B = max(1, args.tokens // T)
-        x = bench_inputs(B, T)
+        x = bench_inputs(B, T, wide=any(name.endswith(" 2V") for name in args.methods.split(",")))
         for name in args.methods.split(","):
             for mode in ("fwd", "fwd+bwd"):
                 try:
