@@ -248,11 +248,12 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     dy = d_err = d_res_chunks = d_res0 = None
 
     def reverse_pass(strength, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks, out,
-                     d_err_out, *, read_bm, gated, err_in):
+                     d_err_out, *, read_bm, gated):
+        # ERR_IN / ERR_OUT: the pass takes (base memory of RLA/RDN) or emits (residual memory) the error's gradient
         reverse_pass_kernel[grid](
             q, k, do, s["b"], g, strength, gamma_, key_scores, scores, inverse, err, d_err_in, d_final, d_initial,
             d_chunks, out, d_err_out, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-            READ_BM=read_bm, GATED=gated, ERR_IN=err_in, ERR_OUT=d_err_out is not dummy, **common,
+            READ_BM=read_bm, GATED=gated, ERR_IN=d_err_in is not dummy, ERR_OUT=d_err_out is not dummy, **common,
         )
 
     if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
@@ -261,10 +262,10 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
         d_res0 = _buf(initial, dev)
         reverse_pass(gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy, d_res_final, d_res0,
-                     d_res_chunks, dy, d_err, read_bm=False, gated=flags.gates, err_in=False)
+                     d_res_chunks, dy, d_err, read_bm=False, gated=flags.gates)
     reverse_pass(beta, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
                  d_base_final, d_base0, d_base_chunks, dx, dummy, read_bm=flags.residual and not flags.gates,
-                 gated=False, err_in=flags.residual)
+                 gated=False)
     dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
