@@ -348,9 +348,7 @@ def test_float32_inputs_keep_the_narrower_options(monkeypatch):
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for name, overrides in function.FLOAT32_OPTIONS.items():
-        wide = {**_resolved(name, torch.bfloat16)[0],
-                **_resolved(name, torch.bfloat16)[1]}
-        narrow = {**_resolved(name, torch.float32)[0],
-                  **_resolved(name, torch.float32)[1]}
+        wide, narrow = ({**blocks, **launch} for blocks, launch in (_resolved(name, torch.bfloat16),
+                                                                    _resolved(name, torch.float32)))
         assert {key: narrow[key] for key in overrides} == overrides
         assert all(wide[key] != value for key, value in overrides.items())
