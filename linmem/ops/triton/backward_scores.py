@@ -6,9 +6,8 @@ forward passes' u, w, err) and accumulates ``[C, C]`` products: ``G_b = ō uᵀ`
 ``G_k = (αβ∘dx + d_err) uᵀ + (αγ∘dy) wᵀ`` (the terms each exist for the delta rule / a residual memory), whose
 ``T_γ`` term ``G_y = dy wᵀ`` (without a residual memory the ``T_β`` term ``G_x = dx uᵀ``) has row dots with A that
 dγ (dβ) needs, ``dy·(A w) = (G_y ∘ A) 1`` (``dx·(A u)``): ``G_y`` is accumulated on its own and its row dots and
-its share of ``G_k`` come after the value loop (one product per value block instead of two: RDN fwd+bwd 21.84 against
-22.99 ms in the seventh GPU sweep). The score
-matrices' gradients are then
+its share of ``G_k`` come after the value loop (one product per value block instead of two). The score matrices'
+gradients are then
 
 - ``P_base``: ``G_b``; ``P_res``: ``γ ∘ G_r`` (rows; ``G_r`` without output gates);
 - the key scores: ``A = diag(α) A'`` (inside ``T_β, T_γ``) gets ``−β ∘ G_x − γ ∘ G_y`` (``G_x = dx uᵀ``,

@@ -17,9 +17,8 @@ RLA/RDN run it twice, the residual memory first (it emits d_err), then the base 
 holds both states. Each stores dS at the end of every chunk (for backward_keys.py) and dx (dy for the residual
 memory) per token; every other gradient is chunk-parallel (backward_scores.py, backward_keys.py, decay_grad.py).
 
-Measured and removed (docs/benchmarks/kernels-status.md): both memories in one pass (slower in every GPU sweep) and
-dx's in-chunk part precomputed chunk-parallel before the pass (slower: the pass is bound by the latency of each
-chunk's dependent steps, not by its products).
+Two memories in one pass, and dx's in-chunk part precomputed chunk-parallel before the pass, are both slower on an
+H200: the pass is bound by the latency of each chunk's dependent steps, not by its products.
 """
 
 from __future__ import annotations

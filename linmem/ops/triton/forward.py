@@ -10,11 +10,10 @@ strength σ, per chunk (``KS = K S_0ᵀ``, one product for the delta write and t
 
 RLA/RDN run it twice: the base memory (X = V, σ = β, emitting err), then the residual memory (X = ρ(err), σ = γ):
 the residual memory depends on the base one only through err, so neither pass holds both states (half the live
-registers of one pass over both; such a pass, with the same products, was slower in every GPU sweep and is gone,
-docs/benchmarks/kernels-status.md). Everything that does not depend on the state
-(b, the score rows A', P, the inverses T_β, T_γ) comes from the chunk-parallel kernels before (scores.py,
-inverse.py). Each pass stores its state before every chunk (in the input type for half-precision inputs: the dots
-read them in that type) and its writes (u, w; not the additive base memory's, ``β∘v``).
+registers of one pass over both, which with the same products is slower on an H200). Everything that does not
+depend on the state (b, the score rows A', P, the inverses T_β, T_γ) comes from the chunk-parallel kernels before
+(scores.py, inverse.py). Each pass stores its state before every chunk (in the input type for half-precision
+inputs: the dots read them in that type) and its writes (u, w; not the additive base memory's, ``β∘v``).
 
 This is the WY/UT form with the state product taken first. Precomputing ``W = T_β diag(βe^b) K``, ``u0 = T_β
 diag(β) V`` (and ``M = diag(e^{bm}) K − A' W``, ``e0 = V − A' u0`` for the error) would take the same number of

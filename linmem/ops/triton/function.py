@@ -51,20 +51,11 @@ from linmem.ops.triton.scores import chunk_scores
 # float32 key blocks; BV=None there picks it per call (``_sequential_block``), num_warps=None 4 (8 for float32
 # inputs, whose tiles take twice the registers). BK=None: 64 key columns per program of backward_keys, 32 for float32
 # inputs. PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for
-# float32 ones (inverse.chunk_inverse). The values are the sweeps' winners on an H200 (docs/benchmarks/
-# kernels-status.md): num_stages=2 (the next loop iteration's tiles load during this one's dots) took RDN fwd+bwd at
-# B=4, T=32K from 35.1 ms to 32.6 (forward), 33.1 (reverse) and 32.9 (backward_keys) as single changes;
-# num_stages=None picks it where it fits in shared memory (``_pipeline_stages``). The fourth run's sweep (27.59 ms
-# default) then took the inverse to 1 warp (26.51), backward_scores to BV 64 (26.65), backward_keys to 4 warps
-# (26.90), scores and decay_grad to 2 warps (27.50, 27.47); with all five, T = 2K took 24.59 ms (from 27.89).
-# The fifth run's sweep (23.78 ms default) moved scores back to 4 warps (23.68) and decay_grad to 1 (23.76), both
-# within noise. The reverse pass's BV=None picks up to 64 there (SEQUENTIAL_WIDEST), which took RDN fwd+bwd at
-# T=8K from 23.94 to 22.74 ms (session 9). The seventh run's sweep (22.99 ms default) took backward_scores' row
-# dots after the value loop (21.84, now its only form), SPLIT (backward_keys: dk and dq in two launches, 22.73),
-# the output kernel to two stages (22.92) and decay_grad to 2 warps (22.88), the last two within noise; all four
-# were checked against float64 on the GPU before the timings. Both memories in one sequential pass (the option
-# FUSED, slower in every sweep: 24.19 ms at best in the seventh) and dx's in-chunk part precomputed before the
-# reverse pass (LOCAL, 23.98) were removed.
+# float32 ones (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles
+# load during this one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys'
+# dk and dq in two launches of one kernel (fewer live accumulators, no register spills). The values are the fastest
+# of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K (docs/benchmarks/kernels.md); each was checked against
+# float64 on the GPU.
 KERNEL_OPTIONS = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
@@ -75,11 +66,9 @@ KERNEL_OPTIONS = {
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
 }
-# float32 inputs (a test path, not a speed target) keep the second GPU run's options, checked against float64 there:
-# the wider tiles and fewer warps above spill registers with float32 tiles (offline sm_90 compiles, 2026-11-29:
-# inverse 2 warps +56 bytes per thread, output BV 128 +8 to +32, backward_keys BV 64 +56 to +120 at K >= 128;
-# session 7: chunk_scores at 2 warps 488-2,312 bytes, backward_scores at BV 64 120-640, neither at 4 warps / BV 32;
-# chunk_scores is back at 4 warps for every dtype since the fifth run).
+# float32 inputs (a test path, not a speed target) take narrower tiles and more warps: the options above spill
+# registers with float32 tiles (offline sm_90 compiles: the inverse at 2 warps, output at BV 128, backward_keys and
+# backward_scores at BV 64).
 FLOAT32_OPTIONS = {"inverse": dict(num_warps=4), "output": dict(BV=64),
                    "backward_scores": dict(BV=32), "backward_keys": dict(BV=32)}
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
@@ -100,11 +89,9 @@ def _sequential_block(key_dim: int, dtype: torch.dtype, sequences: int, value_di
     """BV of a sequential pass over ``sequences`` (N·H) state columns of ``value_dim`` values: the widest of 64 (up
     to ``widest``), 32 and 16 where it fits in registers (16-bit inputs, K ≤ 128) and keeps the multiprocessors
     busy, else 16 (twice the programs: at long sequences only ``N·H·V/BV`` programs run, each latency-bound).
-    On an H200 (2026-11-29 sweep, RDN bf16 B=4 T=32K H=16, 256 programs at 32 on 132 multiprocessors) BV = 32 beat
-    16 by 5% in the forward pass and 11% in the reverse; in the reverse pass BV = 64 (4 warps, two stages) then beat
-    32 (session 9: RDN fwd+bwd 22.74 against 23.94 ms at B=16 T=8K, 22.77 against 24.18 at B=4 T=32K, with 512 and
-    128 programs), where the forward pass at 64 was slower (24.74, 25.15), so 64 needs half a program per
-    multiprocessor."""
+    On an H200 (RDN bf16, B=4, T=32K, H=16) BV = 32 beat 16 in both passes; in the reverse pass BV = 64 (4 warps,
+    two stages) beat 32 where at least half a program per multiprocessor runs, while the forward pass at 64 was
+    slower, hence ``widest``."""
     if key_dim > 128 or dtype == torch.float32:
         return 16
     if widest >= 64 and 2 * sequences * triton.cdiv(value_dim, 64) >= _multiprocessors():
