@@ -37,7 +37,7 @@ def test_zoo_model_fits_ten_megabytes(path):
 
 def test_zoo_shares_one_budget():
     """Same data, steps, batch and schedule shape for every zoo model; only the peak learning rate (and its floor, a
-    tenth of it) is each model's own, as configs/zoo/lr_race.py chose it (docs/training.md), and the seed (the
+    tenth of it) is each model's own, as scripts/zoo/lr_race.py chose it (docs/training.md), and the seed (the
     shipped RLA's first stage is seed 1; sGLA's, GLA's and the hybrid's seed 3)."""
     configs = {p.stem: load_config(p) for p in ZOO}
 

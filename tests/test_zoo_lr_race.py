@@ -1,4 +1,4 @@
-"""configs/zoo/lr_race.py: the learning-rate race that trained the zoo (its decision rule and config rewriting)."""
+"""scripts/zoo/lr_race.py: the learning-rate race that trained the zoo (its decision rule and config rewriting)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_race():
-    spec = importlib.util.spec_from_file_location("lr_race", ROOT / "configs" / "zoo" / "lr_race.py")
+    spec = importlib.util.spec_from_file_location("lr_race", ROOT / "scripts" / "zoo" / "lr_race.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["lr_race"] = module
     spec.loader.exec_module(module)
@@ -158,7 +158,7 @@ def test_a_tiny_race_end_to_end(dataset, tmp_path):
     configs.mkdir()
     (configs / "tiny.yaml").write_text(TINY_RACE_CONFIG.replace("DATA", str(dataset)))
     out = tmp_path / "race"
-    done = subprocess.run([sys.executable, str(ROOT / "configs" / "zoo" / "lr_race.py"), "--out", str(out),
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "zoo" / "lr_race.py"), "--out", str(out),
                            "--configs-dir", str(configs), "--decide-step", "4", "--device", "cpu",
                            "--poll-seconds", "0.5", "tiny=2e-3,4e-3"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -172,7 +172,7 @@ def test_a_tiny_race_end_to_end(dataset, tmp_path):
 
     # the same config at one rate and two train seeds: one run per seed, each with its own seed, one kept
     seeded = tmp_path / "seeds"
-    done = subprocess.run([sys.executable, str(ROOT / "configs" / "zoo" / "lr_race.py"), "--out", str(seeded),
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "zoo" / "lr_race.py"), "--out", str(seeded),
                            "--configs-dir", str(configs), "--decide-step", "4", "--device", "cpu",
                            "--poll-seconds", "0.5", "--seeds", "3,4", "tiny=2e-3"],
                           capture_output=True, text=True, timeout=600)

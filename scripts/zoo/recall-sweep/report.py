@@ -1,7 +1,7 @@
 """Per run of a sweep folder: the training recall loss averaged over each 100 updates, and the held-out recall
 accuracy at every evaluation.
 
-    python configs/zoo/recall-sweep/report.py OUT_DIR
+    python scripts/zoo/recall-sweep/report.py OUT_DIR
 """
 
 import json

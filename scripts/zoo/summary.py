@@ -1,6 +1,6 @@
 """Print one line per zoo run folder: steps done, last loss, validation loss and recall, mean tokens/s.
 
-    python configs/zoo/summary.py OUT_ROOT
+    python scripts/zoo/summary.py OUT_ROOT
 """
 
 import json

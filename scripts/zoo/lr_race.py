@@ -1,6 +1,6 @@
 """Train zoo configs side by side, each at one or more peak learning rates; keep the better rate per config.
 
-    python configs/zoo/lr_race.py --out runs/race --seconds 1350 \
+    python scripts/zoo/lr_race.py --out runs/race --seconds 1350 \
         transformer=2e-3 gdn=2e-3,5e-3 rdn=2e-3,5e-3 sgla=2e-3,5e-3 rla=2e-3,5e-3 gla=2e-3,5e-3 gdn-hybrid=2e-3,5e-3
 
 Every ``NAME=LR[,LR...]`` starts ``linmem train configs/zoo/NAME.yaml`` once per rate (the config as it is, its
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "zoo"
 sys.path.insert(0, str(HERE / "recall-sweep"))
 from make_variants import variant  # noqa: E402  (the sweep's config rewriter: lr, min lr, eval cadence)
 
@@ -184,7 +185,7 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="evaluation device")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--poll-seconds", type=float, default=POLL_SECONDS, help="how often the runs are read")
-    parser.add_argument("--configs-dir", type=Path, default=HERE, help="where NAME.yaml are (default: configs/zoo)")
+    parser.add_argument("--configs-dir", type=Path, default=CONFIGS, help="where NAME.yaml are (default: configs/zoo)")
     parser.add_argument("--seeds", type=parse_seeds, default=None,
                         help="comma-separated train seeds: every config and rate runs once per seed (the config's "
                              "own seed when not given)")

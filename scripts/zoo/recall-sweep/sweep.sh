@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train every config of a sweep folder side by side for SECONDS, then print the recall report.
-#   bash configs/zoo/recall-sweep/sweep.sh CONFIGS_DIR OUT_DIR SECONDS
+#   bash scripts/zoo/recall-sweep/sweep.sh CONFIGS_DIR OUT_DIR SECONDS
 set -u
 configs=${1:?usage: sweep.sh CONFIGS_DIR OUT_DIR SECONDS}; out=${2:?}; seconds=${3:?}
 python=${PYTHON:-python3}

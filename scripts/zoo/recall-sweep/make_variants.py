@@ -1,9 +1,9 @@
 """Write the recall-recipe sweep's configs (docs/training.md, "Why this recall recipe") from a zoo config.
 
-    python configs/zoo/recall-sweep/make_variants.py BASE.yaml [BASE.yaml ...] --out runs/sweep-configs
-    python configs/zoo/recall-sweep/make_variants.py configs/zoo/gdn.yaml configs/zoo/rdn.yaml \
+    python scripts/zoo/recall-sweep/make_variants.py BASE.yaml [BASE.yaml ...] --out runs/sweep-configs
+    python scripts/zoo/recall-sweep/make_variants.py configs/zoo/gdn.yaml configs/zoo/rdn.yaml \
         --lrs 2e-3,4e-3,6e-3 --out runs/lr-configs      # the configs as they are, at each peak lr
-    bash configs/zoo/recall-sweep/sweep.sh runs/sweep-configs runs/sweep 290
+    bash scripts/zoo/recall-sweep/sweep.sh runs/sweep-configs runs/sweep 290
 
 Each variant changes one thing of the data recipe (recall fraction, answer weight, lr, generator mix) and evaluates
 every 100 updates. The 2026-11-29 sweep ran it on the zoo's transformer and gdn configs as they were at commit

@@ -3,13 +3,13 @@
 # are far too small to fill a GPU alone). Each run resumes from its newest checkpoint, so calling this again after
 # a stop continues every unfinished run.
 #
-#   configs/zoo/train_all.sh OUT_ROOT [SECONDS] [NAME ...]
+#   scripts/zoo/train_all.sh OUT_ROOT [SECONDS] [NAME ...]
 #
 # OUT_ROOT/NAME is the run folder of configs/zoo/NAME.yaml and OUT_ROOT/NAME.log its output. SECONDS (0: no
 # limit) sends SIGTERM to every run still going after that long: each stops after its current update with a
 # checkpoint (`--resume` loses nothing). NAMEs default to every config in configs/zoo.
 set -u
-root=${1:?usage: configs/zoo/train_all.sh OUT_ROOT [SECONDS] [NAME ...]}
+root=${1:?usage: scripts/zoo/train_all.sh OUT_ROOT [SECONDS] [NAME ...]}
 seconds=${2:-0}
 shift $(( $# >= 2 ? 2 : $# ))
 here=$(cd "$(dirname "$0")" && pwd)

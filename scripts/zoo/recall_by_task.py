@@ -4,8 +4,8 @@ For each model: the share of answer tokens predicted right (teacher-forced, as i
 samples with every answer token right, on fresh samples of each recall generator of the model's config, and on
 NIAH trials of fixed lengths. Tells "never learned this task" apart from "learned it, but not in the eval's form".
 
-    python configs/zoo/recall_by_task.py gdn,sgla,rla,rdn [--samples 32] [--data data/zoo-4k]
-    python configs/zoo/recall_by_task.py runs/proxy/sgla-niah      # a run folder: its config.yaml and model/
+    python scripts/zoo/recall_by_task.py gdn,sgla,rla,rdn [--samples 32] [--data data/zoo-4k]
+    python scripts/zoo/recall_by_task.py runs/proxy/sgla-niah      # a run folder: its config.yaml and model/
 """
 
 import argparse

@@ -2,7 +2,7 @@
 # Pack the shipped zoo for a remote GPU machine that receives a copy of the working tree with a size limit (64 MiB
 # for the device tool this project uses), which the package's models (about 65 MB) alone exceed.
 #
-#   bash configs/zoo/device_carry.sh [OUT]      # default OUT: runs/device-carry
+#   bash scripts/zoo/device_carry.sh [OUT]      # default OUT: runs/device-carry
 #
 # OUT then holds each shipped model as NAME.tar.xz (about 6.9 MB each, 46 MB in all), the held-out text (_heldout/)
 # and setup.sh. To use it: move linmem/zoo/models out of the working tree for the copy (and back afterwards), send
@@ -26,7 +26,7 @@ done
 rm -rf "$out/_heldout"
 cp -r "$zoo/_heldout" "$out/_heldout"
 cat > "$out/setup.sh" <<EOF
-# made by configs/zoo/device_carry.sh: run from the repository root on the GPU machine
+# made by scripts/zoo/device_carry.sh: run from the repository root on the GPU machine
 set -e
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -1,6 +1,6 @@
 """The zoo's first stage against its second: one row per main model and stage, the headline columns of docs/zoo.md.
 
-    python configs/zoo/compare_stages.py docs/zoo/runs/stage1 [ZOO_DIR]
+    python scripts/zoo/compare_stages.py docs/zoo/runs/stage1 [ZOO_DIR]
 
 Reads ``STAGE1_DIR/<name>.eval.json`` (the first-stage records kept in the repository) and the shipped models'
 ``eval.json`` (the package's zoo, or ZOO_DIR), and prints a markdown table built with linmem.zoo.cards, so every

@@ -4,7 +4,7 @@ For each attention layer and head: the share of the last query token's attention
 first digit) that falls on the needle's number, averaged over trials of the eval's format, and how often the first
 answer token is right. A retrieval head puts most of its attention there.
 
-    python configs/zoo/niah_attention.py gdn-hybrid,transformer [--trials 16] [--length 256]
+    python scripts/zoo/niah_attention.py gdn-hybrid,transformer [--trials 16] [--length 256]
 """
 
 import argparse
