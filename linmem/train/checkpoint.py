@@ -17,7 +17,6 @@ checkpoint that looks complete. Only the newest ``keep`` checkpoints are kept.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -32,9 +31,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from linmem.data.atomic import fsync_dir, write_json_atomic
+from linmem.io.manifest import MANIFEST_NAME as MANIFEST
+from linmem.io.manifest import DamagedFileError, verify_manifest, write_manifest
+from linmem.models.special_tokens import write_model_config
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-MANIFEST = "manifest.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -115,14 +116,6 @@ def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, 
 # ---------------------------------------------------------------- writing
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -145,14 +138,15 @@ def write_rng(tmp: Path, rank: int, state: dict[str, Any]) -> None:
 
 
 def write_model(folder: Path, model_state: dict[str, torch.Tensor], config, dtype: torch.dtype | None = None) -> None:
-    """``config.json`` + ``model.safetensors`` (tied ``lm_head.weight`` left out, as Hugging Face does)."""
+    """``config.json``, ``generation_config.json`` + ``model.safetensors`` (tied ``lm_head.weight`` left out, as
+    Hugging Face does)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in model_state.items()}
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config.to_json_file(str(folder / "config.json"))
+    write_model_config(folder, config, next((t.dtype for t in tensors.values() if t.is_floating_point()), None))
 
 
 def with_tied_head(model_state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
@@ -174,11 +168,9 @@ def copy_tokenizer(source: Path, folder: Path) -> None:
 def finish_checkpoint(root: Path, step: int, keep: int) -> Path:
     """Write the manifest into the temp folder, fsync, rename it to ``step-XXXXXXXX``, prune old ones (rank 0)."""
     tmp = temp_dir(root, step)
-    files = {}
-    for path in sorted(tmp.iterdir()):
+    for path in tmp.iterdir():
         _fsync_file(path)
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    write_json_atomic(tmp / MANIFEST, {"step": step, "files": files})
+    write_manifest(tmp, extra={"step": step})
     fsync_dir(tmp)
     final = root / step_dir_name(step)
     if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
@@ -224,13 +216,13 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Check every file the manifest lists exists with its size (``ValueError`` otherwise)."""
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    for name, entry in manifest["files"].items():
-        size = (path / name).stat().st_size if (path / name).is_file() else None
-        if size != entry["bytes"]:
-            raise ValueError(f"{path / name}: {'missing' if size is None else f'{size} bytes'}, manifest says "
-                             f"{entry['bytes']}; the checkpoint is damaged (delete it to resume from an older one)")
+    """Check every file the manifest lists: present, same size and SHA-256 (``DamagedFileError``, a
+    ``ValueError`` naming the file, otherwise)."""
+    try:
+        verify_manifest(path)
+    except DamagedFileError as error:
+        raise DamagedFileError(f"{error}; the checkpoint {path.name} is damaged (delete it to resume from an "
+                               "older one)") from None
 
 
 def read_checkpoint(path: Path) -> Checkpoint:

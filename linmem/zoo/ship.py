@@ -30,8 +30,9 @@ from linmem.data.atomic import atomic_write, write_json_atomic
 from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.eval.loading import TRAIN_INFO
 from linmem.eval.runner import TASKS, EvalOptions, evaluate
+from linmem.io.manifest import sha256_file as sha256
 from linmem.models import LinMemConfig
-from linmem.train.checkpoint import _sha256 as sha256  # the checkpoints' file hash
+from linmem.models.special_tokens import declare_special_tokens
 from linmem.train.checkpoint import copy_tokenizer, write_model
 from linmem.train.init_from import earlier_stages
 from linmem.zoo import HELDOUT_DIR, MAIN, SIZE_LIMIT, folder_bytes, order
@@ -155,7 +156,7 @@ def stage_model(run: Run, dataset: Path) -> Path:
     tmp = out.with_name(".tmp-model")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    config = LinMemConfig.from_pretrained(str(run.model_dir))
+    config = declare_special_tokens(LinMemConfig.from_pretrained(str(run.model_dir)), run.model_dir)
     write_model(tmp, load_file(str(run.model_dir / "model.safetensors")), config, torch.bfloat16)
     copy_tokenizer(run.model_dir, tmp)
     write_json_atomic(tmp / TRAIN_INFO, {**run.info, "dataset": str(dataset)})
