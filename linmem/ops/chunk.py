@@ -12,14 +12,22 @@ So ``U = U' − W S_0ᵀ`` where ``U'`` and ``W`` need no state and are solved f
 ``[V, K]`` state hand-over between chunks is sequential.
 
 A read ``S_{t'} x_t`` (``t' = t`` inclusive, ``t − 1`` strict) is
-``S_0 (x_t e^{e_t}) + Σ_s e^{e_t − b_s} (x_tᵀ k_s) u_s`` with ``e_t`` the read's own log decay; every exponent
-is ≤ 0 where it is used, so nothing overflows.
+``S_0 (x_t e^{e_t}) + Σ_s e^{e_t − b_s} (x_tᵀ k_s) u_s`` with ``e_t`` the read's own log decay.
+
+Every decay factor is ``e^{Σ g}`` over its own segment of tokens, summed directly: ``b_t`` from the chunk start,
+``b_{t−1}``, the suffix to the chunk end, the in-chunk ``Σ_{s<j≤t} g_j`` (``chunk_reads.segment_decay``), and
+the hand-over one chunk after the other. No exponent is the difference of two cumulative sums, so no huge decay
+cancels against another: ``g = −1e30`` and ``g = −∞`` (α = 0, a reset) are exact and leave the tokens before
+them untouched, and nothing overflows. Gradients are formed for ``b`` and ``b_{t−1}`` (linear, no cancellation)
+and mapped to g (``chunk_reads.log_decay_grad``); at ``g = −∞`` the gradient of g is what the product rule gives,
+``e^{g}·(…) = 0``, as in ``reference``.
 
 RLA/RDN run two such memories: the base pass also yields ``S_{t−1} k_t`` (for r) and ``α_t S_{t−1} q_t``, then
 the residual memory runs on values ``r`` with strength γ, and one query read-out serves both memories. The score
 matrices and the reads are hand-differentiated functions (``chunk_reads.py``), and so are the additive hand-over
 and RLA with the paper's switches and per-head decay, as one function (``chunk_fused.py``); the rest is autograd.
-Per-key-channel decay (GLA) uses a ``[C, C, K]`` decay tensor and a smaller chunk.
+Per-key-channel decay (GLA) uses ``[C, C, K]`` decays formed a slice of chunks at a time
+(``chunk_reads.PerKeyDecayedScores``) and a smaller chunk: time and memory linear in T.
 """
 
 from __future__ import annotations
@@ -30,7 +38,14 @@ import torch
 import torch.nn.functional as F
 
 from linmem.ops.chunk_fused import AdditiveHandOver, ResidualAdditive
-from linmem.ops.chunk_reads import DecayedScores, KeyReadTarget, QueryRead
+from linmem.ops.chunk_reads import (
+    DecayedScores,
+    KeyReadTarget,
+    PerKeyDecayedScores,
+    QueryRead,
+    exclusive_cumsum,
+    reverse_cumsum,
+)
 from linmem.ops.config import MemoryConfig
 
 CHUNK_SIZE = 64
@@ -59,7 +74,8 @@ class ChunkedKeys:
     """Keys and decays of one sequence batch in chunk layout, with the decay-weighted score matrices that both
     memories of RLA/RDN share (computed once, on first use).
 
-    k: ``[B, H, N, C, K]``; g, b: ``[B, H, N, C]`` (per head) or ``[B, H, N, C, K]`` (per key channel).
+    k: ``[B, H, N, C, K]``; g, b (``Σ_{j≤t} g_j``), before_step (``Σ_{j<t} g_j``): ``[B, H, N, C]`` (per head) or
+    ``[B, H, N, C, K]`` (per key channel), each summed from the chunk start (no differences, see the module).
     ``key_scores_needed`` names the strict key-key matrices that will be asked for (``"delta"``: the delta rule's
     in-chunk interaction; ``"read"``: the strict read ``S_{t−1} k_t`` of RLA/RDN), so that one product ``k kᵀ``
     gives them all.
@@ -69,43 +85,44 @@ class ChunkedKeys:
         self.k = k
         self.g = g
         self.b = g.cumsum(dim=3)
-        self.before_step = self.b - g  # log decay from the chunk start to t − 1
+        self.before_step = exclusive_cumsum(g, 3)  # log decay from the chunk start to t − 1
         self.per_key = g.dim() == k.dim()
         self.key_scores_needed = key_scores_needed
-        chunk = k.shape[3]
-        self.causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
-        self.strictly_causal = self.causal.tril(-1)
         self._cache: dict[str, torch.Tensor] = {}
 
     def exp_decay(self, e: torch.Tensor) -> torch.Tensor:
         """``e^{e}`` shaped to multiply a ``[.., C, D]`` tensor row-wise (per head) or elementwise (per key)."""
         return e.exp() if self.per_key else e.exp().unsqueeze(-1)
 
-    def scores(self, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
-        """``M_ts = e^{e_t − b_s} x_tᵀ k_s`` for ``s ≤ t`` (``s < t`` if strict), else 0: ``[B, H, N, C, C]``."""
+    def log_decay(self, kind: str) -> torch.Tensor:
+        """The log decay from the chunk start of a read of ``S_t`` (kind ``"now"``: b) or ``S_{t−1}``
+        (``"before"``)."""
+        return self.b if kind == "now" else self.before_step
+
+    def scores(self, x: torch.Tensor, kind: str, strict: bool, scale: float = 1.0) -> torch.Tensor:
+        """``M_ts = scale · e^{e_t − b_s} x_tᵀ k_s`` for ``s ≤ t`` (``s < t`` if strict), else 0, with ``e = b``
+        (kind ``"now"``) or ``b_{t−1}`` (``"before"``): ``[B, H, N, C, C]``."""
         if self.per_key:
-            mask = self.strictly_causal if strict else self.causal
-            diff = e.unsqueeze(-2) - self.b.unsqueeze(-3)  # [B, H, N, C, C, K]
-            decay = torch.where(mask.unsqueeze(-1), diff, float("-inf")).exp()
-            return torch.einsum("bhntk,bhnsk,bhntsk->bhnts", x, self.k, decay)
-        return DecayedScores.apply(x, self.k, self.b, strict, e)[0]
+            return PerKeyDecayedScores.apply(x, self.k, self.g, strict, scale, kind)
+        return DecayedScores.apply(x, self.k, self.g, strict, scale, kind)[0]
 
     def keys_to_chunk_end(self) -> torch.Tensor:
-        """``e^{b_C − b_s} k_s``: how each key's write reaches the end of its chunk, ``[B, H, N, C, K]``."""
+        """``e^{b_C − b_s} k_s``: how each key's write reaches the end of its chunk, ``[B, H, N, C, K]``; the
+        exponent is the sum of the later log decays, ``Σ_{j>s} g_j``."""
         if "to_end" not in self._cache:
-            self._cache["to_end"] = self.exp_decay(self.b[:, :, :, -1:] - self.b) * self.k
+            self._cache["to_end"] = self.exp_decay(reverse_cumsum(self.g, 3, exclusive=True)) * self.k
         return self._cache["to_end"]
 
     def _strict_key_scores(self, name: str) -> torch.Tensor:
         """Strict key-key matrices, all that this run needs from one product ``k kᵀ``: ``"delta"`` (``e = b``) and
-        ``"read"`` (``e = b − g``, the decay up to t − 1)."""
+        ``"read"`` (``e = b_{t−1}``, the decay up to t − 1)."""
         if name not in self._cache:
-            exponents = {"delta": self.b, "read": self.before_step}
-            wanted = {n: e for n, e in exponents.items() if n == name or n in self.key_scores_needed}
+            kinds = {"delta": "now", "read": "before"}
+            wanted = {n: kind for n, kind in kinds.items() if n == name or n in self.key_scores_needed}
             if self.per_key:
-                found = {n: self.scores(self.k, e, strict=True) for n, e in wanted.items()}
+                found = {n: self.scores(self.k, kind, strict=True) for n, kind in wanted.items()}
             else:
-                found = dict(zip(wanted, DecayedScores.apply(None, self.k, self.b, True, *wanted.values())))
+                found = dict(zip(wanted, DecayedScores.apply(None, self.k, self.g, True, 1.0, *wanted.values())))
             self._cache.update(found)
         return self._cache[name]
 
@@ -140,29 +157,10 @@ class ChunkedMemory:
         else:
             increments = writes.mT @ to_end  # [B, H, N, V, K]
             self.u = writes
-            if keys.per_key:
-                self.starts = self._hand_over_per_key(increments, b[:, :, :, -1], state0)
-                self.final = self._decay_state(self.starts[:, :, -1], chunk_decay[:, :, -1]) + increments[:, :, -1]
-            else:
-                self.starts, self.final = AdditiveHandOver.apply(increments, b[:, :, :, -1], state0)
+            self.starts, self.final = AdditiveHandOver.apply(increments, b[:, :, :, -1], state0)
 
     def _decay_state(self, state: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
         return state * (decay.unsqueeze(-2) if self.keys.per_key else decay[..., None, None])
-
-    def _hand_over_per_key(self, increments, chunk_decay_log, state):
-        """Additive states with per-key decay need no loop either: ``S_n = e^{P_n} S_0 + Σ_{m<n} e^{P_n − P_{m+1}}
-        ΔS_m`` per key channel, with ``P_n`` the log decay of chunks ``0..n−1`` summed in float64 (see
-        ``chunk_fused.hand_over`` for per-head decay)."""
-        total = chunk_decay_log.double().cumsum(dim=2)  # P_{m+1}: [B, H, N, K]
-        before = torch.cat([torch.zeros_like(total[:, :, :1]), total[:, :, :-1]], dim=2)  # P_n for n = 0..N-1
-        n = total.shape[2]
-        reach = torch.ones(n, n, dtype=torch.bool, device=total.device).tril(-1)  # chunk m before state n
-        diff = before.unsqueeze(3) - total.unsqueeze(2)  # [B, H, N, N, K]
-        weights = torch.where(reach.unsqueeze(-1), diff, float("-inf")).exp().to(increments.dtype)
-        states = torch.einsum("bhnmk,bhmvk->bhnvk", weights, increments)
-        if not state.requires_grad and not state.any():  # no initial state: its term is zero
-            return states
-        return states + self._decay_state(state.unsqueeze(2), before.exp().to(state.dtype))
 
     # The delta hand-over loop unbinds its inputs along the chunk axis once: indexing chunk n inside the loop
     # would make autograd scatter every chunk's gradient into a full-size zero tensor (quadratic in chunk count).
@@ -176,10 +174,12 @@ class ChunkedMemory:
             state = self._decay_state(state, decay) + u.mT @ reach
         return torch.stack(us, dim=2), torch.stack(starts, dim=2), state
 
-    def read(self, x: torch.Tensor, e: torch.Tensor, strict: bool) -> torch.Tensor:
-        """``S_{t'} x_t`` scaled by ``e^{e_t − b_t'}``: ``[B, H, N, C, V]``. See the module docstring."""
+    def read(self, x: torch.Tensor, kind: str, strict: bool, scale: float) -> torch.Tensor:
+        """``scale · S_t x_t`` (kind ``"now"``), ``scale · α_t S_{t−1} x_t`` (``"now"``, strict) or
+        ``scale · S_{t−1} x_t`` (``"before"``, strict): ``[B, H, N, C, V]``. See the module docstring."""
         keys = self.keys
-        return QueryRead.apply(x, keys.exp_decay(e), keys.scores(x, e, strict), self.starts, self.u)
+        decay = keys.exp_decay(keys.log_decay(kind) + math.log(scale))
+        return QueryRead.apply(x, decay, keys.scores(x, kind, strict, scale), self.starts, self.u)
 
     def residual_target(self, values: torch.Tensor, config: MemoryConfig) -> torch.Tensor:
         """``r = ρ(v − S_{t−1} k_t)``, the residual memory's values: ``[B, H, N, C, V]``."""
@@ -188,13 +188,14 @@ class ChunkedMemory:
                                    self.u, values, config.residual_target, config.clip)
 
 
-def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor, e: torch.Tensor,
-                         gamma: torch.Tensor) -> torch.Tensor:
-    """``α_t S_{t−1} q_t + γ_t R_t q_t`` (times ``e^{e_t − b_t}``), ``[B, H, N, C, V]``, from one query score
-    matrix: the strict base read drops its diagonal."""
+def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.Tensor, gamma: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """``scale · (α_t S_{t−1} q_t + γ_t R_t q_t)``, ``[B, H, N, C, V]``, from one query score matrix: the strict
+    base read drops its diagonal."""
     keys = base.keys
-    scores = keys.scores(q, e, strict=False)
-    return QueryRead.apply(q, keys.exp_decay(e), scores, base.starts, base.u, residual.starts, residual.u, gamma)
+    scores = keys.scores(q, "now", strict=False, scale=scale)
+    decay = keys.exp_decay(keys.b + math.log(scale))
+    return QueryRead.apply(q, decay, scores, base.starts, base.u, residual.starts, residual.u, gamma)
 
 
 def output(o: torch.Tensor, rest: float, length: int) -> torch.Tensor:
@@ -226,20 +227,17 @@ def chunk_forward(
     # A positive read-out scale rides in the queries' log decay (e^{e + log scale}), which saves a pass over o;
     # any other scale multiplies o at the end.
     read_scale, rest = (scale, 1.0) if scale > 0 else (1.0, scale)
-    log_scale = math.log(read_scale)
     paper_rla = config.rule == "additive" and config.residual and config.fit_history and config.output_gates
     if paper_rla and not per_key:  # in one hand-differentiated function
-        b = gc.cumsum(dim=3)
         o, base_final, residual_final = ResidualAdditive.apply(
-            qc, kc, vc, betac, to_chunks(gamma, chunk), b, b - gc, base_state, residual_state, read_scale,
+            qc, kc, vc, betac, to_chunks(gamma, chunk), gc, base_state, residual_state, read_scale,
             config.residual_target, config.clip)
         return output(o, rest, length), base_final, residual_final
     needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual
     keys = ChunkedKeys(kc, gc, needed)
-    now, before = keys.b + log_scale, keys.before_step + log_scale  # S_t q_t (α_t S_{t−1} q_t if strict), S_{t−1} q_t
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
-        o = base.read(qc, now, strict=False)
+        o = base.read(qc, "now", strict=False, scale=read_scale)
         return output(o, rest, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
@@ -248,15 +246,15 @@ def chunk_forward(
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
         residual_final = residual.final
         if config.output_gates:  # α_t S_{t−1} q_t + γ_t R_t q_t
-            o = read_queries_of_both(base, residual, qc, now, gammac)
+            o = read_queries_of_both(base, residual, qc, gammac, read_scale)
         else:  # S_{t−1} q_t + R_t q_t
-            o = base.read(qc, before, strict=True) + residual.read(qc, now, strict=False)
+            o = base.read(qc, "before", True, read_scale) + residual.read(qc, "now", False, read_scale)
     else:  # R_t = r_t k_tᵀ: only this step's correction
         own = r * ((qc * kc).sum(-1, keepdim=True) * read_scale)  # R_t q_t
         if config.output_gates:
-            o = torch.addcmul(base.read(qc, now, strict=True), gammac.unsqueeze(-1), own)
+            o = torch.addcmul(base.read(qc, "now", True, read_scale), gammac.unsqueeze(-1), own)
         else:
-            o = base.read(qc, before, strict=True) + own
+            o = base.read(qc, "before", True, read_scale) + own
         last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
         residual_final = torch.einsum("bhv,bhk->bhvk", *last)
     return output(o, rest, length), base.final, residual_final

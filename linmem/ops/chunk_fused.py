@@ -1,11 +1,12 @@
-"""Hand-differentiated whole memories for the chunk backend (``chunk.py``), per-head decay only: the additive
-state hand-over between chunks, and RLA (additive rule, residual memory with history fitting and output gates) in
-one function.
+"""Hand-differentiated whole memories for the chunk backend (``chunk.py``): the additive state hand-over between
+chunks (per-head or per-key decay), and RLA (additive rule, residual memory with history fitting and output gates,
+per-head decay) in one function.
 
 RLA's two memories share their keys, decays and query scores, and its base writes ``u`` and states feed three
 products each; under autograd each of those meetings costs a separate pass that adds gradients up. Here the
 backward sums them inside the matrix products (``baddbmm_``, ``addcmul_``). Shapes: ``[n, C, D]`` per chunk with
-``n = B·H·N``, and ``[m, N, V·K]`` per sequence (``m = B·H``) for the hand-over.
+``n = B·H·N``, and ``[m, N, V·K]`` per sequence (``m = B·H``) for the hand-over, which runs one chunk after the
+other (linear in the length, exact at any decay).
 """
 
 from __future__ import annotations
@@ -13,55 +14,60 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from linmem.ops.chunk_reads import (
-    decay_matrix,
+    exclusive_cumsum,
     exponent_grads,
     flat,
+    log_decay_grad,
     negated_product,
     residual_target,
     residual_target_grad,
+    reverse_cumsum,
     scaled_product,
+    segment_decay,
 )
 
 
-def hand_over_weights(log_decay: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """For chunk log decays ``c [m, N]``: the weights ``W_nm = e^{P_n − P_{m+1}}`` (m < n) that carry chunk m's
-    increment to the start of chunk n, ``[m, N, N]``, and ``P_{n+1} = Σ_{j≤n} c_j`` (float64, so that differences
-    of long sums stay exact)."""
-    total = log_decay.double().cumsum(-1)
-    before = F.pad(total[:, :-1], (1, 0))
-    n = total.shape[-1]
-    reach = torch.ones(n, n, dtype=torch.bool, device=total.device).tril(-1)
-    weights = torch.where(reach, before.unsqueeze(-1) - total.unsqueeze(-2), float("-inf")).exp().to(dtype)
-    return weights, total
+def hand_over(increments, log_decay, state, with_state: bool):
+    """States ``S_{n+1} = e^{c_n} S_n + ΔS_n`` from ``S_0 = state``, one chunk after the other: the start of every
+    chunk ``[m, N, F]`` and the final state ``[m, F]`` for increments ``ΔS [m, N, F]`` and chunk log decays
+    ``c [m, N, D]`` (D = 1 per head, or F's key channels per key, broadcast over the value rows). Each step only
+    multiplies by ``e^{c_n} ∈ [0, 1]``, so a reset (``c = −∞``) or any decay is exact; the work is linear in N
+    and the memory is the starts themselves. ``with_state=False`` drops the initial state's term (it is zero and
+    needs no gradient)."""
+    decay = chunk_decay_factors(log_decay, increments.shape[-1])
+    starts = torch.empty_like(increments)
+    current = state if with_state else torch.zeros_like(increments[:, 0])
+    for n, (increment, factor) in enumerate(zip(increments.unbind(1), decay.unbind(1))):
+        starts[:, n] = current
+        current = torch.addcmul(increment, current, factor)
+    return starts, current
 
 
-def hand_over(increments, weights, total, log_decay, state, with_state: bool):
-    """States ``S_{n+1} = e^{c_n} S_n + ΔS_n`` from ``S_0 = state`` without a loop: the start of every chunk
-    ``[m, N, F]`` (``ΔS [m, N, F]``, ``state [m, F]``) and the final state ``[m, F]``. ``with_state=False`` drops
-    the initial state's term (it is zero and needs no gradient)."""
-    starts = weights @ increments
-    if with_state:
-        before = F.pad(total[:, :-1], (1, 0)).exp().to(increments.dtype)
-        starts.addcmul_(before.unsqueeze(-1), state.unsqueeze(1))
-    final = torch.addcmul(increments[:, -1], log_decay[:, -1:].exp(), starts[:, -1])
-    return starts, final
+def chunk_decay_factors(log_decay: torch.Tensor, width: int) -> torch.Tensor:
+    """``e^{c}`` for ``c [m, N, D]`` as a ``[m, N, F]``-broadcastable factor: D = 1 (per head) or the key
+    channels of a flattened ``[V, K]`` state (per key, repeated over the V rows)."""
+    factor = log_decay.exp()
+    return factor if factor.shape[-1] == 1 else factor.repeat(1, 1, width // factor.shape[-1])
 
 
-def hand_over_backward(grad_starts, grad_final, starts, weights, total, log_decay, with_state: bool):
-    """Gradients of ``hand_over`` for the increments, the chunk log decays and the initial state. The gradient that
-    reaches the state after chunk n, ``λ_{n+1}``, is that of ``ΔS_n``; then ``dc_n = e^{c_n} ⟨λ_{n+1}, S_n⟩`` and
-    ``dS_0 = dS_0' + e^{c_0} λ_1``: one product with ``Wᵀ`` and one pass, not the ``[N, N]`` weight gradient."""
-    grad_increments = weights.mT @ grad_starts
-    if grad_final is not None:
-        to_last = (total[:, -1:] - total).exp().to(starts.dtype)  # e^{P_N − P_{m+1}}
-        grad_increments.addcmul_(to_last.unsqueeze(-1), grad_final.unsqueeze(1))
-    decay = log_decay.exp()
-    grad_log_decay = (grad_increments * starts).sum(-1) * decay
-    grad_state = torch.addcmul(grad_starts[:, 0], decay[:, :1], grad_increments[:, 0]) if with_state else None
-    return grad_increments, grad_log_decay, grad_state
+def hand_over_backward(grad_starts, grad_final, starts, log_decay, with_state: bool):
+    """Gradients of ``hand_over`` for the increments, the chunk log decays and the initial state, one chunk after
+    the other backwards. ``λ_{n+1}``, the gradient that reaches the state after chunk n, is that of ``ΔS_n``;
+    ``dc_n = e^{c_n} ⟨λ_{n+1}, S_n⟩`` (summed per key channel for per-key decay), ``λ_n = dS_n + e^{c_n} λ_{n+1}``
+    and ``dS_0 = λ_0``."""
+    decay = chunk_decay_factors(log_decay, starts.shape[-1])
+    grad_increments = torch.empty_like(starts)
+    reaching = torch.zeros_like(starts[:, 0]) if grad_final is None else grad_final
+    for n in range(starts.shape[1] - 1, -1, -1):
+        grad_increments[:, n] = reaching
+        reaching = torch.addcmul(grad_starts[:, n], reaching, decay[:, n])
+    through = grad_increments * starts * decay
+    per_channel = log_decay.shape[-1]
+    grad_log_decay = through.view(*through.shape[:2], -1, per_channel).sum(-2) if per_channel > 1 else \
+        through.sum(-1, keepdim=True)
+    return grad_increments, grad_log_decay, reaching if with_state else None
 
 
 def shifted_decay(product: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
@@ -73,30 +79,31 @@ def shifted_decay(product: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
 
 
 class AdditiveHandOver(torch.autograd.Function):
-    """``hand_over`` for ``[B, H, N, V, K]`` increments, ``[B, H, N]`` chunk log decays and a ``[B, H, V, K]``
-    initial state: returns the chunk starts ``[B, H, N, V, K]`` and the final state."""
+    """``hand_over`` for ``[B, H, N, V, K]`` increments, chunk log decays ``[B, H, N]`` (per head) or
+    ``[B, H, N, K]`` (per key channel) and a ``[B, H, V, K]`` initial state: returns the chunk starts
+    ``[B, H, N, V, K]`` and the final state."""
 
     @staticmethod
     def forward(ctx, increments, log_decay, state):
         ctx.set_materialize_grads(False)
-        ctx.shape, ctx.state_shape = increments.shape, state.shape
+        ctx.shape, ctx.state_shape, ctx.decay_shape = increments.shape, state.shape, log_decay.shape
         increments = increments.contiguous().flatten(0, 1).flatten(-2)
-        log_decay, state = log_decay.flatten(0, 1), state.flatten(0, 1).flatten(-2)
+        log_decay = log_decay.reshape(increments.shape[0], increments.shape[1], -1)
+        state = state.flatten(0, 1).flatten(-2)
         ctx.with_state = ctx.needs_input_grad[2] or bool(state.any())
-        weights, total = hand_over_weights(log_decay, increments.dtype)
-        starts, final = hand_over(increments, weights, total, log_decay, state, ctx.with_state)
-        ctx.save_for_backward(starts, weights, total, log_decay)
+        starts, final = hand_over(increments, log_decay, state, ctx.with_state)
+        ctx.save_for_backward(starts, log_decay)
         return starts.view(ctx.shape), final.view(ctx.state_shape)
 
     @staticmethod
     def backward(ctx, grad_starts, grad_final):
-        starts, weights, total, log_decay = ctx.saved_tensors
+        starts, log_decay = ctx.saved_tensors
         grad_starts = starts.new_zeros(()).expand_as(starts) if grad_starts is None else flat(grad_starts.flatten(-2))
         if grad_final is not None:
             grad_final = grad_final.flatten(0, 1).flatten(-2)
         grad_increments, grad_log_decay, grad_state = hand_over_backward(
-            grad_starts, grad_final, starts, weights, total, log_decay, ctx.with_state)
-        return (grad_increments.view(ctx.shape), grad_log_decay.view(ctx.shape[:3]),
+            grad_starts, grad_final, starts, log_decay, ctx.with_state)
+        return (grad_increments.view(ctx.shape), grad_log_decay.view(ctx.decay_shape),
                 None if grad_state is None else grad_state.view(ctx.state_shape))
 
 
@@ -104,35 +111,36 @@ class ResidualAdditive(torch.autograd.Function):
     """RLA over all chunks: base ``S`` (writes ``u = β v``) and residual ``R`` (writes ``w = γ ρ(v − S_{t−1} k_t)``),
     read out as ``o = α_t S_{t−1} q_t + γ_t R_t q_t``.
 
-    Inputs in chunk layout: ``q, k [B, H, N, C, K]``, ``v [B, H, N, C, V]``; ``beta, gamma``, ``b`` (cumulative log
-    decay since the chunk start) and ``before = b − g`` ``[B, H, N, C]``; initial states ``[B, H, V, K]``; a
-    positive read-out ``scale``. Returns o ``[B, H, N, C, V]`` and the two final states. The key read's decay
-    ``e^{b_{t−1} − b_s}`` is the query read's ``e^{b_t − b_s}`` one row up (``shifted_decay``), and the scale
-    rides in the query products.
+    Inputs in chunk layout: ``q, k [B, H, N, C, K]``, ``v [B, H, N, C, V]``; ``beta, gamma`` and the log decays
+    ``g [B, H, N, C]``; initial states ``[B, H, V, K]``; a positive read-out ``scale``. Returns o
+    ``[B, H, N, C, V]`` and the two final states. Every decay is a sum of log decays over its own segment
+    (``b`` from the chunk start, ``b_{t−1}``, the suffix to the chunk end, ``segment_decay`` within the chunk),
+    so resets and huge decays are exact; the backward forms the gradients of ``b`` and ``b_{t−1}`` and returns
+    g's (``log_decay_grad``). The key read's decay ``e^{b_{t−1} − b_s}`` is the query read's ``e^{b_t − b_s}``
+    one row up (``shifted_decay``), and the scale rides in the query products.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, gamma, b, before, base_state, residual_state, scale, target, clip):
+    def forward(ctx, q, k, v, beta, gamma, g, base_state, residual_state, scale, target, clip):
         ctx.set_materialize_grads(False)
-        ctx.shapes = q.shape, v.shape, b.shape, base_state.shape
-        batch, heads, n, chunk = b.shape
+        ctx.shapes = q.shape, v.shape, g.shape, base_state.shape
+        batch, heads, n, chunk = g.shape
         q, k, v = flat(q), flat(k), flat(v)
-        b, before = b.reshape(-1, chunk), before.reshape(-1, chunk)
+        g = g.reshape(-1, chunk)
+        b, before = g.cumsum(-1), exclusive_cumsum(g, -1)
         beta, gamma = beta.reshape(-1, chunk, 1), gamma.reshape(-1, chunk, 1)
-        log_chunk = b[:, -1].view(batch * heads, n)  # [m, N]
+        log_chunk = b[:, -1].view(batch * heads, n, 1)  # [m, N, 1]
         state_shape = (batch * heads, n, -1)
         states0 = base_state.reshape(batch * heads, -1), residual_state.reshape(batch * heads, -1)
         ctx.with_states = [ctx.needs_input_grad[i] or bool(s.any()) for i, s in zip((7, 8), states0)]
-        weights, total = hand_over_weights(log_chunk, q.dtype)
 
-        to_end = (b[:, -1:] - b).exp().unsqueeze(-1)
+        to_end = reverse_cumsum(g, exclusive=True).exp_().unsqueeze(-1)
         to_end_keys = k * to_end
         decay_q, decay_k = (b + math.log(scale)).exp().unsqueeze(-1), before.exp().unsqueeze(-1)
-        query_decay = decay_matrix(b, b, strict=False)
+        query_decay = segment_decay(g)
 
         def memory(writes, state0, with_state):
-            starts, final = hand_over((writes.mT @ to_end_keys).view(state_shape), weights, total, log_chunk,
-                                      state0, with_state)
+            starts, final = hand_over((writes.mT @ to_end_keys).view(state_shape), log_chunk, state0, with_state)
             return starts, final, starts.view(-1, *writes.shape[-1:], k.shape[-1])
 
         u = beta * v
@@ -152,7 +160,7 @@ class ResidualAdditive(torch.autograd.Function):
         o.addcmul_(residual_read, gamma)
 
         ctx.target, ctx.clip, ctx.scale = target, clip, scale
-        ctx.save_for_backward(q, k, v, beta, gamma, weights, total, log_chunk, to_end, to_end_keys, decay_q, decay_k,
+        ctx.save_for_backward(q, k, v, beta, gamma, log_chunk, to_end, to_end_keys, decay_q, decay_k,
                               u, base_flat, key_scores, weighted_k, slope, r, w, residual_flat,
                               query_decay, query_scores, strict_scores, weighted_q, residual_read)
         final_shape = ctx.shapes[3]
@@ -160,7 +168,7 @@ class ResidualAdditive(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o, grad_base_final, grad_residual_final):
-        (q, k, v, beta, gamma, weights, total, log_chunk, to_end, to_end_keys, decay_q, decay_k, u, base_flat,
+        (q, k, v, beta, gamma, log_chunk, to_end, to_end_keys, decay_q, decay_k, u, base_flat,
          key_scores, weighted_k, slope, r, w, residual_flat, query_decay, query_scores, strict_scores,
          weighted_q, residual_read) = ctx.saved_tensors
         value_key = (-1, v.shape[-1], k.shape[-1])
@@ -181,8 +189,7 @@ class ResidualAdditive(torch.autograd.Function):
 
         # residual memory: R from ΔR = wᵀ (k·e^{b_C − b})
         grad_increments, grad_log_chunk, grad_residual0 = hand_over_backward(
-            grad_residual.view(residual_flat.shape), finals[1], residual_flat, weights, total, log_chunk,
-            ctx.with_states[1])
+            grad_residual.view(residual_flat.shape), finals[1], residual_flat, log_chunk, ctx.with_states[1])
         grad_increments = grad_increments.view(value_key)
         grad_w.baddbmm_(to_end_keys, grad_increments.mT)
         grad_to_end_keys = torch.bmm(w, grad_increments)
@@ -197,7 +204,7 @@ class ResidualAdditive(torch.autograd.Function):
 
         # base memory: S from ΔS = uᵀ (k·e^{b_C − b}), u = β v
         grad_increments, grad_log_chunk_base, grad_base0 = hand_over_backward(
-            grad_base.view(base_flat.shape), finals[0], base_flat, weights, total, log_chunk, ctx.with_states[0])
+            grad_base.view(base_flat.shape), finals[0], base_flat, log_chunk, ctx.with_states[0])
         grad_log_chunk += grad_log_chunk_base
         grad_increments = grad_increments.view(value_key)
         grad_u.baddbmm_(to_end_keys, grad_increments.mT)
@@ -219,9 +226,10 @@ class ResidualAdditive(torch.autograd.Function):
         grad_to_end = (grad_to_end_keys * k).sum(-1) * to_end.squeeze(-1)  # d/d(b_C − b_s)
         grad_b = grad_query_exponent - grad_b - grad_b_queries - grad_to_end
         grad_b[:, -1] += grad_to_end.sum(-1) + grad_log_chunk.view(-1)
+        grad_g = log_decay_grad(grad_b, grad_before)
 
         q_shape, v_shape, gate_shape, state_shape = ctx.shapes
         states = [None if g is None else g.view(state_shape) for g in (grad_base0, grad_residual0)]
         return (grad_q.view(q_shape), grad_k.view(q_shape), grad_v.view(v_shape), grad_beta.view(gate_shape),
-                grad_gamma.view(gate_shape), grad_b.view(gate_shape), grad_before.view(gate_shape), *states,
+                grad_gamma.view(gate_shape), grad_g.view(gate_shape), *states,
                 None, None, None)
