@@ -8,14 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def _subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6, 3), **options):
+def _subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6, 3), layout: str | None = None,
+              **options):
     """``(figure, axes)`` like ``pyplot.subplots``, but a bare ``Figure`` that pyplot does not track: experiments
     run in loops would otherwise pile up open figures (and warnings) until the process ends."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError("the memory lab's figures need matplotlib: pip install 'linmem[memory]'") from None
-    fig = Figure(figsize=figsize)
+    fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(nrows, ncols, **options)
 
 
@@ -24,20 +25,23 @@ def _errors(rows: list[dict]) -> np.ndarray:
 
 
 def head_scan(rows: list[dict]):
-    """Mean donor-margin shift of each component's state swap, layer × head, one panel per memory."""
-    memories = sorted({r["memory"] for r in rows})
-    fig, axes = _subplots(1, len(memories), figsize=(4.5 * len(memories), 3.6), squeeze=False)
+    """Mean donor-margin shift of each component's state swap, layer × head, one panel per memory, all panels on
+    one colour scale (a faint R must not look as strong as a hot S)."""
+    memories = sorted({r["memory"] for r in rows}, key=lambda m: (m != "S", m))  # the base memory S first
+    fig, axes = _subplots(1, len(memories), figsize=(4.5 * len(memories) + 1.0, 3.6), layout="constrained",
+                          squeeze=False)
+    limit = max((abs(r["mean"]) for r in rows if np.isfinite(r["mean"])), default=0.0) or 1.0
     for ax, memory in zip(axes[0], memories):
         sub = [r for r in rows if r["memory"] == memory]
         layers, heads = max(r["layer"] for r in sub) + 1, max(r["head"] for r in sub) + 1
         grid = np.full((layers, heads), np.nan)
         for r in sub:
             grid[r["layer"], r["head"]] = r["mean"]
-        limit = np.nanmax(np.abs(grid)) or 1.0
         image = ax.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", origin="lower")
-        ax.set(xlabel="head", ylabel="layer", title=f"state swap of one head ({memory}): donor-margin shift")
-        fig.colorbar(image, ax=ax, label="logit")
-    fig.tight_layout()
+        ax.set(xlabel="head", ylabel="layer", title=f"state swap of one head ({memory})")
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(layers))
+    fig.colorbar(image, ax=list(axes[0]), label="donor-margin shift (logit)")
     return fig
 
 
@@ -148,9 +152,12 @@ def lens(rows: list[dict]):
 def topk(rows: list[dict]):
     """Share of the full effect recovered by swapping the top-k components jointly."""
     fig, ax = _subplots(figsize=(6, 3))
-    ax.errorbar([r["k"] for r in rows], [r["mean"] for r in rows], yerr=_errors(rows), marker="o", capsize=3)
+    ks = [r["k"] for r in rows]
+    ax.errorbar(ks, [r["mean"] for r in rows], yerr=_errors(rows), marker="o", capsize=3)
     ax.axhline(1.0, color="gray", ls="--", lw=0.8)
     ax.set(xlabel="top-k components swapped jointly", ylabel="share of the full swap's effect", xscale="log")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
     fig.tight_layout()
     return fig
 
