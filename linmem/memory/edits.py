@@ -80,8 +80,19 @@ class StateAdd:
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", _components(self.components))
         _set_at(self)
-        if self.delta.dim() != 3:
-            raise ValueError(f"delta must be [B, V, K]; got {list(self.delta.shape)}")
+        if not isinstance(self.delta, torch.Tensor) or self.delta.dim() != 3:
+            shape = list(self.delta.shape) if isinstance(self.delta, torch.Tensor) else type(self.delta).__name__
+            raise ValueError(f"StateAdd.delta must be a tensor [B, V, K] (prompts, value dim, key dim); got {shape}")
+        if not bool(torch.isfinite(self.delta).all()):
+            raise ValueError("StateAdd.delta must be finite; it holds NaN or infinite values")
+
+    def added_to(self, state: torch.Tensor, component: Component) -> torch.Tensor:
+        """``state + delta`` for ``state [B, V, K]``, the memory of ``component`` in B prompts; a ``ValueError``
+        naming the expected shape when ``delta`` does not have it."""
+        if self.delta.shape != state.shape:
+            raise ValueError(f"StateAdd.delta must have shape [B, V, K] = {list(state.shape)} for {component} "
+                             f"(prompts, value dim, key dim of its memory); got {list(self.delta.shape)}")
+        return state + self.delta.to(state)
 
     def __repr__(self) -> str:
         return f"StateAdd(components={self.components}, at={self.at}, delta=<{list(self.delta.shape)}>)"

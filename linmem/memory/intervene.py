@@ -267,7 +267,7 @@ def apply_cache_edit(model, cache: LinMemCache, donor: LinMemCache | None, edit:
         states = getattr(cache.layers[c.layer], name)
         current = states[rows, c.head]
         if isinstance(edit, StateAdd):
-            states[rows, c.head] = current + edit.delta.to(current)
+            states[rows, c.head] = edit.added_to(current, c)
             continue
         target = getattr(donor.layers[c.layer], name)[:, c.head].to(current)
         if edit.control == "random":

@@ -18,15 +18,52 @@ def check_float(name: str, t: torch.Tensor | None) -> None:
         raise ValueError(f"{name} must be a floating-point tensor; got dtype {t.dtype}")
 
 
-def check_log_decay(g: torch.Tensor) -> None:
-    """``g = log α`` must be ≤ 0 everywhere (and not NaN): a positive value would make the memory grow."""
-    bad = ~(g <= 0)
-    if bool(bad.any()):
-        idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"g must be <= 0 (log decay, g = log alpha); got max {g.max().item():.4g}, first bad value "
-            f"{g[idx].item():.4g} at {list(idx)}"
-        )
+# Write strengths β and γ are accepted in [0, 2]. [0, 1] is the usual range (a sigmoid gate); (1, 2] is legal: with
+# unit keys the delta rule's transition I − β k kᵀ has the eigenvalue 1 − β ∈ [−1, 1], so the state stays bounded
+# (FLA's ``allow_neg_eigval`` gates are 2·sigmoid, in this range). Outside [0, 2] that eigenvalue leaves [−1, 1] and
+# the delta-rule state grows without bound; a negative additive write un-writes. Both point to a caller's bug, so
+# they are refused, as NaN and infinities are.
+STRENGTH_RANGE = (0.0, 2.0)
+
+
+def check_gate_values(g: torch.Tensor | None, beta: torch.Tensor | None, gamma: torch.Tensor | None) -> None:
+    """``g = log α`` must be ≤ 0 everywhere and not NaN (a positive value would make the memory grow); ``beta`` and
+    ``gamma`` finite and in ``STRENGTH_RANGE``.
+
+    All three are reduced to flags on their device and read back together: one host synchronisation per call on
+    CUDA (the one the decay check alone costs), so checking β and γ adds no stall to a training step; the
+    offending values are located only when a flag is set.
+    """
+    low, high = STRENGTH_RANGE
+    bad = {}
+    if g is not None:
+        bad["g"] = ~(g <= 0)
+    for name, t in (("beta", beta), ("gamma", gamma)):
+        if t is not None:
+            bad[name] = ~((t >= low) & (t <= high))
+    if not bad:
+        return
+    flags = torch.stack([b.any() for b in bad.values()]).tolist()
+    for (name, mask), flagged in zip(bad.items(), flags):
+        if not flagged:
+            continue
+        t = {"g": g, "beta": beta, "gamma": gamma}[name]
+        idx = tuple(int(i) for i in mask.nonzero()[0])
+        first = f"first bad value {t[idx].item():.4g} at {list(idx)}"
+        if name == "g":
+            raise ValueError(f"g must be <= 0 (log decay, g = log alpha); got max {t.max().item():.4g}, {first}")
+        raise ValueError(f"{name} must be finite and in [{low:g}, {high:g}] (a write strength; see "
+                         f"linmem.ops.checks.STRENGTH_RANGE); {first}")
+
+
+def check_fixed_decay(g_gamma: torch.Tensor, q: torch.Tensor) -> None:
+    """``g_gamma``: a fixed log decay per head, ``[H]``, ≤ 0."""
+    check_float("g_gamma", g_gamma)
+    heads = q.shape[-2] if q.dim() >= 2 else 0
+    if g_gamma.shape != (heads,):
+        raise ValueError(f"g_gamma must have shape [H] = [{heads}] (one log decay per head); got {_shape(g_gamma)}")
+    if not bool((g_gamma <= 0).all()):
+        raise ValueError(f"g_gamma must be <= 0 (log decay per head); got {g_gamma.tolist()}")
 
 
 def check_sequence_inputs(
@@ -53,6 +90,8 @@ def check_sequence_inputs(
         raise ValueError(f"k must have the shape of q {lead}K] = {_shape(q)}; got {_shape(k)}")
     if v.dim() != ndim or v.shape[:-1] != q.shape[:-1]:
         raise ValueError(f"v must have shape {lead}V] with {lead[1:-2]} = {list(q.shape[:-1])}; got {_shape(v)}")
+    if q.shape[-1] == 0 or v.shape[-1] == 0:
+        raise ValueError(f"the key and value dims K and V must be >= 1; got K = {q.shape[-1]}, V = {v.shape[-1]}")
     heads = q.shape[:-1]
     for name, t in (("beta", beta), ("gamma", gamma)):
         if t is not None and t.shape != heads:
@@ -67,10 +106,10 @@ def check_sequence_inputs(
         if per_key and rule == "delta":
             raise ValueError(f"g per key channel {lead}K] is only defined for rule='additive'; the delta rule "
                              f"takes one decay per head {lead[:-2]}]")
-        check_log_decay(g)
     if residual and gamma is None:
         raise ValueError("residual=True needs gamma, the residual write/read strength, of shape "
                          f"{lead[:-2]}] = {list(heads)}")
+    check_gate_values(g, beta, gamma if residual else None)
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> list[int]:
@@ -87,13 +126,13 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> list[
     return bounds
 
 
-def check_state(name: str, state: torch.Tensor | None, expected: tuple[int, ...]) -> None:
-    """A state must be ``[N, H, V, K]``."""
+def check_state(name: str, state: torch.Tensor | None, expected: tuple[int, ...], layout: str = "[N, H, V, K]") -> None:
+    """A state must have the ``expected`` shape (``layout`` names its axes in the message)."""
     if state is None:
         return
     check_float(name, state)
     if tuple(state.shape) != expected:
-        raise ValueError(f"{name} must have shape [N, H, V, K] = {list(expected)}; got {_shape(state)}")
+        raise ValueError(f"{name} must have shape {layout} = {list(expected)}; got {_shape(state)}")
 
 
 def split_state(initial_state, residual: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -27,6 +27,10 @@ class MemoryConfig:
     output_gates: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("residual", "fit_history", "output_gates"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):  # a tensor, a string or 0/1 would pick a memory by truthiness
+                raise ValueError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
         if self.rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}; got {self.rule!r}")
         if self.residual_target not in RESIDUAL_TARGETS:

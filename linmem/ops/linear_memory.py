@@ -1,6 +1,10 @@
 """``linear_memory``: the one op behind sGLA, GLA, GDN, RLA and RDN, and its one-token step for decoding.
 
-The contract (names, argument order, shapes, state layout ``[B, H, V, K]``) is fixed by ``docs/math.md``.
+The contract (names, argument order, shapes, state layout ``[B, H, V, K]``) is fixed by ``docs/math.md``. The
+keyword arguments of flash-linear-attention's ``chunk_gated_delta_rule`` / ``chunk_simple_gla`` are accepted under
+FLA's names (``state_v_first``, ``use_qk_l2norm_in_kernel``, ``g_gamma``), but the default layout is linmem's
+``state_v_first=True`` while FLA's ops default to ``False``: an FLA caller passing states must say
+``state_v_first=False`` (with K == V a ``[B, H, K, V]`` state has the same shape and cannot be told apart).
 """
 
 from __future__ import annotations
@@ -10,7 +14,13 @@ import os
 
 import torch
 
-from linmem.ops.checks import check_cu_seqlens, check_sequence_inputs, check_state, split_state
+from linmem.ops.checks import (
+    check_cu_seqlens,
+    check_fixed_decay,
+    check_sequence_inputs,
+    check_state,
+    split_state,
+)
 from linmem.ops.chunk import chunk_forward
 from linmem.ops.config import MemoryConfig
 from linmem.ops.reference import reference_forward
@@ -20,11 +30,9 @@ BACKENDS = ("auto", "reference", "chunk", "triton")
 
 State = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
-# ``auto`` picks the Triton kernels on CUDA. They passed every float64 check of ``python -m linmem.bench.kernels`` on
-# an H200 (triton 3.6, 2026-11-29: every memory, bf16 and fp32, K = 64/128/256, packed sequences, ablation switches,
-# extreme decays, 64-bit offsets; docs/benchmarks/kernels-status.md) and train a 124M model 2.8x (RDN) faster than
-# ``chunk``. Inputs they do not cover (``triton_forward.covers``: per-channel decay, K or V > 256) run on ``chunk``.
-AUTO_USES_TRITON = True
+# ``auto`` picks the Triton kernels on CUDA (checked against the float64 reference by ``python -m linmem.bench.kernels``
+# for every memory, dtype and switch) and ``chunk`` elsewhere; inputs the kernels do not cover
+# (``triton_forward.covers``: per-channel decay, K or V > 256) run on ``chunk``.
 
 
 def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
@@ -45,7 +53,7 @@ def _resolve_backend(backend: str, device: torch.device):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if backend == "auto":
-        use_triton = AUTO_USES_TRITON and device.type == "cuda" and triton_available(device)
+        use_triton = device.type == "cuda" and triton_available(device)
         backend = "triton" if use_triton else "chunk"
     if backend == "reference":
         return reference_forward
@@ -78,6 +86,9 @@ def linear_memory(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     backend: str = "auto",
+    state_v_first: bool = True,
+    use_qk_l2norm_in_kernel: bool = False,
+    g_gamma: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, State]:
     """Run a linear memory over a sequence.
 
@@ -92,17 +103,34 @@ def linear_memory(
         rule: ``"additive"`` or ``"delta"``. residual, residual_target, clip, fit_history, output_gates: see
             ``MemoryConfig``. scale: read-out scale (None: ``K**-0.5``).
         initial_state: ``S0 [N, H, V, K]``, or ``(S0, R0)`` with ``residual=True``; N = B, or the number of
-            sequences with ``cu_seqlens``.
-        output_final_state: return the final state(s).
+            sequences with ``cu_seqlens``. ``[N, H, K, V]`` with ``state_v_first=False``.
+        output_final_state: return the final state(s) (a new tensor, never ``initial_state`` itself).
         cu_seqlens: ``[N + 1]`` boundaries of N sequences packed in one row (B must be 1).
         backend: ``"reference"``, ``"chunk"``, ``"triton"`` or ``"auto"`` (triton on CUDA when triton is
-            installed, else chunk; see ``AUTO_USES_TRITON``).
+            installed, else chunk).
+        state_v_first: True (default, linmem's layout): states are ``[N, H, V, K]``; False: FLA's ops' default
+            ``[N, H, K, V]``, for the initial state(s) taken and the final state(s) returned. FLA's ops default to
+            False, linmem to True: with K == V both layouts have the same shape, so pass it explicitly when the
+            states come from FLA.
+        use_qk_l2norm_in_kernel: L2-normalise q and k over K first (``x / sqrt(Σx² + 1e-6)``, FLA's epsilon).
+        g_gamma: a fixed log decay per head ``[H]`` (≤ 0; sGLA's data-independent decay, FLA's ``g_gamma``), used
+            at every token; only one of ``g`` and ``g_gamma`` may be given.
     Returns:
-        ``o [B, T, H, V]`` in q's dtype and ``None``, ``S_T`` or ``(S_T, R_T)`` (``[N, H, V, K]``, float32 or
-        float64).
+        ``o [B, T, H, V]`` in q's dtype and ``None``, ``S_T`` or ``(S_T, R_T)`` (``[N, H, V, K]``, or ``[N, H, K,
+        V]`` with ``state_v_first=False``; float32 or float64).
     """
     config = MemoryConfig(rule, residual, residual_target, clip, fit_history, output_gates)
+    if not isinstance(state_v_first, bool) or not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise ValueError(f"state_v_first and use_qk_l2norm_in_kernel must be bools; got {state_v_first!r} and "
+                         f"{use_qk_l2norm_in_kernel!r}")
+    if g_gamma is not None:
+        if g is not None:
+            raise ValueError("give either g (per token) or g_gamma (fixed per head), not both")
+        check_fixed_decay(g_gamma, q)
+        g = g_gamma.to(q.device).expand(q.shape[:-1])
     check_sequence_inputs(q, k, v, g, beta, gamma, rule, residual)
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2_normalize(q), _l2_normalize(k)
     forward = _resolve_backend(backend, q.device)
     if not getattr(forward, "covers", lambda *_: True)(q, v, g, config):
         forward = chunk_forward  # inputs the Triton kernels do not take (see ``covers``)
@@ -111,8 +139,12 @@ def linear_memory(
     bounds = check_cu_seqlens(cu_seqlens, batch, length) if cu_seqlens is not None else None
     num_seqs = batch if bounds is None else len(bounds) - 1
     base0, residual0 = split_state(initial_state, residual)
-    check_state("initial_state (S0)", base0, (num_seqs, heads, value_dim, key_dim))
-    check_state("initial_state (R0)", residual0, (num_seqs, heads, value_dim, key_dim))
+    layout = "[N, H, V, K]" if state_v_first else "[N, H, K, V] (state_v_first=False)"
+    state_shape = (num_seqs, heads, value_dim, key_dim) if state_v_first else (num_seqs, heads, key_dim, value_dim)
+    check_state("initial_state (S0)", base0, state_shape, layout)
+    check_state("initial_state (R0)", residual0, state_shape, layout)
+    if not state_v_first:
+        base0, residual0 = (None if s is None else s.transpose(-1, -2).contiguous() for s in (base0, residual0))
     scale = key_dim**-0.5 if scale is None else float(scale)
 
     out_dtype = q.dtype
@@ -136,7 +168,22 @@ def linear_memory(
     o = o.to(out_dtype)
     if not output_final_state:
         return o, None
+    if length == 0:  # no token ran: the backends hand back the initial state, which may be the caller's tensor
+        base_final, residual_final = (None if s is None else s.clone() for s in (base_final, residual_final))
+    if not state_v_first:
+        base_final, residual_final = (None if s is None else s.transpose(-1, -2).contiguous()
+                                      for s in (base_final, residual_final))
     return o, ((base_final, residual_final) if residual else base_final)
+
+
+# FLA's l2norm epsilon, so that ``use_qk_l2norm_in_kernel=True`` gives the numbers FLA's kernels give
+L2NORM_EPS = 1e-6
+
+
+def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(Σ x² + 1e-6)`` over the last axis, computed in the state dtype, returned in ``x``'s dtype."""
+    wide = x.to(state_dtype_for(x.dtype))
+    return (wide * torch.rsqrt((wide * wide).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
 def _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=False):
@@ -206,8 +253,8 @@ def linear_memory_step(
     check_sequence_inputs(q, k, v, g, beta, gamma, rule, residual, time_dim=False)
     batch, heads, key_dim = q.shape
     base, resid = split_state(state, residual)
-    check_state("state (S)", base, (batch, heads, v.shape[-1], key_dim))
-    check_state("state (R)", resid, (batch, heads, v.shape[-1], key_dim))
+    check_state("state (S)", base, (batch, heads, v.shape[-1], key_dim), "[B, H, V, K]")
+    check_state("state (R)", resid, (batch, heads, v.shape[-1], key_dim), "[B, H, V, K]")
     scale = key_dim**-0.5 if scale is None else float(scale)
     out_dtype = q.dtype
     q, k, v, g, beta, gamma = _in_state_dtype(q, k, v, g, beta, gamma, residual)
