@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import logging
 
 from linmem.layers.attention import Attention
 from linmem.layers.conv import ShortConvolution
@@ -31,9 +33,12 @@ from linmem.layers.gated_memory import (
 )
 from linmem.layers.gla import GatedLinearAttention
 from linmem.layers.mlp import SwiGLU
+from linmem.layers.moe import Experts, SparseMoE
 from linmem.layers.norm import GatedRMSNorm, RMSNorm
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
+
+logger = logging.get_logger(__name__)
 
 # transformers 5.2x renamed the outputs' `past_key_values` to `cache`; speak whichever the installed version uses
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -52,10 +57,14 @@ def build_mixer(config: LinMemConfig, layer_idx: int) -> nn.Module:
         return Attention(config.hidden_size, config.attn_num_heads, config.attn_num_kv_heads,
                          qkv_bias=config.attn_qkv_bias, qk_norm=config.attn_qk_norm,
                          window_size=config.attn_window_size, rope_theta=config.rope_theta, norm_eps=config.norm_eps,
-                         layer_idx=layer_idx)
+                         layer_idx=layer_idx, head_dim=config.attn_head_dim,
+                         partial_rotary_factor=config.partial_rotary_factor, output_gate=config.attn_output_gate,
+                         qk_norm_over=config.attn_qk_norm_over, zero_centered_norms=config.norm_zero_centered,
+                         o_bias=config.attn_o_bias)
     key_width = config.num_heads * config.head_dim
     conv = dict(use_short_conv=config.use_short_conv, conv_size=config.conv_size, conv_bias=config.conv_bias)
-    common = dict(**conv, norm_eps=config.norm_eps, backend=config.backend, layer_idx=layer_idx)
+    norm_eps = config.norm_eps if config.mixer_norm_eps is None else config.mixer_norm_eps
+    common = dict(**conv, norm_eps=norm_eps, backend=config.backend, layer_idx=layer_idx)
     if config.mixer == "gla":
         return GatedLinearAttention(
             config.hidden_size, config.num_heads, expand_k=key_width / config.hidden_size,
@@ -66,25 +75,47 @@ def build_mixer(config: LinMemConfig, layer_idx: int) -> nn.Module:
     return GATED_MEMORY_MIXERS[config.mixer](
         config.hidden_size, config.num_heads, config.head_dim, expand_v=config.expand_v, gamma=config.gamma,
         residual_target=config.residual_target, clip=config.clip, fit_history=config.fit_history,
-        output_gates=config.output_gates, **common,
+        output_gates=config.output_gates, num_key_heads=config.num_key_heads,
+        allow_neg_eigval=config.allow_neg_eigval, **common,
     )
 
 
-class LinMemBlock(nn.Module):
-    """Pre-norm block: ``h + attn(attn_norm(h))``, then ``h + mlp(mlp_norm(h))``; ``[B, T, D] → [B, T, D]``."""
+def build_mlp(config: LinMemConfig, layer_idx: int) -> nn.Module:
+    """The feed-forward block of layer ``layer_idx``: ``SparseMoE`` where the config routes experts, else SwiGLU."""
+    if config.is_moe_layer(layer_idx):
+        return SparseMoE(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                         config.moe_intermediate_size, config.shared_expert_intermediate_size, config.norm_topk_prob)
+    return SwiGLU(config.hidden_size, config.hidden_ratio, config.intermediate_size)
+
+
+class LinMemBlock(GradientCheckpointingLayer):
+    """Pre-norm block: ``h + attn(attn_norm(h))``, then ``h + mlp(mlp_norm(h))``; ``[B, T, D] → [B, T, D]``. With
+    the config's ``"post"`` norm placement: ``h + attn_norm(attn(h))``, then ``h + mlp_norm(mlp(h))``. The MLP is
+    ``SparseMoE`` in the config's expert layers.
+
+    A ``GradientCheckpointingLayer``: after ``model.gradient_checkpointing_enable()`` a training forward with
+    gradients keeps only the block's inputs and recomputes the block in the backward pass (its ``cache``, passed by
+    keyword, is dropped there: a recomputation must not write the state twice)."""
 
     def __init__(self, config: LinMemConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        centered = config.norm_zero_centered
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, zero_centered=centered)
         self.attn = build_mixer(config, layer_idx)
-        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.hidden_ratio, config.intermediate_size)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, zero_centered=centered)
+        self.mlp = build_mlp(config, layer_idx)
+        placement = config.attn_norm_placement if layer_idx in config.attn_layers else config.norm_placement
+        self.post_norm = placement == "post"  # h + norm(f(h)) (OLMo's attention blocks) instead of h + f(norm(h))
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, layer_cache=None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        if self.post_norm:
+            hidden_states = hidden_states + self.attn_norm(self.attn(hidden_states, attention_mask=attention_mask,
+                                                                     cache=cache, position_ids=position_ids))
+            return hidden_states + self.mlp_norm(self.mlp(hidden_states))
         hidden_states = hidden_states + self.attn(self.attn_norm(hidden_states), attention_mask=attention_mask,
-                                                  cache=layer_cache, position_ids=position_ids)
+                                                  cache=cache, position_ids=position_ids)
         return hidden_states + self.mlp(self.mlp_norm(hidden_states))
 
 
@@ -96,6 +127,7 @@ class LinMemPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["LinMemBlock"]
     _input_embed_layer = "embeddings"
     _is_stateful = True  # a recurrent state cannot be rolled back: no assisted decoding
+    supports_gradient_checkpointing = True  # per block (LinMemBlock is a GradientCheckpointingLayer)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -108,8 +140,13 @@ class LinMemPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm) and module.zero_centered:
+            init.zeros_(module.weight)  # the scale is 1 + weight
         elif isinstance(module, (RMSNorm, GatedRMSNorm)):
             init.ones_(module.weight)
+        elif isinstance(module, Experts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=std)
+            init.normal_(module.down_proj, mean=0.0, std=std)
         elif isinstance(module, GatedMemoryMixer):
             A_log, dt_bias = mamba2_decay_init(module.A_log.shape[0], module.A_log.device)
             init.copy_(module.A_log, A_log)
@@ -127,7 +164,8 @@ class LinMemModel(LinMemPreTrainedModel):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.layers = nn.ModuleList([LinMemBlock(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps, zero_centered=config.norm_zero_centered)
+        self.gradient_checkpointing = False  # set with the blocks' flags by gradient_checkpointing_enable()
         self.post_init()
 
     def forward(
@@ -155,6 +193,15 @@ class LinMemModel(LinMemPreTrainedModel):
         """
         cache = cache if cache is not None else past_key_values
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # the blocks are recomputed in the backward pass, where a cache would be written a second time
+            if cache is not None:
+                raise ValueError("cache: a training forward under gradient checkpointing cannot continue or fill a "
+                                 "cache; pass cache=None (or call model.eval() / torch.no_grad())")
+            if use_cache:
+                logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; "
+                                    "running with use_cache=False")
+                use_cache = False
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, D]")
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -168,7 +215,7 @@ class LinMemModel(LinMemPreTrainedModel):
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
             hidden_states = block(hidden_states, attention_mask, position_ids,
-                                  None if cache is None else cache.layers[i])
+                                  cache=None if cache is None else cache.layers[i])
         hidden_states = self.norm(hidden_states)
         if all_hidden is not None:
             all_hidden.append(hidden_states)

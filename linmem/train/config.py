@@ -39,7 +39,8 @@ class DataSection:
     """Where the tokens come from and how windows are cut.
 
     ``dir``: a dataset folder (``linmem data build``); when it holds no dataset yet and ``sources`` is given, the
-    trainer builds it there first (``vocab_size``, ``splits``). ``seq_len``: tokens per training window.
+    trainer builds it there first (``vocab_size``, ``splits``; ``tokenizer``: ``train``, a ``tokenizer.json`` or
+    ``zoo:NAME`` for a zoo model's tokenizer). ``seq_len``: tokens per training window.
     ``recall_fraction``: share of training sequences replaced by synthetic recall sequences, made by ``recall``,
     a list of generator specs ``{name: mqar, weight: 1, ...generator options}`` (``module`` imports a module that
     registers further generators). ``recall_loss_weight``: each answer token of a synthetic sequence counts this
@@ -49,6 +50,7 @@ class DataSection:
 
     dir: str | None = None
     sources: list[str] = field(default_factory=list)
+    tokenizer: str = "train"
     vocab_size: int = 4096
     splits: str = "0.96,0.02,0.02"
     seq_len: int = 512
@@ -83,7 +85,9 @@ class TrainSection:
     ``device`` (``auto``: CUDA if present), ``dtype`` (``auto``: bfloat16 autocast on GPU, float32 on CPU),
     ``parallel`` (``auto``: DDP when launched with more than one process), ``save_dtype`` of the final model,
     ``init_from``: start from a saved model's weights (a model folder or ``zoo:NAME``; ``linmem.train.init_from``)
-    instead of a random initialisation.
+    instead of a random initialisation. ``gradient_checkpointing``: keep only each block's input in the forward pass
+    and recompute the block in the backward pass (activation memory of one block instead of all; about a third more
+    compute; same loss and gradients).
     """
 
     steps: int = 1000
@@ -102,6 +106,7 @@ class TrainSection:
     save_dtype: str = "float32"
     progress: bool = True
     init_from: str | None = None
+    gradient_checkpointing: bool = False
 
 
 @dataclass

@@ -108,6 +108,18 @@ def wrap_model(model: nn.Module, parallel: str, state: Distributed) -> nn.Module
     return model
 
 
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Checkpoint every block of a ``LinMemForCausalLM`` (non-reentrant ``torch.utils.checkpoint``): the forward
+    pass keeps each block's input only and the backward pass recomputes the block. Call it before ``wrap_model``,
+    so FSDP2's hooks stay outside the recomputed part. Uses transformers' ``activation_checkpointing_enable`` where
+    it exists, else its older name ``gradient_checkpointing_enable``."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Skip the gradient all-reduce on accumulation micro-steps (DDP: ``require_backward_grad_sync``; FSDP2:
     ``set_requires_gradient_sync``); no-op for a plain module."""

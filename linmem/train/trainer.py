@@ -15,7 +15,7 @@ import json
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,18 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm.auto import tqdm
 
-from linmem.data.atomic import write_json_atomic
+from linmem.data.atomic import atomic_write, write_json_atomic
 from linmem.data.windows import IGNORE_INDEX
+from linmem.io.folders import (
+    check_replaceable,
+    mark_output_folder,
+    prepare_output_folder,
+    read_marker,
+    replace_folder,
+)
+from linmem.io.manifest import MANIFEST_NAME, write_manifest
 from linmem.models import LinMemConfig, LinMemForCausalLM
+from linmem.models.special_tokens import declare_special_tokens
 from linmem.train import checkpoint as ckpt
 from linmem.train.config import TrainConfig, build_model_config, check_config, micro_batch_size
 from linmem.train.data import TrainData, eval_windows, open_train_data, recall_eval_batch
@@ -42,6 +51,7 @@ from linmem.train.distributed import (
     Distributed,
     all_reduce_sum,
     barrier,
+    enable_gradient_checkpointing,
     init_distributed,
     set_gradient_sync,
     shutdown,
@@ -53,6 +63,9 @@ from linmem.train.schedule import cosine_lr
 METRICS = "metrics.jsonl"
 MODEL_DIR = "model"
 TRAIN_INFO = "train_info.json"
+TEMP_MODEL = f".tmp-{MODEL_DIR}"
+# What ``save_final_model`` writes into ``OUT/model`` (an old folder holding anything else is never replaced).
+MODEL_FILES = ("config.json", "model.safetensors", TRAIN_INFO, MANIFEST_NAME, *ckpt.TOKENIZER_FILES)
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -73,6 +86,12 @@ class Run:
     step: int = 0  # updates done
     tokens: int = 0  # input tokens consumed, all processes
     init_from: dict[str, Any] | None = None  # the model it started from (``init_from.source_summary``)
+    seconds_before: float = 0.0  # wall time of the earlier segments of a resumed run (up to its checkpoint)
+    started: float = field(default_factory=time.perf_counter)  # when this segment's updates began
+
+    def train_seconds(self) -> float:
+        """Wall time of the run so far, over every segment (``--resume`` adds to it)."""
+        return self.seconds_before + time.perf_counter() - self.started
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -112,7 +131,7 @@ def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run
     check_config(config, where, state.world_size)
     micro, accumulation = micro_batch_size(config, state.world_size, where)
     data = open_train_data(config.data, config.train.seed, state, where)
-    model_config = build_model_config(config, data.vocab_size, where)
+    model_config = declare_special_tokens(build_model_config(config, data.vocab_size, where), data.folder)
     torch.manual_seed(config.train.seed)
     if state.device.type == "cuda":
         # tf32 tensor cores for the float32 products (the PyTorch memory backends run outside autocast)
@@ -123,6 +142,8 @@ def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run
         folder = load_initial_weights(model, config.train.init_from, model_config, data.folder,
                                       data.shards.tokenizer_hash, where)
         source = source_summary(config.train.init_from, folder)
+    if config.train.gradient_checkpointing:  # before FSDP2 wraps the blocks: its hooks stay outside the recompute
+        enable_gradient_checkpointing(model)
     model = wrap_model(model.to(state.device), config.train.parallel, state)
     optimizer = build_optimizer(model, config)
     return Run(config, out, state, data, model_config, model, optimizer, micro, accumulation,
@@ -244,7 +265,8 @@ def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | 
 
 def trainer_state(run: Run) -> dict[str, Any]:
     return {"step": run.step, "tokens": run.tokens, "next_data_step": run.step, "world_size": run.state.world_size,
-            "config": run.config.to_dict(), "dataset": str(run.data.folder.resolve())}
+            "train_seconds": round(run.train_seconds(), 2), "config": run.config.to_dict(),
+            "dataset": str(run.data.folder.resolve())}
 
 
 def save_checkpoint(run: Run) -> Path | None:
@@ -281,6 +303,7 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
     if rng is not None:
         ckpt.restore_rng(rng, run.state.device)
     run.step, run.tokens = saved.step, int(saved.trainer_state["tokens"])
+    run.seconds_before = float(saved.trainer_state.get("train_seconds", 0.0))
 
 
 # Keys a resumed run may change: they do not affect any update.
@@ -305,21 +328,40 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, w
 
 
 def save_final_model(run: Run, info: dict[str, Any]) -> Path | None:
-    """``OUT/model``: config, weights (``train.save_dtype``), tokenizer and ``train_info.json``, written into a
-    hidden folder and renamed into place (rank 0; all processes gather the weights)."""
+    """``OUT/model``: config, weights (``train.save_dtype``), tokenizer, ``train_info.json`` and a SHA-256
+    manifest, all written into a hidden folder that is renamed into place once complete, so the model and its
+    record appear together (rank 0; all processes gather the weights). An old ``OUT/model`` is replaced only if
+    it holds nothing but linmem's files (``linmem.io.folders.replace_folder``)."""
     model_state = get_model_state_dict(run.model, options=FULL)
     if not run.state.is_main:
         return None
-    final, tmp = run.out / MODEL_DIR, run.out / f".tmp-{MODEL_DIR}"
+    final, tmp = run.out / MODEL_DIR, run.out / TEMP_MODEL
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     dtype = torch.bfloat16 if run.config.train.save_dtype == "bfloat16" else None
     ckpt.write_model(tmp, model_state, run.model_config, dtype)
     ckpt.copy_tokenizer(run.data.folder, tmp)
     write_json_atomic(tmp / TRAIN_INFO, info)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
+    write_manifest(tmp)
+    return replace_folder(tmp, final)
+
+
+def finished_model_info(out: Path, step: int) -> dict[str, Any] | None:
+    """``OUT/model/train_info.json`` if the final model there was saved at update ``step``, else None."""
+    path = out / MODEL_DIR / TRAIN_INFO
+    if not path.is_file():
+        return None
+    info = json.loads(path.read_text(encoding="utf-8"))
+    return info if info.get("steps") == step else None
+
+
+def logged_metrics(out: Path, step: int) -> dict[str, Any]:
+    """The ``metrics.jsonl`` line of update ``step`` (the final metrics of a run that stopped there), or ``{}``."""
+    path = out / METRICS
+    if not path.is_file():
+        return {}
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return next((r for r in reversed(lines) if r.get("step") == step), {})
 
 
 def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -329,8 +371,18 @@ def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]
             "dataset": str(run.data.folder.resolve()), "tokenizer_hash": run.data.shards.tokenizer_hash,
             "seq_len": run.config.data.seq_len, "recall_generators": run.data.generator_specs,
             "final_metrics": last, "world_size": run.state.world_size, "device": str(run.state.device),
-            "train_seconds": round(seconds, 2), "config": run.config.to_dict(),
+            "train_seconds": round(seconds, 2), "total_tokens": run.tokens + earlier_tokens(run.init_from),
+            "config": run.config.to_dict(),
             **({"init_from": run.init_from} if run.init_from else {})}
+
+
+def earlier_tokens(init_from: dict[str, Any] | None) -> int:
+    """Tokens the earlier stages of a staged run trained on (``train.init_from`` chain), 0 without one."""
+    total = 0
+    while init_from:
+        total += int(init_from.get("tokens") or 0)
+        init_from = init_from.get("init_from")
+    return total
 
 
 # ---------------------------------------------------------------- the run
@@ -381,7 +433,8 @@ class MetricsLog:
         if keep_until is not None and path.is_file():
             kept = [line for line in path.read_text(encoding="utf-8").splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= keep_until]
-        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        with atomic_write(path, "w") as f:  # a crash here keeps the old log whole
+            f.write("".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -389,14 +442,51 @@ class MetricsLog:
                 f.write(json.dumps(record) + "\n")
 
 
-def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, where: str) -> Run:
-    """Set up, then resume from the newest complete checkpoint (``resume``) or refuse to overwrite one."""
-    root = out / "checkpoints"
+def main_decides(state: Distributed, decide) -> None:
+    """Run ``decide()`` on rank 0 only; if it raises, every process raises (rank 0 its own error), so that no
+    process waits at a barrier for one that has stopped."""
+    error = None
     if state.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.remove_stale_temp(root)
+        try:
+            decide()
+        except (ValueError, OSError) as e:
+            error = e
+    failed = error is not None
+    if state.active:
+        failed = bool(all_reduce_sum(torch.tensor([float(failed)]), state)[0] > 0)
+    if error is not None:
+        raise error
+    if failed:
+        raise ValueError("rank 0 refused the output folder (its error message says why)")
+
+
+def prepare_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """Rank 0's checks of ``out`` before anything is written: a new run takes a new, empty or own folder
+    (``prepare_output_folder``); ``--resume`` needs an existing run folder. Leftovers of interrupted writes go,
+    and an ``OUT/model`` that holds files linmem did not write is refused now rather than after training."""
+    if resume:
+        if not out.is_dir():
+            raise FileNotFoundError(f"--resume: {out} does not exist; drop --resume to start a new run there")
+        marker = read_marker(out)
+        if marker is None and ckpt.latest_checkpoint(out / "checkpoints") is None:
+            raise ValueError(f"--resume: {out} is not a linmem train run folder (no checkpoints, no "
+                             f".linmem-output.json)")
+        if marker is None:
+            mark_output_folder(out, "train")  # a run folder of a linmem without markers: its files are linmem's
+    else:
+        prepare_output_folder(out, overwrite=overwrite, kind="train")
+    ckpt.remove_stale_temp(out / "checkpoints")
+    shutil.rmtree(out / TEMP_MODEL, ignore_errors=True)
+    check_replaceable(out / MODEL_DIR, MODEL_FILES)
+
+
+def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, where: str,
+              overwrite: bool = False) -> Run:
+    """Check the folder, set up, then resume from the newest complete checkpoint (``resume``) or refuse to
+    overwrite one."""
+    main_decides(state, lambda: prepare_run_folder(out, resume, overwrite))
     barrier(state)
-    latest = ckpt.latest_checkpoint(root)
+    latest = ckpt.latest_checkpoint(out / "checkpoints")
     if latest is not None and not resume:
         raise ValueError(f"{out} already has checkpoints (newest {latest.name}): pass --resume to continue, or "
                          f"choose another --out")
@@ -404,40 +494,52 @@ def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, 
     if resume and latest is not None:
         load_checkpoint(run, latest, where)
     if state.is_main:
-        (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+        with atomic_write(out / "config.yaml", "w") as f:
+            f.write(yaml.safe_dump(config.to_dict(), sort_keys=False))
     return run
 
 
 def train(config: TrainConfig, out: str | Path, max_steps: int | None = None, resume: bool = False,
-          where: str = "config") -> dict[str, Any]:
+          where: str = "config", overwrite: bool = False) -> dict[str, Any]:
     """Train ``config`` into ``out`` (see the module docstring); stops after update ``max_steps`` if given (the
     schedule still follows ``train.steps``). Returns the final model's ``train_info`` (rank 0) or ``{}``; after a
-    SIGTERM / SIGINT (see ``StopRequests``), ``{"interrupted": True, "steps": n}`` once a checkpoint is written."""
+    SIGTERM / SIGINT (see ``StopRequests``), ``{"interrupted": True, "steps": n}`` once a checkpoint is written.
+
+    ``out`` must be new, empty or a folder of an earlier ``linmem train``, unless ``overwrite``
+    (``linmem.io.folders.prepare_output_folder``). ``resume`` on a run that already saved its final model at the
+    last update returns that model's ``train_info`` and changes nothing."""
     state = init_distributed(config.train.device)
     try:
-        return _train(config, Path(out), state, max_steps, resume, where)
+        return _train(config, Path(out), state, max_steps, resume, where, overwrite)
     finally:
         shutdown(state)
 
 
 def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | None, resume: bool,
-           where: str) -> dict[str, Any]:
-    run = start_run(config, out, state, resume, where)
+           where: str, overwrite: bool = False) -> dict[str, Any]:
+    run = start_run(config, out, state, resume, where, overwrite)
     t = config.train
     stop = min(t.steps, max_steps) if max_steps is not None else t.steps
+    if run.step >= stop:  # resumed at (or past) its end: the run is finished, or was killed writing its model
+        done = finished_model_info(out, run.step)
+        if done is None:
+            info = train_info(run, logged_metrics(out, run.step), run.seconds_before)
+            save_final_model(run, info)
+            done = info
+        return done if state.is_main else {}
     log = MetricsLog(out / METRICS, run.step if resume else None, state.is_main)
     windows = eval_windows(run.data.shards, config.data.eval_split, config.data.seq_len, t.eval_tokens)
     recall = None
     if run.data.recall is not None and t.eval_recall_samples:
         recall = recall_eval_batch(run.data.recall, t.eval_recall_samples)
     bar = tqdm(total=stop, initial=run.step, disable=not (state.is_main and t.progress), unit="step")
-    started, last = time.perf_counter(), {}
+    run.started, last = time.perf_counter(), {}
     with StopRequests() as stop_requests:
         interrupted = _loop(run, log, windows, recall, bar, stop, stop_requests, last)
     bar.close()
     if interrupted:
         return {"interrupted": True, "steps": run.step} if state.is_main else {}
-    info = train_info(run, last, time.perf_counter() - started)
+    info = train_info(run, last, run.train_seconds())
     save_final_model(run, info)
     return info if state.is_main else {}
 
