@@ -165,19 +165,19 @@ def model_dir(lab, tmp_path_factory):
 def probe(root, *extra) -> int:
     return main(["probe", str(root / "model"), "--out", str(root / "out"), "--filler", "24", "--bindings", "2",
                  "--repeats", "2", "--dev-sources", "3", "--confirm-sources", "3", "--device", "cpu",
-                 "--sources", str(root / "texts"), *extra])
+                 "--sources", str(root / "texts"), "--min-clean-recall", "0", *extra])  # random weights: no gate
 
 
 def test_probe_runs_single_experiments(model_dir):
     assert probe(model_dir, "--only", "logit_lens") == 0
     payload = json.loads((model_dir / "out" / "results.json").read_text())
-    assert set(payload["experiments"]) == {"logit_lens"} and payload["header"]["chosen"] is None
+    assert set(payload["experiments"]) == {"clean_recall", "logit_lens"} and payload["header"]["chosen"] is None
     assert probe(model_dir, "--only", "overlap") == 0  # needs a component: the head scan runs first
     payload = json.loads((model_dir / "out" / "results.json").read_text())
-    assert set(payload["experiments"]) == {"head_scan", "overlap"}
+    assert set(payload["experiments"]) == {"clean_recall", "head_scan", "overlap"}
     assert probe(model_dir, "--only", "lifecycle", "--component", "L1H0S") == 0
     payload = json.loads((model_dir / "out" / "results.json").read_text())
-    assert set(payload["experiments"]) == {"lifecycle"} and payload["header"]["chosen"] == "L1H0S"
+    assert set(payload["experiments"]) == {"clean_recall", "lifecycle"} and payload["header"]["chosen"] == "L1H0S"
     assert isinstance(payload["header"]["confirmed_on_held_out"], bool)
 
 

@@ -15,6 +15,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
     parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty output folder that linmem probe did not make (its other files "
+                             "are kept)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     parser.add_argument("--sources", nargs="+", default=None,
                         help=f"text sources for the filler: built-in names or paths (default: the first of "
@@ -35,6 +38,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              f"runs too when one needs the frozen component and --component is not given")
     parser.add_argument("--component", default=None,
                         help="use this component (like L3H1S or L3H1R) instead of the head scan's choice")
+    parser.add_argument("--min-clean-recall", type=float, default=0.5,
+                        help="attribute only if clean recall (4 candidates, chance 0.25) reaches this on both source "
+                             "sets; below it the report says so and skips the attributions (0: no gate)")
     parser.set_defaults(func=main)
 
 
@@ -54,15 +60,23 @@ def documents(specs):
 
 
 def main(args: argparse.Namespace) -> int:
+    from linmem.io.folders import prepare_output_folder
     from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
 
+    out = Path(args.out) if args.out else Path(args.model_dir) / "probe"
+    if args.out or Path(args.model_dir).is_dir():  # before any work; a model given by name needs --out
+        prepare_output_folder(out, overwrite=args.overwrite, kind="probe")
     model, tokenizer = load_model_dir(args.model_dir, args.device)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
-                           extras=not args.no_extras, only=tuple(args.only), component=args.component)
-    out = Path(args.out) if args.out else Path(args.model_dir) / "probe"
+                           extras=not args.no_extras, only=tuple(args.only), component=args.component,
+                           min_clean_recall=args.min_clean_recall)
     summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})
+    recall = summary["clean_recall"]
+    if any(not recall[split] >= args.min_clean_recall for split in ("development", "confirmation")):
+        print(f"clean recall too low to attribute anything (development {recall['development']:.3f}, confirmation "
+              f"{recall['confirmation']:.3f}, gate {args.min_clean_recall:g}): attributions skipped")
     chosen = summary["head_scan"]["chosen"] if "head_scan" in summary else args.component
     if chosen:
         print(f"component: {chosen}")

@@ -52,6 +52,43 @@ def estimate_rows(values: dict[str, torch.Tensor], sources: list[str], **labels)
             for name, v in values.items()]
 
 
+CHANCE = 0.25  # the 4-candidate choice of every query
+
+
+def recall_warning(accuracy: float, min_clean_recall: float | None) -> dict:
+    """``{"clean_recall_warning": text}`` when ``accuracy`` is below ``min_clean_recall``, else ``{}``."""
+    if min_clean_recall is None or not accuracy < min_clean_recall:
+        return {}
+    return {"clean_recall_warning": f"clean recall {accuracy:.3f} is below the gate {min_clean_recall:g} (chance "
+                                    f"{CHANCE:g}): the model does not recall these facts, so these effects "
+                                    f"attribute nothing"}
+
+
+def clean_recall(model: nn.Module, items: Sequence[Item], split: str = "items") -> Result:
+    """Clean 4-choice accuracy of the unedited model on ``items``: one row with its source-bootstrap CI (the input
+    of the probe's clean-recall gate)."""
+    batch = make_batch(items)
+    correct = (candidate_logits(model, batch, [[]])[0].argmax(-1) == batch.answer).double().numpy()
+    row = {"split": split, "metric": "clean_correct", **bootstrap(correct, batch.sources).as_dict()}
+    return Result("clean_recall", [row], {split: row["mean"], "chance": CHANCE})
+
+
+def recall_gate(recalls: dict[str, float], min_clean_recall: float) -> dict:
+    """The clean-recall gate over every split's accuracy (``{"development": 0.9, ...}``): ``passed`` when each is
+    at least ``min_clean_recall`` (a NaN never passes), with a plain ``message``."""
+    low = {split: value for split, value in recalls.items() if not value >= min_clean_recall}
+    measured = " and ".join(f"{value:.3f} on the {split} sources" for split, value in recalls.items())
+    if low:
+        message = (f"Clean recall is too low to attribute anything: {measured}, below the gate --min-clean-recall "
+                   f"{min_clean_recall:g} (chance is {CHANCE:g} with 4 candidates). A model that does not recall "
+                   f"the facts holds no memory of them to locate, so the attributing experiments were not run. "
+                   f"Lower --min-clean-recall (0 turns the gate off) to run them anyway.")
+    else:
+        message = f"Clean recall {measured}: at or above the gate {min_clean_recall:g} (chance {CHANCE:g})."
+    return {"min_clean_recall": min_clean_recall, "chance": CHANCE, "clean_recall": recalls, "passed": not low,
+            "message": message}
+
+
 def shifts(choice: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Donor-margin shift ``[N − 1, B]`` of edit sets 1.. against set 0 (clean) from ``choice [N, B, 4]``."""
     margin = donor_margin(choice.flatten(0, 1), batch.answer.repeat(len(choice)),
@@ -60,11 +97,12 @@ def shifts(choice: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Component] | None = None,
-              chunk: int = 16) -> Result:
+              chunk: int = 16, min_clean_recall: float | None = None) -> Result:
     """Swap one component's pre-query state at a time; rank components by the mean donor-margin shift.
 
     Rank stability: how many sources rank the winner first, and whether it still wins when each source is left
-    out. Figure: mean shift per layer × head (one panel per memory).
+    out. Figure: mean shift per layer × head (one panel per memory). With ``min_clean_recall``, a clean accuracy
+    below it is stated in the summary (``clean_recall_warning``): the ranking then locates no memory.
     """
     batch = make_batch(items)
     comps = list(components or heads(model))
@@ -84,6 +122,7 @@ def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Comp
                "top1_sources": int((table.argmax(0) == best).sum()),
                "sources": table.shape[1], "loso_agreement": int(sum(loso)),
                "clean_accuracy": bootstrap(clean_correct, batch.sources).as_dict()}
+    summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
     return Result("head_scan", rows, summary, plots.head_scan(rows))
 
 
@@ -117,10 +156,10 @@ def lifecycle_edits(item: Item, c: Component, control: Component, length: int, s
 
 
 def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
-              control: Component | None = None, seed: int = 0) -> Result:
+              control: Component | None = None, seed: int = 0, min_clean_recall: float | None = None) -> Result:
     """Write block, donor write, state swap, output patch and output restore on one component, each against the
     equal-norm random edit (a fresh Gaussian direction per item, from ``seed``) and a control head (Figs. 3-4).
-    Figure: donor-margin shift with CIs."""
+    Figure: donor-margin shift with CIs. ``min_clean_recall``: as in ``head_scan``."""
     batch = make_batch(items)
     control = control or control_component(model, component)
     names = list(lifecycle_edits(batch.items[0], component, control, batch.length))
@@ -139,6 +178,7 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
     summary = {"component": str(component), "control": str(control),
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
                "edits_of_first_item": {name: [repr(e) for e in edits] for name, edits in first.items()}}
+    summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
     return Result("lifecycle", rows, summary, plots.lifecycle(rows))
 
 
@@ -325,16 +365,22 @@ def sweep_specs(tokenizer, base: TaskSpec, field_name: str, values: Sequence[int
 
 
 def sweep(model: nn.Module, tokenizer, sources, component: Component, base: TaskSpec, field_name: str,
-          values: Sequence[int], seed: int = 0, split: str | None = None, fixed_length: bool = True) -> Result:
+          values: Sequence[int], seed: int = 0, split: str | None = None, fixed_length: bool = True,
+          min_clean_recall: float | None = None) -> Result:
     """Clean accuracy, the component's state-swap effect (vs the equal-norm random swap) and the non-target break
     rate as one field of the ``TaskSpec`` varies: ``num_bindings`` (load, at a fixed prompt length unless
-    ``fixed_length=False``; see ``sweep_specs``) or ``gap`` (Figs. 7-8)."""
-    rows = []
+    ``fixed_length=False``; see ``sweep_specs``) or ``gap`` (Figs. 7-8).
+
+    With ``min_clean_recall``, the points whose clean accuracy falls below it are listed in the summary
+    (``below_clean_recall``) and their attribution rows carry ``below_clean_recall = True``: the paper drops
+    such conditions, where the model no longer holds the fact to be moved."""
+    rows, below = [], []
     for value, spec in zip(values, sweep_specs(tokenizer, base, field_name, values, fixed_length)):
         batch = make_batch(build_items(TaskBuilder(tokenizer, spec), sources, seed=seed, split=split))
         at = batch.boundary
         choice = candidate_logits(model, batch, [[], [StateSwap([component], at)],
                                                  [StateSwap([component], at, control="random")]])
+        point = len(rows)
         for i, kind in ((1, "chosen"), (2, "random")):
             m = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
             rows += estimate_rows({"clean_correct": m["clean_correct"], "donor_margin_shift":
@@ -345,7 +391,15 @@ def sweep(model: nn.Module, tokenizer, sources, component: Component, base: Task
             if owners:
                 rows.append({field_name: value, "edit": kind, "metric": "break_rate",
                              **bootstrap(broken.cpu().numpy(), owners).as_dict()})
-    return Result(f"sweep_{field_name}", rows, {"component": str(component)}, plots.sweep(rows, field_name))
+        recall = compare(choice[0], choice[0], batch.answer)["clean_correct"].mean().item()
+        if min_clean_recall is not None and recall < min_clean_recall:
+            below.append(value)
+            for row in rows[point:]:
+                row["below_clean_recall"] = row["metric"] != "clean_correct"
+    summary = {"component": str(component)}
+    if min_clean_recall is not None:
+        summary.update(min_clean_recall=min_clean_recall, below_clean_recall=below)
+    return Result(f"sweep_{field_name}", rows, summary, plots.sweep(rows, field_name))
 
 
 def overlap(model: nn.Module, items: Sequence[Item], component: Component) -> Result:

@@ -21,7 +21,9 @@ from linmem.memory.tasks import KEY_WORDS, VALUE_WORDS, TaskBuilder, TaskSpec, T
 class ProbeOptions:
     """Protocol sizes: ``dev_sources`` / ``confirm_sources`` passages, the task shape, the sweeps' values; ``only``
     runs just the named experiments (``EXPERIMENTS``), ``component`` (like ``"L3H1S"``) replaces the head scan's
-    choice."""
+    choice. ``min_clean_recall`` gates every attribution on the model's clean recall (4 candidates, chance 0.25):
+    below it on the development or the confirmation sources only the experiments that attribute nothing
+    (``NOT_ATTRIBUTING``) run, and the report says why; 0 turns the gate off."""
 
     dev_sources: int = 16
     confirm_sources: int = 16
@@ -35,6 +37,7 @@ class ProbeOptions:
     extras: bool = True
     only: tuple[str, ...] = ()
     component: str | None = None
+    min_clean_recall: float = 0.5
 
 
 def pick_spec(tokenizer, spec: TaskSpec) -> TaskBuilder:
@@ -69,6 +72,7 @@ EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_
                "write_read_spearman")
 SWEEPS = ("sweep_num_bindings", "sweep_gap", "overlap_sweep")
 EXTRAS = ("overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
+NOT_ATTRIBUTING = ("logit_lens",)  # reads the clean run only: meaningful at any recall
 NEEDS_COMPONENT = ("lifecycle", "four_facts", "sweep_num_bindings", "sweep_gap", "overlap", "overlap_sweep",
                    "neutral_suppression")
 
@@ -95,6 +99,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     The head scan runs on development sources and freezes its winner (or ``options.component`` is used); every
     other experiment runs on the held-out confirmation sources.
     """
+    if not 0 <= options.min_clean_recall <= 1:
+        raise ValueError(f"min_clean_recall must be in [0, 1]; got {options.min_clean_recall}")
     spec = TaskSpec(num_bindings=options.num_bindings, repeats=options.repeats,
                     filler_tokens=options.filler_tokens)
     builder = pick_spec(tokenizer, spec)
@@ -109,15 +115,24 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
+    recall = [ex.clean_recall(model, dev_items, "development"), ex.clean_recall(model, confirm_items, "confirmation")]
+    gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall)
+    skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
+    names = [n for n in names if n not in skipped]
+    if skipped:
+        chosen = None
+    gated = options.min_clean_recall or None  # flags sweep points below the gate (None: gate off)
     ranking = None
     runs = {
-        "lifecycle": lambda: ex.lifecycle(model, confirm_items, chosen, seed=options.seed),
+        "lifecycle": lambda: ex.lifecycle(model, confirm_items, chosen, seed=options.seed,
+                                          min_clean_recall=gated),
         "four_facts": lambda: ex.four_facts(model, builder, confirm, chosen, seed=options.seed),
         "hybrid_attribution": lambda: ex.hybrid_attribution(model, confirm_items),
         "s_vs_r": lambda: ex.s_vs_r(model, confirm_items),
         "sweep_num_bindings": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "num_bindings",
-                                               loads, options.seed),
-        "sweep_gap": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed),
+                                               loads, options.seed, min_clean_recall=gated),
+        "sweep_gap": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed,
+                                      min_clean_recall=gated),
         "overlap": lambda: ex.overlap(model, confirm_items, chosen),
         "overlap_sweep": lambda: ex.overlap_sweep(model, tokenizer, confirm, chosen, builder.spec, loads,
                                                   options.seed),
@@ -127,10 +142,10 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
         "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
     }
-    results = []
+    results = list(recall)
     for name in tqdm(names, desc="probe", unit="experiment"):
         if name == "head_scan":
-            scan = ex.head_scan(model, dev_items)
+            scan = ex.head_scan(model, dev_items, min_clean_recall=gated)
             ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
             chosen = chosen or ranking[0]
             results.append(scan)
@@ -138,15 +153,20 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             results.append(runs[name]())
     results = [r for r in results if r.rows]
     lifecycle = [r for r in results if r.name == "lifecycle"]
-    header = {**(header or {}), "task": repr(builder.spec), "dev_sources": [p[0] for p in dev],
+    header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
+              "clean_recall": gate["clean_recall"], "min_clean_recall": options.min_clean_recall,
+              "skipped_by_gate": skipped, "task": repr(builder.spec), "dev_sources": [p[0] for p in dev],
               "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),
               "chosen_by": "option" if options.component else "head scan on development sources",
               "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
               "loads": loads if {"sweep_num_bindings", "overlap_sweep"} & set(names) else None,
               "gaps": gaps if "sweep_gap" in names else None,
               "attention_layers": attention_layers(model), "seed": options.seed}
-    write_report(results, out_dir, header)
-    return {r.name: r.summary for r in results}
+    write_report(results, out_dir, header, warning=None if gate["passed"] else gate["message"])
+    summaries: dict[str, dict] = {}
+    for r in results:  # the clean recall of both splits under one name
+        summaries.setdefault(r.name, {}).update(r.summary)
+    return summaries
 
 
 def confirmation(lifecycle_rows: list[dict]) -> bool:
@@ -158,15 +178,9 @@ def confirmation(lifecycle_rows: list[dict]) -> bool:
 
 
 def load_model_dir(path: str | Path, device: str = "auto"):
-    """``(model, tokenizer)`` from a linmem model folder or an FLA checkpoint folder (with ``tokenizer.json``)."""
-    from linmem.data.tokenizer import load_tokenizer
-    from linmem.models import LinMemForCausalLM
-    from linmem.models.fla_import import is_fla_checkpoint, load_fla_checkpoint
+    """``(model, tokenizer)`` in float32 from a model folder, a run folder, an FLA checkpoint folder (with
+    ``tokenizer.json``) or ``zoo:NAME``: ``linmem.io.models.open_model``, strict and offline."""
+    from linmem.io.models import open_model
 
-    path = Path(path)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if is_fla_checkpoint(path):
-        model = load_fla_checkpoint(path, dtype=torch.float32, device=device)
-    else:
-        model = LinMemForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
-    return model.eval(), load_tokenizer(path)
+    model, tokenizer, _ = open_model(path, device=device, dtype=torch.float32)
+    return model, tokenizer

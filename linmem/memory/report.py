@@ -10,9 +10,13 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from linmem.io.folders import prepare_output_folder
 from linmem.memory.experiments import Result
 
 READING = {
+    "clean_recall": "Clean 4-choice accuracy of the unedited model on the development and the confirmation sources "
+                    "(chance 0.25). Every attribution is gated on it: a model that does not recall the facts holds "
+                    "no memory of them to locate.",
     "head_scan": "Each cell: the mean donor-margin shift when only that component's pre-query state is swapped for "
                  "the donor's (development sources). Red = toward the donor. The frozen choice is the top cell.",
     "lifecycle": "Held-out sources, frozen component. Left: recall with the component's writes at the fact blocked "
@@ -74,23 +78,46 @@ def _flat(summary: dict) -> list[dict]:
     return [{"key": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v} for k, v in summary.items()]
 
 
-def write_report(results: Sequence[Result], out_dir: str | Path, header: dict) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``results.json`` into ``out_dir``; returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"header": header, "experiments": {r.name: {"summary": r.summary, "rows": r.rows} for r in results}}
-    json_path = out / "results.json"
-    json_path.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
-    sections = []
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file in the same folder, renamed into place."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+
+
+def _merge(results: Sequence[Result]) -> dict[str, dict]:
+    """``name -> {summary, rows}``; results of one name (the clean recall of each split) are concatenated."""
+    merged: dict[str, dict] = {}
     for r in results:
-        image = f'<img src="data:image/png;base64,{figure_png(r.figure)}">' if r.figure is not None else ""
-        sections.append(f"<h2>{html.escape(r.name)}</h2><p>{html.escape(READING.get(r.name, ''))}</p>{image}"
-                        f"{table_html(_flat(r.summary))}<details><summary>all rows ({len(r.rows)})</summary>"
-                        f"{table_html(r.rows)}</details>")
+        entry = merged.setdefault(r.name, {"summary": {}, "rows": []})
+        entry["summary"].update(r.summary)
+        entry["rows"] += r.rows
+    return merged
+
+
+def write_report(results: Sequence[Result], out_dir: str | Path, header: dict,
+                 warning: str | None = None) -> tuple[Path, Path]:
+    """Write ``report.html`` and ``results.json`` into ``out_dir``; returns both paths. ``warning`` (e.g. the
+    clean-recall gate's verdict) opens the page and is stored as ``results.json``'s ``warning``."""
+    out = prepare_output_folder(out_dir, overwrite=True, kind="probe")  # marks it as linmem's; others' files stay
+    merged = _merge(results)
+    payload = {"header": header, "warning": warning, "experiments": merged}
+    json_path = out / "results.json"
+    _write_atomic(json_path, json.dumps(payload, indent=1, default=str))
+    figures = {r.name: r.figure for r in results if r.figure is not None}
+    sections = []
+    for name, entry in merged.items():
+        image = f'<img src="data:image/png;base64,{figure_png(figures[name])}">' if name in figures else ""
+        sections.append(f"<h2>{html.escape(name)}</h2><p>{html.escape(READING.get(name, ''))}</p>{image}"
+                        f"{table_html(_flat(entry['summary']))}<details><summary>all rows ({len(entry['rows'])})"
+                        f"</summary>{table_html(entry['rows'])}</details>")
+    banner = f'<p class="warning"><strong>{html.escape(warning)}</strong></p>' if warning else ""
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
-             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}")
+             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
+             ".warning{background:#fde8e8;border:2px solid #c00;padding:8px}")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>linmem probe</title><style>{style}</style>"
-            f"</head><body><h1>linmem memory probe</h1>{table_html(_flat(header))}{''.join(sections)}</body></html>")
+            f"</head><body><h1>linmem memory probe</h1>{banner}{table_html(_flat(header))}{''.join(sections)}"
+            f"</body></html>")
     html_path = out / "report.html"
-    html_path.write_text(page, encoding="utf-8")
+    _write_atomic(html_path, page)
     return html_path, json_path
