@@ -5,8 +5,10 @@ defines ``register(parser: argparse.ArgumentParser) -> None``, which adds the co
 subcommands) and sets ``func``, a function ``(args) -> int | None`` that runs it. Only the module of the command
 being run is imported, so ``linmem --help`` stays fast and one command's dependencies never burden another.
 
-User errors (``ValueError``, ``FileNotFoundError`` and its subclasses) print as one line and exit with 2; set
-``LINMEM_DEBUG=1`` for the traceback.
+Expected failures print as one line on stderr instead of a traceback: a user error (``ValueError``, which
+includes a damaged file's ``DamagedFileError``) or a missing file (``FileNotFoundError``) exits with 2, any other
+operating-system error (``OSError``: a full disk, a read-only folder) with 1, Ctrl-C (``KeyboardInterrupt``) with
+130. ``linmem --debug COMMAND`` (or ``LINMEM_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``linmem`` parser; only ``command``'s module is imported to fill in its arguments."""
     parser = argparse.ArgumentParser(prog="linmem", description="The memory of linear-attention language models.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also LINMEM_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -49,11 +52,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args([args.command, "--help"])
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        if os.environ.get("LINMEM_DEBUG"):
+    except (ValueError, OSError, KeyboardInterrupt) as e:
+        if args.debug or os.environ.get("LINMEM_DEBUG"):
             raise
-        print(f"linmem {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"linmem {args.command}: {error_line(e)}", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1
+
+
+def error_line(error: BaseException) -> str:
+    """``error`` as one line: its kind and message (an ``OSError`` with the file it concerns)."""
+    if isinstance(error, KeyboardInterrupt):
+        return f"interrupted{f' ({error})' if str(error) else ''}"
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {error.filename}" if error.filename else ""
+        text = f"{error.strerror}{where}"
+    else:
+        text = str(error) or type(error).__name__
+    return "error: " + " ".join(text.split())
 
 
 if __name__ == "__main__":

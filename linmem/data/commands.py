@@ -11,6 +11,7 @@ from linmem.data.build import CARD_NAME, BuildOptions, build_dataset
 from linmem.data.shards import DEFAULT_SHARD_TOKENS, TokenShards
 from linmem.data.sources import open_source
 from linmem.data.splits import SPLITS, SplitFractions
+from linmem.io.folders import prepare_output_folder
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained tokenizer (8192)")
     build.add_argument("--min-frequency", type=int, default=2, help="min pair count for a BPE merge (2)")
     build.add_argument("--out", required=True, type=Path, help="dataset folder to write")
+    build.add_argument("--overwrite", action="store_true",
+                       help="write into a non-empty --out that linmem data did not make (its other files are kept)")
     build.add_argument("--splits", default="0.98,0.01,0.01", help="train,validation,test fractions of documents")
     build.add_argument("--text-field", default="text", help="text field of JSONL / parquet / datasets rows (text)")
     build.add_argument("--id-field", default=None, help="id field of rows (default: the row number)")
@@ -52,6 +55,7 @@ def run_build(args: argparse.Namespace) -> int:
     if not specs:
         raise ValueError("--sources is empty")
     sources = [open_source(spec, args.text_field, args.id_field) for spec in specs]  # fail before any work
+    prepare_output_folder(args.out, overwrite=args.overwrite, kind="data")
     options = BuildOptions(tokenizer=args.tokenizer, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
                            fractions=SplitFractions.parse(args.splits), shard_tokens=args.shard_tokens,
                            eos_token=args.eos_token, progress=not args.no_progress)

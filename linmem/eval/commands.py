@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from linmem.eval.runner import TASKS, EvalOptions, evaluate, parse_tasks
+from linmem.io.folders import prepare_output_folder
 
 
 def _ints(text: str) -> list[int]:
@@ -23,6 +24,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="dataset folder for held-out text (default: the training one)")
     parser.add_argument("--split", default="test", help="held-out split (test)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default MODEL_DIR/eval)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty output folder that linmem eval did not make (its other files are "
+                             "kept)")
     parser.add_argument("--seq-len", type=int, default=None, help="window length (default: the training length)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=262_144, help="held-out tokens for perplexity")
@@ -48,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
                           niah_depths=args.niah_depths, niah_samples=args.niah_samples,
                           stability_windows=args.stability_windows, recall_items=args.recall_items,
                           recall_filler=args.recall_filler, seed=args.seed, device=args.device)
-    report = evaluate(args.model_dir, tasks, options, args.out)
-    out = args.out or Path(report["model"]) / "eval"
+    # checked before any work; a model given by name (not a folder) without --out: the runner picks the folder
+    out = args.out or (args.model_dir / "eval" if args.model_dir.is_dir() else None)
+    if out is not None:
+        prepare_output_folder(out, overwrite=args.overwrite, kind="eval")
+    report = evaluate(args.model_dir, tasks, options, out)
+    out = out or Path(report["model"]) / "eval"
     for name, result in report["tasks"].items():
         if result.get("available") is False:
             print(f"{name}: {result['reason']}")

@@ -18,6 +18,7 @@ from linmem.eval.mqar import mqar
 from linmem.eval.niah import niah
 from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
+from linmem.io.folders import prepare_output_folder
 
 TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
 NEEDS_TEXT = {"ppl", "cloze", "niah", "stability", "recall"}
@@ -92,7 +93,7 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
 
 def write_report(report: dict[str, Any], out: Path) -> None:
     """``results.json``, figures (if matplotlib is installed) and ``results.md``."""
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_folder(out, overwrite=True, kind="eval")  # marks it as linmem's; files of other names stay
     figures = make_figures(report, out)
     report["figures"] = figures
     write_json_atomic(out / "results.json", report)

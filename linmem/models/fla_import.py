@@ -347,12 +347,16 @@ def convert_fla_checkpoint(
     *,
     dtype: torch.dtype | str | None = "auto",
     allow_unknown_fields: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Write an FLA checkpoint as a linmem checkpoint (``save_pretrained``: ``config.json`` with
     ``model_type = "linmem"`` and safetensors weights) that ``AutoModelForCausalLM.from_pretrained`` loads after
-    ``import linmem``. Tokenizer files next to the FLA weights are copied along. Returns ``output_dir``."""
+    ``import linmem``. Tokenizer files next to the FLA weights are copied along. Returns ``output_dir``, which must
+    be new, empty or an earlier conversion's unless ``overwrite`` (``linmem.io.folders.prepare_output_folder``)."""
+    from linmem.io.folders import prepare_output_folder
+
+    output_dir = prepare_output_folder(output_dir, overwrite=overwrite, kind="convert")
     model = load_fla_checkpoint(path, dtype=dtype, allow_unknown_fields=allow_unknown_fields)
-    output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     for name in _TOKENIZER_FILES:
         source = Path(path) / name

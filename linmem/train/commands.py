@@ -1,4 +1,4 @@
-"""``linmem train CONFIG.yaml --out DIR [--max-steps N] [--resume]``: a thin wrapper around ``train``.
+"""``linmem train CONFIG.yaml --out DIR [--max-steps N] [--resume] [--overwrite]``: a thin wrapper around ``train``.
 
 Several processes: ``torchrun --nproc_per_node N -m linmem.cli train CONFIG.yaml --out DIR``.
 """
@@ -17,7 +17,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="run folder: metrics.jsonl, checkpoints/, model/")
     parser.add_argument("--max-steps", type=int, default=None,
                         help="stop after this update (the schedule still follows train.steps; --resume continues)")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out (a "
+                        "finished run is left as it is)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out that linmem train did not make (its other files are kept)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.batch_size=8 (repeatable)")
     parser.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda)")
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         config.train.progress = False
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError(f"--max-steps must be >= 1; got {args.max_steps}")
-    info = train(config, args.out, args.max_steps, args.resume, where=str(args.config))
+    info = train(config, args.out, args.max_steps, args.resume, where=str(args.config), overwrite=args.overwrite)
     if info.get("interrupted"):
         print(f"stopped after step {info['steps']}: checkpoint in {Path(args.out) / 'checkpoints'}; add --resume "
               "to continue")

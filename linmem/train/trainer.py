@@ -474,6 +474,8 @@ def prepare_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
         if marker is None:
             mark_output_folder(out, "train")  # a run folder of a linmem without markers: its files are linmem's
     else:
+        if overwrite:  # refused before the folder is adopted
+            check_replaceable(out / MODEL_DIR, MODEL_FILES)
         prepare_output_folder(out, overwrite=overwrite, kind="train")
     ckpt.remove_stale_temp(out / "checkpoints")
     shutil.rmtree(out / TEMP_MODEL, ignore_errors=True)

@@ -31,6 +31,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     ship.add_argument("--data", default=None, help="the runs' dataset folder, if not where train_info.json says")
     ship.add_argument("--device", default="auto", help="evaluation device (default: cuda if present)")
     ship.add_argument("--force-eval", action="store_true", help="re-evaluate even if RUN/zoo/eval.json is current")
+    ship.add_argument("--overwrite", action="store_true",
+                      help="ship into a non-empty --zoo-dir that is not a linmem zoo (its other files are kept)")
     ship.set_defaults(func=run_ship)
     again = sub.add_parser("remeasure", help="run evaluation tasks again on shipped models (a task's protocol "
                                              "changed) and update their eval.json and model card",
@@ -74,7 +76,7 @@ def run_ship(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     names = [] if args.ship == ["none"] else args.ship
     ship(args.runs, names, zoo_dir=args.zoo_dir, docs=args.docs, options=replace(SHIP_EVAL, device=args.device),
-         data=args.data, force=args.force_eval)
+         data=args.data, force=args.force_eval, overwrite=args.overwrite)
     return 0
 
 

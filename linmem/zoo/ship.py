@@ -9,7 +9,9 @@ For each run folder (``linmem train ... --out RUN``):
    and options is reused unless ``force``;
 3. **ship** the chosen runs: ``<zoo dir>/<name>/`` with the staged files, ``eval.json`` and a model card
    ``README.md``; the held-out test split of the training dataset goes to ``<zoo dir>/_heldout/<dataset>/`` once.
-   Each model folder must stay within ``SIZE_LIMIT``.
+   Each model folder must stay within ``SIZE_LIMIT`` and carries a SHA-256 ``manifest.json`` (checked at load).
+   The zoo folder must be new, empty or a zoo (``.linmem-output.json`` of kind ``zoo``) unless ``overwrite``; an
+   old model folder is replaced only if it holds nothing but linmem's files.
 
 ``docs/zoo.md`` (all evaluated runs) is written by ``linmem.zoo.cards.write_docs`` from the records.
 """
@@ -30,6 +32,8 @@ from linmem.data.atomic import atomic_write, write_json_atomic
 from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.eval.loading import TRAIN_INFO
 from linmem.eval.runner import TASKS, EvalOptions, evaluate
+from linmem.io.folders import check_replaceable, prepare_output_folder, replace_folder
+from linmem.io.manifest import MANIFEST_NAME, write_manifest
 from linmem.io.manifest import sha256_file as sha256
 from linmem.models import LinMemConfig
 from linmem.models.special_tokens import declare_special_tokens
@@ -40,6 +44,9 @@ from linmem.zoo import HELDOUT_DIR, MAIN, SIZE_LIMIT, folder_bytes, order
 STAGE = "zoo"  # RUN/zoo: staged model, eval report, eval.json
 RECORD = "eval.json"
 CARD = "README.md"
+# What a shipped model folder holds (an old one holding anything else is never replaced).
+ZOO_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+             "generation_config.json", TRAIN_INFO, RECORD, CARD, MANIFEST_NAME)
 CURVE_POINTS = 400  # points of the loss curve kept in eval.json
 FINAL_WINDOW = 20  # updates averaged for the "final loss"
 
@@ -160,9 +167,7 @@ def stage_model(run: Run, dataset: Path) -> Path:
     write_model(tmp, load_file(str(run.model_dir / "model.safetensors")), config, torch.bfloat16)
     copy_tokenizer(run.model_dir, tmp)
     write_json_atomic(tmp / TRAIN_INFO, {**run.info, "dataset": str(dataset)})
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return replace_folder(tmp, out)
 
 
 def options_dict(options: EvalOptions) -> dict[str, Any]:
@@ -242,9 +247,7 @@ def ship_heldout(dataset: Path, zoo_dir: Path, split: str = "test") -> Path:
         f"shards (`linmem.data.shards`), for `linmem eval` and `linmem demo` on the shipped models.\n"
         f"Sources and licences: see the model cards (Python standard library docs: PSF License; Shakespeare and the "
         f"King James Bible: public domain).\n", encoding="utf-8")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return replace_folder(tmp, out)
 
 
 def compact_json(path: Path) -> None:
@@ -268,6 +271,7 @@ def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Pa
     compact_json(tmp / "tokenizer.json")  # the same tokenizer (and hash) in about 60% of the bytes
     write_json_atomic(tmp / RECORD, record)
     (tmp / CARD).write_text(card, encoding="utf-8")
+    write_manifest(tmp)
     for file in tmp.iterdir():
         file.chmod(0o644)  # safetensors writes 0600; a package's data must be readable by every user
     size = folder_bytes(tmp)
@@ -275,9 +279,7 @@ def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Pa
         shutil.rmtree(tmp)
         raise ValueError(f"{record['name']}: the model folder would be {size / 1e6:.2f} MB, over the zoo's limit of "
                          f"{SIZE_LIMIT / 1e6:.3g} MB; ship a smaller model")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return replace_folder(tmp, out)
 
 
 def choose_shipped(runs: Sequence[Run], ship: Sequence[str] | None) -> list[str]:
@@ -296,23 +298,26 @@ def choose_shipped(runs: Sequence[Run], ship: Sequence[str] | None) -> list[str]
 
 def ship(run_dirs: Sequence[str | Path], ship_names: Sequence[str] | None = None, zoo_dir: str | Path | None = None,
          docs: str | Path | None = None, options: EvalOptions = SHIP_EVAL, data: str | Path | None = None,
-         force: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+         force: bool = False, progress: bool = True, overwrite: bool = False) -> list[dict[str, Any]]:
     """Evaluate every run, ship ``ship_names`` (default: the main models among them) into ``zoo_dir`` (default:
-    ``linmem.zoo.root()``) and write ``docs`` (with its figures in ``<docs stem>/``) over all runs. Returns the
-    records in table order."""
+    ``linmem.zoo.root()``; new, empty or a zoo unless ``overwrite``) and write ``docs`` (with its figures in
+    ``<docs stem>/``) over all runs. Returns the records in table order."""
     from linmem import zoo
     from linmem.zoo import cards
 
     runs = [read_run(d) for d in run_dirs]
     chosen = choose_shipped(runs, ship_names)
+    root = zoo.root(zoo_dir)
+    if chosen:  # checked before the evaluations
+        prepare_output_folder(root, overwrite=overwrite, kind="zoo")
+        for name in chosen:
+            check_replaceable(root / name, ZOO_FILES)
     by_name = {r.name: r for r in runs}
     records = {}
     for name in order(by_name):
         if progress:
             print(f"[zoo] evaluating {name} ({by_name[name].folder})", flush=True)
         records[name] = evaluate_run(by_name[name], options, data, force, progress=progress)
-    root = zoo.root(zoo_dir)
-    root.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         out = ship_model(by_name[name], records[name], root, cards.model_card(records[name]))
         if progress:
@@ -364,5 +369,6 @@ def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str
         write_json_atomic(folder / RECORD, record)
         with atomic_write(folder / CARD, "w") as f:  # a card in place is never half-written
             f.write(cards.model_card(record))
+        write_manifest(folder)
         records.append(record)
     return records
