@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from linmem.data.atomic import write_bytes_atomic
 from linmem.eval.runner import EvalOptions, evaluate
+from linmem.io.folders import prepare_output_folder
 from linmem.memory.probe import ProbeOptions
 from linmem.zoo.cards import headline, mixer_label
 
@@ -61,6 +63,8 @@ QUICK = DemoSettings(
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("linmem-demo"), help="report folder (default ./linmem-demo)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out that linmem demo did not make (its other files are kept)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")
     parser.add_argument("--quick", action="store_true", help="the smallest sizes (a smoke test, seconds per model)")
     parser.add_argument("--models", default=None, help="comma-separated shipped models (default: all)")
@@ -75,7 +79,8 @@ def main(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model and task would bury the demo's own
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-    result = run_demo(args.out, args.device, args.quick, models=models, probe=args.probe, zoo_dir=args.zoo_dir)
+    result = run_demo(args.out, args.device, args.quick, models=models, probe=args.probe, zoo_dir=args.zoo_dir,
+                      overwrite=args.overwrite)
     print(f"linmem demo: {len(result['models'])} models evaluated, memory lab on {result['probe']['model']}; "
           f"report: {Path(args.out) / 'report.html'}")
     print(f"linmem demo: total time {result['seconds']:.0f} s ({result['seconds'] / 60:.1f} min)")
@@ -136,8 +141,9 @@ def run_probe(name: str, settings: DemoSettings, device: str, out: Path, zoo_dir
 
 
 def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: list[str] | None = None,
-             probe: str | None = None, zoo_dir: str | None = None) -> dict[str, Any]:
-    """Evaluate the shipped models, probe one, write ``report.html`` and ``results.json`` into ``out``."""
+             probe: str | None = None, zoo_dir: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Evaluate the shipped models, probe one, write ``report.html`` and ``results.json`` into ``out`` (new, empty or
+    an earlier demo's, unless ``overwrite``: ``linmem.io.folders.prepare_output_folder``)."""
     from linmem import zoo
     from linmem.zoo import figures
 
@@ -151,8 +157,7 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
         raise ValueError("linmem demo draws its figures with matplotlib: pip install 'linmem[eval]'")
     names = [zoo.path(n, zoo_dir).name for n in models] if models else shipped
     settings = QUICK if quick else DEMO
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_folder(out, overwrite=overwrite, kind="demo")
     results: dict[str, Any] = {}
     bar = tqdm(names, desc="demo: evaluating", unit="model")
     for name in bar:
@@ -174,8 +179,8 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
                "zoo_dir": str(zoo.root(zoo_dir)),
                "settings": {"eval": asdict(settings.eval), "probe": asdict(settings.probe)},
                "models": results, "probe": probe_result}
-    (out / "results.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
-    (out / "report.html").write_text(report_html(summary, out), encoding="utf-8")
+    write_bytes_atomic(out / "results.json", json.dumps(summary, indent=1, default=str).encode("utf-8"))
+    write_bytes_atomic(out / "report.html", report_html(summary, out).encode("utf-8"))
     return summary
 
 
