@@ -31,15 +31,25 @@ from linmem.data.atomic import write_json_atomic
 from linmem.data.shards import DEFAULT_SHARD_TOKENS, ShardWriter, remove_shards, token_dtype, write_index
 from linmem.data.sources import Document, Source
 from linmem.data.splits import SPLITS, SplitFractions, split_of
-from linmem.data.tokenizer import find_eos, load_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
+from linmem.data.tokenizer import (
+    configured_tokens,
+    find_eos,
+    load_tokenizer,
+    save_tokenizer,
+    special_token_ids,
+    tokenizer_hash,
+    train_tokenizer,
+)
 
 CARD_NAME = "data_card.json"
+ZOO_PREFIX = "zoo:"
 ENCODE_BATCH = 256
 
 
 @dataclass
 class BuildOptions:
-    """How to build: ``tokenizer`` is ``"train"`` or a path to a ``tokenizer.json`` (or a folder holding one)."""
+    """How to build: ``tokenizer`` is ``"train"``, a path to a ``tokenizer.json`` (or a folder holding one) or
+    ``zoo:NAME`` (the tokenizer of a shipped zoo model)."""
 
     tokenizer: str = "train"
     vocab_size: int = 8192
@@ -79,14 +89,29 @@ def _prepare_tokenizer(sources: Sequence[Source], out: Path, opts: BuildOptions)
         entry = {"kind": "byte-level BPE, trained", "requested_vocab_size": opts.vocab_size,
                  "min_frequency": opts.min_frequency, "train_documents": seen["documents"],
                  "train_chars": seen["chars"]}
+        configured = {}
     else:
-        tokenizer = load_tokenizer(opts.tokenizer)
-        eos_token, _ = find_eos(tokenizer, opts.eos_token, opts.tokenizer)
+        path = tokenizer_path(opts.tokenizer)
+        tokenizer = load_tokenizer(path)
+        eos_token, _ = find_eos(tokenizer, opts.eos_token, path)
+        configured = configured_tokens(path)  # keep a given tokenizer's own BOS and pad tokens
         entry = {"kind": "given", "path": str(opts.tokenizer)}
     seconds = time.perf_counter() - start
-    saved = load_tokenizer(save_tokenizer(tokenizer, out, eos_token=eos_token))  # hash what was written
+    written = save_tokenizer(tokenizer, out, eos_token=eos_token, **configured)
+    saved = load_tokenizer(written)  # hash what was written
     return saved, {**entry, "vocab_size": saved.get_vocab_size(with_added_tokens=True), "eos_token": eos_token,
-                   "eos_id": saved.token_to_id(eos_token), "hash": tokenizer_hash(saved), "seconds": round(seconds, 3)}
+                   "eos_id": saved.token_to_id(eos_token), "special_token_ids": special_token_ids(out),
+                   "hash": tokenizer_hash(saved), "seconds": round(seconds, 3)}
+
+
+def tokenizer_path(spec: str) -> Path:
+    """The tokenizer ``BuildOptions.tokenizer`` names: ``zoo:NAME`` is the tokenizer of the shipped zoo model
+    ``NAME`` (``linmem.zoo``), anything else a ``tokenizer.json`` or a folder holding one."""
+    if spec.startswith(ZOO_PREFIX):
+        from linmem import zoo
+
+        return zoo.path(spec[len(ZOO_PREFIX):])
+    return Path(spec)
 
 
 def _count_tree() -> defaultdict:
@@ -141,7 +166,7 @@ def build_dataset(sources: Sequence[Source], out_dir: str | Path, options: Build
     if not sources:
         raise ValueError("no sources given")
     if opts.tokenizer != "train":
-        load_tokenizer(opts.tokenizer)  # a bad path fails here, before the old dataset is removed
+        load_tokenizer(tokenizer_path(opts.tokenizer))  # a bad path or name fails before the old dataset goes
     out.mkdir(parents=True, exist_ok=True)
     remove_shards(out)  # the index goes first: from here until the end the folder is not a dataset
     (out / CARD_NAME).unlink(missing_ok=True)
@@ -162,6 +187,7 @@ def build_dataset(sources: Sequence[Source], out_dir: str | Path, options: Build
     }
     write_json_atomic(out / CARD_NAME, card)
     meta = {"dtype": token_dtype(tok["vocab_size"]).str, "vocab_size": tok["vocab_size"], "eos_id": tok["eos_id"],
-            "tokenizer_hash": tok["hash"], "tokenizer": "tokenizer.json", "source_names": source_names}
+            "special_token_ids": tok["special_token_ids"], "tokenizer_hash": tok["hash"],
+            "tokenizer": "tokenizer.json", "source_names": source_names}
     write_index(out, meta, splits)
     return card

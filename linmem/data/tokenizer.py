@@ -98,18 +98,41 @@ def find_document_start(tokenizer: Tokenizer, path: str | Path, eos_id: int) -> 
     return eos_id if token_id is None else token_id
 
 
+def special_token_ids(path: str | Path) -> dict[str, int]:
+    """``{"bos_token_id", "eos_token_id", "pad_token_id"}`` of the tokenizer saved at ``path`` (a folder with
+    ``tokenizer.json`` and ``tokenizer_config.json``, or the ``tokenizer.json`` file).
+
+    The end-of-text as ``find_eos`` finds it; the beginning as ``find_document_start`` (the configured BOS, else the
+    end-of-text, which starts every document in linmem's training); the configured pad token when the vocabulary has
+    it, else the end-of-text (so batched generation pads with a token the model knows)."""
+    tokenizer = load_tokenizer(path)
+    _, eos_id = find_eos(tokenizer, None, path)
+    pad = _configured_token(Path(path), "pad_token")
+    pad_id = tokenizer.token_to_id(pad) if pad else None
+    return {"bos_token_id": find_document_start(tokenizer, path, eos_id), "eos_token_id": eos_id,
+            "pad_token_id": eos_id if pad_id is None else pad_id}
+
+
+def configured_tokens(path: str | Path) -> dict[str, str]:
+    """The ``bos_token`` and ``pad_token`` a ``tokenizer_config.json`` beside ``path`` names (those it names)."""
+    found = {key: _configured_token(Path(path), key) for key in ("bos_token", "pad_token")}
+    return {key: token for key, token in found.items() if token}
+
+
 def save_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, eos_token: str = EOS_TOKEN,
-                   pad_token: str | None = PAD_TOKEN) -> Path:
+                   pad_token: str | None = PAD_TOKEN, bos_token: str | None = None) -> Path:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``out_dir`` (``AutoTokenizer``-loadable).
 
-    ``pad_token`` is used only if it is in the vocabulary. Returns the path of ``tokenizer.json``.
+    ``pad_token`` and ``bos_token`` are used only if they are in the vocabulary; the BOS defaults to the
+    end-of-text (documents start after it in linmem's training). Returns the path of ``tokenizer.json``.
     """
     from transformers import PreTrainedTokenizerFast
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pad = pad_token if pad_token and tokenizer.token_to_id(pad_token) is not None else None
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, bos_token=eos_token,
+    bos = bos_token if bos_token and tokenizer.token_to_id(bos_token) is not None else eos_token
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, bos_token=bos,
                                       pad_token=pad)
     wrapped.save_pretrained(str(out_dir))
     return out_dir / "tokenizer.json"

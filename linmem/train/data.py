@@ -70,8 +70,8 @@ def ensure_dataset(section: DataSection, state: Distributed, where: str = "confi
     if state.is_main:
         try:
             sources = [open_source(spec) for spec in section.sources]
-            options = BuildOptions(vocab_size=section.vocab_size, fractions=SplitFractions.parse(section.splits),
-                                   progress=False)
+            options = BuildOptions(tokenizer=section.tokenizer, vocab_size=section.vocab_size,
+                                   fractions=SplitFractions.parse(section.splits), progress=False)
             build_dataset(sources, folder, options, source_specs=section.sources)
         except (ValueError, FileNotFoundError) as e:
             error = f"{where}: building data.dir {str(folder)!r} from data.sources failed: {e}"
