@@ -1,8 +1,9 @@
 """Open what an evaluation needs: a model folder (weights, config, tokenizer, training record) and held-out text.
 
-A model folder is what ``linmem train`` writes to ``OUT/model`` (or any checkpoint folder, or a folder saved with
-``save_pretrained`` plus a ``tokenizer.json``). Held-out text comes from a dataset folder built with the same
-tokenizer: the one the model was trained on (recorded in ``train_info.json``) or ``--data DIR``.
+A model is a folder or ``zoo:NAME``, opened by ``linmem.io.models`` (the one loader of every command): what
+``linmem train`` writes to ``OUT/model`` (or any checkpoint folder, a run folder, or a folder saved with
+``save_pretrained`` plus a ``tokenizer.json``), or an FLA checkpoint. Held-out text comes from a dataset folder
+built with the same tokenizer: the one the model was trained on (recorded in ``train_info.json``) or ``--data DIR``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import torch
 from tokenizers import Tokenizer
 
 from linmem.data.shards import INDEX_NAME, SplitTokens, TokenShards
-from linmem.data.tokenizer import find_document_start, find_eos, load_tokenizer, tokenizer_hash
+from linmem.data.tokenizer import find_document_start, find_eos, tokenizer_hash
+from linmem.io.models import open_model as _open_model
+from linmem.io.models import pick_device, resolve_model_folder
+
+__all__ = ["TRAIN_INFO", "EvalModel", "load_model", "open_heldout", "pick_device", "resolve_model_dir"]
 from linmem.models import LinMemForCausalLM
-from linmem.train.checkpoint import latest_checkpoint
 
 TRAIN_INFO = "train_info.json"
 
@@ -53,35 +57,20 @@ class EvalModel:
 
 
 def resolve_model_dir(path: str | Path) -> Path:
-    """``path`` itself if it holds ``config.json``, else a run folder's ``model/`` or newest checkpoint."""
-    path = Path(path)
-    if (path / "config.json").is_file():
-        return path
-    if (path / "model" / "config.json").is_file():
-        return path / "model"
-    newest = latest_checkpoint(path / "checkpoints")
-    if newest is not None:
-        return newest
-    raise FileNotFoundError(f"{path}: not a model folder (no config.json, no model/ or checkpoints/ inside)")
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    """The model folder ``path`` names (``linmem.io.models.resolve_model_folder``): ``path`` itself if it holds
+    ``config.json``, else a run folder's ``model/`` or newest checkpoint, or ``zoo:NAME``'s folder."""
+    return resolve_model_folder(path)
 
 
 def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torch.float32) -> EvalModel:
-    """Load a model folder (see ``resolve_model_dir``) with its tokenizer; weights as ``dtype`` on ``device``."""
-    folder = resolve_model_dir(path)
-    tokenizer = load_tokenizer(folder)
+    """Load a model (a folder or ``zoo:NAME``, see ``resolve_model_dir``) with its tokenizer; weights as ``dtype``
+    on ``device``."""
+    model, tokenizer, folder = _open_model(path, device=device, dtype=dtype)
     _, eos_id = find_eos(tokenizer, None, folder)
-    model = LinMemForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    target = pick_device(device)
-    model.to(target).eval()
     info_path = folder / TRAIN_INFO
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
-    return EvalModel(model, tokenizer, folder, target, eos_id, info, find_document_start(tokenizer, folder, eos_id))
+    return EvalModel(model, tokenizer, folder, pick_device(device), eos_id, info,
+                     find_document_start(tokenizer, folder, eos_id))
 
 
 def open_heldout(em: EvalModel, data_dir: str | Path | None, split: str) -> SplitTokens:

@@ -19,6 +19,7 @@ from linmem.eval.niah import niah
 from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
 from linmem.io.folders import prepare_output_folder
+from linmem.io.models import default_output_folder
 
 TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
 NEEDS_TEXT = {"ppl", "cloze", "niah", "stability", "recall"}
@@ -76,6 +77,8 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
     """Run ``tasks`` on a model folder; writes the report into ``out_dir`` (default ``MODEL_DIR/eval``)."""
     o = options or EvalOptions()
     em = load_model(model_dir, o.device)
+    # default MODEL_DIR/eval, refused for a model inside the installed package (a zoo model) or a read-only one
+    out = Path(out_dir) if out_dir else default_output_folder(em.folder, "eval")
     split = open_heldout(em, o.data, o.split) if NEEDS_TEXT & set(tasks) else None  # fail before any work
     results: dict[str, Any] = {}
     for name in tasks:
@@ -87,7 +90,7 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
               "parameters": sum(p.numel() for p in em.model.parameters()), "trained_tokens": em.info.get("tokens"),
               "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(o).items()},
               "tasks": results}
-    write_report(report, Path(out_dir) if out_dir else em.folder / "eval")
+    write_report(report, out)
     return report
 
 

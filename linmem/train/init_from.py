@@ -19,10 +19,10 @@ from pathlib import Path
 from safetensors.torch import load_file
 from torch import nn
 
+from linmem.io.models import ZOO_PREFIX, resolve_model_folder, verify_model_folder
 from linmem.models import LinMemConfig
 from linmem.train.checkpoint import with_tied_head
 
-ZOO_PREFIX = "zoo:"
 # config.json keys that do not define the trained model: how the op runs, how the weights were first drawn, ids
 NOT_ARCHITECTURE = frozenset({"backend", "initializer_range", "use_cache", "transformers_version", "architectures",
                               "_name_or_path", "dtype", "torch_dtype", "bos_token_id", "eos_token_id",
@@ -33,10 +33,8 @@ def resolve_source(source: str, where: str = "config") -> Path:
     """The model folder ``source`` names (``zoo:NAME`` or a path); ``FileNotFoundError`` naming the key if it
     holds no model."""
     if source.startswith(ZOO_PREFIX):
-        import linmem.zoo
-
         try:
-            folder = linmem.zoo.path(source[len(ZOO_PREFIX):])
+            folder = resolve_model_folder(source)  # the one resolution of zoo:NAME, shared by every command
         except ValueError as e:
             raise FileNotFoundError(f"{where}: train.init_from {source!r}: {e}") from None
     else:
@@ -45,6 +43,7 @@ def resolve_source(source: str, where: str = "config") -> Path:
     if missing:
         raise FileNotFoundError(f"{where}: train.init_from {source!r} is not a model folder ({' and '.join(missing)} "
                                 f"missing); give a run's OUT/model folder, a save_pretrained folder or zoo:NAME")
+    verify_model_folder(folder)
     return folder
 
 

@@ -74,15 +74,15 @@ def path(name: str, root_dir: str | os.PathLike | None = None) -> Path:
 
 def load(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
          root_dir: str | os.PathLike | None = None):
-    """``(model, tokenizer)``: the shipped model ``name`` as ``dtype`` on ``device`` in eval mode, and its tokenizer
+    """``(model, tokenizer)``: the shipped model ``name`` (``linmem.io.models.load_weights``: every weight from the
+    folder, its manifest verified) as ``dtype`` on ``device`` in eval mode, and its tokenizer
     (the transformers fast tokenizer ``AutoTokenizer.from_pretrained(folder)`` gives, loaded without AutoTokenizer's
     model-type warning)."""
     from transformers import PreTrainedTokenizerFast
 
-    from linmem.models import LinMemForCausalLM
+    from linmem.io.models import load_weights
 
-    folder = path(name, root_dir)
-    model = LinMemForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+    model, folder = load_weights(path(name, root_dir), device=device, dtype=dtype)  # strict, manifest-checked
     return model, PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 

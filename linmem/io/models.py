@@ -1,0 +1,174 @@
+"""Open a model for any command that takes one: ``linmem eval``, ``linmem probe``, ``linmem demo``, ``train.init_from``
+and ``linmem.zoo.load`` all come here.
+
+A model is named by a folder or ``zoo:NAME`` (a model shipped in ``linmem.zoo``). A folder is a model folder
+(``config.json`` + safetensors weights: a run's ``OUT/model``, a checkpoint, a ``save_pretrained`` folder, an FLA
+checkpoint), or a run folder, which stands for its ``model/`` or else its newest checkpoint. Nothing here touches the
+network: a name that is not an existing folder or a shipped model is refused at once, and only existing folders reach
+``from_pretrained``.
+
+Every load is strict. The folder's ``config.json`` ``model_type`` picks the loader in ``MODEL_TYPE_LOADERS``; any
+other type is refused with the list of supported ones. Missing, unexpected or differently shaped weights are refused
+with their names (never randomly initialised). Weights are read from safetensors only. A folder with a SHA-256
+manifest (``manifest.json``, see ``linmem.io.manifest``) is verified first, so a damaged file is named as damaged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ZOO_PREFIX = "zoo:"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the installed ``linmem`` package
+
+# model_type -> loader(folder, dtype, device) returning the model in eval mode with every weight from the folder (a
+# ``ValueError`` naming what does not fit otherwise). Converters of other architectures register here.
+ModelLoader = Callable[[Path, torch.dtype, torch.device], nn.Module]
+MODEL_TYPE_LOADERS: dict[str, ModelLoader] = {}
+
+
+def pick_device(name: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, else the CPU; any other name as ``torch.device``."""
+    if isinstance(name, str) and name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_model_folder(spec: str | os.PathLike) -> Path:
+    """The model folder ``spec`` names: ``zoo:NAME``'s shipped folder, ``spec`` itself when it holds
+    ``config.json``, else a run folder's ``model/`` or newest checkpoint. ``ValueError`` (one line) otherwise."""
+    text = os.fspath(spec)
+    if text.startswith(ZOO_PREFIX):
+        import linmem.zoo
+
+        return linmem.zoo.path(text[len(ZOO_PREFIX):])  # UnknownModelError (a ValueError) lists the shipped ones
+    path = Path(text)
+    if not path.is_dir():
+        why = "not a folder" if path.exists() else "no such folder"
+        raise ValueError(f"not a model folder: {path} ({why}; give a model or run folder, or zoo:NAME)")
+    if (path / "config.json").is_file():
+        return path
+    if (path / "model" / "config.json").is_file():
+        return path / "model"
+    from linmem.train.checkpoint import latest_checkpoint
+
+    newest = latest_checkpoint(path / "checkpoints")
+    if newest is not None:
+        return newest
+    raise ValueError(f"not a model folder: {path} (no config.json, no model/ or checkpoints/ inside)")
+
+
+def model_type(folder: Path) -> str:
+    """``config.json``'s ``model_type`` (``ValueError`` when unreadable or absent)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{folder / 'config.json'}: not a readable model config ({error})") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(kind, str):
+        raise ValueError(f"{folder / 'config.json'} names no model_type; supported: {supported()}")
+    return kind
+
+
+def supported() -> str:
+    return ", ".join(sorted(MODEL_TYPE_LOADERS))
+
+
+def verify_model_folder(folder: Path) -> None:
+    """SHA-256 check of every file ``folder``'s manifest lists, where it has one (``DamagedFileError``)."""
+    from linmem.io.manifest import has_manifest, verify_manifest
+
+    if has_manifest(folder):
+        verify_manifest(folder)
+
+
+def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Path]:
+    """``(model, folder)``: the model ``spec`` names (see ``resolve_model_folder``) as ``dtype`` on ``device``, in
+    eval mode, loaded strictly by its ``model_type``'s loader after the manifest check."""
+    folder = resolve_model_folder(spec)
+    kind = model_type(folder)
+    loader = MODEL_TYPE_LOADERS.get(kind)
+    if loader is None:
+        raise ValueError(f"{folder}: model type {kind!r} is not supported; linmem loads {supported()}")
+    verify_model_folder(folder)
+    return loader(folder, dtype, pick_device(device)).eval(), folder
+
+
+def open_model(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer, folder)``: ``load_weights`` plus the folder's ``tokenizer.json`` as a
+    ``tokenizers.Tokenizer`` (``FileNotFoundError`` naming the folder when it has none)."""
+    from linmem.data.tokenizer import load_tokenizer
+
+    model, folder = load_weights(spec, device=device, dtype=dtype)
+    return model, load_tokenizer(folder), folder
+
+
+def default_output_folder(model_folder: Path, name: str) -> Path:
+    """Where a command writes about a model when no output folder is given: ``model_folder/name``. Refused
+    (``ValueError`` asking for ``--out``) when the model folder lies inside the installed linmem package (a zoo
+    model: reports must not change the package) or is not writable."""
+    folder = Path(model_folder).resolve()
+    if folder == PACKAGE_ROOT or PACKAGE_ROOT in folder.parents:
+        raise ValueError(f"{model_folder} is inside the installed linmem package; give an output folder outside it "
+                         f"with --out DIR")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{model_folder} is not writable; give an output folder with --out DIR")
+    return Path(model_folder) / name
+
+
+@contextmanager
+def _quiet_load_report():
+    """transformers logs a table of missing / unexpected weights; linmem raises its own error for them instead."""
+    report = logging.getLogger("transformers.modeling_utils")
+    level = report.level
+    report.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        report.setLevel(level)
+
+
+def _listed(keys, limit: int = 8) -> str:
+    keys = sorted(keys)
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def load_linmem_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A linmem model folder via ``LinMemForCausalLM.from_pretrained`` (safetensors only), refusing any missing,
+    unexpected or differently shaped weight."""
+    from linmem.models import LinMemForCausalLM
+
+    with _quiet_load_report():
+        model, info = LinMemForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
+    problems = []
+    if info.get("missing_keys"):
+        problems.append(f"missing {len(info['missing_keys'])} weight(s): {_listed(info['missing_keys'])}")
+    if info.get("unexpected_keys"):
+        problems.append(f"unexpected {len(info['unexpected_keys'])} weight(s): {_listed(info['unexpected_keys'])}")
+    if info.get("mismatched_keys"):
+        names = [key[0] if isinstance(key, tuple) else key for key in info["mismatched_keys"]]
+        problems.append(f"{len(names)} weight(s) of another shape: {_listed(names)}")
+    if problems:
+        raise ValueError(f"{folder}: the weights do not fit its config.json ({'; '.join(problems)}); the model would "
+                         f"be partly random, so it is not loaded")
+    return model.to(device)
+
+
+def load_fla_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """An FLA GLA / Gated DeltaNet checkpoint (``linmem.models.fla_import``, which checks names and shapes)."""
+    from linmem.models.fla_import import load_fla_checkpoint
+
+    return load_fla_checkpoint(folder, dtype=dtype, device=device)
+
+
+MODEL_TYPE_LOADERS.update({"linmem": load_linmem_folder, "gla": load_fla_folder, "gated_deltanet": load_fla_folder})
