@@ -17,6 +17,7 @@ from linmem import zoo
 from linmem.cli import main
 from linmem.eval.loading import load_model, open_heldout
 from linmem.eval.runner import EvalOptions
+from linmem.io.manifest import write_manifest
 from linmem.models import LinMemForCausalLM
 from linmem.train.config import parse_config
 from linmem.train.trainer import train
@@ -133,6 +134,7 @@ def test_remeasure_replaces_one_task_of_a_shipped_record(shipped, tmp_path):
     old["metrics"].pop("eos_before_context")  # as recorded before the cloze protocol changed
     old["metrics"]["accuracy"] = -1.0
     (folder / "eval.json").write_text(json.dumps(record))
+    write_manifest(folder)  # the edited record is the folder's content now
     assert cards.cloze_cell(record).endswith(" *")
     assert main(["zoo", "remeasure", NAME, "--tasks", "cloze", "--why", "a test", "--zoo-dir", str(zoo_dir)]) == 0
     new = json.loads((folder / "eval.json").read_text())
