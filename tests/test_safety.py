@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from linmem.cli import main
@@ -244,6 +245,15 @@ def test_resume_counts_every_segment_and_needs_a_run(dataset, tmp_path, capsys):
     path = config_file(dataset, tmp_path)
     assert main(["train", str(path), "--out", str(tmp_path / "nowhere"), "--resume", "--no-progress"]) == 2
     assert "does not exist" in one_error_line(capsys) and not (tmp_path / "nowhere").exists()
+
+
+def test_total_tokens_count_every_stage():
+    from linmem.io.run_info import total_tokens
+
+    tokens = [int(t) for t in torch.randint(1, 10**6, (3,))]
+    info = {"tokens": tokens[2], "init_from": {"tokens": tokens[1], "init_from": {"tokens": tokens[0]}}}
+    assert total_tokens(info) == sum(tokens)
+    assert total_tokens({"tokens": tokens[0]}) == tokens[0] and total_tokens({}) is None
 
 
 # ---------------------------------------------------------------- 6. one-line errors

@@ -20,6 +20,7 @@ from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
 from linmem.io.folders import prepare_output_folder
 from linmem.io.models import default_output_folder
+from linmem.io.run_info import total_tokens
 
 TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
 NEEDS_TEXT = {"ppl", "cloze", "niah", "stability", "recall"}
@@ -87,7 +88,7 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
             print(f"[eval] {name} ...", flush=True)
         results[name] = {**run_task(name, em, split, o), "seconds": round(time.perf_counter() - start, 2)}
     report = {"model": str(em.folder), "name": em.info.get("name", em.folder.name),
-              "parameters": sum(p.numel() for p in em.model.parameters()), "trained_tokens": em.info.get("tokens"),
+              "parameters": sum(p.numel() for p in em.model.parameters()), "trained_tokens": total_tokens(em.info),
               "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(o).items()},
               "tasks": results}
     write_report(report, out)

@@ -42,6 +42,7 @@ from linmem.io.folders import (
     replace_folder,
 )
 from linmem.io.manifest import MANIFEST_NAME, write_manifest
+from linmem.io.run_info import total_tokens
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens
 from linmem.train import checkpoint as ckpt
@@ -371,18 +372,10 @@ def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]
             "dataset": str(run.data.folder.resolve()), "tokenizer_hash": run.data.shards.tokenizer_hash,
             "seq_len": run.config.data.seq_len, "recall_generators": run.data.generator_specs,
             "final_metrics": last, "world_size": run.state.world_size, "device": str(run.state.device),
-            "train_seconds": round(seconds, 2), "total_tokens": run.tokens + earlier_tokens(run.init_from),
+            "train_seconds": round(seconds, 2),
+            "total_tokens": total_tokens({"tokens": run.tokens, "init_from": run.init_from}),
             "config": run.config.to_dict(),
             **({"init_from": run.init_from} if run.init_from else {})}
-
-
-def earlier_tokens(init_from: dict[str, Any] | None) -> int:
-    """Tokens the earlier stages of a staged run trained on (``train.init_from`` chain), 0 without one."""
-    total = 0
-    while init_from:
-        total += int(init_from.get("tokens") or 0)
-        init_from = init_from.get("init_from")
-    return total
 
 
 # ---------------------------------------------------------------- the run
