@@ -1,6 +1,14 @@
 """FLA checkpoint parity on a GPU: flash-linear-attention's own Triton forward against the imported linmem model.
 
     python -m linmem.bench.fla_parity [--lengths 40 1000] [--batch 2] [--models ...] [--first-config] [--out FILE]
+    python -m linmem.bench.fla_parity --paper [--dtypes bfloat16] [--out FILE]     # the paper's four shapes
+    python -m linmem.bench.fla_parity --write-paper DIR [--models GDN-1.3B]        # only write the folders
+
+``--paper`` runs the shapes of "How Linear Attention Remembers" (Table 1 / appendix A: GLA-340M, GDN-340M,
+GDN-1.3B, hybrid GDN-340M; ``PAPER``), each written as an FLA checkpoint folder by FLA 0.6.0's own config and model
+classes (FLA's initialisation: random weights), with its parameter count next to the paper's. Every row also gives
+the relative error ``‖linmem − FLA‖ / ‖FLA‖`` over all logits (Frobenius), checked against ``--tolerance``
+(1e-2).
 
 Builds random FLA 0.6.0 models on the GPU (a GLA hybrid with a windowed GQA softmax-attention layer, and a plain
 Gated DeltaNet, so that one model runs FLA's Triton kernels end to end), saves each as safetensors, imports it with
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import math
 import tempfile
 import time
@@ -47,6 +56,91 @@ MODELS = {
         norm_eps=1e-6,
     )),
 }
+
+# The paper's models (Table 1 / appendix A of "How Linear Attention Remembers"): FLA 0.6.0 settings whose parameter
+# counts are the paper's. Vocabulary 32,000 (FLA's default, the Llama/Mistral tokenizer of fla-hub's checkpoints).
+# GLA-340M: D = 1024, 4 heads of K = D·0.5/4 = 128, V = 256, no short conv, tied embeddings (341.7M; untied would be
+# 374.5M). GDN: head_dim 256 and expand_v 1 give the 256 x 256 state; D = 1024 with 4 heads gives 399.5M, D = 2048
+# with 8 heads 1.466B. The hybrid: GDN-340M with softmax attention (16 query heads, 8 kv heads, full causal) in
+# layers 2, 5, ..., 23, 382.6M (8 kv heads: 16 gives 391.0M, 4 gives 378.4M).
+PAPER_VOCAB = 32000
+PAPER = {
+    "GLA-340M": ("gla", dict(
+        vocab_size=PAPER_VOCAB, hidden_size=1024, num_hidden_layers=24, num_heads=4, expand_k=0.5, expand_v=1.0,
+        use_short_conv=False, tie_word_embeddings=True,
+    ), 341.7e6),
+    "GDN-340M": ("gated_deltanet", dict(
+        vocab_size=PAPER_VOCAB, hidden_size=1024, num_hidden_layers=24, num_heads=4, head_dim=256, expand_v=1.0,
+        use_short_conv=True, conv_size=4,
+    ), 399.5e6),
+    "GDN-1.3B": ("gated_deltanet", dict(
+        vocab_size=PAPER_VOCAB, hidden_size=2048, num_hidden_layers=24, num_heads=8, head_dim=256, expand_v=1.0,
+        use_short_conv=True, conv_size=4,
+    ), 1.466e9),
+    "hybrid GDN-340M": ("gated_deltanet", dict(
+        vocab_size=PAPER_VOCAB, hidden_size=1024, num_hidden_layers=24, num_heads=4, head_dim=256, expand_v=1.0,
+        use_short_conv=True, conv_size=4,
+        attn=dict(layers=list(range(2, 24, 3)), num_heads=16, num_kv_heads=8, qkv_bias=False, window_size=None,
+                  rope_theta=10000.0),
+    ), 382.6e6),
+}
+
+
+def scaled_paper_settings(name: str, hidden: int = 64, layers: int = 6, vocab: int = 512) -> tuple[str, dict]:
+    """A scaled-down copy of ``PAPER[name]`` (tests): width ``hidden``, ``layers`` layers (the hybrid's attention
+    in every third layer from layer 2, as in the paper), ``vocab`` tokens; every other setting (heads, the key /
+    value ratio of the state, convs, tying, attention kind) as in the paper's model."""
+    if name not in PAPER:
+        raise ValueError(f"name must be one of {list(PAPER)}; got {name!r}")
+    kind, settings, _ = PAPER[name]
+    settings = {**settings, "hidden_size": hidden, "num_hidden_layers": layers, "vocab_size": vocab}
+    if kind == "gated_deltanet":
+        settings["head_dim"] = hidden * settings["head_dim"] // PAPER[name][1]["hidden_size"]
+    if "attn" in settings:
+        settings["attn"] = {**settings["attn"], "layers": list(range(2, layers, 3)), "num_heads": 4,
+                            "num_kv_heads": 2}
+    return kind, settings
+
+
+def write_fla_checkpoint(kind: str, settings: dict, path: str | Path, *, seed: int = 0, init: str = "fla",
+                         dtype: torch.dtype = torch.bfloat16) -> tuple[torch.nn.Module, int]:
+    """Build an FLA 0.6.0 model of ``settings`` with FLA's own config and model classes, and save it to ``path``
+    (FLA's checkpoint format: ``config.json`` + safetensors, weights in ``dtype``). ``init``: ``"fla"`` keeps FLA's
+    initialisation, ``"order-one"`` draws weights of order-one activations (``randomise``). Returns the model (float32,
+    CPU, eval mode, its weights rounded to ``dtype``) and its parameter count."""
+    if init not in ("fla", "order-one"):
+        raise ValueError(f"init must be 'fla' or 'order-one'; got {init!r}")
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, GLAConfig, GLAForCausalLM
+
+    config_class, model_class = ((GLAConfig, GLAForCausalLM) if kind == "gla"
+                                 else (GatedDeltaNetConfig, GatedDeltaNetForCausalLM))
+    torch.manual_seed(seed)
+    model = model_class(config_class(**settings))
+    if init == "order-one":
+        randomise(model, seed)
+    model = model.to(dtype)
+    model.save_pretrained(path)
+    return model.float().eval(), sum(p.numel() for p in model.parameters())
+
+
+def write_paper_checkpoints(out_dir: str | Path, names: list[str] | None = None, *, seed: int = 0,
+                            init: str = "fla", dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple[Path, int]]:
+    """Write the paper's models (``PAPER``; all when ``names`` is None) as FLA checkpoint folders under ``out_dir``
+    (one folder per model, spaces as ``_``), printing each parameter count beside the paper's. Returns ``name ->
+    (folder, parameters)``."""
+    written = {}
+    for name in names or list(PAPER):
+        if name not in PAPER:
+            raise ValueError(f"names must be among {list(PAPER)}; got {name!r}")
+        kind, settings, paper_count = PAPER[name]
+        path = Path(out_dir) / name.replace(" ", "_")
+        model, count = write_fla_checkpoint(kind, settings, path, seed=seed, init=init, dtype=dtype)
+        del model
+        gc.collect()
+        print(f"{name}: {count:,} parameters ({count / 1e6:.1f}M; paper {paper_count / 1e6:.1f}M) -> {path}",
+              flush=True)
+        written[name] = (path, count)
+    return written
 
 
 def sdpa_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -111,6 +205,12 @@ def compare(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]
     return diff, diff / expected.double().abs().max().item()
 
 
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``‖actual − expected‖ / ‖expected‖`` over every logit (Frobenius norms, in float64)."""
+    expected = expected.double()
+    return ((actual.double() - expected).norm() / expected.norm()).item()
+
+
 def top1_agreement(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.argmax(-1) == expected.argmax(-1)).double().mean().item()
 
@@ -136,41 +236,59 @@ def logits_of(model: torch.nn.Module, inputs: dict[int, torch.Tensor]) -> dict[i
     return {n: model(ids, use_cache=False).logits for n, ids in inputs.items()}
 
 
+def free(device: torch.device) -> None:
+    """Return the memory of dropped models to the device (large models one after another)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 @torch.no_grad()
-def run_model(name: str, kind: str, settings: dict, lengths: list[int], batch: int, device: torch.device,
-              workdir: Path, report: Report) -> None:
-    """Table rows for one model: FLA and each linmem backend, per dtype and length."""
-    fla_model = build_fla(kind, settings, seed=len(name))
-    path = workdir / name.replace(" ", "_")
-    fla_model.save_pretrained(path)  # float32 safetensors
-    inputs = {n: torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(n)).to(device)
+def run_model(name: str, fla_model: torch.nn.Module, path: Path, lengths: list[int], batch: int,
+              device: torch.device, report: Report, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
+              backends: tuple[str, ...] = ("chunk", "triton"), tolerance: float = 1e-2) -> list[str]:
+    """Table rows for one model saved at ``path`` (``fla_model``: the same model, float32 on the CPU): FLA and each
+    linmem backend, per dtype and length. Returns the rows whose relative error exceeds ``tolerance`` (or failed)."""
+    vocab = fla_model.config.vocab_size
+    inputs = {n: torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(n)).to(device)
               for n in lengths}
     exact = logits_of(load_fla_checkpoint(path, dtype=torch.float64, device=device, backend="chunk"), inputs)
+    free(device)
     report.log(f"{name}: float64 reference done")
-    for dtype in (torch.float32, torch.bfloat16):
+    failures = []
+    for dtype in dtypes:
         labels = {n: f"| {name} | {n} | {str(dtype).removeprefix('torch.')} |" for n in lengths}
         try:
             fla_logits = logits_of(copy.deepcopy(fla_model).to(device=device, dtype=dtype), inputs)
         except Exception as error:  # report and go on
             traceback.print_exc()
             for n in lengths:
-                report.add(f"{labels[n]} FLA (Triton) | failed: {type(error).__name__}: {error} | | | |")
+                report.add(f"{labels[n]} FLA (Triton) | failed: {type(error).__name__}: {error} | | | | | |")
+                failures.append(f"{name} T={n} {dtype} FLA")
             continue
+        free(device)
         report.log(f"{name} {dtype}: FLA forward done")
         for n in lengths:
-            report.add(f"{labels[n]} FLA (Triton) | – | – | – | {compare(fla_logits[n], exact[n])[1]:.2e} |")
-        for backend in ("chunk", "triton"):
+            report.add(f"{labels[n]} FLA (Triton) | – | – | – | – | – | {compare(fla_logits[n], exact[n])[1]:.2e} |")
+        for backend in backends:
             try:
                 logits = logits_of(load_fla_checkpoint(path, dtype=dtype, device=device, backend=backend), inputs)
             except Exception as error:  # one backend failing must not hide the others
                 traceback.print_exc()
                 for n in lengths:
-                    report.add(f"{labels[n]} linmem {backend} | failed: {type(error).__name__}: {error} | | | |")
+                    report.add(f"{labels[n]} linmem {backend} | failed: {type(error).__name__}: {error} | | | | | |")
+                    failures.append(f"{name} T={n} {dtype} {backend}")
                 continue
+            free(device)
             for n in lengths:
                 diff, rel = compare(logits[n], fla_logits[n])
-                report.add(f"{labels[n]} linmem {backend} | {diff:.2e} | {rel:.2e} | "
+                frobenius = relative_error(logits[n], fla_logits[n])
+                verdict = "yes" if frobenius <= tolerance else "NO"
+                if verdict == "NO":
+                    failures.append(f"{name} T={n} {dtype} {backend}: {frobenius:.2e}")
+                report.add(f"{labels[n]} linmem {backend} | {diff:.2e} | {rel:.2e} | {frobenius:.2e} | {verdict} | "
                            f"{top1_agreement(logits[n], fla_logits[n]):.4f} | {compare(logits[n], exact[n])[1]:.2e} |")
+    return failures
 
 
 def first_config_only() -> None:
@@ -205,36 +323,71 @@ def environment_lines(device: torch.device) -> list[str]:
             f"flash-linear-attention {env['fla']}, transformers {transformers.__version__}"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[40, 1000])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=None, choices=list(MODELS) + list(PAPER),
+                        help=f"default: {list(MODELS)}, or with --paper / --write-paper {list(PAPER)}")
+    parser.add_argument("--paper", action="store_true", help="the paper's four shapes (PAPER), bfloat16 unless "
+                                                             "--dtypes says otherwise")
+    parser.add_argument("--write-paper", type=Path, default=None, metavar="DIR",
+                        help="only write the paper's models as FLA checkpoint folders under DIR and print their sizes")
+    parser.add_argument("--init", default="fla", choices=("fla", "order-one"),
+                        help="paper models: FLA's own initialisation, or order-one activations (see randomise)")
+    parser.add_argument("--dtypes", nargs="+", default=None, choices=("float32", "bfloat16"),
+                        help="default: float32 bfloat16 (toy models), bfloat16 (--paper)")
+    parser.add_argument("--backends", nargs="+", default=["chunk", "triton"], choices=("chunk", "triton"))
+    parser.add_argument("--tolerance", type=float, default=1e-2, help="largest ‖linmem − FLA‖ / ‖FLA‖ that passes")
     parser.add_argument("--first-config", action="store_true", help="skip Triton autotuning (see first_config_only)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here, line by line")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    report = Report(args.out)
     import fla.layers.attn
 
-    report.log("imported fla")
     fla.layers.attn.flash_attn_func = sdpa_flash_attn_func  # FLA's attention layer looks it up here
+    paper = args.paper or args.write_paper is not None
+    names = args.models or list(PAPER if paper else MODELS)
+    if args.write_paper is not None:
+        write_paper_checkpoints(args.write_paper, names, init=args.init)
+        return 0
+    device = torch.device(args.device)
+    dtypes = tuple(getattr(torch, d) for d in (args.dtypes or (["bfloat16"] if paper else ["float32", "bfloat16"])))
+    report = Report(args.out)
+    report.log("imported fla")
     if args.first_config:
         first_config_only()
     for line in environment_lines(device) + [
-        f"- batch {args.batch}, vocab {VOCAB}; FLA runs in the row's dtype (its Triton kernels' default fp32 dot "
-        f"precision{', first autotune config' if args.first_config else ''}); exact: linmem chunk in float64", "",
-        "| model | T | dtype | logits of | max abs Δ vs FLA | max rel Δ vs FLA | top-1 agrees | max rel Δ vs exact |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"- batch {args.batch}; FLA runs in the row's dtype (its Triton kernels' default fp32 dot "
+        f"precision{', first autotune config' if args.first_config else ''}); exact: linmem chunk in float64; "
+        f"‖Δ‖/‖FLA‖ over all logits must be <= {args.tolerance:g}", "",
+        "| model | T | dtype | logits of | max abs Δ vs FLA | max rel Δ vs FLA | ‖Δ‖/‖FLA‖ | <= tol | top-1 agrees "
+        "| max rel Δ vs exact |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]:
         report.add(line)
+    failures = []
     with tempfile.TemporaryDirectory() as workdir:
-        for name in args.models:
-            kind, settings = MODELS[name]
-            run_model(name, kind, settings, args.lengths, args.batch, device, Path(workdir), report)
+        for name in names:
+            path = Path(workdir) / name.replace(" ", "_")
+            if name in PAPER:
+                kind, settings, paper_count = PAPER[name]
+                fla_model, count = write_fla_checkpoint(kind, settings, path, init=args.init)
+                report.log(f"{name}: {count:,} parameters (paper {paper_count / 1e6:.1f}M), saved")
+            else:
+                kind, settings = MODELS[name]
+                fla_model = build_fla(kind, settings, seed=len(name))
+                fla_model.save_pretrained(path)  # float32 safetensors
+            failures += run_model(name, fla_model, path, args.lengths, args.batch, device, report, dtypes,
+                                  tuple(args.backends), args.tolerance)
+            del fla_model
+            free(device)
+    report.add("")
+    report.add(f"relative error above {args.tolerance:g}: {failures}" if failures
+               else f"every linmem row within {args.tolerance:g} of FLA")
     report.log("done")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
