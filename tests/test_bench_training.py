@@ -50,7 +50,8 @@ def test_budget_and_failures_are_skipped_with_a_reason(tmp_path, monkeypatch):
     rows = training.main([*TINY, "--mixers", "sgla,rla", "--out", str(tmp_path)])
     assert [r["mixer"] for r in rows] == ["rla"] and rows[0]["vs_base"] is None
     report = json.loads((tmp_path / "training.json").read_text())
-    assert report["skipped"] == [dict(mixer="sgla", backend="chunk", reason="RuntimeError: no sGLA here")]
+    assert report["skipped"] == [dict(mixer="sgla", backend="chunk", checkpointing=False,
+                                      reason="RuntimeError: no sGLA here")]
 
     rows = training.main([*TINY, "--mixers", "gdn,rdn", "--budget", "0"])
     assert [r["mixer"] for r in rows] == ["gdn"] and rows[0]["timed_steps"] == 1  # the deadline ends its timing
@@ -63,3 +64,65 @@ def test_environment_names_the_software():
     assert env["device"] == "cpu" and env["gpu"] is None and env["torch"] == torch.__version__
     triton = pytest.importorskip("triton")
     assert env["triton"] == triton.__version__
+
+
+def test_checkpointing_both_ways_trains_alike_and_reports_the_saving(tmp_path):
+    rows = training.main([*TINY, "--mixers", "rdn", "--checkpointing", "both", "--out", str(tmp_path)])
+    assert [(r["mixer"], r["checkpointing"]) for r in rows] == [("rdn", False), ("rdn", True)]
+    plain, checkpointed = rows
+    assert checkpointed["final_loss"] == pytest.approx(plain["final_loss"], rel=1e-5)  # same steps, same data
+    report = json.loads((tmp_path / "training.json").read_text())
+    (saving,) = report["savings"]
+    assert saving["throughput_kept"] == pytest.approx(checkpointed["tokens_per_s"] / plain["tokens_per_s"])
+    assert saving["memory_saving"] is None  # peak GPU memory only on CUDA
+    md = (tmp_path / "training.md").read_text()
+    assert "| RDN | chunk | yes |" in md and "| RDN | chunk | no |" in md and "throughput kept" in md
+
+
+PAPER_TINY = ["--paper", "rdn,gdn", "--seq-lens", "16,32", "--tokens-per-step", "64", "--backends", "chunk",
+              "--steps", "2", "--warmup", "1", "--threads", "1", "--set", "model.hidden_size=32",
+              "--set", "model.num_hidden_layers=2", "--set", "model.num_heads=2", "--set", "model.head_dim=16",
+              "--set", "model.intermediate_size=48", "--set", "model.vocab_size=96"]
+
+
+def test_paper_mode_runs_fsdp2_on_one_process(tmp_path):
+    import torch.distributed as dist
+
+    from linmem.bench.flops import H200_BF16_DENSE_TFLOPS, flops_per_token
+    from linmem.train.config import load_config
+    from linmem.train.params import count_config_parameters, model_config_of
+
+    rows = training.main([*PAPER_TINY, "--out", str(tmp_path)])
+    assert not dist.is_initialized()  # the one-process group it started is gone
+    assert [(r["model"], r["seq_len"], r["batch"]) for r in rows] == [
+        ("rdn", 16, 4), ("rdn", 32, 2), ("gdn", 16, 4), ("gdn", 32, 2)]
+    overrides = [a for a in PAPER_TINY[PAPER_TINY.index("--set"):] if a != "--set"]
+    for r in rows:
+        config = load_config(training.PAPER_CONFIGS / f"{r['model']}-1.5b.yaml", overrides)
+        count = count_config_parameters(config)
+        assert r["params"] == count.total and r["finite"] and r["checkpointing"] and r["timed_steps"] == 2
+        # 6 N over the weights that multiply (not the input table) + 6 L H m K V (RDN m = 6, GDN m = 3)
+        expected = 6 * (count.total - count.embeddings) + 6 * 2 * 2 * {"rdn": 6, "gdn": 3}[r["model"]] * 16 * 16
+        assert r["flops_per_token"]["total"] == pytest.approx(expected)
+        assert r["flops_per_token"] == flops_per_token(model_config_of(config)[0], r["seq_len"])
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * expected / (H200_BF16_DENSE_TFLOPS * 1e12))
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq_len"] / (r["step_ms"] / 1e3))
+    report = json.loads((tmp_path / "paper-training.json").read_text())
+    assert report["mode"] == "paper" and len(report["rows"]) == 4 and not report["skipped"]
+    md = (tmp_path / "paper-training.md").read_text()
+    assert "| RDN | chunk | 16 | 4 |" in md and "FSDP2 world size 1" in md and "989" in md
+
+
+def test_flops_attention_term_and_tied_head():
+    from linmem.bench.flops import flops_per_token
+    from linmem.models import LinMemConfig
+    from linmem.train.params import count_model_parameters
+
+    config = LinMemConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_heads=2, head_dim=16,
+                          intermediate_size=48, attn_layers=[0, 2], attn_num_heads=4, tie_word_embeddings=True)
+    flops = flops_per_token(config, 512)
+    assert flops["attention"] == 6 * 2 * 4 * 8 * 512  # 2 layers, 4 heads of width 32 / 4
+    assert flops["memory"] == 6 * 1 * 2 * 6 * 16 * 32  # one RDN layer, V = 16 x expand_v 2
+    assert flops["matmul"] == 6 * count_model_parameters(config).total  # a tied table is the head's matmul
+    with pytest.raises(ValueError, match="seq_len"):
+        flops_per_token(config, 0)

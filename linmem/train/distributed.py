@@ -100,12 +100,36 @@ def wrap_model(model: nn.Module, parallel: str, state: Distributed) -> nn.Module
     if parallel == "ddp":
         device_ids = [state.device.index] if state.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    return fully_shard_model(model)
+
+
+def fully_shard_model(model: nn.Module, **options) -> nn.Module:
+    """FSDP2 over the process group: ``fully_shard`` on each block (its parameters gathered just for its forward
+    and backward), then on the whole model (embeddings, final norm, head); ``options`` go to every ``fully_shard``
+    (``mp_policy=MixedPrecisionPolicy(...)``). Needs a started process group."""
     from torch.distributed.fsdp import fully_shard
 
     for block in model.model.layers:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
     return model
+
+
+def start_local_group(device: torch.device) -> bool:
+    """A one-process group (rank 0 of world size 1) on a free local port, NCCL on CUDA and gloo on the CPU, so that
+    FSDP2 can run in a single process; returns False (and starts nothing) when a group is already running."""
+    if dist.is_initialized():
+        return False
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1)
+    return True
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:

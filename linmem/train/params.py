@@ -109,13 +109,20 @@ def resolve_vocab_size(config: TrainConfig) -> tuple[int, str]:
     return data.vocab_size, "data.vocab_size (no dataset built yet)"
 
 
-def count_config_parameters(config: TrainConfig) -> ParameterCount:
-    """The parameter count of the model ``config`` trains (``vocab_size: auto`` resolved as the module doc says)."""
+def model_config_of(config: TrainConfig) -> tuple[LinMemConfig, str]:
+    """The ``LinMemConfig`` ``config`` trains, without opening its data (``vocab_size: auto`` resolved as the module
+    doc says), and where its vocabulary size comes from."""
     if config.model.get("vocab_size", "auto") == "auto":
         data_vocab, source = resolve_vocab_size(config)
     else:
         data_vocab, source = 1, "model.vocab_size"
-    count = count_model_parameters(build_model_config(config, data_vocab))
+    return build_model_config(config, data_vocab), source
+
+
+def count_config_parameters(config: TrainConfig) -> ParameterCount:
+    """The parameter count of the model ``config`` trains (``vocab_size: auto`` resolved as the module doc says)."""
+    model_config, source = model_config_of(config)
+    count = count_model_parameters(model_config)
     count.vocab_source = source
     return count
 
