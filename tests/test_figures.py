@@ -32,3 +32,41 @@ def test_topk_ticks_are_the_k_values():
     fig.canvas.draw()
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert labels == ["1", "2", "4", "8"]
+
+
+def _zoo_like_tasks(rng, ppl):
+    lengths, depths = [256, 512], [0.0, 0.5, 1.0]
+    return {"ppl": {"metrics": {"ppl": ppl, "loss": float(np.log(ppl)), "tokens": 100, "seq_len": 64}},
+            "mqar": {"table": [{"pairs": p, "accuracy": float(rng.uniform())} for p in (8, 32)],
+                     "metrics": {"mean_accuracy": 0.5, "seq_len": 64}},
+            "niah": {"grid": {"lengths": lengths, "depths": depths,
+                              "accuracy": rng.uniform(size=(len(lengths), len(depths))).tolist()},
+                     "metrics": {"mean_accuracy": 0.5}}}
+
+
+def test_demo_figures_compare_sizes_from_zero_and_draw_the_niah_grid():
+    from linmem.demo import summary_figures
+
+    rng = np.random.default_rng()
+    models = {name: {"tasks": _zoo_like_tasks(rng, ppl)} for name, ppl in (("a", 38.0), ("b", 3.0))}
+    figures = dict(summary_figures(models))
+    ppl = next(fig for caption, fig in figures.items() if caption.startswith("Perplexity"))
+    ax = ppl.axes[0]
+    assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0
+    niah = next(fig for caption, fig in figures.items() if caption.startswith("Needle"))
+    grids = [a for a in niah.axes if a.images]
+    assert len(grids) == 2 and all(a.images[0].get_array().shape == (2, 3) for a in grids)
+    assert {a.images[0].get_clim() for a in grids} == {(0, 1)}
+
+
+def test_s_vs_r_share_is_withheld_where_the_layer_swap_does_nothing():
+    from linmem.demo import s_vs_r_rows
+
+    rows = []
+    for layer, (low, high) in ((0, (-0.01, 0.01)), (1, (2.0, 4.0))):
+        rows.append(dict(layer=layer, memory="S+R", metric="donor_margin_shift", mean=(low + high) / 2, low=low,
+                         high=high))
+        rows.append(dict(layer=layer, memory="S", metric="share_of_layer", mean=0.9, low=-3.0, high=5.6))
+    table = {(r["layer"], r["memory swapped"]): r for r in s_vs_r_rows(rows)}
+    assert table[(0, "S")]["share of the layer's S+R swap"].startswith("–")
+    assert table[(1, "S")]["share of the layer's S+R swap"].startswith("0.9")

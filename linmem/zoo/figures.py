@@ -9,7 +9,7 @@ from typing import Any
 
 from linmem.eval.plots import have_matplotlib
 
-__all__ = ["bars", "close", "have_matplotlib", "loss_curves", "mqar_curves", "save"]
+__all__ = ["bars", "close", "grouped_bars", "have_matplotlib", "loss_curves", "mqar_curves", "niah_grids", "save"]
 
 
 def _pyplot():
@@ -99,8 +99,9 @@ def mqar_curves(tables: dict[str, list[dict[str, Any]]], title: str = "MQAR accu
 
 
 def bars(values: dict[str, float | None], title: str, ylabel: str, errors: dict[str, tuple[float, float]] | None = None,
-         chance: float | None = None, log: bool = False):
-    """One bar per model (missing values left out), optional ``(low, high)`` intervals and a chance line."""
+         chance: float | None = None):
+    """One bar per model (missing values left out), optional ``(low, high)`` intervals and a chance line; the axis
+    starts at zero, so bar heights compare as sizes."""
     plt = _pyplot()
     names = [n for n, v in values.items() if v is not None]
     fig, ax = plt.subplots(figsize=(max(4.0, 0.75 * len(names) + 2), 3.6))
@@ -114,10 +115,76 @@ def bars(values: dict[str, float | None], title: str, ylabel: str, errors: dict[
         ax.axhline(chance, linestyle="--", color="grey", label=f"chance ({chance:.3g})")
         ax.legend(fontsize=8)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    if log:
-        ax.set_yscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
+    return fig
+
+
+def grouped_bars(groups: dict[str, dict[str, float | None]], title: str, ylabel: str,
+                 errors: dict[str, dict[str, tuple[float, float]]] | None = None,
+                 chance: dict[str, float] | None = None):
+    """Bars of several tasks per model on one 0–1 scale: ``groups[task][model]``, optional ``errors[task][model]``
+    ``(low, high)`` and a chance mark per task (a short dashed line over that task's bars)."""
+    plt = _pyplot()
+    tasks = list(groups)
+    names = list(dict.fromkeys(n for values in groups.values() for n in values))
+    width = 0.8 / max(1, len(tasks))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(names) + 3), 3.8))
+    for i, task in enumerate(tasks):
+        xs = [j + (i - (len(tasks) - 1) / 2) * width for j in range(len(names))]
+        heights = [groups[task].get(n) for n in names]
+        shown = [(x, h, n) for x, h, n in zip(xs, heights, names) if h is not None]
+        if not shown:
+            continue
+        yerr = None
+        task_errors = (errors or {}).get(task)
+        if task_errors:
+            yerr = [[max(h - task_errors[n][0], 0) if n in task_errors else 0 for _, h, n in shown],
+                    [max(task_errors[n][1] - h, 0) if n in task_errors else 0 for _, h, n in shown]]
+        bars_ = ax.bar([x for x, _, _ in shown], [h for _, h, _ in shown], width=width * 0.95, yerr=yerr, capsize=2,
+                       label=task)
+        if chance and task in chance:
+            for x, _, _ in shown:
+                ax.plot([x - width / 2, x + width / 2], [chance[task]] * 2, color="black", linestyle=":", lw=1,
+                        label=None)
+            bars_.set_label(f"{task} (dotted: chance {chance[task]:.2g})")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def niah_grids(grids: dict[str, dict[str, Any]]):
+    """Needle-in-a-haystack accuracy over the length × depth grid, one small panel per model, one 0–1 colour scale
+    (``grids[name]`` as the runner's NIAH report keeps it: ``lengths``, ``depths``, ``accuracy[length][depth]``)."""
+    plt = _pyplot()
+    names = list(grids)
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 1.2, 2.3 * rows + 0.4), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    image = None
+    for ax, name in zip(axes.flat, names):
+        grid = grids[name]
+        image = ax.imshow(grid["accuracy"], cmap="viridis", vmin=0, vmax=1, aspect="auto", origin="lower")
+        ax.set_xticks(range(len(grid["depths"])), [f"{d:.0%}" for d in grid["depths"]], fontsize=7)
+        ax.set_yticks(range(len(grid["lengths"])), [str(n) for n in grid["lengths"]], fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("needle depth", fontsize=7)
+        ax.set_ylabel("tokens", fontsize=7)
+        for i, row in enumerate(grid["accuracy"]):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if value > 0.6 else "white")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes.flat[:len(names)]), label="accuracy", shrink=0.8)
     return fig
