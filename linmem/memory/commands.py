@@ -36,6 +36,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", default=(), metavar="EXPERIMENT", choices=EXPERIMENTS,
                         help=f"run only these experiments (one of: {', '.join(EXPERIMENTS)}); the head scan "
                              f"runs too when one needs the frozen component and --component is not given")
+    parser.add_argument("--template", default="code",
+                        help="fact wording: a name (code, lives, colon, likes; held out of training: went, keeps), a "
+                             "file whose first line is like 'The code of {key} is {value}.', or that text itself")
+    parser.add_argument("--keys", default=None,
+                        help="key words: a name (names, letters, objects; held out: roles) or a file of words "
+                             "(default: chosen automatically, said in the report)")
+    parser.add_argument("--values", default=None,
+                        help="value words: a name (colors, cities, animals, numbers, shapes; held out: directions, "
+                             "materials) or a file of words (default: chosen automatically, said in the report)")
     parser.add_argument("--component", default=None,
                         help="use this component (like L3H1S or L3H1R) instead of the head scan's choice")
     parser.add_argument("--min-clean-recall", type=float, default=0.5,
@@ -70,7 +79,8 @@ def main(args: argparse.Namespace) -> int:
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
-                           min_clean_recall=args.min_clean_recall)
+                           min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
+                           values=args.values)
     summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})
     recall = summary["clean_recall"]

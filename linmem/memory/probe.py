@@ -14,14 +14,28 @@ from linmem.data.sources import Document
 from linmem.memory import experiments as ex
 from linmem.memory.components import Component, attention_layers, check_component
 from linmem.memory.report import write_report
-from linmem.memory.tasks import KEY_WORDS, VALUE_WORDS, TaskBuilder, TaskSpec, Tokenize, build_items, passages
+from linmem.memory.tasks import (
+    KEY_WORDS,
+    VALUE_WORDS,
+    TaskBuilder,
+    TaskSpec,
+    Tokenize,
+    build_items,
+    label,
+    load_template,
+    load_vocabulary,
+    passages,
+)
 
 
 @dataclass
 class ProbeOptions:
     """Protocol sizes: ``dev_sources`` / ``confirm_sources`` passages, the task shape, the sweeps' values; ``only``
     runs just the named experiments (``EXPERIMENTS``), ``component`` (like ``"L3H1S"``) replaces the head scan's
-    choice. ``min_clean_recall`` gates every attribution on the model's clean recall (4 candidates, chance 0.25):
+    choice. ``template``, ``keys``, ``values``: the task's wording and vocabularies (a name or a user's file,
+    see ``tasks.load_template``); keys / values None: chosen automatically (names / colors first), said in the
+    report's notes.
+    ``min_clean_recall`` gates every attribution on the model's clean recall (4 candidates, chance 0.25):
     below it on the development or the confirmation sources only the experiments that attribute nothing
     (``NOT_ATTRIBUTING``) run, and the report says why; 0 turns the gate off."""
 
@@ -40,13 +54,18 @@ class ProbeOptions:
     min_clean_recall: float = 0.5
 
 
-def pick_spec(tokenizer, spec: TaskSpec) -> TaskBuilder:
-    """A builder for ``spec``, or for the first key / value vocabularies this tokenizer keeps single-token."""
+    template: str = "code"
+    keys: str | None = None
+    values: str | None = None
+def pick_spec(tokenizer, spec: TaskSpec, notes: list[str] | None = None, keep: Iterable[str] = ()) -> TaskBuilder:
+    """A builder for ``spec``, or for the first key / value vocabularies this tokenizer keeps single-token; a
+    switch is said in ``notes`` (the probe's report carries them). A vocabulary the user asked for is never
+    switched: name it in ``keep`` (``"keys"``, ``"values"``) and its rule's ``ValueError`` comes through."""
     errors = []
-    for keys in [spec.keys, *KEY_WORDS]:
-        for values in [spec.values, *VALUE_WORDS]:
+    for keys in [spec.keys] if "keys" in keep else [spec.keys, *KEY_WORDS]:
+        for values in [spec.values] if "values" in keep else [spec.values, *VALUE_WORDS]:
             try:
-                return TaskBuilder(tokenizer, replace(spec, keys=keys, values=values))
+                builder = TaskBuilder(tokenizer, replace(spec, keys=keys, values=values))
             except ValueError as e:
                 errors.append(str(e))
     raise ValueError(f"no vocabulary meets the task's rules for this tokenizer; first problem: {errors[0]}")
@@ -54,9 +73,32 @@ def pick_spec(tokenizer, spec: TaskSpec) -> TaskBuilder:
 
 def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
     """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
+                continue
+            if errors and notes is not None:
+                notes.append(f"vocabulary chosen automatically: keys {label(keys)!r}, values {label(values)!r} "
+                             f"instead of {label(spec.keys)!r} / {label(spec.values)!r} ({errors[0]})")
+            return builder
+    if len(errors) == 1:
+        raise ValueError(errors[0])
     tokenize, dev, confirm = Tokenize(tokenizer), [], []
     for doc in documents:  # stop reading as soon as both sets are full
         for found in passages([doc], tokenize, options.filler_tokens + 16):
+def task_builder(tokenizer, options: ProbeOptions, notes: list[str]) -> TaskBuilder:
+    """The probe's task: the asked template and vocabularies (refused with the rule's ``ValueError`` when this
+    tokenizer cannot meet them), the ones not asked chosen by ``pick_spec`` (a switch said in ``notes``)."""
+    asked = {name: load_vocabulary(getattr(options, name), name) for name in ("keys", "values")
+             if getattr(options, name) is not None}
+    spec = TaskSpec(num_bindings=options.num_bindings, repeats=options.repeats, filler_tokens=options.filler_tokens,
+                    template=load_template(options.template), **asked)
+    return pick_spec(tokenizer, spec, notes, keep=asked)
+
+
+def shortened(asked: Iterable[int], kept: list[int], what: str, why: str) -> list[str]:
+    """A note naming the sweep points left out (none when every asked point is kept)."""
+    dropped = [v for v in asked if v not in kept]
+    return [f"{what} sweep shortened: {dropped} left out ({why}); ran {kept}"] if dropped else []
+
+
             (dev if found[1] == "dev" else confirm).append(found)
         if len(dev) >= options.dev_sources and len(confirm) >= options.confirm_sources:
             break
@@ -101,9 +143,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     """
     if not 0 <= options.min_clean_recall <= 1:
         raise ValueError(f"min_clean_recall must be in [0, 1]; got {options.min_clean_recall}")
-    spec = TaskSpec(num_bindings=options.num_bindings, repeats=options.repeats,
-                    filler_tokens=options.filler_tokens)
-    builder = pick_spec(tokenizer, spec)
+    notes: list[str] = []
+    builder = task_builder(tokenizer, options, notes)
     names = selected(options)
     loads = [k for k in options.loads if k <= len(builder.keys)]
     gaps = [g for g in options.gaps if g <= options.filler_tokens]
@@ -112,6 +153,11 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     chosen = None if options.component is None else Component.parse(options.component)
     if chosen is not None:
         check_component(model, chosen)
+    if {"sweep_num_bindings", "overlap_sweep"} & set(names):
+        notes += shortened(options.loads, loads, "load", f"keys {label(builder.spec.keys)!r} have "
+                           f"{len(builder.keys)} single-token words with this tokenizer")
+    if "sweep_gap" in names:
+        notes += shortened(options.gaps, gaps, "gap", f"a gap cannot exceed the {options.filler_tokens} filler tokens")
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -32,6 +33,8 @@ KEY_WORDS = {
     "letters": "A B C D E F G H J K L M N P Q R S T U V W X Y Z",
     "objects": "door house table chair book letter ring sword crown horse ship tree river field stone bell cup "
                "gate wall bed coat hat key lamp rose glass bread wine tower garden window mountain paper box fire",
+    "roles": "king queen lord lady duke knight soldier captain judge priest servant master father mother brother "
+             "sister son daughter friend prince bishop merchant",
 }
 VALUE_WORDS = {
     "colors": "red blue green yellow black white brown pink purple orange gray gold silver",
@@ -39,6 +42,8 @@ VALUE_WORDS = {
     "animals": "cat dog horse cow lion bear wolf fox deer bird fish sheep goat mouse eagle",
     "numbers": "one two three four five six seven eight nine ten eleven twelve twenty hundred",
     "shapes": "circle square line cross star ring box ball point cube",
+    "directions": "north south east west up down left right inside outside",
+    "materials": "iron wood bread wine water stone paper glass salt steel copper cotton wool",
 }
 # (fact before key, between key and value, after value); the query is the fact cut after the middle piece
 TEMPLATES = {
@@ -46,9 +51,117 @@ TEMPLATES = {
     "lives": (" Remember that", " lives in", "."),
     "colon": (" Note,", ":", ";"),
     "likes": (" We know that", " likes the", " one."),
+    "went": (" Later that day the", " went", " again."),
+    "keeps": (" It is said that the", " keeps the", " safe."),
 }
+# Templates and vocabularies no training configuration uses (the zoo trained on "code", "names", "colors"): a
+# model's recall on them measures memory of facts in a format it never saw (tests/test_memory_analyses.py checks
+# configs/ against this list).
+HELD_OUT = {"template": ("went", "keeps"), "keys": ("roles",), "values": ("directions", "materials")}
 VARIANTS = ("retrieval", "latest", "neutral")
 SPLIT_SALT = "linmem-memory-lab"
+
+
+@dataclass(frozen=True)
+class Template:
+    """A fact's wording: ``before`` key ``middle`` value ``after``; the query is the fact cut after ``middle``.
+    ``name`` labels it in results (a file's path for a user's own)."""
+
+    name: str
+    before: str
+    middle: str
+    after: str
+
+    def __post_init__(self) -> None:
+        if not self.middle.strip():
+            raise ValueError(f"rule 'query template': template {self.name!r} needs text between {{key}} and "
+                             f"{{value}} (the query ends there); got {self.middle!r}")
+
+    @property
+    def pieces(self) -> tuple[str, str, str]:
+        return self.before, self.middle, self.after
+
+    @classmethod
+    def parse(cls, text: str, name: str) -> Template:
+        """A template from one line holding ``{key}`` then ``{value}`` once each, e.g. ``"The code of {key} is
+        {value}."``. Keys and values are tokenized with a leading space, so the space before a placeholder is
+        theirs; the fact starts with a space, as in ``TEMPLATES``."""
+        line = " ".join(text.split())
+        if line.count("{key}") != 1 or line.count("{value}") != 1 or line.index("{key}") > line.index("{value}"):
+            raise ValueError(f"template {name!r} must hold {{key}} and then {{value}}, once each; got {text!r}")
+        before, rest = line.split("{key}")
+        middle, after = rest.split("{value}")
+        return cls(name, " " + before.strip() if before.strip() else "", middle.rstrip(), after.rstrip())
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Words for the keys or the values of a task (each must tokenize to one token, after a leading space)."""
+
+    name: str
+    words: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "words", tuple(self.words))
+        if not self.words:
+            raise ValueError(f"vocabulary {self.name!r} holds no words")
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The lines of a user's file, stripped, without blank lines and ``#`` comments."""
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def load_template(value: str | Template) -> str | Template:
+    """``--template NAME|FILE|TEXT``: a name of ``TEMPLATES`` (kept as the name), a text file whose first line is
+    the template (see ``Template.parse``), or the template text itself (holding ``{key}`` and ``{value}``)."""
+    if isinstance(value, Template) or value in TEMPLATES:
+        return value
+    path = Path(value)
+    if path.is_file():
+        lines = _read_lines(path)
+        if not lines:
+            raise ValueError(f"template file {value!r} holds no template line")
+        return Template.parse(lines[0], str(path))
+    if "{key}" in value:
+        return Template.parse(value, value)
+    raise ValueError(f"template must be one of {sorted(TEMPLATES)}, a file or a text with {{key}} and {{value}}; "
+                     f"got {value!r}")
+
+
+def load_vocabulary(value: str | Vocabulary, kind: str) -> str | Vocabulary:
+    """``--keys`` / ``--values NAME|FILE``: a name of ``KEY_WORDS`` / ``VALUE_WORDS`` (kept as the name) or a text
+    file of words, one or more a line (blank lines and ``#`` comments skipped). ``kind``: ``"keys"`` or
+    ``"values"``."""
+    table = _vocabularies(kind)
+    if isinstance(value, Vocabulary) or value in table:
+        return value
+    path = Path(value)
+    if path.is_file():
+        return Vocabulary(str(path), tuple(w for line in _read_lines(path) for w in line.split()))
+    raise ValueError(f"{kind} must be one of {sorted(table)} or a word-list file; got {value!r}")
+
+
+def _vocabularies(kind: str) -> dict[str, str]:
+    if kind not in ("keys", "values"):
+        raise ValueError(f"kind must be 'keys' or 'values'; got {kind!r}")
+    return KEY_WORDS if kind == "keys" else VALUE_WORDS
+
+
+def template_pieces(template: str | Template) -> tuple[str, str, str]:
+    """``(before, middle, after)`` of a template name or ``Template``."""
+    return template.pieces if isinstance(template, Template) else TEMPLATES[template]
+
+
+def vocabulary_words(vocabulary: str | Vocabulary, kind: str) -> list[str]:
+    """The words of a vocabulary name (of ``kind`` ``"keys"`` or ``"values"``) or ``Vocabulary``."""
+    return list(vocabulary.words) if isinstance(vocabulary, Vocabulary) else _vocabularies(kind)[vocabulary].split()
+
+
+def label(choice: str | Template | Vocabulary) -> str:
+    """A template's or vocabulary's name for results."""
+    return choice if isinstance(choice, str) else choice.name
 
 
 class Tokenize:
@@ -63,9 +176,9 @@ class Tokenize:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
-def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int) -> list[int]:
+def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int, name: str = "") -> list[int]:
     """The ids of the distinct words (with a leading space) that are one token; ``ValueError`` naming ``rule``
-    when fewer than ``need``."""
+    (and the vocabulary ``name``) when fewer than ``need``."""
     ids, seen = [], set()
     for word in words:
         pieces = tokenize(" " + word)
@@ -73,7 +186,8 @@ def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int
             ids.append(pieces[0])
             seen.add(pieces[0])
     if len(ids) < need:
-        raise ValueError(f"rule '{rule}': only {len(ids)} distinct words are a single token with this tokenizer "
+        of = f" of vocabulary {name!r}" if name else ""
+        raise ValueError(f"rule '{rule}': only {len(ids)} distinct words{of} are a single token with this tokenizer "
                          f"(need {need}); choose another vocabulary or a tokenizer with whole-word tokens")
     return ids
 
@@ -81,23 +195,27 @@ def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int
 @dataclass(frozen=True)
 class TaskSpec:
     """The shape of every item: ``num_bindings`` K, ``repeats`` R, ``filler_tokens`` in all, ``gap`` (filler
-    tokens right before the query; None: like any other stretch), ``variant``, ``template``, ``values``, ``keys``."""
+    tokens right before the query; None: like any other stretch), ``variant``, ``template``, ``values``, ``keys``
+    (names of ``TEMPLATES`` / ``VALUE_WORDS`` / ``KEY_WORDS``, or a user's ``Template`` / ``Vocabulary``: see
+    ``load_template`` and ``load_vocabulary``)."""
 
     num_bindings: int = 4
     repeats: int = 3
     filler_tokens: int = 512
     gap: int | None = None
     variant: str = "retrieval"
-    template: str = "code"
-    values: str = "colors"
-    keys: str = "names"
+    template: str | Template = "code"
+    values: str | Vocabulary = "colors"
+    keys: str | Vocabulary = "names"
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}; got {self.variant!r}")
-        for name, table in (("template", TEMPLATES), ("values", VALUE_WORDS), ("keys", KEY_WORDS)):
-            if getattr(self, name) not in table:
-                raise ValueError(f"{name} must be one of {sorted(table)}; got {getattr(self, name)!r}")
+        for name, table, kind in (("template", TEMPLATES, Template), ("values", VALUE_WORDS, Vocabulary),
+                                  ("keys", KEY_WORDS, Vocabulary)):
+            if not isinstance(getattr(self, name), kind) and getattr(self, name) not in table:
+                raise ValueError(f"{name} must be one of {sorted(table)} or a {kind.__name__}; got "
+                                 f"{getattr(self, name)!r}")
         if self.variant == "latest" and self.repeats < 2:
             raise ValueError("rule 'latest value': the latest-value variant needs repeats >= 2 (an old value first)")
         if self.num_bindings < 1 or self.repeats < 1:
@@ -165,14 +283,14 @@ class TaskBuilder:
     def __init__(self, tokenizer, spec: TaskSpec = TaskSpec()):
         self.spec, self.tokenize = spec, Tokenize(tokenizer)
         need_keys = spec.num_bindings
-        self.keys = single_tokens(self.tokenize, KEY_WORDS[spec.keys].split(), "single-token keys", need_keys)
+        self.keys = single_tokens(self.tokenize, vocabulary_words(spec.keys, "keys"), "single-token keys",
+                                  need_keys, label(spec.keys))
         need_values = 5 if spec.variant == "latest" else 4
-        self.values = single_tokens(self.tokenize, VALUE_WORDS[spec.values].split(), "single-token values",
-                                    need_values)
-        before, middle, after = TEMPLATES[spec.template]
-        self.before, self.middle, self.after = (self.tokenize(p) for p in (before, middle, after))
+        self.values = single_tokens(self.tokenize, vocabulary_words(spec.values, "values"), "single-token values",
+                                    need_values, label(spec.values))
+        self.before, self.middle, self.after = (self.tokenize(p) for p in template_pieces(spec.template))
         if not self.middle:
-            raise ValueError(f"rule 'query template': template {spec.template!r} tokenizes to nothing")
+            raise ValueError(f"rule 'query template': template {label(spec.template)!r} tokenizes to nothing")
 
     def fact(self, key: int, value: int) -> list[int]:
         return self.before + [key] + self.middle + [value] + self.after
