@@ -51,9 +51,6 @@ class ProbeOptions:
     extras: bool = True
     only: tuple[str, ...] = ()
     component: str | None = None
-    min_clean_recall: float = 0.5
-
-
     template: str = "code"
     keys: str | None = None
     values: str | None = None
@@ -68,11 +65,6 @@ def pick_spec(tokenizer, spec: TaskSpec, notes: list[str] | None = None, keep: I
                 builder = TaskBuilder(tokenizer, replace(spec, keys=keys, values=values))
             except ValueError as e:
                 errors.append(str(e))
-    raise ValueError(f"no vocabulary meets the task's rules for this tokenizer; first problem: {errors[0]}")
-
-
-def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
-    """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
                 continue
             if errors and notes is not None:
                 notes.append(f"vocabulary chosen automatically: keys {label(keys)!r}, values {label(values)!r} "
@@ -80,9 +72,9 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
             return builder
     if len(errors) == 1:
         raise ValueError(errors[0])
-    tokenize, dev, confirm = Tokenize(tokenizer), [], []
-    for doc in documents:  # stop reading as soon as both sets are full
-        for found in passages([doc], tokenize, options.filler_tokens + 16):
+    raise ValueError(f"no vocabulary meets the task's rules for this tokenizer; first problem: {errors[0]}")
+
+
 def task_builder(tokenizer, options: ProbeOptions, notes: list[str]) -> TaskBuilder:
     """The probe's task: the asked template and vocabularies (refused with the rule's ``ValueError`` when this
     tokenizer cannot meet them), the ones not asked chosen by ``pick_spec`` (a switch said in ``notes``)."""
@@ -107,6 +99,11 @@ def shortened(asked: Iterable[int], kept: list[int], what: str, why: str) -> lis
         raise ValueError(f"need >= 2 development and >= 2 confirmation passages of {options.filler_tokens + 16}+ "
                          f"tokens; found {len(dev)} and {len(confirm)}: add --sources or lower --filler")
     return dev, confirm
+def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
+    """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
+    tokenize, dev, confirm = Tokenize(tokenizer), [], []
+    for doc in documents:  # stop reading as soon as both sets are full
+        for found in passages([doc], tokenize, options.filler_tokens + 16):
 
 
 EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
@@ -148,11 +145,6 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     names = selected(options)
     loads = [k for k in options.loads if k <= len(builder.keys)]
     gaps = [g for g in options.gaps if g <= options.filler_tokens]
-    if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
-        ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
-    chosen = None if options.component is None else Component.parse(options.component)
-    if chosen is not None:
-        check_component(model, chosen)
     if {"sweep_num_bindings", "overlap_sweep"} & set(names):
         notes += shortened(options.loads, loads, "load", f"keys {label(builder.spec.keys)!r} have "
                            f"{len(builder.keys)} single-token words with this tokenizer")
@@ -166,6 +158,11 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
     names = [n for n in names if n not in skipped]
     if skipped:
+    if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
+        ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
+    chosen = None if options.component is None else Component.parse(options.component)
+    if chosen is not None:
+        check_component(model, chosen)
         chosen = None
     gated = options.min_clean_recall or None  # flags sweep points below the gate (None: gate off)
     ranking = None
@@ -201,7 +198,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
               "clean_recall": gate["clean_recall"], "min_clean_recall": options.min_clean_recall,
-              "skipped_by_gate": skipped, "task": repr(builder.spec), "dev_sources": [p[0] for p in dev],
+              "skipped_by_gate": skipped, "task": repr(builder.spec), "notes": notes,
+              "dev_sources": [p[0] for p in dev],
               "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),
               "chosen_by": "option" if options.component else "head scan on development sources",
               "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
