@@ -249,6 +249,15 @@ def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     kernels._set_shape(1, 16)
+    # This test is about the options reaching every worker, not about bf16 rounding: the cases' inputs get fixed
+    # seeds, so the verdict does not depend on the draw (fresh bf16 draws at these tiny shapes land near the 1e-2
+    # allowance now and then; the benchmark itself keeps fresh inputs on the GPU).
+    drawn = kernels.check_cases
+
+    def seeded_cases(quick=False):
+        return [dict(case, seed=i) for i, case in enumerate(drawn(quick))]
+
+    monkeypatch.setattr(kernels, "check_cases", seeded_cases)
     options = {"backward_keys": dict(num_warps=4, num_stages=1, BV=32, BK=None, SPLIT=False)}
     results, failures = kernels.warm_and_check([], workers=2, skip_check=False, quick=True, lengths=[64], tokens=64,
                                                kernel_options=options)
