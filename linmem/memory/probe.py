@@ -54,6 +54,9 @@ class ProbeOptions:
     template: str = "code"
     keys: str | None = None
     values: str | None = None
+    min_clean_recall: float = 0.5
+
+
 def pick_spec(tokenizer, spec: TaskSpec, notes: list[str] | None = None, keep: Iterable[str] = ()) -> TaskBuilder:
     """A builder for ``spec``, or for the first key / value vocabularies this tokenizer keeps single-token; a
     switch is said in ``notes`` (the probe's report carries them). A vocabulary the user asked for is never
@@ -91,6 +94,11 @@ def shortened(asked: Iterable[int], kept: list[int], what: str, why: str) -> lis
     return [f"{what} sweep shortened: {dropped} left out ({why}); ran {kept}"] if dropped else []
 
 
+def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
+    """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
+    tokenize, dev, confirm = Tokenize(tokenizer), [], []
+    for doc in documents:  # stop reading as soon as both sets are full
+        for found in passages([doc], tokenize, options.filler_tokens + 16):
             (dev if found[1] == "dev" else confirm).append(found)
         if len(dev) >= options.dev_sources and len(confirm) >= options.confirm_sources:
             break
@@ -99,11 +107,6 @@ def shortened(asked: Iterable[int], kept: list[int], what: str, why: str) -> lis
         raise ValueError(f"need >= 2 development and >= 2 confirmation passages of {options.filler_tokens + 16}+ "
                          f"tokens; found {len(dev)} and {len(confirm)}: add --sources or lower --filler")
     return dev, confirm
-def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
-    """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
-    tokenize, dev, confirm = Tokenize(tokenizer), [], []
-    for doc in documents:  # stop reading as soon as both sets are full
-        for found in passages([doc], tokenize, options.filler_tokens + 16):
 
 
 EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
@@ -150,6 +153,11 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
                            f"{len(builder.keys)} single-token words with this tokenizer")
     if "sweep_gap" in names:
         notes += shortened(options.gaps, gaps, "gap", f"a gap cannot exceed the {options.filler_tokens} filler tokens")
+    if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
+        ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
+    chosen = None if options.component is None else Component.parse(options.component)
+    if chosen is not None:
+        check_component(model, chosen)
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
@@ -158,11 +166,6 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
     names = [n for n in names if n not in skipped]
     if skipped:
-    if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
-        ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
-    chosen = None if options.component is None else Component.parse(options.component)
-    if chosen is not None:
-        check_component(model, chosen)
         chosen = None
     gated = options.min_clean_recall or None  # flags sweep points below the gate (None: gate off)
     ranking = None
