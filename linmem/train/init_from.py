@@ -19,7 +19,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 from torch import nn
 
-from linmem.io.models import ZOO_PREFIX, resolve_model_folder, verify_model_folder
+from linmem.io.models import ZOO_PREFIX, resolve_model_folder
 from linmem.models import LinMemConfig
 from linmem.train.checkpoint import with_tied_head
 
@@ -43,7 +43,6 @@ def resolve_source(source: str, where: str = "config") -> Path:
     if missing:
         raise FileNotFoundError(f"{where}: train.init_from {source!r} is not a model folder ({' and '.join(missing)} "
                                 f"missing); give a run's OUT/model folder, a save_pretrained folder or zoo:NAME")
-    verify_model_folder(folder)
     return folder
 
 
