@@ -37,7 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from linmem.ops.chunk_fused import AdditiveHandOver, ResidualAdditive
+from linmem.ops.chunk_fused import AdditiveHandOver, PerKeyAdditiveRead, ResidualAdditive
 from linmem.ops.chunk_reads import (
     DecayedScores,
     KeyReadTarget,
@@ -85,10 +85,16 @@ class ChunkedKeys:
         self.k = k
         self.g = g
         self.b = g.cumsum(dim=3)
-        self.before_step = exclusive_cumsum(g, 3)  # log decay from the chunk start to t − 1
         self.per_key = g.dim() == k.dim()
         self.key_scores_needed = key_scores_needed
         self._cache: dict[str, torch.Tensor] = {}
+
+    @property
+    def before_step(self) -> torch.Tensor:
+        """``Σ_{j<t} g_j``, the log decay from the chunk start to t − 1 (formed when a strict read needs it)."""
+        if "before_step" not in self._cache:
+            self._cache["before_step"] = exclusive_cumsum(self.g, 3)
+        return self._cache["before_step"]
 
     def exp_decay(self, e: torch.Tensor) -> torch.Tensor:
         """``e^{e}`` shaped to multiply a ``[.., C, D]`` tensor row-wise (per head) or elementwise (per key)."""
@@ -198,6 +204,16 @@ def read_queries_of_both(base: ChunkedMemory, residual: ChunkedMemory, q: torch.
     return QueryRead.apply(q, decay, scores, base.starts, base.u, residual.starts, residual.u, gamma)
 
 
+def per_key_additive_read(keys: ChunkedKeys, values: torch.Tensor, strength: torch.Tensor, state0: torch.Tensor,
+                          q: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GLA: ``scale · S_t q_t`` ``[B, H, N, C, V]`` and the final state of an additive memory with per-key decay,
+    its chunk states read and handed over chunk after chunk (``PerKeyAdditiveRead``) instead of stored."""
+    writes = strength.unsqueeze(-1) * values
+    queries = q * keys.exp_decay(keys.b + math.log(scale))
+    o, final = PerKeyAdditiveRead.apply(queries, writes, keys.keys_to_chunk_end(), keys.b[:, :, :, -1], state0)
+    return o + keys.scores(q, "now", strict=False, scale=scale) @ writes, final
+
+
 def output(o: torch.Tensor, rest: float, length: int) -> torch.Tensor:
     """``rest · o`` in the ``[B, T, H, V]`` layout (``rest``: what the queries did not carry of the scale)."""
     return from_chunks(o if rest == 1.0 else rest * o, length)
@@ -235,6 +251,9 @@ def chunk_forward(
         return output(o, rest, length), base_final, residual_final
     needed = ("delta",) * (config.rule == "delta") + ("read",) * config.residual
     keys = ChunkedKeys(kc, gc, needed)
+    if per_key and not config.residual:
+        o, final = per_key_additive_read(keys, vc, betac, base_state, qc, read_scale)
+        return output(o, rest, length), final, None
     base = ChunkedMemory(keys, vc, betac, base_state, config.rule)
     if not config.residual:
         o = base.read(qc, "now", strict=False, scale=read_scale)

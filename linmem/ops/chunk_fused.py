@@ -233,3 +233,59 @@ class ResidualAdditive(torch.autograd.Function):
         return (grad_q.view(q_shape), grad_k.view(q_shape), grad_v.view(v_shape), grad_beta.view(gate_shape),
                 grad_gamma.view(gate_shape), grad_g.view(gate_shape), *states,
                 None, None, None)
+
+
+class PerKeyAdditiveRead(torch.autograd.Function):
+    """The state part of an additive memory's read with per-key decay (GLA), chunk after chunk, without storing
+    the state of every chunk: ``o_n = Q_n S_nᵀ`` and ``S_{n+1} = S_n·diag(e^{c_n}) + W_nᵀ K_n``.
+
+    Inputs ``Q [B, H, N, C, K]`` (queries times their decay from the chunk start and the scale), writes
+    ``W [B, H, N, C, V]``, keys times their decay to the chunk end ``K [B, H, N, C, K]``, chunk log decays
+    ``c [B, H, N, K]`` and ``S_0 [B, H, V, K]``; returns ``o [B, H, N, C, V]`` and the final state. Forward keeps
+    one state in every ``√N`` chunks; backward recomputes the states of one such stretch at a time and runs the
+    adjoint recurrence through it, so the extra memory is ``O(√N)`` states, the time linear in N.
+    """
+
+    @staticmethod
+    def forward(ctx, queries, writes, keys_to_end, log_decay, state):
+        ctx.set_materialize_grads(False)
+        ctx.shapes = queries.shape, writes.shape, log_decay.shape, state.shape
+        q, w, keys = (x.flatten(0, 1) for x in (queries, writes, keys_to_end))  # [m, N, C, D]
+        decay = log_decay.flatten(0, 1).exp().unsqueeze(-2)  # [m, N, 1, K]
+        current = state.flatten(0, 1)
+        count = q.shape[1]
+        ctx.every = max(1, math.isqrt(count))
+        checkpoints, o = [], w.new_empty(w.shape)
+        for n in range(count):
+            if n % ctx.every == 0:
+                checkpoints.append(current)
+            o[:, n] = torch.bmm(q[:, n], current.mT)
+            current = torch.baddbmm(current * decay[:, n], w[:, n].mT, keys[:, n])
+        ctx.save_for_backward(q, w, keys, decay, *checkpoints)
+        return o.view(ctx.shapes[1]), current.view(ctx.shapes[3])
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_final):
+        q, w, keys, decay, *checkpoints = ctx.saved_tensors
+        count, every = q.shape[1], ctx.every
+        grad_q, grad_w, grad_keys = torch.zeros_like(q), torch.empty_like(w), torch.empty_like(keys)
+        grad_log_decay = decay.new_empty(decay.shape[0], count, decay.shape[-1])
+        grad_o = None if grad_o is None else grad_o.flatten(0, 1)
+        reaching = torch.zeros_like(checkpoints[0]) if grad_final is None else grad_final.flatten(0, 1)
+        for first in reversed(range(0, count, every)):
+            last = min(count, first + every)
+            states = [checkpoints[first // every]]
+            for n in range(first, last - 1):
+                states.append(torch.baddbmm(states[-1] * decay[:, n], w[:, n].mT, keys[:, n]))
+            for n in reversed(range(first, last)):  # reaching: the gradient of S_{n+1}
+                state = states[n - first]
+                grad_w[:, n] = torch.bmm(keys[:, n], reaching.mT)
+                grad_keys[:, n] = torch.bmm(w[:, n], reaching)
+                grad_log_decay[:, n] = (reaching * state).sum(-2) * decay[:, n, 0]
+                reaching = reaching * decay[:, n]
+                if grad_o is not None:
+                    grad_q[:, n] = torch.bmm(grad_o[:, n], state)
+                    reaching = reaching.baddbmm(grad_o[:, n].mT, q[:, n])
+        q_shape, w_shape, decay_shape, state_shape = ctx.shapes
+        return (grad_q.view(q_shape), grad_w.view(w_shape), grad_keys.view(q_shape),
+                grad_log_decay.view(decay_shape), reaching.view(state_shape))
