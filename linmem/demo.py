@@ -154,7 +154,7 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
                                 f"package them with `linmem zoo ship RUN_DIR ...` (docs/zoo.md), or point "
                                 f"{zoo.ENV_VAR} at a zoo folder")
     if not figures.have_matplotlib():
-        raise ValueError("linmem demo draws its figures with matplotlib: pip install 'linmem[eval]'")
+        raise ValueError("linmem demo draws its figures with matplotlib (a base dependency): pip install matplotlib")
     names = [zoo.path(n, zoo_dir).name for n in models] if models else shipped
     settings = QUICK if quick else DEMO
     out = prepare_output_folder(out, overwrite=overwrite, kind="demo")

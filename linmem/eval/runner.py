@@ -150,5 +150,5 @@ def markdown(report: dict[str, Any]) -> str:
         if name in report.get("figures", {}):
             lines += [f"![{name}]({report['figures'][name]})", ""]
     if not report.get("figures") and any(k in report["tasks"] for k in ("niah", "stability", "mqar")):
-        lines += ["(figures need matplotlib: `pip install linmem[eval]`)", ""]
+        lines += ["(figures need matplotlib, part of linmem's base install: `pip install matplotlib`)", ""]
     return "\n".join(lines)
