@@ -51,7 +51,7 @@ def init_distributed(device_name: str = "auto") -> Distributed:
     device = resolve_device(device_name, local_rank)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
-            torch.cuda.set_device(device)
+            torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Distributed(rank, world_size, local_rank, device)
 
@@ -126,7 +126,7 @@ def start_local_group(device: torch.device) -> bool:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=0, world_size=1)
     return True
