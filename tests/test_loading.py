@@ -146,6 +146,16 @@ def test_probe_cli_on_a_missing_folder_is_one_line(tmp_path, capsys):
     assert "not a model folder" in err and len(err.splitlines()) == 1
 
 
+def test_probe_of_a_shipped_model_needs_an_output_folder_outside_the_package(capsys):
+    from linmem.cli import main
+
+    folder = linmem.zoo.path(ZOO_MODEL)
+    assert main(["probe", f"zoo:{ZOO_MODEL}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--out" in err and len(err.splitlines()) == 1
+    assert not (folder / "probe").exists()
+
+
 def test_run_folders_stand_for_their_model(tmp_path):
     run = tmp_path / "run"
     save_tiny(run / "model")

@@ -14,7 +14,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     from linmem.memory.probe import EXPERIMENTS
 
     parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
-    parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe)")
+    parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe; required for zoo:NAME)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty output folder that linmem probe did not make (its other files "
                              "are kept)")
@@ -70,11 +70,13 @@ def documents(specs):
 
 def main(args: argparse.Namespace) -> int:
     from linmem.io.folders import prepare_output_folder
+    from linmem.io.models import default_output_folder, resolve_model_folder
     from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
 
-    out = Path(args.out) if args.out else Path(args.model_dir) / "probe"
-    if args.out or Path(args.model_dir).is_dir():  # before any work; a model given by name needs --out
-        prepare_output_folder(out, overwrite=args.overwrite, kind="probe")
+    # before any work: MODEL_DIR/probe by default, refused for a shipped model (inside the package) without --out
+    out = (Path(args.out) if args.out
+           else default_output_folder(resolve_model_folder(args.model_dir), "probe"))
+    prepare_output_folder(out, overwrite=args.overwrite, kind="probe")
     model, tokenizer = load_model_dir(args.model_dir, args.device)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
