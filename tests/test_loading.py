@@ -191,3 +191,11 @@ def test_eval_never_writes_its_default_report_into_the_package(tmp_path):
     assert sorted(p.name for p in inside.iterdir()) == before
     outside = save_tiny(tmp_path / "m")
     assert default_output_folder(outside, "eval") == outside / "eval"
+
+
+def test_loading_prints_no_tensor_parallel_warning(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        open_model(f"zoo:{ZOO_MODEL}")
+    assert not [r for r in caplog.records if "not sharded" in r.getMessage()]

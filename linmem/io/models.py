@@ -126,14 +126,19 @@ def default_output_folder(model_folder: Path, name: str) -> Path:
 
 @contextmanager
 def _quiet_load_report():
-    """transformers logs a table of missing / unexpected weights; linmem raises its own error for them instead."""
-    report = logging.getLogger("transformers.modeling_utils")
-    level = report.level
-    report.setLevel(logging.ERROR)
+    """transformers logs a table of missing / unexpected weights; linmem raises its own error for them instead.
+    (Raising the loading logger's level also makes transformers check a tensor-parallel plan, which linmem models do
+    not have, and warn that no layer was sharded: that logger is quieted too.)"""
+    loggers = [logging.getLogger(name) for name in ("transformers.modeling_utils",
+                                                     "transformers.distributed.tensor_parallel")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        report.setLevel(level)
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
 
 
 def _listed(keys, limit: int = 8) -> str:
@@ -171,4 +176,14 @@ def load_fla_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> n
     return load_fla_checkpoint(folder, dtype=dtype, device=device)
 
 
+def load_hf_hybrid_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A transformers GDN hybrid (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid) converted by
+    ``linmem.models.hf_import`` (which refuses missing weights and, naming why, the types it cannot reproduce)."""
+    from linmem.models.hf_import import load_hf_hybrid
+
+    return load_hf_hybrid(folder, dtype=dtype, device=device)
+
+
 MODEL_TYPE_LOADERS.update({"linmem": load_linmem_folder, "gla": load_fla_folder, "gated_deltanet": load_fla_folder})
+MODEL_TYPE_LOADERS.update(dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                                         "olmo_hybrid", "kimi_linear"), load_hf_hybrid_folder))
