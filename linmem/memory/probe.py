@@ -3,8 +3,9 @@ dissected on held-out sources, then the report."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,7 +38,9 @@ class ProbeOptions:
     report's notes.
     ``min_clean_recall`` gates every attribution on the model's clean recall (4 candidates, chance 0.25):
     below it on the development or the confirmation sources only the experiments that attribute nothing
-    (``NOT_ATTRIBUTING``) run, and the report says why; 0 turns the gate off."""
+    (``NOT_ATTRIBUTING``) run, and the report says why; 0 turns the gate off. ``time_limit_s``: an experiment is
+    not started once the seconds spent plus its ``cost_estimates`` entry (0 if none) would pass the limit; the
+    report lists the ones left out."""
 
     dev_sources: int = 16
     confirm_sources: int = 16
@@ -55,6 +58,8 @@ class ProbeOptions:
     keys: str | None = None
     values: str | None = None
     min_clean_recall: float = 0.5
+    time_limit_s: float | None = None
+    cost_estimates: dict[str, float] = field(default_factory=dict)
 
 
 def pick_spec(tokenizer, spec: TaskSpec, notes: list[str] | None = None, keep: Iterable[str] = ()) -> TaskBuilder:
@@ -188,8 +193,14 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
         "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
     }
-    results = list(recall)
+    results, seconds, not_started, start = list(recall), {}, [], time.monotonic()
     for name in tqdm(names, desc="probe", unit="experiment"):
+        spent = time.monotonic() - start
+        if ((options.time_limit_s is not None and spent + options.cost_estimates.get(name, 0.0) > options.time_limit_s)
+                or (name in NEEDS_COMPONENT and chosen is None)):
+            not_started.append(name)
+            continue
+        begin = time.monotonic()
         if name == "head_scan":
             scan = ex.head_scan(model, dev_items, min_clean_recall=gated)
             ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
@@ -197,6 +208,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             results.append(scan)
         else:
             results.append(runs[name]())
+        seconds[name] = round(time.monotonic() - begin, 2)
     results = [r for r in results if r.rows]
     lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
@@ -208,7 +220,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
               "loads": loads if {"sweep_num_bindings", "overlap_sweep"} & set(names) else None,
               "gaps": gaps if "sweep_gap" in names else None,
-              "attention_layers": attention_layers(model), "seed": options.seed}
+              "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
+              "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}
     write_report(results, out_dir, header, warning=None if gate["passed"] else gate["message"])
     summaries: dict[str, dict] = {}
     for r in results:  # the clean recall of both splits under one name

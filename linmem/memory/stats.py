@@ -48,7 +48,8 @@ def bootstrap(values: Sequence[float], sources: Sequence[str], draws: int = 2000
         return Estimate(float("nan"), float("nan"), float("nan"), 0, 0)
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(means), size=(draws, len(means)))
-    boots = np.array([statistic(means[p]) for p in picks])
+    boots = (means[picks].mean(axis=1) if statistic is np.mean  # one vectorised mean: head scans call this per head
+             else np.array([statistic(means[p]) for p in picks]))
     low, high = np.percentile(boots, [2.5, 97.5])
     return Estimate(float(statistic(means)), float(low), float(high), n, len(names))
 
