@@ -2,7 +2,8 @@
 
 Linear memories: ``SimpleGatedLinearAttention`` (sGLA), ``GatedDeltaNet`` (GDN), ``ResidualLinearAttention`` (RLA),
 ``ResidualDeltaNet`` (RDN), all thin names for ``GatedMemoryMixer``; ``GatedLinearAttention`` (GLA). Softmax
-``Attention`` for hybrids. Every linear mixer exposes the ``hook_*`` points listed in ``linmem.layers.recurrent``.
+``Attention`` for hybrids; ``SparseMoE``, the routed MLP of MoE hybrids. Every linear mixer exposes the ``hook_*``
+points listed in ``linmem.layers.recurrent``.
 """
 
 from linmem.layers.attention import Attention
@@ -17,6 +18,7 @@ from linmem.layers.gated_memory import (
 from linmem.layers.gla import GatedLinearAttention
 from linmem.layers.hooks import HookPoint
 from linmem.layers.mlp import SwiGLU
+from linmem.layers.moe import SparseMoE
 from linmem.layers.norm import GatedRMSNorm, RMSNorm
 from linmem.layers.recurrent import RecurrentMixer
 
@@ -33,5 +35,6 @@ __all__ = [
     "ResidualLinearAttention",
     "ShortConvolution",
     "SimpleGatedLinearAttention",
+    "SparseMoE",
     "SwiGLU",
 ]

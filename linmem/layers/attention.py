@@ -1,9 +1,14 @@
 """Causal softmax attention with RoPE for hybrid models (FLA's ``fla/layers/attn.py`` names and math).
 
-``head_dim = hidden_size / num_heads``; ``num_kv_heads < num_heads`` is grouped-query attention (query head h reads
-kv head ``h // (num_heads / num_kv_heads)``); RoPE rotates the two halves of each head (GPT-NeoX style, FLA's
-default); ``window_size`` w lets a query see itself and the w − 1 tokens before it. Positions come from the caller
+``head_dim = hidden_size / num_heads`` unless given; ``num_kv_heads < num_heads`` is grouped-query attention (query
+head h reads kv head ``h // (num_heads / num_kv_heads)``); RoPE rotates the two halves of each head's first
+``rotary_dim = head_dim · partial_rotary_factor`` channels (GPT-NeoX style, FLA's default; the rest pass unrotated);
+``window_size`` w lets a query see itself and the w − 1 tokens before it. Positions come from the caller
 (``position_ids``, counted over real tokens only, so left padding does not shift them).
+
+Options of the Hugging Face hybrids (Qwen3-Next / Qwen3.5, OLMo-Hybrid): a sigmoid output gate per channel
+(``g_proj``, Qwen's second half of each head of its ``q_proj``), q/k RMSNorm per head or over all heads at once
+(OLMo), zero-centred norm weights (``1 + w``), a bias on ``o_proj``, and no rotary embedding (``rope_theta=None``).
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ if TYPE_CHECKING:
     from linmem.models.cache import AttentionLayerCache
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x [B, T, H, d]`` by ``positions [B, T]``: pairs ``(x_i, x_{i+d/2})`` turn by ``pos · θ^{−2i/d}``."""
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None = None) -> torch.Tensor:
+    """Rotate ``x [B, T, H, d]`` by ``positions [B, T]``: pairs ``(x_i, x_{i+r/2})`` of the first ``r = rotary_dim``
+    channels (None: all d) turn by ``pos · θ^{−2i/r}``; channels from r on pass unchanged."""
+    if rotary_dim is not None and rotary_dim < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rotary_dim], positions, theta), x[..., rotary_dim:]], dim=-1)
     half = x.shape[-1] // 2
     dtype = torch.promote_types(x.dtype, torch.float32)
     inv_freq = theta ** (-torch.arange(0, half, device=x.device, dtype=dtype) / half)
@@ -60,9 +68,13 @@ class Attention(nn.Module):
     """Softmax attention ``[B, T, D] → [B, T, D]``.
 
     Args:
-        hidden_size: D. num_heads: H (head_dim = D / H, even). num_kv_heads: kv heads (None: H).
-        qkv_bias: biases on q/k/v projections. qk_norm: per-head RMSNorm of q and k (``q_norm``, ``k_norm``).
-        window_size: sliding window w (None: full causal). rope_theta: RoPE base. norm_eps: eps of qk norms.
+        hidden_size: D. num_heads: H. num_kv_heads: kv heads (None: H).
+        qkv_bias: biases on q/k/v projections. qk_norm: RMSNorm of q and k (``q_norm``, ``k_norm``).
+        window_size: sliding window w (None: full causal). rope_theta: RoPE base (None: no rotary embedding).
+        norm_eps: eps of qk norms. head_dim: d (None: D / H). partial_rotary_factor: share of each head's channels
+        RoPE rotates (``rotary_dim = int(d · factor)``, even). output_gate: ``o = o_proj(attn · sigmoid(g_proj x))``.
+        qk_norm_over: ``"head"`` (one norm of width d per head) or ``"all"`` (one norm over all H·d channels, before
+        the split into heads, OLMo's). zero_centered_norms: q/k norm scales ``1 + w``. o_bias: bias on ``o_proj``.
 
     Hook points (``linmem.layers.hooks``): ``hook_q`` ``[B, T, H, d]`` and ``hook_k`` ``[B, T, H_kv, d]``, the
     queries and the new tokens' keys after RoPE, as the attention weights use them.
@@ -76,30 +88,48 @@ class Attention(nn.Module):
         qkv_bias: bool = False,
         qk_norm: bool = False,
         window_size: int | None = None,
-        rope_theta: float = 10000.0,
+        rope_theta: float | None = 10000.0,
         norm_eps: float = 1e-5,
         layer_idx: int | None = None,
+        head_dim: int | None = None,
+        partial_rotary_factor: float = 1.0,
+        output_gate: bool = False,
+        qk_norm_over: str = "head",
+        zero_centered_norms: bool = False,
+        o_bias: bool = False,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if hidden_size % num_heads or (hidden_size // num_heads) % 2 or num_heads % num_kv_heads:
-            raise ValueError(f"attention needs hidden_size ({hidden_size}) = num_heads ({num_heads}) x an even "
-                             f"head_dim, and num_heads divisible by num_kv_heads ({num_kv_heads})")
+        if head_dim is None and hidden_size % num_heads:
+            raise ValueError(f"attention needs hidden_size ({hidden_size}) divisible by num_heads ({num_heads}) "
+                             f"when head_dim is not given")
+        head_dim = hidden_size // num_heads if head_dim is None else head_dim
+        rotary_dim = int(head_dim * partial_rotary_factor)
+        if num_heads % num_kv_heads or (rope_theta is not None and (rotary_dim % 2 or not 0 < rotary_dim <= head_dim)):
+            raise ValueError(f"attention needs num_heads ({num_heads}) divisible by num_kv_heads ({num_kv_heads}) "
+                             f"and an even rotary width head_dim x partial_rotary_factor in (0, head_dim]; got "
+                             f"{head_dim} x {partial_rotary_factor}")
         if window_size is not None and window_size < 1:
             raise ValueError(f"window_size must be a positive integer or None; got {window_size}")
+        if qk_norm_over not in ("head", "all"):
+            raise ValueError(f"qk_norm_over must be 'head' or 'all'; got {qk_norm_over!r}")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = hidden_size // num_heads
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim
         self.window_size, self.rope_theta, self.layer_idx = window_size, rope_theta, layer_idx
-        kv_dim = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=qkv_bias)
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        self.q_proj = nn.Linear(hidden_size, q_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden_size, kv_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden_size, kv_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.output_gate = output_gate
+        if output_gate:
+            self.g_proj = nn.Linear(hidden_size, q_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(q_dim, hidden_size, bias=o_bias)
         self.hook_q, self.hook_k = HookPoint(), HookPoint()
-        self.qk_norm = qk_norm
+        self.qk_norm, self.qk_norm_over = qk_norm, qk_norm_over
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, eps=norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, eps=norm_eps)
+            widths = (head_dim, head_dim) if qk_norm_over == "head" else (q_dim, kv_dim)
+            self.q_norm = RMSNorm(widths[0], eps=norm_eps, zero_centered=zero_centered_norms)
+            self.k_norm = RMSNorm(widths[1], eps=norm_eps, zero_centered=zero_centered_norms)
 
     def forward(
         self,
@@ -117,15 +147,20 @@ class Attention(nn.Module):
             position_ids: RoPE positions ``[B, T]`` (None: ``past, past + 1, ...``).
         """
         batch, length, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        q, k = self.q_proj(hidden_states), self.k_proj(hidden_states)
+        if self.qk_norm and self.qk_norm_over == "all":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(batch, length, self.num_heads, self.head_dim)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm and self.qk_norm_over == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if position_ids is None:
             past = 0 if cache is None else cache.seen_tokens
             position_ids = torch.arange(past, past + length, device=q.device).expand(batch, length)
-        q, k = apply_rope(q, position_ids, self.rope_theta), apply_rope(k, position_ids, self.rope_theta)
+        if self.rope_theta is not None:
+            q = apply_rope(q, position_ids, self.rope_theta, self.rotary_dim)
+            k = apply_rope(k, position_ids, self.rope_theta, self.rotary_dim)
         q, k = self.hook_q(q), self.hook_k(k)
         new_padding = padding_mask(attention_mask, length)
         k, v = zero_padding(k, new_padding), zero_padding(v, new_padding)  # masked keys must not carry NaN either
@@ -139,4 +174,7 @@ class Attention(nn.Module):
         groups = self.num_heads // self.num_kv_heads
         k, v = (x.repeat_interleave(groups, dim=2) if groups > 1 else x for x in (k, v))
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        return self.o_proj(o.transpose(1, 2).reshape(batch, length, -1))
+        o = o.transpose(1, 2).reshape(batch, length, -1)
+        if self.output_gate:
+            o = o * torch.sigmoid(self.g_proj(hidden_states))
+        return self.o_proj(o)

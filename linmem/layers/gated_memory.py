@@ -20,6 +20,12 @@ Parameter names and shapes equal FLA 0.6.0's ``GatedDeltaNet`` (``q_proj, k_proj
 dt_bias, q_conv1d, k_conv1d, v_conv1d, g_proj, o_norm, o_proj``); the residual mixers add ``c_proj [H, D]`` for γ
 (absent with ``gamma="tied"``).
 
+Grouped key heads (``num_key_heads`` < H, Qwen3-Next / Qwen3.5 / FLA's ``num_v_heads > num_heads``): ``q_proj`` and
+``k_proj`` (and their convs) have ``num_key_heads · K`` outputs; after the conv and the L2 norm each key head's q and k
+are repeated for its ``H / num_key_heads`` consecutive value heads. The H heads (the hook points' heads, the states,
+the memory lab's components) are the value heads. ``allow_neg_eigval``: ``β = 2·sigmoid(W_b x)`` in [0, 2]
+(OLMo-Hybrid, FLA's option).
+
 Padding (``attention_mask`` 0) never writes: there the conv inputs, q, k, v and ``g, β, γ`` are all zero.
 """
 
@@ -52,6 +58,8 @@ class GatedMemoryMixer(RecurrentMixer):
         residual_target, clip, fit_history, output_gates: the op's ablation switches (``MemoryConfig``).
         use_short_conv, conv_size, conv_bias: the q/k/v short convolutions.
         norm_eps: eps of the per-head output norm. backend: the op's backend.
+        num_key_heads: heads of q and k (None: H), each serving ``H / num_key_heads`` value heads.
+        allow_neg_eigval: β (and γ) = 2·sigmoid(...) instead of sigmoid(...).
     """
 
     def __init__(
@@ -73,18 +81,24 @@ class GatedMemoryMixer(RecurrentMixer):
         norm_eps: float = 1e-5,
         backend: str = "auto",
         layer_idx: int | None = None,
+        num_key_heads: int | None = None,
+        allow_neg_eigval: bool = False,
     ):
         super().__init__(MemoryConfig(rule, residual, residual_target, clip, fit_history, output_gates), backend,
                          layer_idx)
+        num_key_heads = num_heads if num_key_heads is None else num_key_heads
+        if num_key_heads < 1 or num_heads % num_key_heads:
+            raise ValueError(f"num_key_heads must divide num_heads ({num_heads}); got {num_key_heads}")
         if gamma not in GAMMA_MODES:
             raise ValueError(f"gamma must be one of {GAMMA_MODES}; got {gamma!r}")
         head_v_dim = head_dim * expand_v
         if not math.isclose(head_v_dim, round(head_v_dim)) or round(head_v_dim) < 1:
             raise ValueError(f"head_dim * expand_v must be a positive integer; got {head_dim} * {expand_v}")
         self.num_heads, self.head_k_dim, self.head_v_dim = num_heads, head_dim, round(head_v_dim)
+        self.num_key_heads, self.allow_neg_eigval = num_key_heads, allow_neg_eigval
         self.gamma_mode = gamma
         self.use_short_conv = use_short_conv
-        key_dim, value_dim = num_heads * self.head_k_dim, num_heads * self.head_v_dim
+        key_dim, value_dim = num_key_heads * self.head_k_dim, num_heads * self.head_v_dim
 
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
@@ -111,6 +125,8 @@ class GatedMemoryMixer(RecurrentMixer):
         gamma = None
         if self.memory.residual:
             gamma = beta if self.gamma_mode == "tied" else self.c_proj(x).to(dtype).sigmoid()
+        if self.allow_neg_eigval:
+            beta, gamma = 2 * beta, None if gamma is None else 2 * gamma
         g, beta = zero_padding(g, mask), zero_padding(beta, mask)
         return g, beta, None if gamma is None else zero_padding(gamma, mask)
 
@@ -130,9 +146,12 @@ class GatedMemoryMixer(RecurrentMixer):
         """
         batch, length, _ = hidden_states.shape
         mask = padding_mask(attention_mask, length)
-        heads = (batch, length, self.num_heads, -1)
-        q = l2_normalize(self.project("q", hidden_states, mask, cache, silu_without_conv=True).reshape(heads))
-        k = l2_normalize(self.project("k", hidden_states, mask, cache, silu_without_conv=True).reshape(heads))
+        heads, key_heads = (batch, length, self.num_heads, -1), (batch, length, self.num_key_heads, -1)
+        q = l2_normalize(self.project("q", hidden_states, mask, cache, silu_without_conv=True).reshape(key_heads))
+        k = l2_normalize(self.project("k", hidden_states, mask, cache, silu_without_conv=True).reshape(key_heads))
+        if self.num_key_heads != self.num_heads:  # each key head serves a group of consecutive value heads
+            groups = self.num_heads // self.num_key_heads
+            q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
         v = self.project("v", hidden_states, mask, cache, silu_without_conv=True).reshape(heads)
         g, beta, gamma = self.gates(hidden_states, mask)
         o = self.run_memory(q, k, v, g, beta, gamma, cache)

@@ -21,18 +21,26 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """``y = x / rms(x) · weight`` over the last axis; ``weight [D]``."""
+    """``y = x / rms(x) · weight`` over the last axis; ``weight [D]``.
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
+    ``zero_centered``: the scale is ``1 + weight`` (weight initialised to 0), as in Qwen3-Next / Qwen3.5.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, zero_centered: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(hidden_size) if zero_centered else torch.ones(hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (rms_normalize(x, self.eps) * self.weight).to(x.dtype)
+        y = rms_normalize(x, self.eps)
+        if self.zero_centered:
+            return (y * (1 + self.weight.to(y.dtype))).to(x.dtype)
+        return (y * self.weight).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        centered = ", zero_centered=True" if self.zero_centered else ""
+        return f"{self.weight.shape[0]}, eps={self.eps}{centered}"
 
 
 class GatedRMSNorm(nn.Module):

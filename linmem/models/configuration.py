@@ -11,6 +11,8 @@ from linmem.ops.config import RESIDUAL_TARGETS
 
 MIXERS = ("sgla", "gla", "gdn", "rla", "rdn")
 GAMMA_MODES = ("independent", "tied")
+NORM_PLACEMENTS = ("pre", "post")
+QK_NORM_SCOPES = ("head", "all")
 
 
 class LinMemConfig(PretrainedConfig):
@@ -28,6 +30,20 @@ class LinMemConfig(PretrainedConfig):
     Hybrids: ``attn_layers`` lists the layer indices that are softmax attention, with ``attn_num_heads`` (None: H;
     head_dim = D / attn_num_heads), ``attn_num_kv_heads`` (None: attn_num_heads), ``attn_qkv_bias`` (biases on the
     q/k/v projections), ``attn_qk_norm``, ``attn_window_size`` and ``rope_theta``.
+
+    Options of the Hugging Face GDN hybrids (``linmem.models.hf_import``; every default keeps the behaviour above):
+    ``num_key_heads`` (None: H; the linear mixers other than GLA) gives q and k fewer heads than v, each key head
+    serving ``num_heads / num_key_heads`` consecutive value heads (the H heads of the states are the value heads);
+    ``allow_neg_eigval`` makes β = 2·sigmoid (in [0, 2]); ``mixer_norm_eps`` (None: ``norm_eps``) is the eps of the
+    mixers' gated output norm. Attention: ``attn_head_dim`` (None: D / attn_num_heads), ``partial_rotary_factor``
+    (RoPE on the first ``attn_head_dim · factor`` channels of each head), ``rope_theta=None`` (no RoPE),
+    ``attn_output_gate`` (``o_proj(attn · sigmoid(g_proj x))``), ``attn_qk_norm_over`` (``"head"``: a norm per head,
+    ``"all"``: one over all heads' channels), ``attn_o_bias``. Norms: ``norm_zero_centered`` (every RMSNorm outside
+    the mixers' gated output norm scales by ``1 + w``), ``norm_placement`` / ``attn_norm_placement`` (None: the same)
+    for the linear and the attention blocks: ``"pre"`` (``h + f(norm(h))``) or ``"post"`` (``h + norm(f(h))``, OLMo's
+    attention blocks). Mixture of experts: ``num_experts`` > 0 replaces the MLP of ``moe_layers`` (None: every layer)
+    by ``SparseMoE`` with ``num_experts_per_tok`` routed experts of width ``moe_intermediate_size``,
+    ``norm_topk_prob`` and a gated shared expert of width ``shared_expert_intermediate_size`` (None: none).
 
     Memory switches (docs/math.md): ``residual_target`` (``"clip"`` | ``"tanh"`` | ``"identity"``), ``clip``,
     ``fit_history``, ``output_gates`` (RLA/RDN only) and ``gamma`` (``"independent"`` | ``"tied"``: γ = β).
@@ -78,6 +94,23 @@ class LinMemConfig(PretrainedConfig):
         pad_token_id: int | None = None,
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 2,
+        num_key_heads: int | None = None,
+        allow_neg_eigval: bool = False,
+        mixer_norm_eps: float | None = None,
+        attn_head_dim: int | None = None,
+        partial_rotary_factor: float = 1.0,
+        attn_output_gate: bool = False,
+        attn_qk_norm_over: str = "head",
+        attn_o_bias: bool = False,
+        norm_zero_centered: bool = False,
+        norm_placement: str = "pre",
+        attn_norm_placement: str | None = None,
+        num_experts: int = 0,
+        num_experts_per_tok: int = 1,
+        moe_intermediate_size: int | None = None,
+        shared_expert_intermediate_size: int | None = None,
+        norm_topk_prob: bool = True,
+        moe_layers: list[int] | tuple[int, ...] | None = None,
         **kwargs,
     ):
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
@@ -97,6 +130,17 @@ class LinMemConfig(PretrainedConfig):
                                                                              gate_low_rank_dim, clamp_min)
         self.hidden_ratio, self.intermediate_size = hidden_ratio, intermediate_size
         self.norm_eps, self.initializer_range, self.use_cache = norm_eps, initializer_range, use_cache
+        self.num_key_heads, self.allow_neg_eigval, self.mixer_norm_eps = num_key_heads, allow_neg_eigval, mixer_norm_eps
+        self.attn_head_dim, self.partial_rotary_factor = attn_head_dim, partial_rotary_factor
+        self.attn_output_gate, self.attn_qk_norm_over, self.attn_o_bias = (attn_output_gate, attn_qk_norm_over,
+                                                                           attn_o_bias)
+        self.norm_zero_centered, self.norm_placement = norm_zero_centered, norm_placement
+        self.attn_norm_placement = norm_placement if attn_norm_placement is None else attn_norm_placement
+        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
+        self.moe_intermediate_size, self.shared_expert_intermediate_size = (moe_intermediate_size,
+                                                                            shared_expert_intermediate_size)
+        self.norm_topk_prob = norm_topk_prob
+        self.moe_layers = None if moe_layers is None else list(moe_layers)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.validate_architecture()
@@ -121,7 +165,40 @@ class LinMemConfig(PretrainedConfig):
             if self.mixer != "gla" or self.num_heads % self.num_kv_heads:
                 raise ValueError(f"num_kv_heads (grouped k/v heads) needs mixer='gla' and num_heads ({self.num_heads}) "
                                  f"divisible by it; got mixer={self.mixer!r}, num_kv_heads={self.num_kv_heads}")
+        if self.num_key_heads is not None:
+            _check_positive_int("num_key_heads", self.num_key_heads)
+            if self.mixer == "gla" or self.num_heads % self.num_key_heads:
+                raise ValueError(f"num_key_heads (grouped key heads) needs a mixer other than 'gla' and num_heads "
+                                 f"({self.num_heads}) divisible by it; got mixer={self.mixer!r}, "
+                                 f"num_key_heads={self.num_key_heads}")
+        if self.allow_neg_eigval and self.mixer == "gla":
+            raise ValueError("allow_neg_eigval scales the write strength β, which mixer='gla' does not have")
+        _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        _check_choice("attn_norm_placement", self.attn_norm_placement, NORM_PLACEMENTS)
         self._validate_attention()
+        self._validate_experts()
+
+    def _validate_experts(self) -> None:
+        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int) or self.num_experts < 0:
+            raise ValueError(f"num_experts must be a non-negative integer; got {self.num_experts!r}")
+        if not self.num_experts:
+            return
+        _check_positive_int("moe_intermediate_size", self.moe_intermediate_size)
+        _check_positive_int("num_experts_per_tok", self.num_experts_per_tok)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be <= num_experts ({self.num_experts}); got "
+                             f"{self.num_experts_per_tok}")
+        if self.shared_expert_intermediate_size is not None:
+            _check_positive_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size)
+        layers = self.moe_layers
+        if layers is not None and (any(not isinstance(i, int) or not 0 <= i < self.num_hidden_layers for i in layers)
+                                   or len(set(layers)) != len(layers)):
+            raise ValueError(f"moe_layers must be distinct layer indices in [0, {self.num_hidden_layers}); got "
+                             f"{layers}")
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether layer ``layer_idx``'s MLP is the routed ``SparseMoE``."""
+        return self.num_experts > 0 and (self.moe_layers is None or layer_idx in self.moe_layers)
 
     def _validate_attention(self) -> None:
         layers = self.attn_layers
@@ -129,11 +206,24 @@ class LinMemConfig(PretrainedConfig):
             raise ValueError(f"attn_layers must be distinct integer layer indices; got {layers}")
         if layers and not 0 <= min(layers) <= max(layers) < self.num_hidden_layers:
             raise ValueError(f"attn_layers must lie in [0, num_hidden_layers = {self.num_hidden_layers}); got {layers}")
-        if layers and (self.hidden_size % self.attn_num_heads or (self.hidden_size // self.attn_num_heads) % 2
-                       or self.attn_num_heads % self.attn_num_kv_heads):
-            raise ValueError(f"attention layers need hidden_size ({self.hidden_size}) = attn_num_heads "
-                             f"({self.attn_num_heads}) x an even head dim, and attn_num_heads divisible by "
-                             f"attn_num_kv_heads ({self.attn_num_kv_heads})")
+        if self.attn_head_dim is not None:
+            _check_positive_int("attn_head_dim", self.attn_head_dim)
+        _check_choice("attn_qk_norm_over", self.attn_qk_norm_over, QK_NORM_SCOPES)
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1]; got {self.partial_rotary_factor}")
+        if self.attn_head_dim is None:
+            if layers and (self.hidden_size % self.attn_num_heads or (self.hidden_size // self.attn_num_heads) % 2
+                           or self.attn_num_heads % self.attn_num_kv_heads):
+                raise ValueError(f"attention layers need hidden_size ({self.hidden_size}) = attn_num_heads "
+                                 f"({self.attn_num_heads}) x an even head dim, and attn_num_heads divisible by "
+                                 f"attn_num_kv_heads ({self.attn_num_kv_heads})")
+        elif layers and self.attn_num_heads % self.attn_num_kv_heads:
+            raise ValueError(f"attn_num_heads ({self.attn_num_heads}) must be divisible by attn_num_kv_heads "
+                             f"({self.attn_num_kv_heads})")
+        head_dim = self.attn_head_dim or self.hidden_size // self.attn_num_heads
+        if layers and self.rope_theta is not None and int(head_dim * self.partial_rotary_factor) % 2:
+            raise ValueError(f"the rotary width attn_head_dim x partial_rotary_factor = {head_dim} x "
+                             f"{self.partial_rotary_factor} must be even")
         if self.attn_window_size is not None:
             _check_positive_int("attn_window_size", self.attn_window_size)
 
