@@ -236,8 +236,22 @@ def training_lines(record: dict[str, Any]) -> list[str]:
     return table(["", ""], rows)
 
 
+def front_matter(record: dict[str, Any]) -> list[str]:
+    """The card's YAML metadata block (what the Hugging Face Hub indexes): licence, library, task, language and
+    tags naming the architecture. The training text comes from ``linmem data``'s built-in sources, not from Hub
+    datasets, so no ``datasets`` ids are listed."""
+    attn = record.get("attn_layers") or []
+    layers = record["model_config"].get("num_hidden_layers")
+    kind = ["transformer"] if attn and len(attn) == layers else ["linear-attention", record["mixer"]]
+    if attn and len(attn) != layers:
+        kind.append("hybrid")
+    meta = {"license": "apache-2.0", "library_name": "linmem", "pipeline_tag": "text-generation",
+            "language": ["en"], "tags": ["linmem", *kind, "research"]}
+    return ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", ""]
+
+
 def model_card(record: dict[str, Any]) -> str:
-    """The ``README.md`` of a shipped model."""
+    """The ``README.md`` of a shipped model: YAML front matter, then the card."""
     name, config, h = record["name"], record["model_config"], headline(record["eval"]["tasks"])
     mixer = MIXERS.get(record["mixer"], record["mixer"])
     attn = record.get("attn_layers") or []
@@ -253,6 +267,7 @@ def model_card(record: dict[str, Any]) -> str:
     opts = record["eval"]["request"]["options"]
     tokens = total_tokens(record["training"]) or record["training"]["tokens"]
     lines = [
+        *front_matter(record),
         f"# linmem zoo: `{name}` ({record['description'] or name})", "",
         f"Architecture: {what}. {record['parameters']:,} parameters, trained from scratch by "
         f"linmem on {millions(tokens)} tokens of public-domain and "
