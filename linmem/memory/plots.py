@@ -15,7 +15,7 @@ def _subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6,
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError("the memory lab's figures need matplotlib: pip install 'linmem[memory]'") from None
+        raise ImportError("the memory lab's figures need matplotlib (a base dependency): pip install matplotlib") from None
     fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(nrows, ncols, **options)
 
@@ -168,5 +168,42 @@ def write_read(rows: list[dict], summary: dict):
     ax.scatter([r["write_shift"] for r in rows], [r["read_shift"] for r in rows], s=12)
     ax.set(xlabel="donor write: donor-margin shift", ylabel="state swap: donor-margin shift",
            title=f"Spearman {summary['spearman']:.2f} [{summary['low']:.2f}, {summary['high']:.2f}]")
+    fig.tight_layout()
+    return fig
+
+
+def subspace_transfer(rows: list[dict]):
+    """Donor-answer rate (left) and donor-margin shift (right) per rank k of each edit: the item's own rank-k
+    truncation, its projection on the learned basis, the rest, and the equal-norm random rank-k control."""
+    fig, axes = _subplots(1, 2, figsize=(10, 3.4))
+    styles = {"own": ("C0", "o", "-"), "basis": ("C1", "s", "-"), "orthogonal": ("C2", "^", "-"),
+              "random": ("gray", "x", "--")}
+    for ax, metric, label in zip(axes, ("donor_answer", "donor_margin_shift"),
+                                 ("donor-answer rate", "donor-margin shift (logits)")):
+        for edit, (color, marker, line) in styles.items():
+            sub = sorted((r for r in rows if r["edit"] == edit and r["metric"] == metric), key=lambda r: r["rank"])
+            if sub:
+                ax.errorbar([r["rank"] for r in sub], [r["mean"] for r in sub], yerr=_errors(sub), color=color,
+                            marker=marker, ls=line, capsize=3, label=edit)
+        ranks = sorted({r["rank"] for r in rows})
+        ax.set(xlabel="rank k (last: full)", ylabel=label, xscale="log")
+        ax.set_xticks(ranks, [str(k) for k in ranks])
+        ax.minorticks_off()
+        ax.axhline(0, color="black", lw=0.5)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def corrector(rows: list[dict]):
+    """Held-out 4-choice accuracy of the model alone, the state-feature corrector, the model with the corrector,
+    and the corrector trained on shuffled labels (chance 0.25 dashed)."""
+    fig, ax = _subplots(figsize=(6, 3.2))
+    sub = [r for r in rows if r["metric"] == "accuracy"]
+    ax.bar(range(len(sub)), [r["mean"] for r in sub], yerr=_errors(sub), capsize=4,
+           color=["C0", "C1", "C2", "gray"][: len(sub)])
+    ax.set_xticks(range(len(sub)), [r["predictor"] for r in sub], fontsize=8)
+    ax.axhline(0.25, color="gray", ls="--", lw=0.8)
+    ax.set(ylabel="held-out accuracy", ylim=(0, 1.05))
     fig.tight_layout()
     return fig
