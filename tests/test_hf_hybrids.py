@@ -173,6 +173,23 @@ def test_refusals_name_the_model_type():
         hf_config_to_linmem(kimi)
 
 
+def test_vision_language_qwen3_5_folder_loads_its_text_model(tmp_path):
+    """A ``Qwen3_5ForConditionalGeneration`` folder (model_type ``qwen3_5``, text weights under
+    ``model.language_model``) converts to its text model with the same logits for text input."""
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=2,
+                  temporal_patch_size=1, spatial_merge_size=1)
+    config = transformers.Qwen3_5Config(text_config=hf_config("qwen3_5").to_dict(), vision_config=vision)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    hf.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen3_5"
+    ours = load_hf_hybrid(tmp_path, dtype=torch.float32)
+    ids = torch.randint(1, 64, (1, 9))
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        assert (ours(ids).logits - expected).abs().max().item() < 1e-4 * max(1.0, _scale(expected))
+
+
 def test_saved_folder_loads_and_probes(tmp_path):
     """A ``save_pretrained`` Qwen3.5 folder (with the zoo's tokenizer) loads with its logits and ``linmem probe``
     writes its report."""
