@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 import linmem.memory as mm
 from linmem.bench import environment
+from linmem.data.atomic import write_bytes_atomic
 from linmem.memory import experiments as ex
 from linmem.memory.evaluate import Batch, make_batch
 from linmem.memory.intervene import apply_cache_edit
@@ -304,10 +305,10 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
+def write_results(out: Path, results: dict) -> None:
+    """``lab_scale.json`` and ``lab_scale.md`` in ``out``, each written whole or not at all."""
+    write_bytes_atomic(out / "lab_scale.json", json.dumps(results, indent=1, default=str).encode("utf-8"))
+    write_bytes_atomic(out / "lab_scale.md", markdown(results).encode("utf-8"))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -352,11 +353,9 @@ def main(argv: list[str] | None = None) -> dict:
     for i, name in enumerate(args.models):  # each model may use an equal share of the time left
         share = time.monotonic() + (deadline - time.monotonic()) / (len(args.models) - i)
         results["models"].append(bench_model(name, args, sizes, tokenizer, docs, share, args.out))
-        write_atomic(args.out / "lab_scale.json", json.dumps(results, indent=1, default=str))
-        write_atomic(args.out / "lab_scale.md", markdown(results))
+        write_results(args.out, results)
     results["total_s"] = round(time.monotonic() - start, 1)
-    write_atomic(args.out / "lab_scale.json", json.dumps(results, indent=1, default=str))
-    write_atomic(args.out / "lab_scale.md", markdown(results))
+    write_results(args.out, results)
     log(markdown(results))
     log(f"total {results['total_s']} s; wrote {args.out / 'lab_scale.json'} and {args.out / 'lab_scale.md'}")
     return results

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from linmem.data.atomic import write_bytes_atomic
 from linmem.io.folders import prepare_output_folder
 from linmem.memory.experiments import Result
 
@@ -78,13 +79,6 @@ def _flat(summary: dict) -> list[dict]:
     return [{"key": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v} for k, v in summary.items()]
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file in the same folder, renamed into place."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
-
-
 def _merge(results: Sequence[Result]) -> dict[str, dict]:
     """``name -> {summary, rows}``; results of one name (the clean recall of each split) are concatenated."""
     merged: dict[str, dict] = {}
@@ -103,7 +97,7 @@ def write_report(results: Sequence[Result], out_dir: str | Path, header: dict,
     merged = _merge(results)
     payload = {"header": header, "warning": warning, "experiments": merged}
     json_path = out / "results.json"
-    _write_atomic(json_path, json.dumps(payload, indent=1, default=str))
+    write_bytes_atomic(json_path, json.dumps(payload, indent=1, default=str).encode("utf-8"))
     figures = {r.name: r.figure for r in results if r.figure is not None}
     sections = []
     for name, entry in merged.items():
@@ -119,5 +113,5 @@ def write_report(results: Sequence[Result], out_dir: str | Path, header: dict,
             f"</head><body><h1>linmem memory probe</h1>{banner}{table_html(_flat(header))}{''.join(sections)}"
             f"</body></html>")
     html_path = out / "report.html"
-    _write_atomic(html_path, page)
+    write_bytes_atomic(html_path, page.encode("utf-8"))
     return html_path, json_path
