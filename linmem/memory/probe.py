@@ -14,7 +14,9 @@ from tqdm import tqdm
 from linmem.data.sources import Document
 from linmem.memory import experiments as ex
 from linmem.memory.components import Component, attention_layers, check_component
+from linmem.memory.corrector import corrector
 from linmem.memory.report import write_report
+from linmem.memory.subspace import subspace_transfer
 from linmem.memory.tasks import (
     KEY_WORDS,
     VALUE_WORDS,
@@ -116,12 +118,13 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
 
 EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
                "sweep_gap", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
-               "write_read_spearman")
+               "write_read_spearman", "corrector", "subspace_transfer")
 SWEEPS = ("sweep_num_bindings", "sweep_gap", "overlap_sweep")
-EXTRAS = ("overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman")
+EXTRAS = ("overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman",
+          "corrector", "subspace_transfer")
 NOT_ATTRIBUTING = ("logit_lens",)  # reads the clean run only: meaningful at any recall
 NEEDS_COMPONENT = ("lifecycle", "four_facts", "sweep_num_bindings", "sweep_gap", "overlap", "overlap_sweep",
-                   "neutral_suppression")
+                   "neutral_suppression", "corrector", "subspace_transfer")
 
 
 def selected(options: ProbeOptions) -> list[str]:
@@ -192,6 +195,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed), chosen),
         "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
         "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
+        "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
+        "subspace_transfer": lambda: subspace_transfer(model, dev_items, confirm_items, chosen, seed=options.seed),
     }
     results, seconds, not_started, start = list(recall), {}, [], time.monotonic()
     for name in tqdm(names, desc="probe", unit="experiment"):

@@ -49,6 +49,15 @@ READING = {
     "write_read_spearman": "Each component's effect as a donor write at the fact (x) and as a pre-query state swap "
                            "(y); Spearman correlation across components with a source-bootstrap CI.",
     "sweep_gap": "As the sweep above, with the filler between the last fact and the query varied.",
+    "corrector": "Held-out accuracy of the model alone, a linear corrector on the chosen component's query-aligned "
+                 "state reads (trained on development sources), the model with the corrector (its logits as one "
+                 "more feature) and the corrector trained on shuffled labels (should sit at chance, 0.25 dashed). "
+                 "Corrector above the model: the state holds answers the model's read-out misses.",
+    "subspace_transfer": "Donor-answer rate and donor-margin shift when the fact's edit direction Δ (donor − "
+                         "recipient state of the chosen component) is replaced by its own rank-k truncation, its "
+                         "projection on a rank-k value basis learned from development items, the rest of it, or an "
+                         "equal-norm random rank-k matrix. Own ≈ full at small k: the edit is low-rank; basis ≈ "
+                         "own: the answers share one subspace.",
 }
 
 
