@@ -26,6 +26,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 import linmem.memory as mm
+from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.hf_import import hf_config_to_linmem, load_hf_hybrid
 from tests import test_memory
 
@@ -152,11 +153,29 @@ def test_memory_lab_identities(converted, family, identity):
 def test_write_block_forgets_prefix_without_attention(monkeypatch, family):
     """Blocking every write before ``at + W − 1`` makes the logits prefix-independent (a purely recurrent variant:
     attention layers would read the prefix from their KV cache)."""
-    if family == "olmo_hybrid":
-        pytest.skip("OlmoHybridConfig requires at least one attention layer")
-    model = load_hf_hybrid(hf_model(family, torch.float64, layer_types=["linear_attention"] * 2))
+    if family == "olmo_hybrid":  # OlmoHybridConfig needs an attention layer: keep the converted recurrent layers only
+        model = without_attention(load_hf_hybrid(hf_model(family, torch.float64)))
+    else:
+        model = load_hf_hybrid(hf_model(family, torch.float64, layer_types=["linear_attention"] * 2))
     monkeypatch.setattr(test_memory, "build", lambda case: model)
     test_memory.test_write_block_before_at_forgets_prefix(family)
+
+
+def without_attention(model):
+    """The converted model with its attention layers removed (the recurrent layers keep their weights)."""
+    keep = mm.recurrent_layers(model)
+    config = LinMemConfig(**{**model.config.to_dict(), "num_hidden_layers": len(keep), "attn_layers": []})
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        if name.startswith("model.layers."):
+            layer, rest = name.removeprefix("model.layers.").split(".", 1)
+            if int(layer) not in keep:
+                continue
+            name = f"model.layers.{keep.index(int(layer))}.{rest}"
+        weights[name] = tensor
+    smaller = LinMemForCausalLM(config).to(model.dtype)
+    smaller.load_state_dict(weights)
+    return smaller.eval()
 
 
 def test_refusals_name_the_model_type():
