@@ -10,7 +10,9 @@ are exactly one token each and donor and recipient align.
 Variants (``TaskSpec``): ``variant="retrieval"`` (default); ``"latest"`` (the target key is first bound to an old
 value, later re-bound: the answer is the latest value); ``"neutral"`` (the donor has every presentation of the target
 fact replaced by filler of equal length); ``template`` / ``values`` / ``keys`` pick the wording, punctuation and
-vocabularies; ``gap`` fixes the filler between the last fact and the query; ``num_bindings`` the load.
+vocabularies (by name, or a user's ``Template`` / ``Vocabulary``: ``load_template``, ``load_vocabulary``); ``gap``
+fixes the filler between the last fact and the query; ``num_bindings`` the load. ``HELD_OUT`` names the templates
+and vocabularies no training configuration uses.
 """
 
 from __future__ import annotations
