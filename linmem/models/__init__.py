@@ -1,11 +1,13 @@
 """Hugging Face models: one config and one causal LM for every mixer, the decoding cache, and the import of
-flash-linear-attention checkpoints (``load_fla_checkpoint`` / ``from_fla``, ``convert_fla_checkpoint``)."""
+flash-linear-attention checkpoints (``load_fla_checkpoint`` / ``from_fla``, ``convert_fla_checkpoint``) and of the
+transformers GDN hybrids Qwen3-Next, Qwen3.5, Qwen3.5-MoE and OLMo-Hybrid (``load_hf_hybrid``)."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from linmem.models.cache import AttentionLayerCache, LinMemCache, RecurrentLayerCache
 from linmem.models.configuration import MIXERS, LinMemConfig
 from linmem.models.fla_import import convert_fla_checkpoint, fla_config_to_linmem, from_fla, load_fla_checkpoint
+from linmem.models.hf_import import hf_config_to_linmem, load_hf_hybrid
 from linmem.models.modeling import LinMemForCausalLM, LinMemModel, LinMemPreTrainedModel
 
 
@@ -29,6 +31,8 @@ __all__ = [
     "convert_fla_checkpoint",
     "fla_config_to_linmem",
     "from_fla",
+    "hf_config_to_linmem",
     "load_fla_checkpoint",
+    "load_hf_hybrid",
     "register_auto_classes",
 ]
