@@ -172,16 +172,19 @@ def test_lm_eval_cli_runs_linmem_on_a_local_task(trained, tmp_path):
     assert results["results"]["linmem_tiny_choice"]["acc,none"] == pytest.approx(accuracy)
 
 
-def test_lm_eval_cli_keeps_its_own_models(tmp_path):
-    """With linmem's hook, the lm_eval CLI still lists and runs its built-in models (``dummy`` needs no extra
-    package; ``hf`` is listed beside ``linmem``)."""
+def test_lm_eval_cli_keeps_its_own_models(trained, tmp_path):
+    """With linmem's hook, the lm_eval CLI still lists and runs its built-in models: ``--model hf`` on the same
+    weights (linmem imported first, so transformers knows the model type) scores each choice as linmem's adapter
+    does with ``document_start=false``."""
+    pytest.importorskip("accelerate")  # lm_eval's hf model needs it (lm_eval[hf], part of linmem[eval])
     tasks = write_task(tmp_path / "tasks")
-    results = run_lm_eval(["--model", "dummy", "--tasks", "linmem_tiny_choice", "--include_path", str(tasks)],
-                          tmp_path, preamble="from lm_eval.api.registry import model_registry as r; "
+    results = run_lm_eval(["--model", "hf", "--model_args", f"pretrained={trained},dtype=float32", "--tasks",
+                           "linmem_tiny_choice", "--include_path", str(tasks), "--batch_size", "2"], tmp_path,
+                          preamble="import linmem; from lm_eval.api.registry import model_registry as r; "
                           "print('MODELS', sorted(r.keys())); ")
-    assert len(results["samples"]) == len(ITEMS)
     listed = [line for line in results["stdout"].splitlines() if line.startswith("MODELS")][0]
     assert "'hf'" in listed and "'linmem'" in listed and "'vllm'" in listed
+    torch.testing.assert_close(choice_logprobs(results), reference_logprobs(trained), rtol=0, atol=1e-4)
 
 
 def test_harness_registry_keeps_lm_evals_models_and_checks_model_args(trained):
