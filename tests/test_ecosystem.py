@@ -247,3 +247,19 @@ def test_cli_version_and_data_help(capsys):
             main(["data", command, "--help"])
         description = capsys.readouterr().out.split("\n\n")[1]
         assert not description.lstrip().startswith(("positional", "options")) and len(description) > 40
+
+
+def test_fla_import_keeps_flas_special_tokens(tmp_path):
+    """An imported FLA checkpoint keeps the ids its own config declares (FLA's tokenizers, not linmem's), in
+    ``config.json`` and ``generation_config.json``."""
+    pytest.importorskip("fla")
+    from linmem.models import convert_fla_checkpoint
+    from tests.test_fla_import import GLA_PLAIN, save_fla  # building and saving needs no FLA kernel
+
+    ids = {"bos_token_id": 5, "eos_token_id": 6, "pad_token_id": 7}
+    save_fla("gla", {**GLA_PLAIN, **ids}, tmp_path / "fla", seed=0)
+    out = convert_fla_checkpoint(tmp_path / "fla", tmp_path / "linmem")
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert {k: config[k] for k in ids} == {k: generation[k] for k in ids} == ids
+    assert config["architectures"] == ["LinMemForCausalLM"]
