@@ -18,6 +18,7 @@ import copy
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -87,7 +88,7 @@ def redeclare_folder(folder: str | Path) -> dict[str, Any]:
     if weights.is_file() and (dtype := weights_dtype(weights)):
         config["dtype"] = dtype
     write_json_atomic(path, dict(sorted(config.items())))
-    _write_generation_config(folder, argparse.Namespace(**config))
+    _write_generation_config(folder, SimpleNamespace(**config))
     return config
 
 
