@@ -1,19 +1,24 @@
 """The shipped configs: every zoo config parses, builds a model of at most 5M parameters (10 MB in bf16), and all
-share one budget (data, optimizer, run); the ablations differ from their base only in the switch they name."""
+share one budget (data, optimizer, run); the ablations differ from their base only in the switch they name. The
+shared budget is written once (``include: base.yaml``), and every shipped config resolves to the dict recorded in
+tests/fixtures/resolved_configs.json before that refactor."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from linmem.models import LinMemForCausalLM
-from linmem.train.config import build_model_config, load_config
+from linmem.train.config import build_model_config, load_config, read_config_dict
 from tests.test_train_support import one_thread  # noqa: F401  (fixture)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-ZOO = sorted((CONFIGS / "zoo").glob("*.yaml"))
+ROOT = CONFIGS.parent
+ZOO = sorted(p for p in (CONFIGS / "zoo").glob("*.yaml") if p.name != "base.yaml")
 MAIN = {"sgla", "gla", "gdn", "rla", "rdn", "gdn-hybrid", "transformer"}
 ABLATIONS = {"no-fitting": {"fit_history": False}, "tied-gamma": {"gamma": "tied"},
              "plain-sum": {"output_gates": False}, "no-clip": {"residual_target": "identity"}}
@@ -55,7 +60,7 @@ def test_zoo_shares_one_budget():
         assert 1e-3 <= d["optim"]["lr"] <= 1e-2, name
 
 
-STAGE2 = sorted((CONFIGS / "zoo" / "stage2").glob("*.yaml"))
+STAGE2 = sorted(p for p in (CONFIGS / "zoo" / "stage2").glob("*.yaml") if p.name != "base.yaml")
 SAME_SEED_AS_FIRST_STAGE = {"rla"}  # as shipped: its second stage repeats the first's text windows (docs/training.md)
 
 
@@ -111,3 +116,70 @@ def test_hybrid_and_transformer_layers():
     assert hybrid.attn_layers == [2, 5]  # one layer of three
     transformer = build_model_config(load_config(CONFIGS / "zoo" / "transformer.yaml"), 4096)
     assert transformer.attn_layers == list(range(transformer.num_hidden_layers))
+
+
+# --- include: a shared base --------------------------------------------------------------------------------
+
+
+def test_every_shipped_config_resolves_as_recorded():
+    """The zoo, second-stage and paper configs resolve (includes merged, defaults filled) to the recorded dicts."""
+    recorded = json.loads((ROOT / "tests" / "fixtures" / "resolved_configs.json").read_text(encoding="utf-8"))
+    shipped = sorted(str(p.relative_to(ROOT)) for p in [*ZOO, *STAGE2, *(CONFIGS / "paper").glob("*.yaml")])
+    assert sorted(recorded) == shipped
+    for name, expected in recorded.items():
+        assert load_config(ROOT / name).to_dict() == expected, name
+
+
+def test_zoo_configs_state_only_their_own_keys():
+    """The shared sections live in base.yaml: a zoo file sets its model, peak rate and seed (stage 2: seed and
+    starting point) and nothing else."""
+    for path in ZOO:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert set(raw) == {"include", "name", "description", "model", "optim", "train"}, path.stem
+        assert set(raw["optim"]) == {"lr", "min_lr"} and set(raw["train"]) == {"seed"}, path.stem
+    for path in STAGE2:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert set(raw) == {"include", "train"} and set(raw["train"]) == {"seed", "init_from"}, path.stem
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+
+
+def test_include_merges_deeply_and_the_including_file_wins(tmp_path):
+    _write(tmp_path, {
+        "shared/a.yaml": "data: {dir: d, seq_len: 64, recall: [{name: mqar}]}\noptim: {lr: 1.0e-3, min_lr: 1.0e-4}\n",
+        "shared/b.yaml": "include: a.yaml\noptim: {warmup_steps: 7}\ntrain: {steps: 9, batch_size: 4}\n",
+        "run.yaml": "include: shared/b.yaml\nmodel: {hidden_size: 32}\ndata: {seq_len: 128, recall: []}\n"
+                    "train: {steps: 3}\n",
+    })
+    config = load_config(tmp_path / "run.yaml")
+    assert (config.data.dir, config.data.seq_len, config.data.recall) == ("d", 128, [])  # lists replaced whole
+    assert (config.optim.lr, config.optim.min_lr, config.optim.warmup_steps) == (1e-3, 1e-4, 7)
+    assert (config.train.steps, config.train.batch_size) == (3, 4)
+    assert config.model["hidden_size"] == 32
+    overridden = load_config(tmp_path / "run.yaml", ["train.steps=11", "optim.warmup_steps=2"])  # --set comes last
+    assert (overridden.train.steps, overridden.optim.warmup_steps) == (11, 2)
+
+
+def test_a_list_of_includes_applies_in_order(tmp_path):
+    _write(tmp_path, {"a.yaml": "data: {dir: a, seq_len: 8}\n", "b.yaml": "data: {dir: b}\n",
+                      "run.yaml": "include: [a.yaml, b.yaml]\n"})
+    raw = read_config_dict(tmp_path / "run.yaml")
+    assert raw == {"data": {"dir": "b", "seq_len": 8}}
+
+
+def test_include_cycles_and_missing_files_are_refused(tmp_path):
+    _write(tmp_path, {"a.yaml": "include: b.yaml\n", "b.yaml": "include: [c.yaml, a.yaml]\n", "c.yaml": "{}\n",
+                      "self.yaml": "include: self.yaml\n", "missing.yaml": "include: nowhere.yaml\n",
+                      "bad.yaml": "include: {a: 1}\n"})
+    with pytest.raises(ValueError, match="include cycle: .*a.yaml -> .*b.yaml -> .*a.yaml"):
+        load_config(tmp_path / "a.yaml")
+    with pytest.raises(ValueError, match="include cycle"):
+        load_config(tmp_path / "self.yaml")
+    with pytest.raises(FileNotFoundError, match="include names .*nowhere.yaml"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="include must be a file name or a list"):
+        load_config(tmp_path / "bad.yaml")

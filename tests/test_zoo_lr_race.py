@@ -64,8 +64,8 @@ def test_a_diverged_rate_loses(tmp_path):
 
 def test_rate_variants_change_only_the_schedule_and_the_evaluation():
     config = ROOT / "configs" / "zoo" / "rdn.yaml"
-    text = race.variant(config.read_text(), lr=5e-3)
-    base, varied = yaml.safe_load(config.read_text()), yaml.safe_load(text)
+    text = race.variant(race.resolved_text(config), lr=5e-3)
+    base, varied = yaml.safe_load(race.resolved_text(config)), yaml.safe_load(text)
     assert varied["optim"]["lr"] == 5e-3 and varied["optim"]["min_lr"] == pytest.approx(5e-4)
     assert varied["train"]["eval_interval"] == 100
     assert varied["model"] == base["model"] and varied["data"] == base["data"]
@@ -74,8 +74,8 @@ def test_rate_variants_change_only_the_schedule_and_the_evaluation():
 
 def test_seed_variants_change_only_the_seed_and_the_evaluation():
     for config in (ROOT / "configs" / "zoo" / "rdn.yaml", ROOT / "configs" / "zoo" / "stage2" / "rdn.yaml"):
-        base = yaml.safe_load(config.read_text())
-        varied = yaml.safe_load(race.variant(config.read_text(), lr=base["optim"]["lr"], seed=7))
+        base = yaml.safe_load(race.resolved_text(config))
+        varied = yaml.safe_load(race.variant(race.resolved_text(config), lr=base["optim"]["lr"], seed=7))
         assert varied["train"]["seed"] == 7 != base["train"]["seed"]
         assert varied["model"] == base["model"] and varied["data"] == base["data"]
         assert {k: v for k, v in varied["train"].items() if k not in ("seed", "eval_interval", "eval_tokens",

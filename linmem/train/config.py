@@ -9,7 +9,9 @@ train: {steps: 2000, batch_size: 32, micro_batch_size: 16, eval_interval: 200, c
 
 Defaults follow the RLA paper's Table 7 recipe, scaled down (AdamW, cosine schedule from 3e-4 to 3e-5 after a
 linear warmup, weight decay 0.1, gradient clipping 1.0, init std 0.006). Every error names the key
-(``optim.lrr``, ``train.batch_size``) so a user can fix the file without reading code.
+(``optim.lrr``, ``train.batch_size``) so a user can fix the file without reading code. ``include: base.yaml``
+at the top level merges a shared base under the file (``read_config_dict``), so that a family of configs states
+its common sections once.
 """
 
 from __future__ import annotations
@@ -130,16 +132,61 @@ SECTIONS = {"data": DataSection, "optim": OptimSection, "train": TrainSection}
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
-    """Read and check a YAML config (``FileNotFoundError`` / ``ValueError`` naming the key); ``overrides`` are
-    ``"section.key=value"`` strings applied first (values parsed as YAML: ``train.steps=50``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no config file at {str(path)!r}")
+    """Read and check a YAML config (``FileNotFoundError`` / ``ValueError`` naming the key), its ``include:`` files
+    merged under it (``read_config_dict``); ``overrides`` are ``"section.key=value"`` strings applied last (values
+    parsed as YAML: ``train.steps=50``)."""
+    raw = read_config_dict(path)
+    return parse_config(apply_overrides(raw, overrides or []), where=str(path))
+
+
+def read_config_dict(path: str | Path, text: str | None = None) -> dict[str, Any]:
+    """The mapping a YAML config file stands for, before any checks: ``include: base.yaml`` (or a list of files,
+    each a path relative to the including file's folder) names configs merged under this one, the later include
+    over the earlier and this file over all of them; mappings merge key by key at every depth, any other value
+    (lists included) is replaced whole. ``text`` reads that YAML as if it were the file at ``path``. A file that
+    includes itself, directly or through others, is refused (``ValueError`` naming the chain)."""
+    return _read_with_includes(Path(path), text, ())
+
+
+def _read_with_includes(path: Path, text: str | None, chain: tuple[Path, ...]) -> dict[str, Any]:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in (*chain[chain.index(resolved):], resolved))
+        raise ValueError(f"{chain[-1]}: include cycle: {cycle}")
+    if text is None:
+        if not path.is_file():
+            where = f"{chain[-1]}: include names" if chain else "no config file at"
+            raise FileNotFoundError(f"{where} {str(path)!r}")
+        text = path.read_text(encoding="utf-8")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
-    return parse_config(apply_overrides(raw or {}, overrides or []), where=str(path))
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        return raw  # parse_config names the problem
+    includes = raw.pop("include", None)
+    if includes is None:
+        return raw
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i.strip() for i in includes):
+        raise ValueError(f"{path}: include must be a file name or a list of file names; got {includes!r}")
+    merged: dict[str, Any] = {}
+    for name in includes:
+        merged = _deep_merge(merged, _read_with_includes(path.parent / name, None, (*chain, resolved)))
+    return _deep_merge(merged, raw)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """A new mapping: ``base`` with ``top``'s keys over it, nested mappings merged key by key."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

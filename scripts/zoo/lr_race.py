@@ -44,10 +44,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "zoo"
 sys.path.insert(0, str(HERE / "recall-sweep"))
 from make_variants import variant  # noqa: E402  (the sweep's config rewriter: lr, min lr, eval cadence)
+
+from linmem.train.config import read_config_dict  # noqa: E402
 
 POLL_SECONDS = 15
 FINISHED = "finished"  # OUT/finished: written when the race, its evaluations and shipping are all over
@@ -117,9 +121,15 @@ def parse_plan(items: list[str], configs_dir: Path) -> dict[str, list[float]]:
     return plan
 
 
+def resolved_text(path: Path) -> str:
+    """The config at ``path`` as one YAML text with its ``include:`` files merged in (the rewriter edits text, and
+    the variant is written to another folder, where a relative include would not resolve)."""
+    return yaml.safe_dump(read_config_dict(path), sort_keys=False)
+
+
 def launch(entry: Entry, python: str, configs_dir: Path, configs: Path) -> None:
     config = configs / f"{entry.label}.yaml"
-    config.write_text(variant((configs_dir / f"{entry.name}.yaml").read_text(), lr=entry.lr, seed=entry.seed))
+    config.write_text(variant(resolved_text(configs_dir / f"{entry.name}.yaml"), lr=entry.lr, seed=entry.seed))
     entry.folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(entry.folder.parent / f"{entry.label}.log", "ab") as log:  # the child keeps its own copy of the handle
