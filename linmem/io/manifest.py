@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from linmem.data.atomic import write_json_atomic
+from linmem.io.atomic import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 BLOCK = 1 << 20
@@ -85,12 +85,13 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
     return files
 
 
-def verify_manifest(folder: str | os.PathLike) -> None:
+def verify_manifest(folder: str | os.PathLike, share: tuple[int, int] = (0, 1)) -> None:
     """Check every file ``folder``'s manifest lists: present, same size, same SHA-256. Raises
     ``DamagedFileError`` naming the first file that is missing or damaged; ``FileNotFoundError`` without a
-    manifest."""
+    manifest. ``share=(i, n)`` checks only every ``n``-th listed file from the ``i``-th (``n`` processes split
+    the reading)."""
     folder = Path(folder)
-    for name, entry in read_manifest(folder).items():
+    for name, entry in list(read_manifest(folder).items())[share[0]::share[1]]:
         path = folder / name
         if not path.is_file():
             raise DamagedFileError(f"{path}: missing (listed in {folder / MANIFEST_NAME}); the folder is incomplete")

@@ -10,6 +10,18 @@
     trainer_state.json                 steps done, tokens seen, the next data position, the resolved config
     manifest.json                      written last: every file's size and SHA-256
 
+A run under FSDP2 (``train.parallel: fsdp``) writes the model and AdamW state sharded instead, each process its
+own part through ``torch.distributed.checkpoint`` (DCP) in safetensors, so no process ever holds the whole model
+or optimizer::
+
+    model-shards/shard-<R+1>-model-00001-of-00001.safetensors       process R's slices of every weight
+    optimizer-shards/shard-<R+1>-model-00001-of-00001.safetensors   process R's slices of the AdamW moments
+    optimizer.json, config.json, tokenizer, rng-rank<R>.json, trainer_state.json, manifest.json as above
+
+Each shard file's safetensors header records where its slices sit in the full tensors (DCP's
+``DCP_SHARDING_INFO``), so loading reads headers as JSON, never a pickle, and a run may resume at another world
+size (DCP reslices). ``consolidated_model_state`` joins the model shards in one process (``linmem export``).
+
 Nothing is pickled (no ``torch.load``). The folder appears under its final name only by ``os.rename`` after the
 manifest is on disk, so a crash mid-write leaves a ``.tmp-step-*`` folder (removed on the next start) and never a
 checkpoint that looks complete. Only the newest ``keep`` checkpoints are kept.
@@ -20,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +41,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from linmem.data.atomic import fsync_dir, write_json_atomic
+from linmem.io.atomic import fsync_dir, write_json_atomic
+from linmem.io.checkpoints import complete_checkpoints, latest_checkpoint, step_dir_name  # noqa: F401  (trainer)
 from linmem.io.manifest import MANIFEST_NAME as MANIFEST
 from linmem.io.manifest import DamagedFileError, verify_manifest, write_manifest
 from linmem.models.special_tokens import write_model_config
 
-STEP_DIR = re.compile(r"^step-(\d{8})$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 @dataclass
@@ -85,18 +92,25 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
 # ---------------------------------------------------------------- optimizer state without pickle
 
 
-def flatten_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A full optimizer state dict keyed by parameter names (``get_optimizer_state_dict``) as
-    ``(tensors for safetensors, JSON: param groups and non-tensor values)``."""
+def split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An optimizer state dict keyed by parameter names (``get_optimizer_state_dict``, full or sharded) as
+    ``(tensors keyed state/<param>/<field>, as they are, DTensors included; JSON: param groups and non-tensor
+    values)``."""
     tensors, scalars = {}, {}
     for param, fields in state["state"].items():
         for name, value in fields.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"state/{param}/{name}"] = value.detach().cpu().contiguous()
+                tensors[f"state/{param}/{name}"] = value
             else:
                 scalars[f"{param}/{name}"] = value
     groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state["param_groups"]]
     return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def flatten_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A full optimizer state dict as ``(CPU tensors for safetensors, JSON)`` (see ``split_optimizer_state``)."""
+    tensors, meta = split_optimizer_state(state)
+    return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta
 
 
 def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +133,13 @@ def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, 
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """Paths (relative, ``/``-separated) of every file in the checkpoint folder ``folder`` and its shard folders,
+    the manifest left out."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST)
 
 
 def temp_dir(root: Path, step: int) -> Path:
@@ -168,9 +189,12 @@ def copy_tokenizer(source: Path, folder: Path) -> None:
 def finish_checkpoint(root: Path, step: int, keep: int) -> Path:
     """Write the manifest into the temp folder, fsync, rename it to ``step-XXXXXXXX``, prune old ones (rank 0)."""
     tmp = temp_dir(root, step)
-    for path in tmp.iterdir():
-        _fsync_file(path)
-    write_manifest(tmp, extra={"step": step})
+    files = checkpoint_files(tmp)
+    for name in files:
+        _fsync_file(tmp / name)
+    for folder in {(tmp / name).parent for name in files}:
+        fsync_dir(folder)
+    write_manifest(tmp, files, extra={"step": step})
     fsync_dir(tmp)
     final = root / step_dir_name(step)
     if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
@@ -202,24 +226,11 @@ def remove_stale_temp(root: Path) -> None:
 # ---------------------------------------------------------------- reading
 
 
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Checkpoint folders under ``root`` with a manifest, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
-
-
-def verify_checkpoint(path: Path) -> None:
+def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:
     """Check every file the manifest lists: present, same size and SHA-256 (``DamagedFileError``, a
-    ``ValueError`` naming the file, otherwise)."""
+    ``ValueError`` naming the file, otherwise). ``share=(rank, world_size)``: this process checks its share."""
     try:
-        verify_manifest(path)
+        verify_manifest(path, share)
     except DamagedFileError as error:
         raise DamagedFileError(f"{error}; the checkpoint {path.name} is damaged (delete it to resume from an "
                                "older one)") from None
@@ -231,8 +242,12 @@ def read_checkpoint(path: Path) -> Checkpoint:
     model_state = load_file(str(path / "model.safetensors"))
     optimizer = unflatten_optimizer_state(load_file(str(path / "optimizer.safetensors")),
                                           json.loads((path / "optimizer.json").read_text(encoding="utf-8")))
-    trainer_state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-    return Checkpoint(path, model_state, optimizer, trainer_state)
+    return Checkpoint(path, model_state, optimizer, read_trainer_state(path))
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """``trainer_state.json`` of checkpoint ``path``."""
+    return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
 
 
 def read_rng(path: Path, rank: int) -> dict[str, Any] | None:
@@ -245,3 +260,95 @@ def write_optimizer(folder: Path, state: dict[str, Any]) -> None:
     tensors, meta = flatten_optimizer_state(state)
     save_file(tensors, str(folder / "optimizer.safetensors"), metadata={"format": "pt"})
     write_json_atomic(folder / "optimizer.json", meta)
+
+
+# ---------------------------------------------------------------- sharded (FSDP2) model and optimizer state
+
+MODEL_SHARDS = "model-shards"
+OPTIMIZER_SHARDS = "optimizer-shards"
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether the checkpoint folder ``path`` holds sharded state (``write_sharded``) rather than
+    ``model.safetensors``."""
+    return (path / MODEL_SHARDS).is_dir()
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{alias: name}`` for every parameter reachable under a second name (a tied ``lm_head.weight`` is the
+    embedding matrix): safetensors stores a tensor once, so aliases are left out of the shards and put back on
+    reading."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def write_sharded(folder: Path, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                  is_main: bool, aliases: dict[str, str] | None = None) -> None:
+    """Every process writes its slices of ``model_state`` and ``optimizer_state`` (sharded state dicts of
+    ``get_model_state_dict`` / ``get_optimizer_state_dict``: DTensors) into ``folder/model-shards`` and
+    ``folder/optimizer-shards``, leaving out the tied names ``aliases`` (``tied_names``); the main process also
+    writes ``optimizer.json``. A collective: every process calls it."""
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
+
+    tensors, meta = split_optimizer_state(optimizer_state)
+    model_state = {k: v for k, v in model_state.items() if k not in (aliases or {})}
+    save(model_state, storage_writer=HuggingFaceStorageWriter(str(folder / MODEL_SHARDS), save_distributed=True))
+    save(tensors, storage_writer=HuggingFaceStorageWriter(str(folder / OPTIMIZER_SHARDS), save_distributed=True))
+    if is_main:
+        write_json_atomic(folder / "optimizer.json", meta)
+
+
+def read_sharded(path: Path, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                 aliases: dict[str, str] | None = None) -> dict:
+    """Fill ``model_state`` (in place; the tied names ``aliases`` are set to the tensor they share) and return
+    the optimizer state dict of checkpoint ``path``, read into the layout of ``model_state`` /
+    ``optimizer_state`` (this process's sharded state dicts, DTensors or plain tensors): each process reads
+    only the slices it holds. A collective under a process group. The caller verifies the manifest first
+    (``verify_checkpoint``)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader, load
+
+    aliases = aliases or {}
+    stored = {k: v for k, v in model_state.items() if k not in aliases}
+    load(stored, storage_reader=HuggingFaceStorageReader(str(path / MODEL_SHARDS)))
+    model_state.update(stored)
+    model_state.update({alias: stored[name] for alias, name in aliases.items() if name in stored})
+    tensors, _ = split_optimizer_state(optimizer_state)
+    load(tensors, storage_reader=HuggingFaceStorageReader(str(path / OPTIMIZER_SHARDS)))
+    return unflatten_optimizer_state(tensors, json.loads((path / "optimizer.json").read_text(encoding="utf-8")))
+
+
+def consolidated_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The full model state dict joined from checkpoint ``path``'s model shards, in this process alone (no
+    process group): each shard file's header says where its slices sit. Raises ``DamagedFileError`` when the
+    slices do not cover a tensor exactly."""
+    from safetensors import safe_open
+
+    folder = path / MODEL_SHARDS
+    pieces: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise DamagedFileError(f"{folder}: no shard files; the checkpoint is incomplete")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            placement = json.loads((f.metadata() or {}).get("DCP_SHARDING_INFO", "{}"))
+            for key in f.keys():
+                if key not in placement:
+                    raise DamagedFileError(f"{file}: tensor {key!r} has no sharding record in its header")
+                pieces.setdefault(key, []).append((tuple(placement[key]["saved_offsets"]), f.get_tensor(key)))
+    state = {}
+    for key, parts in pieces.items():
+        shape = [max(o[d] + t.shape[d] for o, t in parts) for d in range(parts[0][1].dim())]
+        full = torch.empty(shape, dtype=parts[0][1].dtype)
+        if sum(t.numel() for _, t in parts) != full.numel():
+            raise DamagedFileError(f"{folder}: the slices of {key!r} do not cover its shape {tuple(shape)}; a shard "
+                                   "file is missing or from another checkpoint")
+        for offsets, tensor in parts:
+            full[tuple(slice(o, o + n) for o, n in zip(offsets, tensor.shape))] = tensor
+        state[key] = full
+    return state

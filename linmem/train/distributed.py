@@ -86,6 +86,23 @@ def broadcast_object(obj, state: Distributed):
     return box[0]
 
 
+def first_error(error: str | None, state: Distributed) -> str | None:
+    """The message of the lowest-ranked process that has one (``error``: this process's message or None), on
+    every process, so that all of them stop together with the same, specific message."""
+    if not state.active:
+        return error
+    messages: list[str | None] = [None] * state.world_size
+    dist.all_gather_object(messages, error)
+    return next((m for m in messages if m is not None), None)
+
+
+def is_fully_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` is wrapped by FSDP2 (``fully_shard``): its state is sharded across processes."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def wrap_model(model: nn.Module, parallel: str, state: Distributed) -> nn.Module:
     """``model`` as the run trains it: unchanged for one process, else DDP or FSDP2 (``fully_shard`` on each
     block, then on the whole model). ``parallel``: ``auto`` (DDP when distributed), ``none``, ``ddp``, ``fsdp``."""

@@ -32,8 +32,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm.auto import tqdm
 
-from linmem.data.atomic import atomic_write, write_json_atomic
 from linmem.data.windows import IGNORE_INDEX
+from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.io.folders import (
     check_replaceable,
     mark_output_folder,
@@ -41,10 +41,10 @@ from linmem.io.folders import (
     read_marker,
     replace_folder,
 )
-from linmem.io.manifest import MANIFEST_NAME, write_manifest
+from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
 from linmem.io.run_info import total_tokens
 from linmem.models import LinMemConfig, LinMemForCausalLM
-from linmem.models.special_tokens import declare_special_tokens
+from linmem.models.special_tokens import declare_special_tokens, write_model_config
 from linmem.train import checkpoint as ckpt
 from linmem.train.config import TrainConfig, build_model_config, check_config, micro_batch_size
 from linmem.train.data import TrainData, eval_windows, open_train_data, recall_eval_batch
@@ -53,7 +53,9 @@ from linmem.train.distributed import (
     all_reduce_sum,
     barrier,
     enable_gradient_checkpointing,
+    first_error,
     init_distributed,
+    is_fully_sharded,
     set_gradient_sync,
     shutdown,
     wrap_model,
@@ -271,40 +273,71 @@ def trainer_state(run: Run) -> dict[str, Any]:
 
 
 def save_checkpoint(run: Run) -> Path | None:
-    """Write checkpoint ``run.step`` atomically (all processes take part); returns its folder on rank 0."""
-    model_state = get_model_state_dict(run.model, options=FULL)
-    optimizer_state = get_optimizer_state_dict(run.model, run.optimizer, options=FULL)
+    """Write checkpoint ``run.step`` atomically (all processes take part); returns its folder on rank 0.
+
+    Under FSDP2 every process writes its own shards of the weights and AdamW state (``ckpt.write_sharded``);
+    otherwise rank 0 writes the full state dicts. Either way the files go to a hidden folder that rank 0 renames
+    into place, with its manifest, after every process has finished writing."""
+    sharded = is_fully_sharded(run.model)
+    options = StateDictOptions(full_state_dict=False) if sharded else FULL
+    model_state = get_model_state_dict(run.model, options=options)
+    optimizer_state = get_optimizer_state_dict(run.model, run.optimizer, options=options)
     root, state = run.out / "checkpoints", run.state
     if state.is_main:
         ckpt.prepare_temp_dir(root, run.step)
     barrier(state)
     tmp = ckpt.temp_dir(root, run.step)
     ckpt.write_rng(tmp, state.rank, ckpt.capture_rng(state.device))
+    if sharded:
+        ckpt.write_sharded(tmp, model_state, optimizer_state, state.is_main, ckpt.tied_names(unwrap(run.model)))
     barrier(state)
     final = None
     if state.is_main:
-        ckpt.write_model(tmp, model_state, run.model_config)
+        if sharded:
+            write_model_config(tmp, run.model_config, next(unwrap(run.model).parameters()).dtype)
+        else:
+            ckpt.write_model(tmp, model_state, run.model_config)
+            ckpt.write_optimizer(tmp, optimizer_state)
         ckpt.copy_tokenizer(run.data.folder, tmp)
-        ckpt.write_optimizer(tmp, optimizer_state)
-        write_json_atomic(tmp / "trainer_state.json", trainer_state(run))
+        write_json_atomic(tmp / "trainer_state.json", {**trainer_state(run), "sharded": sharded})
         final = ckpt.finish_checkpoint(root, run.step, run.config.train.keep_checkpoints)
     barrier(state)
     return final
 
 
 def load_checkpoint(run: Run, path: Path, where: str) -> None:
-    """Restore weights, AdamW state, generator states and the step from checkpoint ``path``."""
-    saved = ckpt.read_checkpoint(path)
-    check_same_run(saved.trainer_state["config"], run.config.to_dict(), path, where)
-    model_state = ckpt.with_tied_head(saved.model_state, run.model_config)
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(run.model, model_state, options=options)
-    set_optimizer_state_dict(run.model, run.optimizer, saved.optimizer_state, options=options)
+    """Restore weights, AdamW state, generator states and the step from checkpoint ``path`` (full or sharded; a
+    sharded one is read slice by slice into this run's layout, and its manifest is checked by all processes,
+    each hashing its share of the files)."""
+    if ckpt.is_sharded(path):
+        saved_state = ckpt.read_trainer_state(path)
+        check_same_run(saved_state["config"], run.config.to_dict(), path, where)
+        error = None
+        try:
+            ckpt.verify_checkpoint(path, (run.state.rank, run.state.world_size))
+        except DamagedFileError as damaged:
+            error = str(damaged)
+        error = first_error(error, run.state)
+        if error is not None:
+            raise DamagedFileError(error)
+        model_state = get_model_state_dict(run.model)
+        optimizer_state = ckpt.read_sharded(path, model_state, get_optimizer_state_dict(run.model, run.optimizer),
+                                            ckpt.tied_names(unwrap(run.model)))
+        set_model_state_dict(run.model, model_state)
+        set_optimizer_state_dict(run.model, run.optimizer, optimizer_state)
+    else:
+        saved = ckpt.read_checkpoint(path)
+        saved_state = saved.trainer_state
+        check_same_run(saved_state["config"], run.config.to_dict(), path, where)
+        model_state = ckpt.with_tied_head(saved.model_state, run.model_config)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(run.model, model_state, options=options)
+        set_optimizer_state_dict(run.model, run.optimizer, saved.optimizer_state, options=options)
     rng = ckpt.read_rng(path, run.state.rank)
     if rng is not None:
         ckpt.restore_rng(rng, run.state.device)
-    run.step, run.tokens = saved.step, int(saved.trainer_state["tokens"])
-    run.seconds_before = float(saved.trainer_state.get("train_seconds", 0.0))
+    run.step, run.tokens = int(saved_state["step"]), int(saved_state["tokens"])
+    run.seconds_before = float(saved_state.get("train_seconds", 0.0))
 
 
 # Keys a resumed run may change: they do not affect any update.
@@ -331,9 +364,17 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, w
 def save_final_model(run: Run, info: dict[str, Any]) -> Path | None:
     """``OUT/model``: config, weights (``train.save_dtype``), tokenizer, ``train_info.json`` and a SHA-256
     manifest, all written into a hidden folder that is renamed into place once complete, so the model and its
-    record appear together (rank 0; all processes gather the weights). An old ``OUT/model`` is replaced only if
-    it holds nothing but linmem's files (``linmem.io.folders.replace_folder``)."""
-    model_state = get_model_state_dict(run.model, options=FULL)
+    record appear together (rank 0). Under FSDP2 rank 0 joins the weights from the shard files of checkpoint
+    ``run.step`` (written just before), so no process gathers the whole model; otherwise all processes gather
+    them. An old ``OUT/model`` is replaced only if it holds nothing but linmem's files
+    (``linmem.io.folders.replace_folder``)."""
+    if is_fully_sharded(run.model):
+        model_state = None
+        if run.state.is_main:
+            checkpoint = run.out / "checkpoints" / ckpt.step_dir_name(run.step)
+            model_state = ckpt.consolidated_model_state(checkpoint)
+    else:
+        model_state = get_model_state_dict(run.model, options=FULL)
     if not run.state.is_main:
         return None
     final, tmp = run.out / MODEL_DIR, run.out / TEMP_MODEL

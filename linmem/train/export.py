@@ -1,0 +1,69 @@
+"""``linmem export CHECKPOINT OUT``: a training checkpoint (full or FSDP2-sharded) as a model folder that
+``AutoModelForCausalLM.from_pretrained`` loads: ``config.json``, one consolidated ``model.safetensors``, the
+tokenizer and a SHA-256 manifest.
+
+The checkpoint is verified against its manifest first. Sharded weights are joined in this one process from the
+shard files' safetensors headers (``checkpoint.consolidated_model_state``): no process group and nothing
+unpickled. The folder is written hidden and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from linmem.io.folders import replace_folder
+from linmem.io.manifest import write_manifest
+from linmem.train import checkpoint as ckpt
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def checkpoint_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The full model state dict of checkpoint folder ``path`` (verified): joined from its shards, or its
+    ``model.safetensors``."""
+    ckpt.verify_checkpoint(path)
+    if ckpt.is_sharded(path):
+        return ckpt.consolidated_model_state(path)
+    return load_file(str(path / "model.safetensors"))
+
+
+def export_model(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
+    """Write the model of ``checkpoint`` into the folder ``out`` (``dtype``: ``float32``, ``bfloat16`` or
+    ``float16`` for the floating-point weights; default as saved); returns ``out``."""
+    path, out = Path(checkpoint), Path(out)
+    if not (path / "trainer_state.json").is_file():
+        raise ValueError(f"checkpoint {path}: not a linmem training checkpoint (no trainer_state.json); give a "
+                         "folder OUT/checkpoints/step-XXXXXXXX")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    import linmem  # noqa: F401  (registers the linmem config class with AutoConfig)
+
+    config = AutoConfig.from_pretrained(str(path))
+    state = checkpoint_model_state(path)
+    tmp = out.with_name(f".tmp-{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ckpt.write_model(tmp, state, config, DTYPES[dtype] if dtype else None)
+    ckpt.copy_tokenizer(path, tmp)
+    write_manifest(tmp)
+    return replace_folder(tmp, out)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, OUT/checkpoints/step-XXXXXXXX")
+    parser.add_argument("out", type=Path, help="model folder to write (from_pretrained loads it)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="dtype of the floating-point weights (default: as in the checkpoint)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    written = export_model(args.checkpoint, args.out, args.dtype)
+    print(f"wrote {written}")
+    return 0
