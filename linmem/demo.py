@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from linmem.data.atomic import write_bytes_atomic
 from linmem.eval.runner import EvalOptions, evaluate
+from linmem.io.atomic import write_bytes_atomic
 from linmem.io.folders import prepare_output_folder
 from linmem.memory.probe import ProbeOptions
 from linmem.zoo.cards import headline, mixer_label

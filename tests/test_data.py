@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from linmem.cli import main
-from linmem.data import atomic, builtin, stdlib_docs
+from linmem.data import builtin, stdlib_docs
 from linmem.data.build import BuildOptions, build_dataset
 from linmem.data.mixing import RecallMix
 from linmem.data.randomness import sample_indices
@@ -29,6 +29,7 @@ from linmem.data.tokenizer import (
     train_tokenizer,
 )
 from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_windows
+from linmem.io import atomic
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bards".split()
 

@@ -1,4 +1,5 @@
-"""The one model loader (``linmem.io.models``) behind every command that takes a model: offline, strict, verified.
+"""The one model loader (``linmem.models.loading``) behind every command that takes a model: offline, strict,
+verified.
 
 Each loader a user reaches (``open_model``, ``linmem.eval.load_model``, the probe's ``load_model_dir``,
 ``linmem.zoo.load``) is run on real folders: a tiny model saved with ``save_pretrained``, then broken in one way.
@@ -19,9 +20,10 @@ from safetensors.torch import load_file, save_file
 import linmem.zoo
 from linmem.eval.loading import load_model
 from linmem.io.manifest import DamagedFileError, write_manifest
-from linmem.io.models import MODEL_TYPE_LOADERS, default_output_folder, open_model
+from linmem.io.models import default_output_folder
 from linmem.memory.probe import load_model_dir
 from linmem.models import LinMemConfig, LinMemForCausalLM
+from linmem.models.loading import MODEL_TYPE_LOADERS, open_model
 
 ZOO_MODEL = "rla"
 

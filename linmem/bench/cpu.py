@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from linmem.data.atomic import atomic_write, write_json_atomic
+from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.ops import linear_memory
 
 MEMORIES = {  # name: (rule, residual, per-key decay)

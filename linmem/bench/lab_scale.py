@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 import linmem.memory as mm
 from linmem.bench import environment
-from linmem.data.atomic import write_bytes_atomic
+from linmem.io.atomic import write_bytes_atomic
 from linmem.memory import experiments as ex
 from linmem.memory.evaluate import Batch, make_batch
 from linmem.memory.intervene import apply_cache_edit

@@ -27,7 +27,6 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
-from linmem.data.atomic import write_json_atomic
 from linmem.data.shards import DEFAULT_SHARD_TOKENS, ShardWriter, remove_shards, token_dtype, write_index
 from linmem.data.sources import Document, Source
 from linmem.data.splits import SPLITS, SplitFractions, split_of
@@ -40,9 +39,11 @@ from linmem.data.tokenizer import (
     tokenizer_hash,
     train_tokenizer,
 )
+from linmem.io import zoo_dir
+from linmem.io.atomic import write_json_atomic
+from linmem.io.zoo_dir import ZOO_PREFIX
 
 CARD_NAME = "data_card.json"
-ZOO_PREFIX = "zoo:"
 ENCODE_BATCH = 256
 
 
@@ -108,9 +109,7 @@ def tokenizer_path(spec: str) -> Path:
     """The tokenizer ``BuildOptions.tokenizer`` names: ``zoo:NAME`` is the tokenizer of the shipped zoo model
     ``NAME`` (``linmem.zoo``), anything else a ``tokenizer.json`` or a folder holding one."""
     if spec.startswith(ZOO_PREFIX):
-        from linmem import zoo
-
-        return zoo.path(spec[len(ZOO_PREFIX):])
+        return zoo_dir.path(spec[len(ZOO_PREFIX):])
     return Path(spec)
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from linmem.data.atomic import TEMP_MARK, write_bytes_atomic, write_json_atomic
 from linmem.data.splits import SPLITS
+from linmem.io.atomic import TEMP_MARK, write_bytes_atomic, write_json_atomic
 
 INDEX_NAME = "index.json"
 FORMAT = "linmem-token-shards"

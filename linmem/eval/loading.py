@@ -1,6 +1,6 @@
 """Open what an evaluation needs: a model folder (weights, config, tokenizer, training record) and held-out text.
 
-A model is a folder or ``zoo:NAME``, opened by ``linmem.io.models`` (the one loader of every command): what
+A model is a folder or ``zoo:NAME``, opened by ``linmem.models.loading`` (the one loader of every command): what
 ``linmem train`` writes to ``OUT/model`` (or any checkpoint folder, a run folder, or a folder saved with
 ``save_pretrained`` plus a ``tokenizer.json``), or an FLA checkpoint. Held-out text comes from a dataset folder
 built with the same tokenizer: the one the model was trained on (recorded in ``train_info.json``) or ``--data DIR``.
@@ -8,7 +8,6 @@ built with the same tokenizer: the one the model was trained on (recorded in ``t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,10 @@ from tokenizers import Tokenizer
 
 from linmem.data.shards import INDEX_NAME, SplitTokens, TokenShards
 from linmem.data.tokenizer import find_document_start, find_eos, tokenizer_hash
-from linmem.io.models import open_model as _open_model
-from linmem.io.models import pick_device, resolve_model_folder
-
-__all__ = ["TRAIN_INFO", "EvalModel", "load_model", "open_heldout", "pick_device", "resolve_model_dir"]
+from linmem.io.models import pick_device
+from linmem.io.run_info import read_train_info
 from linmem.models import LinMemForCausalLM
-
-TRAIN_INFO = "train_info.json"
+from linmem.models.loading import open_model
 
 
 @dataclass
@@ -56,20 +52,12 @@ class EvalModel:
         return int(self.info.get("seq_len", 512))
 
 
-def resolve_model_dir(path: str | Path) -> Path:
-    """The model folder ``path`` names (``linmem.io.models.resolve_model_folder``): ``path`` itself if it holds
-    ``config.json``, else a run folder's ``model/`` or newest checkpoint, or ``zoo:NAME``'s folder."""
-    return resolve_model_folder(path)
-
-
 def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torch.float32) -> EvalModel:
-    """Load a model (a folder or ``zoo:NAME``, see ``resolve_model_dir``) with its tokenizer; weights as ``dtype``
-    on ``device``."""
-    model, tokenizer, folder = _open_model(path, device=device, dtype=dtype)
+    """Load a model (a folder, a run folder or ``zoo:NAME``: ``linmem.io.models.resolve_model_folder``) with its
+    tokenizer and training record; weights as ``dtype`` on ``device``."""
+    model, tokenizer, folder = open_model(path, device=device, dtype=dtype)
     _, eos_id = find_eos(tokenizer, None, folder)
-    info_path = folder / TRAIN_INFO
-    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
-    return EvalModel(model, tokenizer, folder, pick_device(device), eos_id, info,
+    return EvalModel(model, tokenizer, folder, pick_device(device), eos_id, read_train_info(folder),
                      find_document_start(tokenizer, folder, eos_id))
 
 

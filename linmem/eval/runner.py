@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from linmem.data.atomic import write_json_atomic
 from linmem.eval import plots
 from linmem.eval.cloze import cloze
 from linmem.eval.loading import EvalModel, load_model, open_heldout
@@ -18,6 +17,7 @@ from linmem.eval.mqar import mqar
 from linmem.eval.niah import niah
 from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
+from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import prepare_output_folder
 from linmem.io.models import default_output_folder
 from linmem.io.run_info import total_tokens

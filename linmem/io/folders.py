@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from linmem.data.atomic import fsync_dir, write_json_atomic
+from linmem.io.atomic import fsync_dir, write_json_atomic
 from linmem.io.manifest import MANIFEST_NAME, read_manifest
 
 MARKER = ".linmem-output.json"

@@ -1,37 +1,25 @@
-"""Open a model for any command that takes one: ``linmem eval``, ``linmem probe``, ``linmem demo``, ``train.init_from``
-and ``linmem.zoo.load`` all come here.
+"""Which model folder a command means: ``linmem eval``, ``linmem probe``, ``linmem demo``, ``train.init_from`` and
+``linmem.models.loading`` (the one strict loader) all resolve their model argument here.
 
 A model is named by a folder or ``zoo:NAME`` (a model shipped in ``linmem.zoo``). A folder is a model folder
 (``config.json`` + safetensors weights: a run's ``OUT/model``, a checkpoint, a ``save_pretrained`` folder, an FLA
 checkpoint), or a run folder, which stands for its ``model/`` or else its newest checkpoint. Nothing here touches the
 network: a name that is not an existing folder or a shipped model is refused at once, and only existing folders reach
 ``from_pretrained``.
-
-Every load is strict. The folder's ``config.json`` ``model_type`` picks the loader in ``MODEL_TYPE_LOADERS``; any
-other type is refused with the list of supported ones. Missing, unexpected or differently shaped weights are refused
-with their names (never randomly initialised). Weights are read from safetensors only. A folder with a SHA-256
-manifest (``manifest.json``, see ``linmem.io.manifest``) is verified first, so a damaged file is named as damaged.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch import nn
 
-ZOO_PREFIX = "zoo:"
+from linmem.io import zoo_dir
+from linmem.io.checkpoints import latest_checkpoint
+from linmem.io.zoo_dir import ZOO_PREFIX
+
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the installed ``linmem`` package
-
-# model_type -> loader(folder, dtype, device) returning the model in eval mode with every weight from the folder (a
-# ``ValueError`` naming what does not fit otherwise). Converters of other architectures register here.
-ModelLoader = Callable[[Path, torch.dtype, torch.device], nn.Module]
-MODEL_TYPE_LOADERS: dict[str, ModelLoader] = {}
 
 
 def pick_device(name: str | torch.device = "auto") -> torch.device:
@@ -46,9 +34,7 @@ def resolve_model_folder(spec: str | os.PathLike) -> Path:
     ``config.json``, else a run folder's ``model/`` or newest checkpoint. ``ValueError`` (one line) otherwise."""
     text = os.fspath(spec)
     if text.startswith(ZOO_PREFIX):
-        import linmem.zoo
-
-        return linmem.zoo.path(text[len(ZOO_PREFIX):])  # UnknownModelError (a ValueError) lists the shipped ones
+        return zoo_dir.path(text[len(ZOO_PREFIX):])  # UnknownModelError (a ValueError) lists the shipped ones
     path = Path(text)
     if not path.is_dir():
         why = "not a folder" if path.exists() else "no such folder"
@@ -57,58 +43,10 @@ def resolve_model_folder(spec: str | os.PathLike) -> Path:
         return path
     if (path / "model" / "config.json").is_file():
         return path / "model"
-    from linmem.train.checkpoint import latest_checkpoint
-
     newest = latest_checkpoint(path / "checkpoints")
     if newest is not None:
         return newest
     raise ValueError(f"not a model folder: {path} (no config.json, no model/ or checkpoints/ inside)")
-
-
-def model_type(folder: Path) -> str:
-    """``config.json``'s ``model_type`` (``ValueError`` when unreadable or absent)."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{folder / 'config.json'}: not a readable model config ({error})") from None
-    kind = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(kind, str):
-        raise ValueError(f"{folder / 'config.json'} names no model_type; supported: {supported()}")
-    return kind
-
-
-def supported() -> str:
-    return ", ".join(sorted(MODEL_TYPE_LOADERS))
-
-
-def verify_model_folder(folder: Path) -> None:
-    """SHA-256 check of every file ``folder``'s manifest lists, where it has one (``DamagedFileError``)."""
-    from linmem.io.manifest import has_manifest, verify_manifest
-
-    if has_manifest(folder):
-        verify_manifest(folder)
-
-
-def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Path]:
-    """``(model, folder)``: the model ``spec`` names (see ``resolve_model_folder``) as ``dtype`` on ``device``, in
-    eval mode, loaded strictly by its ``model_type``'s loader after the manifest check."""
-    folder = resolve_model_folder(spec)
-    kind = model_type(folder)
-    loader = MODEL_TYPE_LOADERS.get(kind)
-    if loader is None:
-        raise ValueError(f"{folder}: model type {kind!r} is not supported; linmem loads {supported()}")
-    verify_model_folder(folder)
-    return loader(folder, dtype, pick_device(device)).eval(), folder
-
-
-def open_model(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """``(model, tokenizer, folder)``: ``load_weights`` plus the folder's ``tokenizer.json`` as a
-    ``tokenizers.Tokenizer`` (``FileNotFoundError`` naming the folder when it has none)."""
-    from linmem.data.tokenizer import load_tokenizer
-
-    model, folder = load_weights(spec, device=device, dtype=dtype)
-    return model, load_tokenizer(folder), folder
 
 
 def default_output_folder(model_folder: Path, name: str) -> Path:
@@ -122,68 +60,3 @@ def default_output_folder(model_folder: Path, name: str) -> Path:
     if not os.access(folder, os.W_OK):
         raise ValueError(f"{model_folder} is not writable; give an output folder with --out DIR")
     return Path(model_folder) / name
-
-
-@contextmanager
-def _quiet_load_report():
-    """transformers logs a table of missing / unexpected weights; linmem raises its own error for them instead.
-    (Raising the loading logger's level also makes transformers check a tensor-parallel plan, which linmem models do
-    not have, and warn that no layer was sharded: that logger is quieted too.)"""
-    loggers = [logging.getLogger(name) for name in ("transformers.modeling_utils",
-                                                     "transformers.distributed.tensor_parallel")]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
-
-
-def _listed(keys, limit: int = 8) -> str:
-    keys = sorted(keys)
-    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
-
-
-def load_linmem_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """A linmem model folder via ``LinMemForCausalLM.from_pretrained`` (safetensors only), refusing any missing,
-    unexpected or differently shaped weight."""
-    from linmem.models import LinMemForCausalLM
-
-    with _quiet_load_report():
-        model, info = LinMemForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
-    problems = []
-    if info.get("missing_keys"):
-        problems.append(f"missing {len(info['missing_keys'])} weight(s): {_listed(info['missing_keys'])}")
-    if info.get("unexpected_keys"):
-        problems.append(f"unexpected {len(info['unexpected_keys'])} weight(s): {_listed(info['unexpected_keys'])}")
-    if info.get("mismatched_keys"):
-        names = [key[0] if isinstance(key, tuple) else key for key in info["mismatched_keys"]]
-        problems.append(f"{len(names)} weight(s) of another shape: {_listed(names)}")
-    if problems:
-        raise ValueError(f"{folder}: the weights do not fit its config.json ({'; '.join(problems)}); the model would "
-                         f"be partly random, so it is not loaded")
-    return model.to(device)
-
-
-def load_fla_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """An FLA GLA / Gated DeltaNet checkpoint (``linmem.models.fla_import``, which checks names and shapes)."""
-    from linmem.models.fla_import import load_fla_checkpoint
-
-    return load_fla_checkpoint(folder, dtype=dtype, device=device)
-
-
-def load_hf_hybrid_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """A transformers GDN hybrid (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid) converted by
-    ``linmem.models.hf_import`` (which refuses missing weights and, naming why, the types it cannot reproduce)."""
-    from linmem.models.hf_import import load_hf_hybrid
-
-    return load_hf_hybrid(folder, dtype=dtype, device=device)
-
-
-MODEL_TYPE_LOADERS.update({"linmem": load_linmem_folder, "gla": load_fla_folder, "gated_deltanet": load_fla_folder})
-MODEL_TYPE_LOADERS.update(dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                                         "olmo_hybrid", "kimi_linear"), load_hf_hybrid_folder))

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+TRAIN_INFO = "train_info.json"
+
+
+def read_train_info(folder: str | Path) -> dict[str, Any]:
+    """The ``train_info.json`` of model folder ``folder`` (``{}`` when it has none: a model linmem did not train)."""
+    path = Path(folder) / TRAIN_INFO
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def total_tokens(info: dict[str, Any]) -> int | None:

@@ -244,8 +244,8 @@ def confirmation(lifecycle_rows: list[dict]) -> bool:
 
 def load_model_dir(path: str | Path, device: str = "auto"):
     """``(model, tokenizer)`` in float32 from a model folder, a run folder, an FLA checkpoint folder (with
-    ``tokenizer.json``) or ``zoo:NAME``: ``linmem.io.models.open_model``, strict and offline."""
-    from linmem.io.models import open_model
+    ``tokenizer.json``) or ``zoo:NAME``: ``linmem.models.loading.open_model``, strict and offline."""
+    from linmem.models.loading import open_model
 
     model, tokenizer, _ = open_model(path, device=device, dtype=torch.float32)
     return model, tokenizer

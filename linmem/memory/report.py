@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from linmem.data.atomic import write_bytes_atomic
+from linmem.io.atomic import write_bytes_atomic
 from linmem.io.folders import prepare_output_folder
 from linmem.memory.experiments import Result
 

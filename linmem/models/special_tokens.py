@@ -25,8 +25,8 @@ import torch
 from safetensors import safe_open
 from transformers import GenerationConfig
 
-from linmem.data.atomic import write_json_atomic
 from linmem.data.tokenizer import special_token_ids
+from linmem.io.atomic import write_json_atomic
 
 ARCHITECTURE = "LinMemForCausalLM"
 GENERATION_CONFIG = "generation_config.json"

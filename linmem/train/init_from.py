@@ -13,13 +13,14 @@ extra tensors.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from safetensors.torch import load_file
 from torch import nn
 
-from linmem.io.models import ZOO_PREFIX, resolve_model_folder
+from linmem.io.models import resolve_model_folder
+from linmem.io.run_info import read_train_info
+from linmem.io.zoo_dir import ZOO_PREFIX
 from linmem.models import LinMemConfig
 from linmem.train.checkpoint import with_tied_head
 
@@ -55,12 +56,10 @@ def architecture_differences(saved_config: LinMemConfig, config: LinMemConfig) -
 
 def tokenizer_difference(folder: Path, dataset: Path, dataset_hash: str) -> str | None:
     """Why the source's tokenizer is not the dataset's, or None if they agree (or the source records neither)."""
-    info = folder / "train_info.json"
-    if info.is_file():
-        saved_hash = json.loads(info.read_text(encoding="utf-8")).get("tokenizer_hash")
-        if saved_hash is not None:
-            return None if saved_hash == dataset_hash else (
-                f"its tokenizer (hash {saved_hash[:12]}) is not the dataset's ({dataset_hash[:12]})")
+    saved_hash = read_train_info(folder).get("tokenizer_hash")
+    if saved_hash is not None:
+        return None if saved_hash == dataset_hash else (
+            f"its tokenizer (hash {saved_hash[:12]}) is not the dataset's ({dataset_hash[:12]})")
     if (folder / "tokenizer.json").is_file() and (dataset / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
@@ -73,8 +72,7 @@ def tokenizer_difference(folder: Path, dataset: Path, dataset_hash: str) -> str 
 def source_summary(source: str, folder: Path) -> dict:
     """What a run started from: ``source`` as configured, and the source's own name, updates and tokens (and, if it
     was itself a later stage, its ``init_from``), from its ``train_info.json``; only ``source`` if it has none."""
-    info_path = folder / "train_info.json"
-    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    info = read_train_info(folder)
     summary = {"source": source}
     summary.update({key: info[key] for key in ("name", "steps", "tokens", "init_from") if key in info})
     return summary

@@ -28,13 +28,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from linmem.data.atomic import atomic_write, write_json_atomic
 from linmem.data.shards import INDEX_NAME, TokenShards
-from linmem.eval.loading import TRAIN_INFO
 from linmem.eval.runner import TASKS, EvalOptions, evaluate
+from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.io.folders import check_replaceable, prepare_output_folder, replace_folder
 from linmem.io.manifest import MANIFEST_NAME, write_manifest
 from linmem.io.manifest import sha256_file as sha256
+from linmem.io.run_info import TRAIN_INFO
 from linmem.models import LinMemConfig
 from linmem.models.special_tokens import declare_special_tokens
 from linmem.train.checkpoint import copy_tokenizer, write_model
