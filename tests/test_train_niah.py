@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from linmem.data.shards import TokenShards
-from linmem.data.synthetic import check_sample
+from linmem.data.synthetic import FILLER_TOKENS, check_sample
 from linmem.data.tokenizer import load_tokenizer
 from linmem.eval.loading import EvalModel
 from linmem.eval.niah import NAMES, NiahRecall, haystack_tokens, niah_prompt, niah_trial
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.train.config import parse_config
-from linmem.train.data import KV_FILLER_TOKENS, open_train_data, resolve_generator
+from linmem.train.data import open_train_data, resolve_generator
 from linmem.train.distributed import Distributed
 from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
 
@@ -84,7 +84,7 @@ def test_default_trial_fills_the_sequence(shards, seed):
     _, _, explicit = resolve_generator({"name": "niah", "min_length": None, "max_length": None}, 1, shards, "test", 96)
     assert explicit["min_length"] == explicit["max_length"] == 95  # YAML nulls: the defaults, recorded
     rng = np.random.default_rng(seed)
-    hay = haystack_tokens(shards.split("train"), KV_FILLER_TOKENS)
+    hay = haystack_tokens(shards.split("train"), FILLER_TOKENS)
     for _ in range(10):
         draw = int(rng.integers(2**32))
         sample = generator.sample(np.random.default_rng(draw), 95)
@@ -105,7 +105,7 @@ def test_default_trial_fills_the_sequence(shards, seed):
 def test_generator_and_eval_share_the_trial(shards, em, seed):
     """(b) a full-length training sample is token for token the eval's context and answer for the same draws."""
     rng = np.random.default_rng(seed)
-    hay = haystack_tokens(shards.split("train"), KV_FILLER_TOKENS)
+    hay = haystack_tokens(shards.split("train"), FILLER_TOKENS)
     for _ in range(20):
         length = int(rng.integers(70, 200))
         generator, _, _ = resolve_generator({"name": "niah", "max_length": length}, 0, shards, "test")

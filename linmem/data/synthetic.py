@@ -5,6 +5,10 @@ True only where a token is an answer the model must recall from earlier in the s
 interleaves such samples into the natural-text training stream. A new generator (e.g. the memory lab's key-value
 bindings in natural filler) is any object with a ``name`` and a ``sample(rng, seq_len)`` method, registered with
 ``register_generator("name", factory)`` when its module is imported; ``make_generator("name", **options)`` builds it.
+A generator that needs the training dataset (its tokenizer, its text) also registers ``for_dataset``, a builder
+``(options, dataset, seq_len, key) -> generator``; ``generator_for_dataset`` is what training calls. Generators
+defined above ``data`` (the memory lab's ``kv-filler``, the NIAH eval's ``niah``) are listed in ``PROVIDERS``: their
+module is imported by name the first time the name is looked up, so training needs no import of the lab or the eval.
 
 **MQAR** (multi-query associative recall, Arora et al. 2023, "Zoology"): the sequence opens with ``N`` key-value
 pairs ``k_1 v_1 ... k_N v_N``, then every key is asked once, at a position chosen by a power law over the distance
@@ -19,11 +23,15 @@ filler tokens from the whole range except this sequence's keys, so each query ha
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from linmem.data.shards import TokenShards
 
 
 @dataclass(frozen=True)
@@ -45,23 +53,53 @@ class RecallGenerator(Protocol):
 
 
 GENERATORS: dict[str, Callable[..., RecallGenerator]] = {}
+# (options, dataset, seq_len, key) -> generator; completes ``options`` in place with the values used
+DatasetBuilder = Callable[[dict[str, Any], "TokenShards", "int | None", str], RecallGenerator]
+DATASET_BUILDERS: dict[str, DatasetBuilder] = {}
+PROVIDERS = {"kv-filler": "linmem.memory.tasks", "niah": "linmem.eval.niah"}  # name -> the module registering it
+FILLER_TOKENS = 1_000_000  # dataset-built generators take filler text from the training split's first tokens
 
 
-def register_generator(name: str, factory: Callable[..., RecallGenerator]) -> Callable[..., RecallGenerator]:
-    """Make ``make_generator(name, **options)`` call ``factory(**options)``; returns ``factory``."""
+def register_generator(name: str, factory: Callable[..., RecallGenerator],
+                       for_dataset: DatasetBuilder | None = None) -> Callable[..., RecallGenerator]:
+    """Make ``make_generator(name, **options)`` call ``factory(**options)`` (and ``generator_for_dataset`` call
+    ``for_dataset`` when given); returns ``factory``."""
     if name in GENERATORS and GENERATORS[name] is not factory:
         raise ValueError(f"a recall generator named {name!r} is already registered ({GENERATORS[name]!r})")
     GENERATORS[name] = factory
+    if for_dataset is not None:
+        DATASET_BUILDERS[name] = for_dataset
     return factory
+
+
+def known_generators() -> list[str]:
+    return sorted({*GENERATORS, *PROVIDERS})
+
+
+def _registered(name: str) -> bool:
+    if name not in GENERATORS and name in PROVIDERS:
+        importlib.import_module(PROVIDERS[name])
+    return name in GENERATORS
 
 
 def make_generator(name: str, **options) -> RecallGenerator:
     """The registered generator ``name`` built with ``options``."""
-    if name not in GENERATORS:
-        known = ", ".join(sorted(GENERATORS)) or "none"
-        raise ValueError(f"unknown recall generator {name!r}; registered: {known} (a generator registers itself "
-                         f"when its module is imported)")
+    if not _registered(name):
+        raise ValueError(f"unknown recall generator {name!r}; registered: {', '.join(known_generators())} (a "
+                         f"generator registers itself when its module is imported)")
     return GENERATORS[name](**options)
+
+
+def generator_for_dataset(name: str, options: dict[str, Any], dataset: TokenShards, seq_len: int | None = None,
+                          key: str = "recall") -> RecallGenerator:
+    """Generator ``name`` for training on ``dataset`` (sequences of ``seq_len`` tokens, if known): its registered
+    ``for_dataset`` builder, else ``make_generator(name, **options)``. ``options`` is completed in place with the
+    defaults used (recorded with the model); errors name ``key``."""
+    if not _registered(name):
+        raise ValueError(f"{key}.name {name!r} is not a registered recall generator (known: "
+                         f"{', '.join(known_generators())}); set {key}.module to the module that registers it")
+    builder = DATASET_BUILDERS.get(name)
+    return builder(options, dataset, seq_len, key) if builder else make_generator(name, **options)
 
 
 def check_sample(sample: RecallSample, seq_len: int, vocab_size: int | None = None) -> None:
@@ -132,4 +170,17 @@ class MQAR:
         return RecallSample(tokens.astype(np.int64), loss_mask)
 
 
-register_generator(MQAR.name, MQAR)
+def mqar_for_dataset(options: dict[str, Any], dataset: TokenShards, seq_len: int | None, key: str) -> MQAR:
+    """MQAR over ``dataset``'s ids: ``vocab_range`` defaults to every id above the end-of-text id (or below it, if it
+    is the last) and must leave it out."""
+    vocab_size, eos_id = dataset.vocab_size, dataset.eos_id
+    default = [eos_id + 1, vocab_size] if eos_id + 1 < vocab_size else [0, eos_id]
+    low, high = options.get("vocab_range", default)
+    if not (0 <= low < high <= vocab_size) or low <= eos_id < high:
+        raise ValueError(f"{key}.vocab_range {[low, high]} must lie in [0, {vocab_size}) and leave out the "
+                         f"end-of-text id {eos_id}")
+    options["vocab_range"] = (low, high)
+    return MQAR(**options)
+
+
+register_generator(MQAR.name, MQAR, mqar_for_dataset)

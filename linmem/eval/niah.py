@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from linmem.data.randomness import sample_rng
-from linmem.data.shards import SplitTokens
-from linmem.data.synthetic import RecallSample
+from linmem.data.shards import SplitTokens, TokenShards
+from linmem.data.synthetic import FILLER_TOKENS, RecallSample, register_generator
+from linmem.data.tokenizer import load_tokenizer
 from linmem.eval.loading import EvalModel
 from linmem.eval.scoring import score_continuations
 
@@ -134,6 +135,61 @@ class NiahRecall:
         mask = np.zeros(len(tokens), dtype=bool)
         mask[len(context):] = True
         return RecallSample(tokens, mask)
+
+
+NIAH_OPTIONS = ("min_length", "max_length", "names")
+
+
+def niah_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len: int | None, key: str) -> NiahRecall:
+    """``niah`` for training on ``shards``: the eval's trials with this dataset's tokenizer, the haystack the
+    training split's first ``FILLER_TOKENS`` tokens.
+
+    Options: ``min_length``, ``max_length`` (trial tokens; default: the whole sequence after the separator,
+    ``seq_len - 1``), ``names`` (default the eval's). ``options`` is completed in place with the values used.
+    Errors name ``key`` and the option.
+    """
+    given = [k for k in ("min_length", "max_length") if options.get(k) is not None]
+    unknown = sorted(set(options) - set(NIAH_OPTIONS))
+    if unknown:
+        raise ValueError(f"{key}: unknown option(s) {', '.join(unknown)} for niah (known: {', '.join(NIAH_OPTIONS)})")
+    room = None if seq_len is None else seq_len - 1  # the mixer's separator takes the first token
+    for option in ("min_length", "max_length"):
+        value = options.get(option)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{key}.{option} must be a positive integer (trial tokens); got {value!r}")
+        if value is not None and room is not None and value > room:
+            raise ValueError(f"{key}.{option} {value} is longer than a sequence after its separator (data.seq_len "
+                             f"{seq_len} - 1 = {room})")
+    if options.get("max_length") is None:
+        options["max_length"] = room
+    if options.get("min_length") is None:
+        options["min_length"] = options["max_length"]
+    low, high = options["min_length"], options["max_length"]
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{key}.min_length {low} is above {key}.max_length {high}")
+    names = options.setdefault("names", list(NAMES))
+    if (not isinstance(names, (list, tuple)) or not names
+            or not all(isinstance(n, str) and n.strip() and n == n.strip() for n in names)):
+        raise ValueError(f"{key}.names must be a non-empty list of names (strings without surrounding spaces); "
+                         f"got {names!r}")
+    options["names"] = list(names)
+    tokenizer = load_tokenizer(shards.folder)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    if low is not None:  # needs at least: the longest pieces over a sample of numbers, and one haystack token
+        needed, longest = max((sum(map(len, niah_pieces(encode, n, number))) + 1, n)
+                              for n in names for number in range(1000, 10000, 997))
+        if low < needed:
+            what = f"{key}.{given[0]} {low}" if given else f"data.seq_len {seq_len}"
+            raise ValueError(f"{what} leaves no room for a trial: the needle, query and answer of {longest!r} and one "
+                             f"haystack token need {needed} tokens with this tokenizer")
+    hay = haystack_tokens(shards.split("train"), FILLER_TOKENS)
+    return NiahRecall(encode, hay, shards.eos_id, tuple(names), low, high)
+
+
+register_generator(NiahRecall.name, NiahRecall, niah_for_dataset)
 
 
 def niah(em: EvalModel, split: SplitTokens, lengths: Sequence[int] = (256, 512, 1024, 2048),

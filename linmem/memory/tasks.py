@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+from linmem.data.shards import TokenShards
 from linmem.data.sources import Document
 from linmem.data.splits import unit_hash
-from linmem.data.synthetic import RecallSample, register_generator
+from linmem.data.synthetic import FILLER_TOKENS, RecallSample, register_generator
+from linmem.data.tokenizer import load_tokenizer
 
 KEY_WORDS = {
     "names": "Alice Bob Carol David Emma Frank Grace Henry Jack Kate Laura Mark Nancy Oliver Paul Peter Rachel "
@@ -390,6 +392,9 @@ def build_items(builder: TaskBuilder, sources: Sequence[tuple[str, str, list[int
     return items
 
 
+KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "num_bindings": 4, "repeats": 2}
+
+
 @dataclass
 class KeyValueFiller:
     """Recall generator for training (``linmem.data.synthetic``): key-value facts in natural filler, then queries
@@ -440,4 +445,21 @@ class KeyValueFiller:
         return RecallSample(np.asarray(tokens, dtype=np.int64), np.asarray(mask, dtype=bool))
 
 
-register_generator(KeyValueFiller.name, KeyValueFiller)
+def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len: int | None,
+                          key: str) -> KeyValueFiller:
+    """``kv-filler`` for training on ``shards``: the lab's key-value facts and queries with this dataset's tokenizer,
+    between stretches of the training split's first ``FILLER_TOKENS`` tokens.
+
+    Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` vocabularies), ``num_bindings``,
+    ``repeats``. ``options`` is completed in place with the defaults used, so the model records them.
+    """
+    for name, default in KV_FILLER_DEFAULTS.items():
+        options.setdefault(name, default)
+    spec = {k: options[k] for k in ("template", "values", "keys")}
+    builder = TaskBuilder(load_tokenizer(shards.folder), TaskSpec(num_bindings=options["num_bindings"], **spec))
+    filler = np.concatenate([np.asarray(s[:FILLER_TOKENS], dtype=np.int64) for s in shards.split("train").shards])
+    generator_options = {k: v for k, v in options.items() if k not in spec}
+    return KeyValueFiller.from_builder(builder, filler[:FILLER_TOKENS], **generator_options)
+
+
+register_generator(KeyValueFiller.name, KeyValueFiller, kv_filler_for_dataset)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from linmem.data.build import BuildOptions, build_dataset
@@ -20,18 +19,12 @@ from linmem.data.randomness import sample_indices
 from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.data.sources import open_source
 from linmem.data.splits import SplitFractions
-from linmem.data.synthetic import GENERATORS, RecallGenerator, make_generator
-from linmem.data.tokenizer import load_tokenizer
+from linmem.data.synthetic import RecallGenerator, generator_for_dataset
 from linmem.data.windows import TokenWindows, sequential_windows
 from linmem.train.config import DataSection
 from linmem.train.distributed import Distributed, barrier, broadcast_object
 
 RECALL_EVAL_SEED_OFFSET = 1_000_003  # held-out recall samples: another seed than training's
-KV_FILLER = "kv-filler"  # the memory lab's generator, built here from the dataset's tokenizer and text
-KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "num_bindings": 4, "repeats": 2}
-KV_FILLER_TOKENS = 1_000_000  # filler text: the first tokens of the training split
-NIAH = "niah"  # the NIAH eval's trials (linmem.eval.niah), haystack from the training split's first tokens
-NIAH_OPTIONS = ("min_length", "max_length", "names")
 
 
 @dataclass
@@ -85,8 +78,7 @@ def ensure_dataset(section: DataSection, state: Distributed, where: str = "confi
 def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards, where: str,
                       seq_len: int | None = None) -> tuple[RecallGenerator, float, dict[str, Any]]:
     """``(generator, weight, resolved spec)`` of ``data.recall[index]`` for sequences of ``seq_len`` tokens (if
-    known). MQAR's ``vocab_range`` defaults to every id above the end-of-text id (or below it, if it is the last);
-    ``kv-filler`` is the memory lab's generator, ``niah`` the NIAH eval's trials."""
+    known), built by the generator's registered ``for_dataset`` builder (``linmem.data.synthetic``)."""
     key = f"data.recall[{index}]"
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"{where}: {key} must be a mapping with a 'name' (e.g. {{name: mqar}})")
@@ -94,104 +86,13 @@ def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards, whe
     name, weight, module = options.pop("name"), float(options.pop("weight", 1.0)), options.pop("module", None)
     if module:
         importlib.import_module(module)
-    if name == "mqar":
-        options["vocab_range"] = _mqar_range(options, shards, key, where)
     try:
-        if name == KV_FILLER:
-            generator = kv_filler_generator(options, shards)
-        elif name == NIAH:
-            generator = niah_generator(options, shards, key, seq_len)
-        elif name not in GENERATORS:
-            raise ValueError(f"{key}.name {name!r} is not a registered recall generator (known: "
-                             f"{', '.join(sorted({*GENERATORS, KV_FILLER, NIAH}))}); set {key}.module to the module "
-                             f"that registers it")
-        else:
-            generator = make_generator(name, **options)
+        generator = generator_for_dataset(name, options, shards, seq_len, key)
     except (TypeError, ValueError, ImportError) as e:
         raise ValueError(f"{where}: {str(e) if str(e).startswith(key) else f'{key}: {e}'}") from None
     resolved = {"name": name, "weight": weight, **({"module": module} if module else {}),
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
     return generator, weight, resolved
-
-
-def _mqar_range(options: dict[str, Any], shards: TokenShards, key: str, where: str) -> tuple[int, int]:
-    vocab_size, eos_id = shards.vocab_size, shards.eos_id
-    default = [eos_id + 1, vocab_size] if eos_id + 1 < vocab_size else [0, eos_id]
-    low, high = options.get("vocab_range", default)
-    if not (0 <= low < high <= vocab_size) or low <= eos_id < high:
-        raise ValueError(f"{where}: {key}.vocab_range {[low, high]} must lie in [0, {vocab_size}) and leave out the "
-                         f"end-of-text id {eos_id}")
-    return (low, high)
-
-
-def kv_filler_generator(options: dict[str, Any], shards: TokenShards) -> RecallGenerator:
-    """The memory lab's ``kv-filler`` generator (``linmem.memory.tasks.KeyValueFiller``): its key-value facts
-    and queries with this dataset's tokenizer, between stretches of the training split's text.
-
-    Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` vocabularies), ``num_bindings``,
-    ``repeats``. ``options`` is completed in place with the defaults used, so the model records them.
-    """
-    from linmem.memory.tasks import KeyValueFiller, TaskBuilder, TaskSpec
-
-    for name, default in KV_FILLER_DEFAULTS.items():
-        options.setdefault(name, default)
-    spec = {k: options[k] for k in ("template", "values", "keys")}
-    builder = TaskBuilder(load_tokenizer(shards.folder), TaskSpec(num_bindings=options["num_bindings"], **spec))
-    filler = np.concatenate([np.asarray(s[:KV_FILLER_TOKENS], dtype=np.int64) for s in shards.split("train").shards])
-    generator_options = {k: v for k, v in options.items() if k not in spec}
-    return KeyValueFiller.from_builder(builder, filler[:KV_FILLER_TOKENS], **generator_options)
-
-
-def niah_generator(options: dict[str, Any], shards: TokenShards, key: str,
-                   seq_len: int | None = None) -> RecallGenerator:
-    """The ``niah`` generator (``linmem.eval.niah.NiahRecall``): the NIAH eval's trials with this dataset's
-    tokenizer, the haystack the training split's first ``KV_FILLER_TOKENS`` tokens.
-
-    Options: ``min_length``, ``max_length`` (trial tokens; default: the whole sequence after the separator,
-    ``seq_len - 1``), ``names`` (default the eval's). ``options`` is completed in place with the values used.
-    Errors name ``key`` and the option.
-    """
-    from linmem.eval.niah import NAMES, NiahRecall, haystack_tokens, niah_pieces
-
-    given = [k for k in ("min_length", "max_length") if options.get(k) is not None]
-    unknown = sorted(set(options) - set(NIAH_OPTIONS))
-    if unknown:
-        raise ValueError(f"{key}: unknown option(s) {', '.join(unknown)} for niah (known: {', '.join(NIAH_OPTIONS)})")
-    room = None if seq_len is None else seq_len - 1  # the mixer's separator takes the first token
-    for option in ("min_length", "max_length"):
-        value = options.get(option)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{key}.{option} must be a positive integer (trial tokens); got {value!r}")
-        if value is not None and room is not None and value > room:
-            raise ValueError(f"{key}.{option} {value} is longer than a sequence after its separator (data.seq_len "
-                             f"{seq_len} - 1 = {room})")
-    if options.get("max_length") is None:
-        options["max_length"] = room
-    if options.get("min_length") is None:
-        options["min_length"] = options["max_length"]
-    low, high = options["min_length"], options["max_length"]
-    if low is not None and high is not None and low > high:
-        raise ValueError(f"{key}.min_length {low} is above {key}.max_length {high}")
-    names = options.setdefault("names", list(NAMES))
-    if (not isinstance(names, (list, tuple)) or not names
-            or not all(isinstance(n, str) and n.strip() and n == n.strip() for n in names)):
-        raise ValueError(f"{key}.names must be a non-empty list of names (strings without surrounding spaces); "
-                         f"got {names!r}")
-    options["names"] = list(names)
-    tokenizer = load_tokenizer(shards.folder)
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids
-
-    if low is not None:  # needs at least: the longest pieces over a sample of numbers, and one haystack token
-        needed, longest = max((sum(map(len, niah_pieces(encode, n, number))) + 1, n)
-                              for n in names for number in range(1000, 10000, 997))
-        if low < needed:
-            what = f"{key}.{given[0]} {low}" if given else f"data.seq_len {seq_len}"
-            raise ValueError(f"{what} leaves no room for a trial: the needle, query and answer of {longest!r} and one "
-                             f"haystack token need {needed} tokens with this tokenizer")
-    hay = haystack_tokens(shards.split("train"), KV_FILLER_TOKENS)
-    return NiahRecall(encode, hay, shards.eos_id, tuple(names), low, high)
 
 
 def open_train_data(section: DataSection, seed: int, state: Distributed, where: str = "config") -> TrainData:
