@@ -41,12 +41,10 @@ from torch import nn
 from linmem.layers.norm import GatedRMSNorm
 from linmem.layers.recurrent import RecurrentMixer, l2_normalize, padding_mask, zero_padding
 from linmem.ops import MemoryConfig
+from linmem.ops.config import check_gamma_mode, head_value_dim
 
 if TYPE_CHECKING:
     from linmem.models.cache import RecurrentLayerCache
-
-GAMMA_MODES = ("independent", "tied")
-
 
 class GatedMemoryMixer(RecurrentMixer):
     """sGLA / GDN / RLA / RDN mixer: ``[B, T, D] → [B, T, D]``.
@@ -89,12 +87,8 @@ class GatedMemoryMixer(RecurrentMixer):
         num_key_heads = num_heads if num_key_heads is None else num_key_heads
         if num_key_heads < 1 or num_heads % num_key_heads:
             raise ValueError(f"num_key_heads must divide num_heads ({num_heads}); got {num_key_heads}")
-        if gamma not in GAMMA_MODES:
-            raise ValueError(f"gamma must be one of {GAMMA_MODES}; got {gamma!r}")
-        head_v_dim = head_dim * expand_v
-        if not math.isclose(head_v_dim, round(head_v_dim)) or round(head_v_dim) < 1:
-            raise ValueError(f"head_dim * expand_v must be a positive integer; got {head_dim} * {expand_v}")
-        self.num_heads, self.head_k_dim, self.head_v_dim = num_heads, head_dim, round(head_v_dim)
+        check_gamma_mode(gamma)
+        self.num_heads, self.head_k_dim, self.head_v_dim = num_heads, head_dim, head_value_dim(head_dim, expand_v)
         self.num_key_heads, self.allow_neg_eigval = num_key_heads, allow_neg_eigval
         self.gamma_mode = gamma
         self.use_short_conv = use_short_conv

@@ -24,7 +24,6 @@ for the next tokens.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +32,8 @@ from torch import nn
 
 from linmem.layers.conv import ShortConvolution
 from linmem.layers.hooks import HookPoint
-from linmem.ops import BACKENDS, MemoryConfig, linear_memory, linear_memory_step
+from linmem.ops import MemoryConfig, linear_memory, linear_memory_step
+from linmem.ops.backend import check_backend
 
 if TYPE_CHECKING:
     from linmem.models.cache import RecurrentLayerCache
@@ -70,8 +70,7 @@ class RecurrentMixer(nn.Module):
 
     def __init__(self, memory: MemoryConfig, backend: str = "auto", layer_idx: int | None = None):
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+        check_backend(backend)
         self.memory = memory
         self.backend = backend
         self.layer_idx = layer_idx
@@ -128,15 +127,14 @@ class RecurrentMixer(nn.Module):
         if self.memory.residual:
             gamma = self.hook_gamma(gamma)
         state = None if cache is None else cache.memory_state(self.memory.residual)
-        options = asdict(self.memory)
         if cache is not None and q.shape[1] == 1:  # decoding: one step of the recurrence
             o, final = linear_memory_step(
                 q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], None if gamma is None else gamma[:, 0], state,
-                **options,
+                memory=self.memory,
             )
             o = o.unsqueeze(1)
         else:
-            o, final = linear_memory(q, k, v, g, beta, gamma, **options, initial_state=state,
+            o, final = linear_memory(q, k, v, g, beta, gamma, memory=self.memory, initial_state=state,
                                      output_final_state=True, backend=self.backend)
         self._keep_state(final, cache, q.shape[1])
         return self.hook_readout(o)

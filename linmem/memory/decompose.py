@@ -15,7 +15,7 @@ from torch import nn
 from linmem.memory.components import Component, check_component, mixer
 from linmem.memory.recording import Recording, backbone, on_model, state_dtype
 from linmem.models.cache import LinMemCache
-from linmem.ops.step import read, residual_target
+from linmem.ops.step import read, rho
 
 
 def _prompt(ids: torch.Tensor, t: int) -> torch.Tensor:
@@ -62,7 +62,7 @@ def contributions(model: nn.Module, ids: torch.Tensor, layer: int, head: int, t:
     for j in range(t + 1):
         k, v, g, beta = x["k"][j], x["v"][j], x["g"][j], x["beta"][j]
         if config.residual:
-            r = residual_target(v - read(base[None, None], k[None, None])[0, 0], config.residual_target, config.clip)
+            r = rho(v - read(base[None, None], k[None, None])[0, 0], config.residual_target, config.clip)
             gamma = x["gamma"][j]
             if config.fit_history:
                 resid_parts[:j] = _transition(resid_parts[:j], g, k, gamma, config.rule)

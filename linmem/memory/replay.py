@@ -10,12 +10,12 @@ model's own computation, so an unedited replay equals the model's layer to round
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from linmem.ops import MemoryConfig, linear_memory
-from linmem.ops.step import decay_state, read, residual_target
+from linmem.ops.step import decay_state, read, rho, write
 
 
 @dataclass
@@ -93,15 +93,15 @@ def edited_step(x: HeadInputs, w: WriteOverrides, t: int, base: torch.Tensor, re
     one = lambda y: y[:, t].unsqueeze(1)  # noqa: E731  keep a head axis of 1: the step's [B, H, ...] layout
     base, resid = base.unsqueeze(1), None if resid is None else resid.unsqueeze(1)
     q, g = one(x.q), one(x.g)
-    new_base = _write(base, one(w.base_k), one(w.base_v), one(w.base_beta), g, config.rule)
+    new_base = write(base, one(w.base_k), one(w.base_v), one(w.base_beta), g, config.rule)
     if not config.residual:
         o = scale * read(new_base, q)
         return o[:, 0], o[:, 0], torch.zeros_like(o[:, 0]), new_base[:, 0], None
     k_r = one(w.resid_k)
-    r = residual_target(one(x.v) - read(base, k_r), config.residual_target, config.clip)
+    r = rho(one(x.v) - read(base, k_r), config.residual_target, config.clip)
     r = torch.where(one(w.resid_r_set)[..., None], one(w.resid_r), r) + one(w.resid_r_shift)
     if config.fit_history:
-        new_resid = _write(resid, k_r, r, one(w.resid_gamma), g, config.rule)
+        new_resid = write(resid, k_r, r, one(w.resid_gamma), g, config.rule)
     else:
         new_resid = torch.einsum("bhv,bhk->bhvk", r, k_r)
     gamma = one(x.gamma)[..., None]
@@ -111,19 +111,11 @@ def edited_step(x: HeadInputs, w: WriteOverrides, t: int, base: torch.Tensor, re
     return o[:, 0], scale * base_read[:, 0], r[:, 0], new_base[:, 0], new_resid[:, 0]
 
 
-def _write(state, k, value, strength, g, rule):
-    """``α S (I − s k kᵀ) + s v kᵀ`` (delta) or ``α S + s v kᵀ`` (additive), per head ``[n, 1, V, K]``."""
-    s = strength[..., None, None]
-    if rule == "delta":
-        state = state - s * torch.einsum("bhv,bhk->bhvk", read(state, k), k)
-    return decay_state(state, g) + s * torch.einsum("bhv,bhk->bhvk", value, k)
-
-
 def _run_op(x: HeadInputs, a: int, b: int, base, resid, config: MemoryConfig, scale: float, backend: str):
     """The op over tokens ``[a, b)`` for single heads; returns ``o [n, b − a, V]`` and the final states."""
     span = x.map(lambda y: y[:, a:b].unsqueeze(2))
     initial = (base.unsqueeze(1), resid.unsqueeze(1)) if config.residual else base.unsqueeze(1)
-    o, final = linear_memory(span.q, span.k, span.v, span.g, span.beta, span.gamma, **asdict(config), scale=scale,
+    o, final = linear_memory(span.q, span.k, span.v, span.g, span.beta, span.gamma, memory=config, scale=scale,
                              initial_state=initial, output_final_state=True, backend=backend)
     if config.residual:
         return o[:, :, 0], final[0][:, 0], final[1][:, 0]

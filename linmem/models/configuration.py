@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 from transformers import PretrainedConfig
 
-from linmem.ops import BACKENDS
-from linmem.ops.config import RESIDUAL_TARGETS
+from linmem.ops.backend import check_backend
+from linmem.ops.config import RESIDUAL_TARGETS, check_gamma_mode, head_value_dim
 
 MIXERS = ("sgla", "gla", "gdn", "rla", "rdn")
-GAMMA_MODES = ("independent", "tied")
 NORM_PLACEMENTS = ("pre", "post")
 QK_NORM_SCOPES = ("head", "all")
 
@@ -152,12 +149,10 @@ class LinMemConfig(PretrainedConfig):
                      "attn_num_heads", "attn_num_kv_heads", "gate_low_rank_dim"):
             _check_positive_int(name, getattr(self, name))
         _check_choice("mixer", self.mixer, MIXERS)
-        _check_choice("gamma", self.gamma, GAMMA_MODES)
+        check_gamma_mode(self.gamma)
         _check_choice("residual_target", self.residual_target, RESIDUAL_TARGETS)
-        _check_choice("backend", self.backend, BACKENDS)
-        value_width = self.head_dim * self.expand_v
-        if not math.isclose(value_width, round(value_width)) or round(value_width) < 1:
-            raise ValueError(f"head_dim * expand_v must be a positive integer; got {self.head_dim} * {self.expand_v}")
+        check_backend(self.backend)
+        head_value_dim(self.head_dim, self.expand_v)
         if not self.clip > 0:
             raise ValueError(f"clip must be > 0; got {self.clip}")
         if self.num_kv_heads is not None:

@@ -37,6 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from linmem.ops.backend import Backend, MemoryInputs
 from linmem.ops.chunk_fused import AdditiveHandOver, PerKeyAdditiveRead, ResidualAdditive
 from linmem.ops.chunk_reads import (
     DecayedScores,
@@ -187,7 +188,7 @@ class ChunkedMemory:
         decay = keys.exp_decay(keys.log_decay(kind) + math.log(scale))
         return QueryRead.apply(x, decay, keys.scores(x, kind, strict, scale), self.starts, self.u)
 
-    def residual_target(self, values: torch.Tensor, config: MemoryConfig) -> torch.Tensor:
+    def residual_values(self, values: torch.Tensor, config: MemoryConfig) -> torch.Tensor:
         """``r = ρ(v − S_{t−1} k_t)``, the residual memory's values: ``[B, H, N, C, V]``."""
         keys = self.keys
         return KeyReadTarget.apply(keys.k, keys.exp_decay(keys.before_step), keys.key_read_scores(), self.starts,
@@ -219,21 +220,11 @@ def output(o: torch.Tensor, rest: float, length: int) -> torch.Tensor:
     return from_chunks(o if rest == 1.0 else rest * o, length)
 
 
-def chunk_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    gamma: torch.Tensor | None,
-    base_state: torch.Tensor,
-    residual_state: torch.Tensor | None,
-    config: MemoryConfig,
-    scale: float,
-    chunk_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Same contract as ``reference_forward``: ``q, k [B, T, H, K]``, ``v [B, T, H, V]``, gates ``[B, T, H]``
-    (``g`` may be ``[B, T, H, K]``), states ``[B, H, V, K]``; returns ``o [B, T, H, V]`` and the final states."""
+def chunk_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
+                  config: MemoryConfig, scale: float,
+                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The ``Backend`` contract (``backend.py``) in the chunk-parallel form; ``chunk_size`` overrides C."""
+    q, k, v, g, beta, gamma = x
     length = q.shape[1]
     if length == 0:
         return v.new_zeros(v.shape), base_state, residual_state
@@ -260,7 +251,7 @@ def chunk_forward(
         return output(o, rest, length), base.final, None
 
     gammac = to_chunks(gamma, chunk)
-    r = base.residual_target(vc, config)
+    r = base.residual_values(vc, config)
     if config.fit_history:
         residual = ChunkedMemory(keys, r, gammac, residual_state, config.rule)
         residual_final = residual.final
@@ -277,3 +268,6 @@ def chunk_forward(
         last = from_chunks(r, length)[:, -1], from_chunks(kc, length)[:, -1]
         residual_final = torch.einsum("bhv,bhk->bhvk", *last)
     return output(o, rest, length), base.final, residual_final
+
+
+CHUNK = Backend("chunk", chunk_forward)

@@ -21,9 +21,9 @@ from linmem.ops.chunk_reads import (
     flat,
     log_decay_grad,
     negated_product,
-    residual_target,
-    residual_target_grad,
     reverse_cumsum,
+    rho_grad,
+    rho_with_slope,
     scaled_product,
     segment_decay,
 )
@@ -148,7 +148,7 @@ class ResidualAdditive(torch.autograd.Function):
         key_scores = shifted_decay(k @ k.mT, query_decay)
         weighted_k = k * decay_k
         error = torch.baddbmm(v, weighted_k, base.mT, alpha=-1).baddbmm_(key_scores, u, alpha=-1)
-        r, slope = residual_target(error, target, clip)
+        r, slope = rho_with_slope(error, target, clip)
         w = gamma * r
         residual_flat, residual_final, residual = memory(w, states0[1], ctx.with_states[1])
 
@@ -196,7 +196,7 @@ class ResidualAdditive(torch.autograd.Function):
 
         # w = γ ρ(v − (k·E_k) Sᵀ − M_k u)
         grad_gamma += (grad_w * r).sum(-1)
-        grad_error = residual_target_grad(grad_w * gamma, slope, ctx.target, ctx.clip)
+        grad_error = rho_grad(grad_w * gamma, slope, ctx.target, ctx.clip)
         grad_weighted_k = negated_product(grad_error, base)
         grad_base.baddbmm_(grad_error.mT, weighted_k, alpha=-1)
         grad_key_scores = negated_product(grad_error, u.mT)

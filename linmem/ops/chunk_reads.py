@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linmem.ops.step import rho
+
 
 def flat(x: torch.Tensor) -> torch.Tensor:
     """``[B, H, N, C, D]`` → ``[B·H·N, C, D]`` (contiguous) for ``bmm``/``baddbmm``."""
@@ -246,19 +248,14 @@ class QueryRead(torch.autograd.Function):
         return tuple(g.view(shape) for g, shape in zip(grads, ctx.shapes)) + (None,) * (8 - len(grads))
 
 
-def residual_target(error: torch.Tensor, target: str, clip: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``r = ρ(error)`` (see ``linmem.ops.step.residual_target``) and what its gradient needs: where the error was
-    not clipped (the bounds included, as for ``clamp``), or r itself for ``"tanh"``."""
-    if target == "clip":
-        r = error.clamp(-clip, clip)
-        return r, r == error
-    if target == "tanh":
-        r = torch.tanh(error / clip).mul_(clip)
-        return r, r
-    return error, None
+def rho_with_slope(error: torch.Tensor, target: str, clip: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``r = ρ(error)`` (``linmem.ops.step.rho``) and what its gradient needs: where the error was not clipped
+    (the bounds included, as for ``clamp``), or r itself for ``"tanh"``."""
+    r = rho(error, target, clip)
+    return r, (r == error if target == "clip" else r if target == "tanh" else None)
 
 
-def residual_target_grad(grad: torch.Tensor, slope: torch.Tensor | None, target: str, clip: float) -> torch.Tensor:
+def rho_grad(grad: torch.Tensor, slope: torch.Tensor | None, target: str, clip: float) -> torch.Tensor:
     """The error's gradient from r's (``grad`` itself for ``"identity"``)."""
     if target == "clip":
         return grad * slope
@@ -278,7 +275,7 @@ class KeyReadTarget(torch.autograd.Function):
         x, decay, scores, state, writes, values = map(flat, (x, decay, scores, state, writes, values))
         weighted = x * decay
         error = torch.baddbmm(values, weighted, state.mT, alpha=-1).baddbmm_(scores, writes, alpha=-1)
-        r, slope = residual_target(error, target, clip)
+        r, slope = rho_with_slope(error, target, clip)
         ctx.target, ctx.clip = target, clip
         ctx.save_for_backward(x, decay, weighted, scores, state, writes, slope)
         return r.view(ctx.shapes[4])
@@ -286,7 +283,7 @@ class KeyReadTarget(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, decay, weighted, scores, state, writes, slope = ctx.saved_tensors
-        grad = residual_target_grad(flat(grad), slope, ctx.target, ctx.clip)
+        grad = rho_grad(flat(grad), slope, ctx.target, ctx.clip)
         grad_x, grad_decay = row_scale_grads(negated_product(grad, state), x, decay)
         grads = (grad_x, grad_decay, negated_product(grad, writes.mT), negated_product(grad.mT, weighted),
                  negated_product(scores.mT, grad))

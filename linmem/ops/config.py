@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 RULES = ("additive", "delta")
 RESIDUAL_TARGETS = ("clip", "tanh", "identity")
+# how a layer makes the residual strength γ: its own projection, or γ = β (the paper's "w/o γ" ablation)
+GAMMA_MODES = ("independent", "tied")
+
+
+def check_gamma_mode(gamma: str) -> None:
+    """A ``ValueError`` naming the choices unless ``gamma`` is one of ``GAMMA_MODES``."""
+    if gamma not in GAMMA_MODES:
+        raise ValueError(f"gamma must be one of {GAMMA_MODES}; got {gamma!r}")
+
+
+def head_value_dim(head_dim: int, expand_v: float) -> int:
+    """The value width per head ``V = K·expand_v``; a ``ValueError`` unless it is a positive integer."""
+    width = head_dim * expand_v
+    if not math.isclose(width, round(width)) or round(width) < 1:
+        raise ValueError(f"head_dim * expand_v must be a positive integer; got {head_dim} * {expand_v}")
+    return round(width)
 
 
 @dataclass(frozen=True)

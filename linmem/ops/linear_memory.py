@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from linmem.ops.backend import Backend, MemoryInputs, Packed, check_backend
 from linmem.ops.checks import (
     check_cu_seqlens,
     check_fixed_decay,
@@ -21,18 +22,16 @@ from linmem.ops.checks import (
     check_state,
     split_state,
 )
-from linmem.ops.chunk import chunk_forward
+from linmem.ops.chunk import CHUNK
 from linmem.ops.config import MemoryConfig
-from linmem.ops.reference import reference_forward
+from linmem.ops.reference import REFERENCE
 from linmem.ops.step import memory_step
-
-BACKENDS = ("auto", "reference", "chunk", "triton")
 
 State = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
 # ``auto`` picks the Triton kernels on CUDA (checked against the float64 reference by ``python -m linmem.bench.kernels``
 # for every memory, dtype and switch) and ``chunk`` elsewhere; inputs the kernels do not cover
-# (``triton_forward.covers``: per-channel decay, K or V > 256) run on ``chunk``.
+# (``Backend.covers``: per-channel decay, K or V > 256) run on ``chunk``.
 
 
 def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
@@ -49,22 +48,34 @@ def triton_available(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _resolve_backend(backend: str, device: torch.device):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+def _resolve_backend(backend: str, device: torch.device) -> Backend:
+    check_backend(backend)
     if backend == "auto":
         use_triton = device.type == "cuda" and triton_available(device)
         backend = "triton" if use_triton else "chunk"
     if backend == "reference":
-        return reference_forward
+        return REFERENCE
     if backend == "chunk":
-        return chunk_forward
+        return CHUNK
     if not triton_available(device):
         raise ValueError("backend='triton' needs the linmem Triton kernels, triton installed and a CUDA tensor "
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
-    from linmem.ops.triton import triton_forward
+    from linmem.ops.triton import TRITON
 
-    return triton_forward
+    return TRITON
+
+
+def _memory_config(memory: MemoryConfig | None, *switches) -> MemoryConfig:
+    """``memory`` as given, or the one the separate switches pick (both at once is refused)."""
+    from_switches = MemoryConfig(*switches)
+    if memory is None:
+        return from_switches
+    if not isinstance(memory, MemoryConfig):
+        raise ValueError(f"memory must be a MemoryConfig; got {type(memory).__name__}")
+    if from_switches != MemoryConfig():
+        raise ValueError("give either memory (a MemoryConfig) or the switches rule, residual, residual_target, "
+                         "clip, fit_history and output_gates, not both")
+    return memory
 
 
 def linear_memory(
@@ -89,6 +100,7 @@ def linear_memory(
     state_v_first: bool = True,
     use_qk_l2norm_in_kernel: bool = False,
     g_gamma: torch.Tensor | None = None,
+    memory: MemoryConfig | None = None,
 ) -> tuple[torch.Tensor, State]:
     """Run a linear memory over a sequence.
 
@@ -115,11 +127,13 @@ def linear_memory(
         use_qk_l2norm_in_kernel: L2-normalise q and k over K first (``x / sqrt(Σx² + 1e-6)``, FLA's epsilon).
         g_gamma: a fixed log decay per head ``[H]`` (≤ 0; sGLA's data-independent decay, FLA's ``g_gamma``), used
             at every token; only one of ``g`` and ``g_gamma`` may be given.
+        memory: the memory as one ``MemoryConfig``, in place of the switches rule .. output_gates.
     Returns:
         ``o [B, T, H, V]`` in q's dtype and ``None``, ``S_T`` or ``(S_T, R_T)`` (``[N, H, V, K]``, or ``[N, H, K,
         V]`` with ``state_v_first=False``; float32 or float64).
     """
-    config = MemoryConfig(rule, residual, residual_target, clip, fit_history, output_gates)
+    config = _memory_config(memory, rule, residual, residual_target, clip, fit_history, output_gates)
+    residual = config.residual
     if not isinstance(state_v_first, bool) or not isinstance(use_qk_l2norm_in_kernel, bool):
         raise ValueError(f"state_v_first and use_qk_l2norm_in_kernel must be bools; got {state_v_first!r} and "
                          f"{use_qk_l2norm_in_kernel!r}")
@@ -128,16 +142,16 @@ def linear_memory(
             raise ValueError("give either g (per token) or g_gamma (fixed per head), not both")
         check_fixed_decay(g_gamma, q)
         g = g_gamma.to(q.device).expand(q.shape[:-1])
-    check_sequence_inputs(q, k, v, g, beta, gamma, rule, residual)
+    check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual)
     if use_qk_l2norm_in_kernel:
         q, k = _l2_normalize(q), _l2_normalize(k)
-    forward = _resolve_backend(backend, q.device)
-    if not getattr(forward, "covers", lambda *_: True)(q, v, g, config):
-        forward = chunk_forward  # inputs the Triton kernels do not take (see ``covers``)
+    backend = _resolve_backend(backend, q.device)
+    if not backend.covers(MemoryInputs(q, k, v, g, beta, gamma), config):
+        backend = CHUNK  # inputs the Triton kernels do not take
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
-    bounds = check_cu_seqlens(cu_seqlens, batch, length) if cu_seqlens is not None else None
-    num_seqs = batch if bounds is None else len(bounds) - 1
+    packed = None if cu_seqlens is None else Packed(cu_seqlens, check_cu_seqlens(cu_seqlens, batch, length))
+    num_seqs = batch if packed is None else len(packed.bounds) - 1
     base0, residual0 = split_state(initial_state, residual)
     layout = "[N, H, V, K]" if state_v_first else "[N, H, K, V] (state_v_first=False)"
     state_shape = (num_seqs, heads, value_dim, key_dim) if state_v_first else (num_seqs, heads, key_dim, value_dim)
@@ -148,23 +162,20 @@ def linear_memory(
     scale = key_dim**-0.5 if scale is None else float(scale)
 
     out_dtype = q.dtype
-    # the triton backend takes bf16/fp16 q, k, v as they are and packed sequences natively
-    native = getattr(forward, "native_inputs", False)
-    q, k, v, g, beta, gamma = _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=native)
-    base0, residual0 = _states_or_zeros(base0, residual0, residual, g, (num_seqs, heads, value_dim, key_dim))
+    native = backend.native_inputs
+    x = _in_state_dtype(MemoryInputs(q, k, v, g, beta, gamma), residual, keep_qkv=native)
+    base0, residual0 = _states_or_zeros(base0, residual0, residual, x.g, (num_seqs, heads, value_dim, key_dim))
 
     # the PyTorch backends compute in the state dtype they were given: an enclosing autocast would hand their
     # matrix products bf16 inputs (and the hand-differentiated chunk reads mix them with float32 accumulators)
     exact = contextlib.nullcontext() if native else torch.autocast(q.device.type, enabled=False)
     with exact:
-        if bounds is None:
-            o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale)
+        if packed is None:
+            o, base_final, residual_final = backend.run(x, base0, residual0, config, scale)
         elif native:
-            o, base_final, residual_final = forward(q, k, v, g, beta, gamma, base0, residual0, config, scale,
-                                                    cu_seqlens=cu_seqlens)
+            o, base_final, residual_final = backend.run(x, base0, residual0, config, scale, packed=packed)
         else:
-            o, base_final, residual_final = _run_varlen(forward, bounds, q, k, v, g, beta, gamma, base0,
-                                                        residual0, config, scale)
+            o, base_final, residual_final = _run_varlen(backend, packed.bounds, x, base0, residual0, config, scale)
     o = o.to(out_dtype)
     if not output_final_state:
         return o, None
@@ -186,9 +197,10 @@ def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return (wide * torch.rsqrt((wide * wide).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
-def _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=False):
-    """Cast every per-token input to the state dtype (gates only, with ``keep_qkv``) and fill the defaults (no
+def _in_state_dtype(x: MemoryInputs, residual: bool, keep_qkv: bool = False) -> MemoryInputs:
+    """Every per-token input cast to the state dtype (gates only, with ``keep_qkv``), the defaults filled in (no
     decay, β = 1)."""
+    q, k, v, g, beta, gamma = x
     dtype = state_dtype_for(q.dtype)
     gate_like = q.new_empty(0, dtype=dtype)
     if not keep_qkv:
@@ -196,7 +208,7 @@ def _in_state_dtype(q, k, v, g, beta, gamma, residual, keep_qkv=False):
     g = gate_like.new_zeros(q.shape[:-1]) if g is None else g.to(dtype)
     beta = gate_like.new_ones(q.shape[:-1]) if beta is None else beta.to(dtype)
     gamma = gamma.to(dtype) if residual else None
-    return q, k, v, g, beta, gamma
+    return MemoryInputs(q, k, v, g, beta, gamma)
 
 
 def _states_or_zeros(base, resid, residual, like, shape):
@@ -207,16 +219,13 @@ def _states_or_zeros(base, resid, residual, like, shape):
     return base, like.new_zeros(shape) if resid is None else resid.to(like.dtype)
 
 
-def _run_varlen(forward, bounds, q, k, v, g, beta, gamma, base0, residual0, config, scale):
+def _run_varlen(backend: Backend, bounds: list[int], x: MemoryInputs, base0, residual0, config, scale):
     """Each packed sequence on its own, from its own initial state."""
     outputs, base_finals, residual_finals = [], [], []
     for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
         part = slice(start, end)
-        o, s, r = forward(
-            q[:, part], k[:, part], v[:, part], g[:, part], beta[:, part],
-            None if gamma is None else gamma[:, part],
-            base0[n : n + 1], None if residual0 is None else residual0[n : n + 1], config, scale,
-        )
+        o, s, r = backend.run(x.map(lambda t, part=part: t[:, part]), base0[n : n + 1],
+                              None if residual0 is None else residual0[n : n + 1], config, scale)
         outputs.append(o)
         base_finals.append(s)
         residual_finals.append(r)
@@ -240,24 +249,27 @@ def linear_memory_step(
     fit_history: bool = True,
     output_gates: bool = True,
     scale: float | None = None,
+    memory: MemoryConfig | None = None,
 ) -> tuple[torch.Tensor, State]:
     """One token of ``linear_memory`` for decoding.
 
     Args:
         q, k: ``[B, H, K]``; v: ``[B, H, V]``; g: ``[B, H]`` or ``[B, H, K]``; beta, gamma: ``[B, H]``.
         state: ``S [B, H, V, K]`` or ``(S, R)`` with ``residual=True``; None starts from zeros.
+        memory: the memory as one ``MemoryConfig``, in place of the switches rule .. output_gates.
     Returns:
         ``o [B, H, V]`` in q's dtype and the new state (``S`` or ``(S, R)``, float32 or float64).
     """
-    config = MemoryConfig(rule, residual, residual_target, clip, fit_history, output_gates)
-    check_sequence_inputs(q, k, v, g, beta, gamma, rule, residual, time_dim=False)
+    config = _memory_config(memory, rule, residual, residual_target, clip, fit_history, output_gates)
+    residual = config.residual
+    check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual, time_dim=False)
     batch, heads, key_dim = q.shape
     base, resid = split_state(state, residual)
     check_state("state (S)", base, (batch, heads, v.shape[-1], key_dim), "[B, H, V, K]")
     check_state("state (R)", resid, (batch, heads, v.shape[-1], key_dim), "[B, H, V, K]")
     scale = key_dim**-0.5 if scale is None else float(scale)
     out_dtype = q.dtype
-    q, k, v, g, beta, gamma = _in_state_dtype(q, k, v, g, beta, gamma, residual)
-    base, resid = _states_or_zeros(base, resid, residual, q, (batch, heads, v.shape[-1], key_dim))
-    o, base, resid = memory_step(q, k, v, g, beta, gamma, base, resid, config, scale)
+    x = _in_state_dtype(MemoryInputs(q, k, v, g, beta, gamma), residual)
+    base, resid = _states_or_zeros(base, resid, residual, x.q, (batch, heads, v.shape[-1], key_dim))
+    o, base, resid = memory_step(x, base, resid, config, scale)
     return o.to(out_dtype), ((base, resid) if residual else base)

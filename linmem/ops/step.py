@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from linmem.ops.backend import MemoryInputs
 from linmem.ops.config import MemoryConfig
 
 
-def residual_target(error: torch.Tensor, target: str, clip: float) -> torch.Tensor:
+def rho(error: torch.Tensor, target: str, clip: float) -> torch.Tensor:
     """ρ(v − S_{t−1}k): the residual memory's regression target.
 
     ``"clip"`` clamps to ``[-clip, clip]`` (the gradient of a Huber loss), ``"tanh"`` is ``clip·tanh(x/clip)``
@@ -49,31 +50,23 @@ def write(state: torch.Tensor, k: torch.Tensor, value: torch.Tensor, strength: t
     return decay_state(state, g) + s * torch.einsum("bhv,bhk->bhvk", value, k)
 
 
-def memory_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    gamma: torch.Tensor | None,
-    base_state: torch.Tensor,
-    residual_state: torch.Tensor | None,
-    config: MemoryConfig,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def memory_step(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
+                config: MemoryConfig, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Advance both memories by one token.
 
     Args:
-        q, k: ``[B, H, K]``; v: ``[B, H, V]``; g: ``[B, H]`` or ``[B, H, K]`` log decay (≤ 0);
-        beta, gamma: ``[B, H]``; base_state, residual_state: ``[B, H, V, K]`` (residual ``None`` without one).
+        x: one token of the inputs, ``q, k [B, H, K]``, ``v [B, H, V]``, ``g [B, H]`` or ``[B, H, K]`` log decay
+            (≤ 0), ``beta, gamma [B, H]``; base_state, residual_state: ``[B, H, V, K]`` (residual ``None`` without
+            one).
     Returns:
         ``o [B, H, V]``, the new base state and the new residual state (``None`` without a residual memory).
     """
+    q, k, v, g, beta, gamma = x
     new_base = write(base_state, k, v, beta, g, config.rule)
     if not config.residual:
         return scale * read(new_base, q), new_base, None
 
-    r = residual_target(v - read(base_state, k), config.residual_target, config.clip)
+    r = rho(v - read(base_state, k), config.residual_target, config.clip)
     if config.fit_history:
         new_residual = write(residual_state, k, r, gamma, g, config.rule)
     else:  # "w/o fitting": the residual memory only holds this step's correction

@@ -31,7 +31,7 @@ from linmem.ops.triton.primitives import (
     load_decays,
     mm,
     mm_acc,
-    residual_target,
+    rho,
     state_at,
     store_token_gate,
     store_token_rows,
@@ -116,7 +116,7 @@ def backward_keys_kernel(
                     k_res = mm_acc(k_res, token_rows(dy_in, tok, i_h, pos, m_t, vc, m_v, H, V), r0, DT)
                 else:
                     err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-                    w = gamma_t[:, None] * residual_target(err, clip, TARGET)
+                    w = gamma_t[:, None] * rho(err, clip, TARGET)
                     k_base = mm_acc(k_base, d_err, s0, DT)
                 k_end = mm_acc(k_end, w, dr, DT)
                 state_dot += tl.sum(r0.to(tl.float32) * dr.to(tl.float32), 0)

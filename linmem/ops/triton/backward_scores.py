@@ -31,7 +31,7 @@ from linmem.ops.triton.primitives import (
     decay,
     load_decays,
     mm_acc,
-    residual_target,
+    rho,
     store_token_gate,
     store_token_rows,
     token_gate,
@@ -91,7 +91,7 @@ def backward_scores_kernel(
         dv_block = beta_t[:, None] * dx
         if RESIDUAL:
             err = token_rows(err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-            target = residual_target(err, clip, TARGET)
+            target = rho(err, clip, TARGET)
             if DELTA:
                 w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
             else:

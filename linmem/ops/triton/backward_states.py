@@ -33,7 +33,7 @@ from linmem.ops.triton.primitives import (
     load_decays,
     mm,
     read_blocks,
-    residual_target_grad,
+    rho_grad,
     sequential_program,
     state_at,
     store_blocks,
@@ -97,7 +97,7 @@ def reverse_pass_kernel(
         if DELTA or ERR_OUT:
             sigma = token_gate(strength, tok, i_h, pos, m_t, H)
         if ERR_OUT:
-            err_grad = residual_target_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+            err_grad = rho_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
             store_token_rows(d_err_out, err_grad * sigma[:, None] * dx, tok, i_h, pos, m_t, vc, m_v, H, V)
 
         if READ_BM:

@@ -40,7 +40,7 @@ from linmem.ops.triton.primitives import (
     mm,
     mm_acc,
     read_blocks,
-    residual_target,
+    rho,
     sequential_program,
     state_at,
     store_blocks,
@@ -74,7 +74,7 @@ def state_pass_kernel(
         bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
         kp = at_token(k, tok, i_h, H, K)
         if FROM_ERR:
-            values = residual_target(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+            values = rho(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
         else:
             values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
         sigma = token_gate(strength, tok, i_h, pos, m_t, H)

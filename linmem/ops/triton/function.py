@@ -1,4 +1,4 @@
-"""The autograd Function that chains the kernels, and ``triton_forward``, the backend entry point.
+"""The autograd Function that chains the kernels, and ``TRITON``, the backend (``triton_forward`` and ``covers``).
 
 Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
 
@@ -26,6 +26,7 @@ import functools
 import torch
 import triton
 
+from linmem.ops.backend import Backend, MemoryInputs, Packed
 from linmem.ops.config import MemoryConfig
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
@@ -334,22 +335,24 @@ class LinearMemoryFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
 
 
-def triton_forward(q, k, v, g, beta, gamma, base_state, residual_state, config: MemoryConfig, scale: float,
-                   cu_seqlens: torch.Tensor | None = None):
-    """The ``chunk_forward`` contract (``q, k [B, T, H, K]``, ``v [B, T, H, V]``, gates ``[B, T, H]``, states
-    ``[N, H, V, K]``; returns ``o [B, T, H, V]`` and the final states), on the fused Triton kernels.
+def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
+                   config: MemoryConfig, scale: float,
+                   packed: Packed | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The ``Backend`` contract (``linmem.ops.backend``) on the fused Triton kernels, for inputs that ``covers``
+    accepts.
 
-    q, k, v may be bfloat16, float16 or float32 (dots in that type, states carried in float32). ``cu_seqlens``
-    (host-checked boundaries, B == 1) runs packed sequences natively. Only for inputs that ``covers`` accepts.
+    q, k, v may be bfloat16, float16 or float32 (dots in that type, states carried in float32). ``packed``
+    (B == 1) runs packed sequences natively.
     """
+    q, k, v, g, beta, gamma = x
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     if length == 0:
         return v.new_zeros(v.shape), base_state, residual_state
-    if cu_seqlens is None:
+    if packed is None:
         layout = SequenceLayout.fixed(batch, length, q.device)
     else:
-        layout = SequenceLayout.packed([int(x) for x in cu_seqlens.tolist()], q.device)
+        layout = SequenceLayout.packed(packed.bounds, packed.cu_seqlens.to(q.device))
     flat = lambda t: t.reshape(batch * length, *t.shape[2:]).contiguous()  # noqa: E731
     gates = [flat(t.float()) for t in (g, beta)] + [flat(gamma.float()) if config.residual else None]
     o, base_final, res_final = LinearMemoryFunction.apply(
@@ -359,13 +362,12 @@ def triton_forward(q, k, v, g, beta, gamma, base_state, residual_state, config: 
     return o.reshape(batch, length, heads, value_dim), base_final, res_final
 
 
-def covers(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, config: MemoryConfig) -> bool:
+def covers(x: MemoryInputs, config: MemoryConfig) -> bool:
     """Whether the kernels run these inputs. Not: float64, per-key-channel decay ``g [B, T, H, K]``,
     ``fit_history=False``, head widths over ``MAX_WIDTH``; ``linear_memory`` runs the chunk backend for those."""
-    too_wide = max(q.shape[-1], v.shape[-1]) > MAX_WIDTH
-    per_key = g is not None and g.dim() == 4
-    return not (q.dtype == torch.float64 or per_key or (config.residual and not config.fit_history) or too_wide)
+    too_wide = max(x.q.shape[-1], x.v.shape[-1]) > MAX_WIDTH
+    per_key = x.g is not None and x.g.dim() == 4
+    return not (x.q.dtype == torch.float64 or per_key or (config.residual and not config.fit_history) or too_wide)
 
 
-triton_forward.native_inputs = True  # linear_memory passes bf16/fp16 q, k, v and cu_seqlens through unchanged
-triton_forward.covers = covers  # for other inputs linear_memory runs the chunk backend
+TRITON = Backend("triton", triton_forward, native_inputs=True, covers=covers)

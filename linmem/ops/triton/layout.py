@@ -77,15 +77,16 @@ class SequenceLayout:
         return cls(bounds, indices.contiguous(), seqs * per_seq, batch, batch * per_seq, batch * length)
 
     @classmethod
-    def packed(cls, bounds: list[int], device: torch.device, chunk: int = CHUNK) -> SequenceLayout:
-        """Sequences packed in one row with boundaries ``bounds`` (``cu_seqlens`` as a host list)."""
+    def packed(cls, bounds: list[int], cu_seqlens: torch.Tensor, chunk: int = CHUNK) -> SequenceLayout:
+        """Sequences packed in one row: ``cu_seqlens`` (kept on its device, as int32) and the same boundaries as
+        the host list ``bounds``, from which the chunks are counted."""
         counts = [triton.cdiv(end - start, chunk) for start, end in zip(bounds, bounds[1:])]
         offsets = [0]
         for count in counts:
             offsets.append(offsets[-1] + count)
         indices = [(n, j) for n, count in enumerate(counts) for j in range(count)]
-        as_int = dict(device=device, dtype=torch.int32)
-        return cls(torch.tensor(bounds, **as_int), torch.tensor(indices, **as_int).reshape(-1, 2),
+        as_int = dict(device=cu_seqlens.device, dtype=torch.int32)
+        return cls(cu_seqlens.to(torch.int32).contiguous(), torch.tensor(indices, **as_int).reshape(-1, 2),
                    torch.tensor(offsets[:-1], **as_int), len(counts), offsets[-1], bounds[-1])
 
 

@@ -316,7 +316,7 @@ def _tanh(x):
 
 
 @triton.jit
-def residual_target(err, clip, TARGET: tl.constexpr):
+def rho(err, clip, TARGET: tl.constexpr):
     """ρ(err): clip to ``[−clip, clip]`` (0), ``clip·tanh(err/clip)`` (1) or the identity (2)."""
     if TARGET == 0:
         return tl.minimum(tl.maximum(err, -clip), clip)
@@ -327,7 +327,7 @@ def residual_target(err, clip, TARGET: tl.constexpr):
 
 
 @triton.jit
-def residual_target_grad(err, clip, TARGET: tl.constexpr):
+def rho_grad(err, clip, TARGET: tl.constexpr):
     """ρ'(err), with clip's derivative 1 on the closed interval ``[−clip, clip]`` as ``torch.clamp`` has it."""
     if TARGET == 0:
         return tl.where(tl.abs(err) <= clip, 1.0, 0.0)
