@@ -14,10 +14,11 @@ import torch
 from linmem.cli import main
 from linmem.data import builtin, stdlib_docs
 from linmem.data.build import BuildOptions, build_dataset
+from linmem.data.builtin import open_source
 from linmem.data.mixing import RecallMix
 from linmem.data.randomness import sample_indices
 from linmem.data.shards import ShardWriter, TokenShards, token_dtype, write_index
-from linmem.data.sources import Document, JsonlFile, SourceUnavailable, TextFile, open_path, open_source
+from linmem.data.sources import Document, JsonlFile, SourceUnavailable, TextFile, open_path
 from linmem.data.splits import SPLITS, SplitFractions, split_of
 from linmem.data.synthetic import MQAR, RecallSample, make_generator, power_law, register_generator
 from linmem.data.tokenizer import (

@@ -32,7 +32,7 @@ from linmem.models import LinMemCache, LinMemConfig, LinMemForCausalLM
 
 def setup(args):
     """A tokenizer trained on the filler text, a random model of its vocabulary, and a batch of items."""
-    from linmem.data.sources import open_source
+    from linmem.data.builtin import open_source
     from linmem.data.tokenizer import train_tokenizer
 
     docs = list(itertools.islice(open_source(args.source).documents(), 200))

@@ -6,7 +6,7 @@ windows, resumable at any step) -> ``RecallMix`` (MQAR and other recall generato
 """
 
 from linmem.data.build import BuildOptions, build_dataset
-from linmem.data.builtin import BUILTIN_SOURCES, BibleKJV, Shakespeare, StdlibDocs
+from linmem.data.builtin import BUILTIN_SOURCES, BibleKJV, Shakespeare, StdlibDocs, open_source
 from linmem.data.mixing import RecallMix
 from linmem.data.shards import ShardWriter, SplitTokens, TokenShards
 from linmem.data.sources import (
@@ -19,7 +19,6 @@ from linmem.data.sources import (
     SourceUnavailable,
     TextFile,
     open_path,
-    open_source,
 )
 from linmem.data.splits import SPLITS, SplitFractions, split_of
 from linmem.data.synthetic import (

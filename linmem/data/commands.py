@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from linmem.data.build import CARD_NAME, BuildOptions, build_dataset
+from linmem.data.builtin import open_source
 from linmem.data.shards import DEFAULT_SHARD_TOKENS, TokenShards
-from linmem.data.sources import open_source
 from linmem.data.splits import SPLITS, SplitFractions
 from linmem.io.folders import prepare_output_folder
 

@@ -230,15 +230,3 @@ def open_path(path: str | Path, text_field: str = "text", id_field: str | None =
     known = ", ".join(TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES)
     raise ValueError(f"source {str(path)!r}: unknown file type {suffix or '(none)'!r}; expected one of {known}, "
                      f"a folder of text files, or a datasets folder")
-
-
-def open_source(spec: str, text_field: str = "text", id_field: str | None = None) -> Source:
-    """A built-in source by name (``stdlib``, ``shakespeare``, ``bible-kjv``) or a path (see ``open_path``)."""
-    from linmem.data.builtin import BUILTIN_SOURCES
-
-    if spec in BUILTIN_SOURCES:
-        return BUILTIN_SOURCES[spec]()
-    if not Path(spec).exists():
-        names = ", ".join(sorted(BUILTIN_SOURCES))
-        raise FileNotFoundError(f"source {spec!r}: not a built-in source ({names}) and no such file or folder")
-    return open_path(spec, text_field, id_field)

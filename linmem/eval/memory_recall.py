@@ -4,14 +4,12 @@ Items come from the memory lab's own task builder (``linmem.memory.tasks``: ``K`
 bindings, each presented ``R`` times between stretches of a held-out passage, then a query), scored with its
 4-choice metric (``linmem.memory.metrics.choice_logits``: the answer is the argmax over the four candidates'
 logits at the last position) and its source-level bootstrap CI (``linmem.memory.stats.bootstrap``). Chance is 1/4.
-If this linmem has no memory lab, or the tokenizer cannot meet its rules (single-token keys and values), the task
-says so and measures nothing else in its place.
+If the tokenizer cannot meet the lab's rules (single-token keys and values), the task says so and measures nothing
+else in its place.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 from typing import Any
 
@@ -20,16 +18,10 @@ import torch
 from linmem.data.shards import SplitTokens
 from linmem.data.sources import Document
 from linmem.eval.loading import EvalModel
-
-
-def memory_lab_tasks():
-    """The ``linmem.memory.tasks`` module, or None if this linmem has no memory lab."""
-    try:
-        if importlib.util.find_spec("linmem.memory.tasks") is None:
-            return None
-    except ModuleNotFoundError:
-        return None
-    return importlib.import_module("linmem.memory.tasks")
+from linmem.memory import tasks
+from linmem.memory.evaluate import make_batch
+from linmem.memory.metrics import choice_logits
+from linmem.memory.stats import bootstrap
 
 
 def _not_available(reason: str) -> dict[str, Any]:
@@ -41,18 +33,10 @@ def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num
                   keys: str = "names", seed: int = 0, batch_size: int = 8) -> dict[str, Any]:
     """Clean 4-choice recall accuracy (with a source-level 95% CI) on ``items`` memory-lab items built from the
     documents of ``split``."""
-    tasks = memory_lab_tasks()
-    if tasks is None:
-        return _not_available("linmem.memory.tasks is not part of this linmem version")
     try:
-        from linmem.memory.evaluate import make_batch
-        from linmem.memory.metrics import choice_logits
-        from linmem.memory.stats import bootstrap
         spec = tasks.TaskSpec(num_bindings=num_bindings, repeats=repeats, filler_tokens=filler_tokens,
                               template=template, values=values, keys=keys)
         builder = tasks.TaskBuilder(em.tokenizer, spec)
-    except (ImportError, AttributeError, TypeError) as e:
-        return _not_available(f"the memory lab's task API differs from what this evaluation calls ({e})")
     except ValueError as e:
         return _not_available(f"the memory lab's task rules fail for this tokenizer ({e})")
     documents = [Document(source, sid, em.decode(tokens.tolist())) for source, sid, tokens in split.documents()]

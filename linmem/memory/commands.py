@@ -54,7 +54,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def documents(specs):
-    from linmem.data.sources import SourceUnavailable, open_source
+    from linmem.data.builtin import open_source
+    from linmem.data.sources import SourceUnavailable
 
     if specs:
         return itertools.chain.from_iterable(open_source(s).documents() for s in specs)

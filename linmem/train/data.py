@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from linmem.data.build import BuildOptions, build_dataset
+from linmem.data.builtin import open_source
 from linmem.data.mixing import RecallMix
 from linmem.data.randomness import sample_indices
 from linmem.data.shards import INDEX_NAME, TokenShards
-from linmem.data.sources import open_source
 from linmem.data.splits import SplitFractions
 from linmem.data.synthetic import RecallGenerator, generator_for_dataset
 from linmem.data.windows import TokenWindows, sequential_windows
