@@ -324,12 +324,16 @@ def read_sharded(path: Path, model_state: dict[str, torch.Tensor], optimizer_sta
 
 
 def consolidated_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The full model state dict joined from checkpoint ``path``'s model shards, in this process alone (no
-    process group): each shard file's header says where its slices sit. Raises ``DamagedFileError`` when the
-    slices do not cover a tensor exactly."""
+    """The full model state dict of checkpoint ``path``, joined from its model shards (``join_shards``)."""
+    return join_shards(path / MODEL_SHARDS)
+
+
+def join_shards(folder: Path) -> dict[str, torch.Tensor]:
+    """The full tensors of a shard folder (``write_sharded``), joined in this process alone (no process group):
+    each shard file's header says where its slices sit. Raises ``DamagedFileError`` when the slices do not cover
+    a tensor exactly."""
     from safetensors import safe_open
 
-    folder = path / MODEL_SHARDS
     pieces: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]] = {}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
