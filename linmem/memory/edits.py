@@ -1,22 +1,117 @@
-"""Interventions as plain data: what to change, where, and from which run. ``linmem.memory.run`` reads them.
+"""Interventions: what to change, where, from which run, and how. ``linmem.memory.run`` applies them.
 
 Every edit names components (see ``components.Component``) or layers and absolute token positions of the prompt.
 Sources: "donor" (the donor prompt's run), "clean" (the unedited recipient run). The ``control`` field turns an edit
 into its equal-norm random baseline: the same change in size (Frobenius / Euclidean norm of donor − recipient, per
 component and prompt), in a Gaussian direction drawn from ``seed``.
+
+Each edit is a frozen dataclass that carries its own behaviour, at one of three stages of a run (``Edit.stage``):
+``"cache"`` edits change the cached states after tokens ``[0, at)`` (``apply_to_cache``); ``"write"`` edits change
+the writes of the replayed heads (``override_writes``); ``"readout"`` edits replace a part of the heads' read-out
+(``patch_readout``). A new edit is one new class here.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from linmem.memory.components import Component
+from linmem.models.cache import AttentionLayerCache, LinMemCache
+
+if TYPE_CHECKING:
+    from linmem.memory.intervene import LayerEditor, PairEdit
+    from linmem.memory.replay import HeadInputs, Replay, WriteOverrides
 
 CONTROLS = ("donor", "random")
 CACHE_KINDS = ("recurrent", "conv", "kv")
+
+
+class Edit:
+    """What every edit answers (the defaults: no token positions, no recorded run needed)."""
+
+    stage = ""  # "cache", "write" or "readout"
+    needs_donor_cache = False  # takes the donor's prefix cache
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        """The token positions a write or read-out edit touches (empty for cache edits)."""
+        return ()
+
+    @property
+    def recordings(self) -> tuple[str, ...]:
+        """The recorded runs (``"donor"``, ``"clean"``) the edit takes values from inside the layers."""
+        return ("clean",) if getattr(self, "control", None) == "random" else ()
+
+
+class CacheEdit(Edit):
+    stage = "cache"
+
+    def apply_to_cache(self, cache: LinMemCache, donor: LinMemCache | None, rows: slice) -> None:
+        """Edit the cached states of ``rows`` (one edit set) in place; ``donor`` holds the donor's prefix."""
+        for c in self.components:
+            name = "base_state" if c.memory == "S" else "residual_state"
+            states = getattr(cache.layers[c.layer], name)
+            donor_states = None if donor is None else getattr(donor.layers[c.layer], name)[:, c.head]
+            states[rows, c.head] = self.edited_state(states[rows, c.head], donor_states, c)
+
+    def edited_state(self, current: torch.Tensor, donor: torch.Tensor | None, component: Component) -> torch.Tensor:
+        """The new memory ``[B, V, K]`` of ``component`` from its ``current`` one and the ``donor``'s."""
+        raise NotImplementedError
+
+
+class WriteEdit(Edit):
+    stage = "write"
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(range(*self.span))
+
+    def override_writes(self, editor: LayerEditor, w: WriteOverrides, x: HeadInputs, i: int, head: int,
+                        pair: PairEdit, rel: list[int]) -> None:
+        """Set the writes of replayed pair ``i`` (``head``) at its chunk's tokens ``rel`` in ``w``."""
+        raise NotImplementedError
+
+
+class ReadoutEdit(Edit):
+    stage = "readout"
+    source = "donor"  # the recorded run whose read-out is taken
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return self.positions_
+
+    @property
+    def recordings(self) -> tuple[str, ...]:
+        return (self.source, *super().recordings)
+
+    def patch_readout(self, editor: LayerEditor, out: Replay, i: int, head: int, pair: PairEdit,
+                      rel: list[int]) -> None:
+        """Replace pair ``i``'s read-out part of ``pair.memory`` at ``rel`` in ``out.o`` (and ``out.base_read``)
+        by the source run's."""
+        derived = editor.sources[self.source].derived(editor.layer, tuple(p + editor.offset for p in rel))
+        src_o = derived["o"][pair.batch, head].to(out.o.dtype)
+        src_base = derived["base_read"][pair.batch, head].to(out.o.dtype)
+        if not editor.residual:
+            current, target = out.o[i, rel], src_o
+        elif pair.memory == "S":
+            current, target = out.base_read[i, rel], src_base
+        else:
+            current, target = out.o[i, rel] - out.base_read[i, rel], src_o - src_base
+        if getattr(self, "control", "donor") == "random":
+            target = current + equal_norm_noise(target - current, (self.seed, editor.layer, head, pair.memory,
+                                                                   pair.batch), dims=2)
+        if not editor.residual:
+            out.o[i, rel] = target
+        elif pair.memory == "S":
+            out.o[i, rel] = out.o[i, rel] + target - current
+            out.base_read[i, rel] = target
+        else:
+            out.o[i, rel] = out.base_read[i, rel] + target
 
 
 def _components(value: Iterable) -> tuple[Component, ...]:
@@ -233,6 +328,3 @@ def edit_positions(edit: Edit) -> tuple[int, ...]:
         return edit.positions
     return ()
 
-
-def needs_donor(edit: Edit) -> bool:
-    return isinstance(edit, (StateSwap, CacheSwap, DonorWrite, OutputPatch))

@@ -15,11 +15,6 @@ def choice_logits(logits: torch.Tensor, candidates: torch.Tensor) -> torch.Tenso
     return logits.double().gather(-1, candidates.to(logits.device))
 
 
-def choice_probs(choice: torch.Tensor) -> torch.Tensor:
-    """The 4-choice conditional likelihood ``softmax(choice) [B, 4]``."""
-    return choice.softmax(-1)
-
-
 def pick(choice: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return choice.gather(-1, index.to(choice.device)[:, None])[:, 0]
 
@@ -60,10 +55,3 @@ def break_rate(clean_correct: torch.Tensor, edited_correct: torch.Tensor) -> tup
     right = clean_correct.bool()
     n = int(right.sum())
     return (float((~edited_correct.bool() & right).sum()) / n if n else float("nan")), n
-
-
-def normalized_effect(shift: torch.Tensor, full_shift: torch.Tensor) -> float:
-    """Normalized donor effect: the mean donor-margin shift of one edit over the full edit's (e.g. KV-only / both
-    caches), a ratio of means; per-item ratios are unbounded where the full edit barely moves an item
-    (``stats.bootstrap_ratio`` gives it with a CI over sources)."""
-    return float(shift.double().mean() / full_shift.double().mean())

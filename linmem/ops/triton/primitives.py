@@ -135,13 +135,6 @@ def load_rows(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
 
 
 @triton.jit
-def load_tile(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
-    """As ``load_rows`` in the tensor's own type (tiles that only feed dots)."""
-    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
-    return tl.load(ptr + offs, mask=m_t[:, None] & m_c[None, :], other=0.0)
-
-
-@triton.jit
 def store_rows(ptr, value, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
     offs = pos[:, None] * (H * WIDTH) + cols[None, :]
     tl.store(ptr + offs, stored(value, ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
