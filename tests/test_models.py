@@ -257,3 +257,59 @@ def test_parameter_names_match_fla():
     theirs = fla_models.GLAForCausalLM(fla_models.GLAConfig(use_short_conv=True, **kw))  # expand_k 0.5, expand_v 1
     ours = AutoModelForCausalLM.from_config(tiny_config(mixer="gla", hidden_ratio=4))
     assert shapes(ours) == shapes(theirs)
+
+
+# --- the chunked loss ------------------------------------------------------------------------------------------
+
+
+def _loss_and_gradients(model, x, labels, weights=None, **kwargs):
+    """The mean loss (or, with ``weights [B, T-1]``, the trainer's weighted sum over the total weight) and every
+    parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    out = model(x, labels=labels, use_cache=False, **kwargs)
+    if weights is None:
+        loss = out.loss
+    else:
+        losses = out.token_losses if out.logits is None else torch.nn.functional.cross_entropy(
+            out.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100,
+            reduction="none").view(weights.shape)
+        loss = (losses * weights).sum() / weights.sum()
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_loss_equals_the_whole_logits_loss(chunk, tied):
+    """float64: loss and every parameter's gradient equal the unchunked ones, with ignored labels, for chunks that
+    do not divide the tokens, and under the trainer's recall weighting (answers of synthetic rows count more)."""
+    from linmem.train.trainer import target_weights
+
+    model = build("rdn_hybrid", tie_word_embeddings=tied).train()
+    x = ids(3, 9)
+    labels = x.clone()
+    labels[0, :4] = -100  # a prompt that is not predicted
+    labels[2, 6] = -100
+    whole = _loss_and_gradients(model, x, labels)
+    chunked = _loss_and_gradients(model, x, labels, loss_chunk_tokens=chunk)
+    weights = target_weights({"labels": labels, "synthetic": torch.tensor([0, 1, 0])}, 32.0).double()
+    weighted_whole = _loss_and_gradients(model, x, labels, weights)
+    weighted_chunked = _loss_and_gradients(model, x, labels, weights, loss_chunk_tokens=chunk)
+    for (loss_a, grads_a), (loss_b, grads_b) in ((whole, chunked), (weighted_whole, weighted_chunked)):
+        assert torch.isfinite(loss_a) and abs(float(loss_a - loss_b)) < TOL
+        assert grads_a.keys() == grads_b.keys()
+        for name in grads_a:
+            assert close(grads_a[name], grads_b[name]), name
+    assert not close(whole[0], weighted_whole[0])  # the weighting matters
+
+
+def test_chunked_loss_keeps_no_logits_and_checks_its_argument():
+    model = build("gdn")
+    x = ids(2, 6)
+    out = model(x, labels=x, loss_chunk_tokens=4)
+    assert out.logits is None and out.token_losses.shape == (2, 5)
+    logits = model(x).logits
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(), reduction="none")
+    assert close(out.token_losses.flatten(), expected)
+    with pytest.raises(ValueError, match="loss_chunk_tokens"):
+        model(x, labels=x, loss_chunk_tokens=-1)

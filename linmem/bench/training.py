@@ -65,7 +65,7 @@ from linmem.bench.flops import H200_BF16_DENSE_TFLOPS, flops_per_token, mfu
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.configuration import MIXERS
 from linmem.ops import BACKENDS
-from linmem.train.config import TrainConfig, load_config
+from linmem.train.config import LOSS_CHUNK_TOKENS, TrainConfig, load_config
 from linmem.train.distributed import enable_gradient_checkpointing, fully_shard_model, start_local_group
 from linmem.train.params import model_config_of
 from linmem.train.trainer import build_optimizer, count_parameters
@@ -90,11 +90,12 @@ def model_config(args: argparse.Namespace, mixer: str, backend: str) -> LinMemCo
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               autocast) -> torch.Tensor:
-    """One update on ``tokens [B, T]`` (inputs and labels); returns the loss (a detached scalar)."""
+               autocast, loss_chunk_tokens: int = 0) -> torch.Tensor:
+    """One update on ``tokens [B, T]`` (inputs and labels); returns the loss (a detached scalar).
+    ``loss_chunk_tokens``: the head and loss over that many tokens at a time (0: the whole logits at once)."""
     optimizer.zero_grad(set_to_none=True)
     with autocast:
-        loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
+        loss = model(input_ids=tokens, labels=tokens, use_cache=False, loss_chunk_tokens=loss_chunk_tokens).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
@@ -161,8 +162,8 @@ def measure(args: argparse.Namespace, mixer: str, backend: str, device: torch.de
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     tokens = random_tokens(args.seed, args.batch, args.seq_len, args.vocab, device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
-    times, final_loss = time_steps(lambda: train_step(model, optimizer, tokens, autocast), args.warmup, args.steps,
-                                   device, deadline)
+    times, final_loss = time_steps(lambda: train_step(model, optimizer, tokens, autocast, args.loss_chunk),
+                                   args.warmup, args.steps, device, deadline)
     step_s = statistics.median(times)
     return dict(mixer=mixer, backend=backend, checkpointing=checkpointing, params=params, step_ms=step_s * 1e3,
                 steps_ms=[t * 1e3 for t in times], tokens_per_s=args.batch * args.seq_len / step_s,
@@ -275,13 +276,14 @@ def measure_paper(args: argparse.Namespace, name: str, backend: str, seq_len: in
     tokens = random_tokens(args.seed, batch, seq_len, model_config.vocab_size, device)
     use_autocast = cuda and args.param_dtype == "float32"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
-    times, final_loss = time_steps(lambda: train_step(model, optimizer, tokens, autocast), args.warmup, args.steps,
-                                   device, deadline)
+    times, final_loss = time_steps(lambda: train_step(model, optimizer, tokens, autocast, args.loss_chunk),
+                                   args.warmup, args.steps, device, deadline)
     step_s = statistics.median(times)
     tokens_per_s = batch * seq_len / step_s
     flops = flops_per_token(model_config, seq_len)
     return dict(model=name, backend=backend, seq_len=seq_len, batch=batch, params=params,
-                checkpointing=args.checkpointing != "off", param_dtype=args.param_dtype, step_ms=step_s * 1e3,
+                checkpointing=args.checkpointing != "off", param_dtype=args.param_dtype, loss_chunk=args.loss_chunk,
+                step_ms=step_s * 1e3,
                 steps_ms=[t * 1e3 for t in times], tokens_per_s=tokens_per_s, **peak_memory(device),
                 flops_per_token=flops, mfu=mfu(tokens_per_s, flops["total"], args.peak_tflops),
                 final_loss=final_loss, finite=math.isfinite(final_loss), timed_steps=len(times),
@@ -305,10 +307,11 @@ def paper_settings_line(args: argparse.Namespace, env: dict) -> str:
     if not env["device"].startswith("cuda"):
         precision = "float32"
     overrides = "".join(f" --set {o}" for o in args.overrides)
+    chunk = f"loss in chunks of {args.loss_chunk:,} tokens" if args.loss_chunk else "loss over the whole logits"
     return (f"configs/paper presets{overrides}; FSDP2 world size 1, gradient checkpointing "
-            f"{args.checkpointing}, {precision}, {args.tokens_per_step:,} tokens per step (B = tokens / T), preset "
-            f"AdamW, clip 1.0, {args.warmup} warm-up + {args.steps} timed steps (median), seed {args.seed}; MFU = "
-            f"model FLOPs per token (linmem.bench.flops: 6·N + memory / attention term) x tokens/s / "
+            f"{args.checkpointing}, {precision}, {chunk}, {args.tokens_per_step:,} tokens per step (B = tokens / T), "
+            f"preset AdamW, clip 1.0, {args.warmup} warm-up + {args.steps} timed steps (median), seed {args.seed}; "
+            f"MFU = model FLOPs per token (linmem.bench.flops: 6·N + memory / attention term) x tokens/s / "
             f"{args.peak_tflops:g} TFLOP/s; {env['gpu'] or env['device']}, torch {env['torch']}, "
             f"triton {env['triton']}")
 
@@ -395,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a preset value (repeatable), e.g. --set model.num_hidden_layers=2")
     paper.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
                        help="float32 parameters under bf16 autocast (the trainer's way), or FSDP2's bf16 parameters")
+    paper.add_argument("--loss-chunk", type=int, default=None, metavar="TOKENS",
+                       help="LM head and loss over TOKENS tokens at a time, so the whole float32 logits never exist "
+                            f"(0: off; default {LOSS_CHUNK_TOKENS} in paper mode, else 0)")
     paper.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS,
                        help="the accelerator's peak for MFU, TFLOP/s (989: H100 / H200 SXM dense bf16)")
     return parser
@@ -406,6 +412,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.intermediate_size = args.intermediate_size or 3 * args.hidden
     paper_mode = args.paper is not None
     args.checkpointing = args.checkpointing or ("on" if paper_mode else "off")
+    if args.loss_chunk is None:
+        args.loss_chunk = LOSS_CHUNK_TOKENS if paper_mode else 0
+    if args.loss_chunk < 0:
+        parser.error("--loss-chunk must be >= 0 (0: off)")
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
     if paper_mode and (args.checkpointing == "both" or args.tokens_per_step < 1 or args.peak_tflops <= 0):

@@ -12,9 +12,12 @@ give alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -42,6 +45,44 @@ logger = logging.get_logger(__name__)
 
 # transformers 5.2x renamed the outputs' `past_key_values` to `cache`; speak whichever the installed version uses
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+IGNORE_INDEX = -100  # labels with this value are not predicted (Hugging Face's convention)
+
+
+@dataclass
+class LinMemCausalLMOutput(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus ``token_losses [B, T-1]``: each target's cross entropy (0 where ignored),
+    given when the loss is computed in chunks (``loss_chunk_tokens``), where ``logits`` are None."""
+
+    token_losses: torch.FloatTensor | None = None
+
+
+def chunked_token_losses(hidden_states: torch.Tensor, head: nn.Module, targets: torch.Tensor,
+                         chunk_tokens: int) -> torch.Tensor:
+    """Cross entropy of ``head(hidden_states)`` against ``targets`` without the whole ``[N, vocab]`` logits ever
+    existing: ``hidden_states [N, D]`` and ``targets [N]`` are cut into pieces of ``chunk_tokens`` tokens, and each
+    piece's head and loss run under activation checkpointing, so that only one piece's logits live at a time (in
+    the forward pass and again when its backward recomputes them). Returns ``[N]`` losses in at least float32 (0
+    where the target is ``IGNORE_INDEX``); the values and gradients are those of the unchunked computation."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1; got {chunk_tokens}")
+    if hidden_states.dim() != 2 or targets.shape != hidden_states.shape[:1]:
+        raise ValueError(f"hidden_states must be [N, D] and targets [N]; got {list(hidden_states.shape)} and "
+                         f"{list(targets.shape)}")
+
+    def piece_losses(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = head(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="none")
+
+    remember = torch.is_grad_enabled()
+    pieces = []
+    for start in range(0, hidden_states.shape[0], chunk_tokens):
+        hidden, target = hidden_states[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        pieces.append(checkpoint(piece_losses, hidden, target, use_reentrant=False) if remember
+                      else piece_losses(hidden, target))
+    return torch.cat(pieces) if pieces else hidden_states.new_zeros(0, dtype=torch.float32)
+
 
 GATED_MEMORY_MIXERS = {
     "sgla": SimpleGatedLinearAttention,
@@ -267,20 +308,34 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         past_key_values: LinMemCache | None = None,
+        loss_chunk_tokens: int = 0,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> LinMemCausalLMOutput:
         """Logits ``[B, T, vocab]`` (the last ``logits_to_keep`` positions if > 0) and, with ``labels [B, T]``,
         the mean next-token cross entropy (labels shifted inside; -100 is ignored). Other arguments as in
-        ``LinMemModel.forward``."""
+        ``LinMemModel.forward``.
+
+        ``loss_chunk_tokens > 0`` (with ``labels``): the head and the loss run over that many tokens at a time under
+        activation checkpointing (``chunked_token_losses``), so a large vocabulary's float32 logits never exist
+        whole; ``logits`` is then None, and ``token_losses [B, T-1]`` holds each target's loss (0 where ignored)
+        for callers that weight them. Loss and gradients equal the unchunked ones."""
+        if loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens must be >= 0 (0: logits in one piece); got {loss_chunk_tokens}")
         outputs = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
                              output_hidden_states, past_key_values=past_key_values)
         hidden_states = outputs.last_hidden_state
+        extra = {CACHE_FIELD: getattr(outputs, CACHE_FIELD), "hidden_states": outputs.hidden_states}
+        if labels is not None and loss_chunk_tokens:
+            targets = labels[:, 1:]
+            losses = chunked_token_losses(hidden_states[:, :-1].flatten(0, 1), self.lm_head, targets.flatten(),
+                                          loss_chunk_tokens).view(targets.shape)
+            loss = losses.sum() / (targets != IGNORE_INDEX).sum()
+            return LinMemCausalLMOutput(loss=loss, logits=None, token_losses=losses, **extra)
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
         logits = self.lm_head(hidden_states)
         loss = None
         if labels is not None:
             shifted = logits[:, :-1].flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
-            loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
-                                      hidden_states=outputs.hidden_states)
+            loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+        return LinMemCausalLMOutput(loss=loss, logits=logits, **extra)

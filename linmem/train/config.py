@@ -34,6 +34,8 @@ MODEL_KEYS_OWNED = {"self", "kwargs", "use_cache"}
 DEFAULT_INIT_STD = 0.006  # RLA Table 7
 DTYPES = ("auto", "float32", "bfloat16")
 PARALLEL = ("auto", "none", "ddp", "fsdp")
+LOSS_CHUNK_TOKENS = 8192  # tokens per piece of the chunked loss (a 100K vocabulary: 3 GiB of float32 logits)
+LOSS_CHUNK_AUTO_BYTES = 2**30  # float32 logits of one micro-batch above this size are computed in pieces
 
 
 @dataclass
@@ -89,7 +91,10 @@ class TrainSection:
     ``init_from``: start from a saved model's weights (a model folder or ``zoo:NAME``; ``linmem.train.init_from``)
     instead of a random initialisation. ``gradient_checkpointing``: keep only each block's input in the forward pass
     and recompute the block in the backward pass (activation memory of one block instead of all; about a third more
-    compute; same loss and gradients).
+    compute; same loss and gradients). ``loss_chunk_tokens``: the LM head and the loss run over this many tokens
+    at a time, each piece recomputed in the backward pass, so that a micro-batch's float32 logits
+    ``[micro_batch_size x seq_len, vocab]`` never exist whole (same loss and gradients); 0: in one piece; left out:
+    chunks of ``LOSS_CHUNK_TOKENS`` when the whole logits would take more than ``LOSS_CHUNK_AUTO_BYTES``.
     """
 
     steps: int = 1000
@@ -109,6 +114,7 @@ class TrainSection:
     progress: bool = True
     init_from: str | None = None
     gradient_checkpointing: bool = False
+    loss_chunk_tokens: int | None = None
 
 
 @dataclass
@@ -280,7 +286,8 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
             raise ValueError(f"{where}: {key} must be >= 1; got {value}")
     for key, value in (("train.eval_interval", t.eval_interval), ("train.checkpoint_interval",
                        t.checkpoint_interval), ("optim.warmup_steps", o.warmup_steps), ("train.eval_tokens",
-                       t.eval_tokens), ("train.eval_recall_samples", t.eval_recall_samples)):
+                       t.eval_tokens), ("train.eval_recall_samples", t.eval_recall_samples),
+                       ("train.loss_chunk_tokens", t.loss_chunk_tokens or 0)):
         if value < 0:
             raise ValueError(f"{where}: {key} must be >= 0; got {value}")
     if d.seq_len < 2:
@@ -317,6 +324,15 @@ def micro_batch_size(config: TrainConfig, world_size: int, where: str = "config"
         raise ValueError(f"{where}: train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
                          f"({micro}) x processes ({world_size})")
     return micro, t.batch_size // (micro * world_size)
+
+
+def loss_chunk_tokens(config: TrainConfig, micro_batch: int, vocab_size: int) -> int:
+    """Tokens per piece of the training loss (0: logits in one piece): ``train.loss_chunk_tokens`` when set, else
+    ``LOSS_CHUNK_TOKENS`` if one micro-batch's float32 logits would exceed ``LOSS_CHUNK_AUTO_BYTES``."""
+    if config.train.loss_chunk_tokens is not None:
+        return config.train.loss_chunk_tokens
+    whole = micro_batch * config.data.seq_len * vocab_size * 4
+    return LOSS_CHUNK_TOKENS if whole > LOSS_CHUNK_AUTO_BYTES else 0
 
 
 def build_model_config(config: TrainConfig, data_vocab_size: int, where: str = "config") -> LinMemConfig:

@@ -46,7 +46,7 @@ from linmem.io.run_info import total_tokens
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens, write_model_config
 from linmem.train import checkpoint as ckpt
-from linmem.train.config import TrainConfig, build_model_config, check_config, micro_batch_size
+from linmem.train.config import TrainConfig, build_model_config, check_config, loss_chunk_tokens, micro_batch_size
 from linmem.train.data import TrainData, eval_windows, open_train_data, recall_eval_batch
 from linmem.train.distributed import (
     Distributed,
@@ -161,7 +161,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def token_losses(run: Run, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy ``[B, T-1]`` in float32 (0 where the label is ignored)."""
+    """Next-token cross entropy ``[B, T-1]`` in float32 (0 where the label is ignored); with a loss chunk size
+    (``config.loss_chunk_tokens``) the model computes it piece by piece, never holding the whole logits."""
+    chunk = loss_chunk_tokens(run.config, run.micro_batch_size, run.model_config.vocab_size)
+    if chunk:
+        with run.autocast():
+            return run.model(input_ids=input_ids.to(run.state.device), labels=labels.to(run.state.device),
+                             use_cache=False, loss_chunk_tokens=chunk).token_losses.float()
     with run.autocast():
         logits = run.model(input_ids=input_ids.to(run.state.device), use_cache=False).logits
     targets = labels[:, 1:].to(run.state.device)

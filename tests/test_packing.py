@@ -1,0 +1,52 @@
+"""Training-side contracts of the loss and the packed rows: the chunked loss gives the trainer the gradient of the
+whole-logits loss (recall weighting included) and is chosen automatically for large vocabularies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linmem.train import trainer
+from linmem.train.config import LOSS_CHUNK_AUTO_BYTES, LOSS_CHUNK_TOKENS, loss_chunk_tokens, parse_config
+from linmem.train.distributed import init_distributed
+from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _update_gradients(run) -> list[torch.Tensor]:
+    seen = []
+    run.optimizer.step = lambda: seen.extend(p.grad.clone() for p in run.model.parameters())
+    trainer.train_step(run, 0)
+    return seen
+
+
+def test_the_trainer_with_a_chunked_loss_gets_the_weighted_gradient(dataset, tmp_path):
+    config = parse_config(tiny_config(dataset, data={"recall_fraction": 0.5, "recall_loss_weight": 8.0},
+                                      train={"micro_batch_size": 8, "loss_chunk_tokens": 7}))
+    run = trainer.setup(config, tmp_path, init_distributed("cpu"), "test")
+    batch = run.data.batch(0, 0, 1, 8, 0, 1)
+    assert batch["synthetic"].any() and not batch["synthetic"].all()
+    logits = run.model(input_ids=batch["input_ids"]).logits[:, :-1]
+    targets = batch["labels"][:, 1:]
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none")
+    counts = (targets != -100).float() * torch.where(batch["synthetic"], 8.0, 1.0)[:, None]
+    expected = torch.autograd.grad((losses.view(targets.shape) * counts).sum() / counts.sum(),
+                                   list(run.model.parameters()))
+    seen = _update_gradients(run)
+    assert len(seen) == len(expected)
+    for got, want in zip(seen, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_the_loss_is_chunked_when_the_logits_would_be_large(dataset):
+    config = parse_config(tiny_config(dataset))
+    seq_len = config.data.seq_len
+    small_vocab = LOSS_CHUNK_AUTO_BYTES // (4 * seq_len * 4)  # 4 sequences of float32 logits fill the limit
+    assert loss_chunk_tokens(config, 4, small_vocab) == 0
+    assert loss_chunk_tokens(config, 4, small_vocab + 1) == LOSS_CHUNK_TOKENS
+    config.train.loss_chunk_tokens = 0  # set: used as given
+    assert loss_chunk_tokens(config, 4, 10 * small_vocab) == 0
+    with pytest.raises(ValueError, match="train.loss_chunk_tokens must be >= 0"):
+        parse_config(tiny_config(dataset, train={"loss_chunk_tokens": -1}))
