@@ -42,8 +42,6 @@ def export_model(checkpoint: str | Path, out: str | Path, dtype: str | None = No
                          "folder OUT/checkpoints/step-XXXXXXXX")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-    import linmem  # noqa: F401  (registers the linmem config class with AutoConfig)
-
     config = AutoConfig.from_pretrained(str(path))
     state = checkpoint_model_state(path)
     tmp = out.with_name(f".tmp-{out.name}")

@@ -301,7 +301,7 @@ def model_card(record: dict[str, Any]) -> str:
         *table(["task", "metric", "value", "chance"], eval_rows(record)), "",
     ]
     for task, note in record["eval"].get("remeasured", {}).items():  # linmem zoo remeasure
-        lines += [f"`{task}` was measured again on {note['date']} ({note['device']}): {note['why']}", ""]
+        lines += [f"`{task}` was measured again ({note['device']}): {note['why']}", ""]
     tasks = record["eval"]["tasks"]
     if "niah" in tasks:
         lines += ["Needle in a haystack, accuracy per context length and needle depth "
@@ -418,8 +418,8 @@ def write_docs(records: Sequence[dict[str, Any]], path: Path, shipped: Sequence[
         "spent in optimizer updates and the mean throughput (from "
         "`metrics.jsonl`; validation passes excluded); final training loss (mean of the last updates); last "
         "validation loss; test perplexity; LAMBADA-style cloze exact match (a * marks "
-        "cells measured with the end-of-text token before each mid-document context, as `linmem.eval` did until "
-        "session 8: not comparable with the others); MQAR accuracy per number of key-value "
+        "cells measured with the end-of-text token before each mid-document context, a protocol `linmem.eval` "
+        "no longer uses: not comparable with the others); MQAR accuracy per number of key-value "
         "pairs and its mean; needle-in-a-haystack accuracy per context length (mean over depths) and overall; the "
         "memory lab's clean 4-choice recall with its source-bootstrap 95% CI; the largest per-layer mean norm of a "
         "mixer's output (RLA Fig. 4a). The last row is what guessing scores (for perplexity: the vocabulary size; "
