@@ -145,6 +145,7 @@ def _write_shards(sources: Sequence[Source], out: Path, opts: BuildOptions, toke
             split = split_of(doc.source_id, opts.fractions, opts.salt)
             writers[split].add(np.asarray(enc.ids), doc.source_id, source_names.index(doc.source))
             _count(counts[doc.source][split], tokens=len(enc.ids) + 1, chars=len(doc.text))
+        del batch, kept  # one batch of documents in memory at a time, not two
     return {s: w.close() for s, w in writers.items()}, source_names, counts, skipped
 
 

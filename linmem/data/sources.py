@@ -172,10 +172,12 @@ class ParquetFile:
 
 @dataclass
 class DiskDataset:
-    """A Hugging Face ``datasets`` folder written by ``save_to_disk`` (needs ``datasets``).
+    """A Hugging Face ``datasets`` folder written by ``save_to_disk`` (needs ``pyarrow``), read straight from its
+    Arrow files in record batches: memory holds one batch of rows, whatever the dataset's size.
 
-    A ``DatasetDict`` yields its splits in sorted order. ``source_id`` is ``NAME[/SPLIT]:ROW`` or ``...:ID``. The
-    dataset's own splits are not kept: linmem splits every source by document hash.
+    A ``DatasetDict`` (``dataset_dict.json``) yields its splits in sorted order; each split's ``state.json``
+    lists its Arrow files in order. ``source_id`` is ``NAME[/SPLIT]:ROW`` or ``...:ID``. The dataset's own splits
+    are not kept: linmem splits every source by document hash.
     """
 
     path: Path
@@ -187,22 +189,39 @@ class DiskDataset:
         self.path = Path(self.path)
         self.name = self.name or self.path.name
 
+    def parts(self) -> list[tuple[str | None, Path]]:
+        """``(split or None, folder)`` of each saved dataset, splits sorted."""
+        index = self.path / "dataset_dict.json"
+        if index.is_file():
+            splits = json.loads(index.read_text(encoding="utf-8"))["splits"]
+            return [(split, self.path / split) for split in sorted(splits)]
+        return [(None, self.path)]
+
     def documents(self) -> Iterator[Document]:
         try:
-            import datasets
+            import pyarrow as pa
         except ImportError:
-            raise SourceUnavailable(f"reading {self.path} needs datasets: pip install 'linmem[data]'") from None
-        loaded = datasets.load_from_disk(str(self.path))
-        parts = sorted(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
-        for split, ds in parts:
+            raise SourceUnavailable(f"reading {self.path} needs pyarrow: pip install 'linmem[data]'") from None
+        wanted = [self.text_field] + ([self.id_field] if self.id_field else [])
+        for split, folder in self.parts():
             prefix = self.name if split is None else f"{self.name}/{split}"
-            if self.text_field not in ds.column_names:
-                raise ValueError(f"{self.path} ({split or 'dataset'}): no column {self.text_field!r} (columns: "
-                                 f"{', '.join(ds.column_names)}); choose one with --text-field")
-            for row, record in enumerate(ds):
-                where = f"{self.path} ({prefix}): row {row}"
-                text = _record_text(record, self.text_field, where)
-                yield Document(self.name, f"{prefix}:{_record_id(record, self.id_field, str(row), where)}", text)
+            state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+            row = 0
+            for entry in state["_data_files"]:
+                with pa.memory_map(str(folder / entry["filename"])) as file:
+                    reader = pa.ipc.open_stream(file)
+                    columns = reader.schema.names
+                    for col in wanted:
+                        if col not in columns:
+                            raise ValueError(f"{self.path} ({split or 'dataset'}): no column {col!r} (columns: "
+                                             f"{', '.join(columns)}); choose one with --text-field / --id-field")
+                    for batch in reader:
+                        for record in batch.select(wanted).to_pylist():
+                            where = f"{self.path} ({prefix}): row {row}"
+                            text = _record_text(record, self.text_field, where)
+                            key = _record_id(record, self.id_field, str(row), where)
+                            yield Document(self.name, f"{prefix}:{key}", text)
+                            row += 1
 
 
 def is_disk_dataset(path: Path) -> bool:
