@@ -26,12 +26,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from linmem.data.shards import TokenShards
+from linmem.data.shards import TokenShards
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class RecallGenerator(Protocol):
 
 GENERATORS: dict[str, Callable[..., RecallGenerator]] = {}
 # (options, dataset, seq_len, key) -> generator; completes ``options`` in place with the values used
-DatasetBuilder = Callable[[dict[str, Any], "TokenShards", "int | None", str], RecallGenerator]
+DatasetBuilder = Callable[[dict[str, Any], TokenShards, "int | None", str], RecallGenerator]
 DATASET_BUILDERS: dict[str, DatasetBuilder] = {}
 PROVIDERS = {"kv-filler": "linmem.memory.tasks", "niah": "linmem.eval.niah"}  # name -> the module registering it
 FILLER_TOKENS = 1_000_000  # dataset-built generators take filler text from the training split's first tokens

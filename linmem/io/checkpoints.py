@@ -1,8 +1,5 @@
-"""Checkpoint folders on disk: ``OUT/checkpoints/step-XXXXXXXX/``, complete once their ``manifest.json`` is written.
-
-What a checkpoint holds and how it is written is ``linmem.train.checkpoint``'s; finding the newest complete one is
-needed below training too (a run folder names its newest checkpoint when it has no ``model/``).
-"""
+"""Checkpoint folders ``OUT/checkpoints/step-XXXXXXXX/``, complete once their ``manifest.json`` is written (what
+they hold: ``linmem.train.checkpoint``)."""
 
 from __future__ import annotations
 

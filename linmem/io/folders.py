@@ -120,6 +120,12 @@ def replace_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
     linmem's (``check_replaceable`` with the names ``tmp`` holds), else ``ValueError`` and nothing changes."""
     tmp, final = Path(tmp), Path(final)
     check_replaceable(final, (p.name for p in tmp.iterdir()))
+    return swap_folder(tmp, final)
+
+
+def swap_folder(tmp: Path, final: Path) -> Path:
+    """Rename the complete folder ``tmp`` onto ``final``; an old ``final`` is first renamed aside (``.old-NAME``)
+    and removed only once ``tmp`` is in place, so ``final`` is always a whole folder."""
     if final.exists():
         old = final.with_name(f".old-{final.name}")
         shutil.rmtree(old, ignore_errors=True)

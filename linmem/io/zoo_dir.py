@@ -1,10 +1,5 @@
-"""The zoo dir: where the models shipped in ``linmem.zoo`` lie and which of them exist, so that anything that opens a
-model by ``zoo:NAME`` (model loading, a dataset built with a zoo model's tokenizer) finds it without importing the
-zoo's shipping and card code. ``linmem.zoo`` re-exports these names as its public API.
-
-The zoo dir is ``linmem/zoo/models`` in the installed package, or the folder named by the environment variable
-``LINMEM_ZOO_DIR``; every function also takes it as ``root``.
-"""
+"""The zoo dir (``linmem/zoo/models``, or ``$LINMEM_ZOO_DIR``) and which shipped models it holds: what ``zoo:NAME``
+means wherever a model or tokenizer is named. ``linmem.zoo`` re-exports these names as its public API."""
 
 from __future__ import annotations
 

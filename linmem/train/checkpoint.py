@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 
 from linmem.io.atomic import fsync_dir, write_json_atomic
 from linmem.io.checkpoints import complete_checkpoints, latest_checkpoint, step_dir_name  # noqa: F401  (trainer)
+from linmem.io.folders import swap_folder
 from linmem.io.manifest import MANIFEST_NAME as MANIFEST
 from linmem.io.manifest import DamagedFileError, verify_manifest, write_manifest
 from linmem.models.special_tokens import write_model_config
@@ -196,16 +197,7 @@ def finish_checkpoint(root: Path, step: int, keep: int) -> Path:
         fsync_dir(folder)
     write_manifest(tmp, files, extra={"step": step})
     fsync_dir(tmp)
-    final = root / step_dir_name(step)
-    if final.exists():  # the same step saved again (e.g. a resumed run that stops where it started)
-        old = root / f".old-{step_dir_name(step)}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
-    fsync_dir(root)
+    final = swap_folder(tmp, root / step_dir_name(step))  # a step saved again replaces its folder
     prune_checkpoints(root, keep)
     return final
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from linmem.io.run_info import read_train_info
 from linmem.io.zoo_dir import ENV_VAR, MAIN, PACKAGE_DIR, UnknownModelError, names, order, path, root
 
 HELDOUT_DIR = "_heldout"
@@ -53,8 +54,7 @@ def eval_record(name: str, root_dir: str | os.PathLike | None = None) -> dict[st
 def heldout_dir(name: str, root_dir: str | os.PathLike | None = None) -> Path:
     """The held-out token dataset shipped for model ``name`` (recorded in its ``train_info.json``)."""
     folder = path(name, root_dir)
-    info = json.loads((folder / "train_info.json").read_text(encoding="utf-8"))
-    return (folder / info["dataset"]).resolve()
+    return (folder / read_train_info(folder)["dataset"]).resolve()
 
 
 def folder_bytes(folder: Path) -> int:
