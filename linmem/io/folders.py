@@ -67,7 +67,7 @@ def prepare_output_folder(path: str | os.PathLike, *, overwrite: bool, kind: str
         return folder
     if not overwrite:
         owner = (f"was written by linmem {marker['kind']}, not linmem {kind}" if marker is not None else
-                 f"is not empty ({_listing(entries)}) and was not made by linmem (no {MARKER})")
+                 f"is not empty ({short_list(entries)}) and was not made by linmem (no {MARKER})")
         raise ValueError(f"{folder}: {owner}; choose a new or empty folder, or pass --overwrite to write "
                          f"linmem's files into it (other files are kept)")
     foreign = set(marker.get("foreign", [])) if marker is not None else set(entries)
@@ -75,7 +75,8 @@ def prepare_output_folder(path: str | os.PathLike, *, overwrite: bool, kind: str
     return folder
 
 
-def _listing(names: list[str], shown: int = 3) -> str:
+def short_list(names: list[str], shown: int = 3) -> str:
+    """``a, b, c and 4 more``."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
 
@@ -111,7 +112,7 @@ def check_replaceable(folder: str | os.PathLike, names: Iterable[str] = ()) -> N
         raise ValueError(f"{folder}: is a file where linmem writes a folder; move it away")
     foreign = foreign_entries(folder, names)
     if foreign:
-        raise ValueError(f"{folder}: holds files linmem did not write ({_listing(foreign)}); linmem replaces this "
+        raise ValueError(f"{folder}: holds files linmem did not write ({short_list(foreign)}); linmem replaces this "
                          f"folder as a whole and never deletes such files: move them away or choose another folder")
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from linmem.data.tokenizer import load_tokenizer
+from linmem.io.folders import short_list
 from linmem.io.manifest import has_manifest, verify_manifest
 from linmem.io.models import pick_device, resolve_model_folder
 
@@ -89,12 +90,6 @@ def _quiet_load_report():
             log.setLevel(level)
 
 
-def _listed(keys, limit: int = 8) -> str:
-    keys = sorted(keys)
-    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
-
-
 def load_linmem_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """A linmem model folder via ``LinMemForCausalLM.from_pretrained`` (safetensors only), refusing any missing,
     unexpected or differently shaped weight."""
@@ -103,14 +98,10 @@ def load_linmem_folder(folder: Path, dtype: torch.dtype, device: torch.device) -
     with _quiet_load_report():
         model, info = LinMemForCausalLM.from_pretrained(
             str(folder), dtype=dtype, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
-    problems = []
-    if info.get("missing_keys"):
-        problems.append(f"missing {len(info['missing_keys'])} weight(s): {_listed(info['missing_keys'])}")
-    if info.get("unexpected_keys"):
-        problems.append(f"unexpected {len(info['unexpected_keys'])} weight(s): {_listed(info['unexpected_keys'])}")
-    if info.get("mismatched_keys"):
-        names = [key[0] if isinstance(key, tuple) else key for key in info["mismatched_keys"]]
-        problems.append(f"{len(names)} weight(s) of another shape: {_listed(names)}")
+    mismatched = [key[0] if isinstance(key, tuple) else key for key in info.get("mismatched_keys") or []]
+    found = {"missing {} weight(s)": info.get("missing_keys"), "unexpected {} weight(s)": info.get("unexpected_keys"),
+             "{} weight(s) of another shape": mismatched}
+    problems = [f"{what.format(len(keys))}: {short_list(sorted(keys), 8)}" for what, keys in found.items() if keys]
     if problems:
         raise ValueError(f"{folder}: the weights do not fit its config.json ({'; '.join(problems)}); the model would "
                          f"be partly random, so it is not loaded")
