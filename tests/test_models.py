@@ -313,3 +313,73 @@ def test_chunked_loss_keeps_no_logits_and_checks_its_argument():
     assert close(out.token_losses.flatten(), expected)
     with pytest.raises(ValueError, match="loss_chunk_tokens"):
         model(x, labels=x, loss_chunk_tokens=-1)
+
+
+# --- packed rows (cu_seqlens) and unpadding -------------------------------------------------------------------
+
+
+def _documents(lengths, generator=None):
+    return [torch.randint(1, VOCAB, (1, n), generator=generator) for n in lengths]
+
+
+@pytest.mark.parametrize("conv", [True, False])
+def test_a_packed_row_equals_each_document_alone(case, conv):
+    """float64: the logits and every parameter's gradient of one row of several documents (lengths straddling the
+    conv width, one of a single token) equal those of the documents run one by one."""
+    model = build(case, use_short_conv=conv).train()
+    docs = _documents([5, 1, 3, 7])
+    cu_seqlens = torch.tensor([0, 5, 6, 9, 16], dtype=torch.int32)
+    weights = [torch.randn(1, d.shape[1], VOCAB, dtype=torch.float64) for d in docs]  # a random loss direction
+
+    packed = model(torch.cat(docs, 1), cu_seqlens=cu_seqlens, use_cache=False).logits
+    (packed * torch.cat(weights, 1)).sum().backward()
+    packed_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    alone = [model(d, use_cache=False).logits for d in docs]
+    sum((a * w).sum() for a, w in zip(alone, weights)).backward()
+
+    assert close(packed, torch.cat(alone, 1))
+    for name, p in model.named_parameters():
+        assert close(packed_grads[name], p.grad), name
+    fused = model(torch.cat(docs, 1), use_cache=False).logits  # without boundaries the documents do mix
+    assert not close(fused[:, 5:], torch.cat(alone[1:], 1))
+
+
+@torch.no_grad()
+def test_padding_is_unpadded_into_packed_rows(case):
+    """A batch with padding anywhere (left, right, inside) and no cache: real positions give each row's logits
+    alone, padded positions give zeros, and a row given its own positions keeps them."""
+    model = build(case)
+    rows = _documents([6, 3, 4])
+    width = 8
+    batch = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    places = [torch.arange(0, 6), torch.arange(5, 8), torch.tensor([0, 2, 3, 6])]  # right, left, holes
+    for i, (row, at) in enumerate(zip(rows, places)):
+        batch[i, at], mask[i, at] = row[0], 1
+    out = model(batch, attention_mask=mask, use_cache=False).logits
+    for i, (row, at) in enumerate(zip(rows, places)):
+        assert close(out[i, at], model(row, use_cache=False).logits[0]), i
+    assert (out[mask == 0] == 0).all()
+
+
+def test_packed_rows_refuse_a_cache_and_a_batch():
+    model = build("gdn")
+    x = ids(1, 6)
+    cu_seqlens = torch.tensor([0, 2, 6])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        model(x, cu_seqlens=cu_seqlens, use_cache=True)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        model(ids(2, 3), cu_seqlens=cu_seqlens, use_cache=False)
+
+
+@torch.no_grad()
+def test_rope_positions_restart_in_each_packed_sequence():
+    """RoPE is shift invariant, so parity cannot see positions: read them at the attention layer."""
+    model = build("rdn_hybrid")
+    seen = []
+    model.model.layers[1].attn.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["position_ids"].tolist()), with_kwargs=True)
+    model(ids(1, 6), cu_seqlens=torch.tensor([0, 2, 3, 6]), use_cache=False)
+    model(ids(2, 4), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 0, 1]]), use_cache=False)
+    assert seen == [[[0, 1, 0, 0, 1, 2]], [[0, 1, 2, 0, 1, 2]]]

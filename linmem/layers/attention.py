@@ -21,6 +21,7 @@ from torch import nn
 
 from linmem.layers.hooks import HookPoint
 from linmem.layers.norm import RMSNorm
+from linmem.layers.packing import check_packed_row, sequence_ids
 from linmem.layers.recurrent import padding_mask, zero_padding
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ class Attention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: AttentionLayerCache | None = None,
         position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """``hidden_states [B, T, D]`` → ``[B, T, D]``.
@@ -144,9 +146,16 @@ class Attention(nn.Module):
         Args:
             attention_mask: ``[B, past + T]`` 0/1 padding mask over the cached and the new tokens.
             cache: this layer's ``AttentionLayerCache`` (keys/values appended in place).
-            position_ids: RoPE positions ``[B, T]`` (None: ``past, past + 1, ...``).
+            position_ids: RoPE positions ``[B, T]`` (None: ``past, past + 1, ...``; packed rows: pass each
+                sequence's own positions, ``linmem.layers.packing.sequence_positions``).
+            cu_seqlens: ``[N + 1]``: one row (B == 1) of N packed sequences; a query sees only keys of its own
+                sequence (block-diagonal causal attention; no cache, no attention_mask).
         """
         batch, length, _ = hidden_states.shape
+        if cu_seqlens is not None:
+            check_packed_row(cu_seqlens, batch)
+            if cache is not None or attention_mask is not None:
+                raise ValueError("cu_seqlens: packed sequences take no cache and no attention_mask")
         q, k = self.q_proj(hidden_states), self.k_proj(hidden_states)
         if self.qk_norm and self.qk_norm_over == "all":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -171,6 +180,9 @@ class Attention(nn.Module):
             raise ValueError(f"attention_mask must cover the cached and new tokens: [B, {key_length}]; got "
                              f"{list(attention_mask.shape)}")
         mask = attention_mask_4d(attention_mask, length, key_length, self.window_size, q.device)
+        if cu_seqlens is not None:
+            sequence = sequence_ids(cu_seqlens, length)
+            mask = mask & (sequence[:, None] == sequence[None, :])
         groups = self.num_heads // self.num_kv_heads
         k, v = (x.repeat_interleave(groups, dim=2) if groups > 1 else x for x in (k, v))
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linmem.layers.packing import check_packed_row, sequence_positions
+
 
 class ShortConvolution(nn.Conv1d):
     """Depthwise causal convolution over time, kernel width W, optional SiLU.
@@ -30,23 +32,44 @@ class ShortConvolution(nn.Conv1d):
         x: torch.Tensor,
         state: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Convolve ``x [B, T, D]`` after ``state [B, D, W − 1]`` (None: zeros).
 
         ``mask [B, T]`` (True / 1 real, 0 padding) zeroes padded inputs first, so a left-padded sequence sees
-        exactly the zeros it would see alone. Returns ``y [B, T, D]`` and the new state ``[B, D, W − 1]``.
+        exactly the zeros it would see alone. ``cu_seqlens [N + 1]``: x is one row of N packed sequences
+        (``linmem.layers.packing``), each convolved as if alone (taps reaching before its start read zeros; no
+        ``state``). Returns ``y [B, T, D]`` and the new state ``[B, D, W − 1]``.
         """
         if mask is not None:
             x = torch.where(mask.bool().unsqueeze(-1), x, torch.zeros((), dtype=x.dtype))
-        batch, _, dim = x.shape
+        batch, length, dim = x.shape
         x = x.transpose(1, 2)
         if state is None:
             state = x.new_zeros(batch, dim, self.kernel_size[0] - 1)
+        elif cu_seqlens is not None:
+            raise ValueError("cu_seqlens: packed sequences start from zeros; pass state=None")
         full = torch.cat([state.to(x.dtype), x], dim=-1)
-        y = F.conv1d(full, self.weight, self.bias, groups=dim).transpose(1, 2)
+        if cu_seqlens is None:
+            y = F.conv1d(full, self.weight, self.bias, groups=dim).transpose(1, 2)
+        else:
+            y = self._packed(full, cu_seqlens, batch, length)
         if self.activation is not None:
             y = F.silu(y)
         return y, full[..., full.shape[-1] - (self.kernel_size[0] - 1):]
+
+    def _packed(self, full: torch.Tensor, cu_seqlens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+        """``[1, T, D]`` convolution of ``full [1, D, W − 1 + T]`` where tap j (which reads ``W − 1 − j`` tokens
+        back) counts only at positions at least that far into their own sequence."""
+        check_packed_row(cu_seqlens, batch)
+        width = self.kernel_size[0]
+        windows = full.unfold(-1, width, 1)  # [1, D, T, W]: the inputs under each tap
+        lag = torch.arange(width - 1, -1, -1, device=full.device)
+        reach = (lag <= sequence_positions(cu_seqlens, length)[:, None]).to(full.dtype)  # [T, W]
+        y = (windows * reach * self.weight[:, 0, None, :]).sum(-1)
+        if self.bias is not None:
+            y = y + self.bias[:, None]
+        return y.transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, kernel_size={self.kernel_size[0]}, bias={self.bias is not None}, " \

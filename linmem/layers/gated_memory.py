@@ -129,6 +129,7 @@ class GatedMemoryMixer(RecurrentMixer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: RecurrentLayerCache | None = None,
+        cu_seqlens: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """``hidden_states [B, T, D]`` → ``[B, T, D]``.
@@ -136,19 +137,22 @@ class GatedMemoryMixer(RecurrentMixer):
         Args:
             attention_mask: ``[B, past + T]``, 1 for real tokens and 0 for padding (only the last T columns are used).
             cache: this layer's ``RecurrentLayerCache``; read and updated in place (None: start from zeros).
+            cu_seqlens: ``[N + 1]``: ``hidden_states`` is one row (B == 1) of N packed sequences, each mixed as if
+                alone (``linmem.layers.packing``; no cache).
             kwargs: ignored (``position_ids`` for attention layers).
         """
         batch, length, _ = hidden_states.shape
         mask = padding_mask(attention_mask, length)
         heads, key_heads = (batch, length, self.num_heads, -1), (batch, length, self.num_key_heads, -1)
-        q = l2_normalize(self.project("q", hidden_states, mask, cache, silu_without_conv=True).reshape(key_heads))
-        k = l2_normalize(self.project("k", hidden_states, mask, cache, silu_without_conv=True).reshape(key_heads))
+        inputs = dict(cache=cache, silu_without_conv=True, cu_seqlens=cu_seqlens)
+        q = l2_normalize(self.project("q", hidden_states, mask, **inputs).reshape(key_heads))
+        k = l2_normalize(self.project("k", hidden_states, mask, **inputs).reshape(key_heads))
         if self.num_key_heads != self.num_heads:  # each key head serves a group of consecutive value heads
             groups = self.num_heads // self.num_key_heads
             q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
-        v = self.project("v", hidden_states, mask, cache, silu_without_conv=True).reshape(heads)
+        v = self.project("v", hidden_states, mask, **inputs).reshape(heads)
         g, beta, gamma = self.gates(hidden_states, mask)
-        o = self.run_memory(q, k, v, g, beta, gamma, cache)
+        o = self.run_memory(q, k, v, g, beta, gamma, cache, cu_seqlens)
         o = self.o_norm(o, self.g_proj(hidden_states).reshape(heads))
         return self.o_proj(o.reshape(batch, length, -1))
 

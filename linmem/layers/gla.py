@@ -99,21 +99,24 @@ class GatedLinearAttention(RecurrentMixer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: RecurrentLayerCache | None = None,
+        cu_seqlens: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """``hidden_states [B, T, D]`` → ``[B, T, D]``; ``attention_mask [B, past + T]`` (1 real, 0 padding),
-        ``cache`` this layer's ``RecurrentLayerCache`` (updated in place). Padding never writes (g = β = 0)."""
+        ``cache`` this layer's ``RecurrentLayerCache`` (updated in place). Padding never writes (g = β = 0).
+        ``cu_seqlens [N + 1]``: one row (B == 1) of N packed sequences, each mixed as if alone (no cache)."""
         batch, length, _ = hidden_states.shape
         mask = padding_mask(attention_mask, length)
-        q = self._heads(self.project("q", hidden_states, mask, cache, silu_without_conv=False), self.num_heads)
-        k = self._heads(self.project("k", hidden_states, mask, cache, silu_without_conv=False), self.num_kv_heads)
-        v = self._heads(self.project("v", hidden_states, mask, cache, silu_without_conv=False), self.num_kv_heads)
+        inputs = dict(cache=cache, silu_without_conv=False, cu_seqlens=cu_seqlens)
+        q = self._heads(self.project("q", hidden_states, mask, **inputs), self.num_heads)
+        k = self._heads(self.project("k", hidden_states, mask, **inputs), self.num_kv_heads)
+        v = self._heads(self.project("v", hidden_states, mask, **inputs), self.num_kv_heads)
         gate_logits = self.gk_proj(hidden_states).to(torch.promote_types(hidden_states.dtype, torch.float32))
         g = F.logsigmoid(self._heads(gate_logits, self.num_kv_heads)) / self.gate_logit_normalizer
         if self.clamp_min is not None:
             g = g.clamp_min(self.clamp_min)
         beta = zero_padding(hidden_states.new_ones(batch, length, self.num_heads), mask)
         g = zero_padding(g, mask)
-        o = self.run_memory(q, k, v, g, beta, None, cache)
+        o = self.run_memory(q, k, v, g, beta, None, cache, cu_seqlens)
         o = self.g_norm_swish_gate(o, self.g_proj(hidden_states).reshape(batch, length, self.num_heads, -1))
         return self.o_proj(o.reshape(batch, length, -1))

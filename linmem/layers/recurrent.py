@@ -92,14 +92,15 @@ class RecurrentMixer(nn.Module):
         mask: torch.Tensor | None,
         cache: RecurrentLayerCache | None,
         silu_without_conv: bool,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``{name}_proj(x)`` then the short conv + SiLU (or only SiLU / nothing without convs), zero at padding:
-        ``[B, T, D]``."""
+        ``[B, T, D]``; with ``cu_seqlens`` the conv stays inside each packed sequence."""
         x = getattr(self, f"{name}_proj")(x)
         if not self.use_short_conv:
             return zero_padding(F.silu(x) if silu_without_conv else x, mask)
         state = None if cache is None else cache.conv_states.get(name)
-        y, new_state = getattr(self, f"{name}_conv1d")(x, state=state, mask=mask)
+        y, new_state = getattr(self, f"{name}_conv1d")(x, state=state, mask=mask, cu_seqlens=cu_seqlens)
         if cache is not None:
             cache.conv_states[name] = new_state
         return zero_padding(y, mask)
@@ -113,6 +114,7 @@ class RecurrentMixer(nn.Module):
         beta: torch.Tensor,
         gamma: torch.Tensor | None,
         cache: RecurrentLayerCache | None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Fire the write hooks, run the memory from the cached state, store the new state.
 
@@ -120,9 +122,13 @@ class RecurrentMixer(nn.Module):
             q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` or ``[B, T, H, K]``; beta, gamma:
                 ``[B, T, H]`` (gamma None without a residual memory).
             cache: this layer's cache, updated in place; None runs from zero states and keeps nothing.
+            cu_seqlens: ``[N + 1]``: B == 1 row of N packed sequences, each run from zero states (no cache; the
+                state hooks see the N final states ``[N, H, V, K]``).
         Returns:
             the read-out ``[B, T, H, V]`` (after ``hook_readout``).
         """
+        if cu_seqlens is not None and cache is not None:
+            raise ValueError("cu_seqlens: packed sequences run from zero states and keep none; pass cache=None")
         q, k, v, g, beta = self.hook_q(q), self.hook_k(k), self.hook_v(v), self.hook_g(g), self.hook_beta(beta)
         if self.memory.residual:
             gamma = self.hook_gamma(gamma)
@@ -135,7 +141,7 @@ class RecurrentMixer(nn.Module):
             o = o.unsqueeze(1)
         else:
             o, final = linear_memory(q, k, v, g, beta, gamma, memory=self.memory, initial_state=state,
-                                     output_final_state=True, backend=self.backend)
+                                     output_final_state=True, backend=self.backend, cu_seqlens=cu_seqlens)
         self._keep_state(final, cache, q.shape[1])
         return self.hook_readout(o)
 

@@ -7,7 +7,12 @@ else the linear memory named by ``config.mixer``. Module names follow FLA 0.6.0 
 
 Padding: ``attention_mask [B, past + T]`` (1 real, 0 padding, padding on the left) keeps padded tokens out of every
 memory and every attention, and RoPE positions count real tokens only, so each row gives the logits it would
-give alone.
+give alone. Without a cache (training, scoring) a mask with padding is unpadded instead: the real tokens are packed
+into one row with ``cu_seqlens`` (padding anywhere in a row), run, and put back in place (zeros at padding).
+
+Packed rows: ``cu_seqlens [N + 1]`` with ``input_ids [1, T]`` runs N sequences back to back, each as if alone
+(``linmem.layers.packing``): memories restart from zeros, convolutions and attention stay inside each sequence,
+RoPE positions restart at 0.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from linmem.layers.gla import GatedLinearAttention
 from linmem.layers.mlp import SwiGLU
 from linmem.layers.moe import Experts, SparseMoE
 from linmem.layers.norm import GatedRMSNorm, RMSNorm
+from linmem.layers.packing import pad, sequence_positions, unpad
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
 
@@ -150,13 +156,15 @@ class LinMemBlock(GradientCheckpointingLayer):
         self.post_norm = placement == "post"  # h + norm(f(h)) (OLMo's attention blocks) instead of h + f(norm(h))
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, cache=None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        mixer_inputs = dict(attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+        if cu_seqlens is not None:
+            mixer_inputs["cu_seqlens"] = cu_seqlens
         if self.post_norm:
-            hidden_states = hidden_states + self.attn_norm(self.attn(hidden_states, attention_mask=attention_mask,
-                                                                     cache=cache, position_ids=position_ids))
+            hidden_states = hidden_states + self.attn_norm(self.attn(hidden_states, **mixer_inputs))
             return hidden_states + self.mlp_norm(self.mlp(hidden_states))
-        hidden_states = hidden_states + self.attn(self.attn_norm(hidden_states), attention_mask=attention_mask,
-                                                  cache=cache, position_ids=position_ids)
+        hidden_states = hidden_states + self.attn(self.attn_norm(hidden_states), **mixer_inputs)
         return hidden_states + self.mlp(self.mlp_norm(hidden_states))
 
 
@@ -220,14 +228,18 @@ class LinMemModel(LinMemPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         past_key_values: LinMemCache | None = None,
+        cu_seqlens: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """Run the blocks.
 
         Args:
             input_ids: ``[B, T]`` (or ``inputs_embeds [B, T, D]``).
-            attention_mask: ``[B, past + T]``, 1 real, 0 padding (left padding); None: all real.
-            position_ids: RoPE positions ``[B, T]``; None: real tokens counted from the mask (or from the cache).
+            attention_mask: ``[B, past + T]``, 1 real, 0 padding (left padding); None: all real. Without a cache
+                and ``use_cache`` a mask with padding is unpadded into ``cu_seqlens`` (padding anywhere).
+            position_ids: RoPE positions ``[B, T]``; None: real tokens counted from the mask (or from the cache;
+                with ``cu_seqlens``: from each sequence's start).
+            cu_seqlens: ``[N + 1]`` boundaries of N sequences packed in one row (B == 1; no cache, no mask).
             cache: a ``LinMemCache`` to continue from (``past_key_values`` is accepted as an alias); with
                 ``use_cache`` and no cache a new one is made. It is updated in place and returned as the output's
                 ``cache`` (``past_key_values`` under transformers < 5.2x, see ``CACHE_FIELD``).
@@ -246,6 +258,21 @@ class LinMemModel(LinMemPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, D]")
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        padded = None  # (indices, B, T) of an unpadded batch, to put the outputs back in place
+        if cu_seqlens is None and attention_mask is not None and cache is None and not use_cache \
+                and not bool(attention_mask.all()):
+            self._positions(attention_mask, None, 0, hidden_states)  # checks the mask's shape
+            batch, length = hidden_states.shape[:2]
+            indices, cu_seqlens = unpad(attention_mask)
+            hidden_states = hidden_states.flatten(0, 1)[indices][None]
+            if position_ids is not None:
+                position_ids = position_ids.flatten()[indices][None]
+            attention_mask, padded = None, (indices, batch, length)
+        if cu_seqlens is not None:
+            if cache is not None or use_cache or attention_mask is not None:
+                raise ValueError("cu_seqlens: packed sequences take no cache, use_cache=False and no attention_mask")
+            if position_ids is None:
+                position_ids = sequence_positions(cu_seqlens, hidden_states.shape[1])[None]
         if use_cache and cache is None:
             cache = LinMemCache.from_config(self.config)
         past = 0 if cache is None else cache.get_seq_length()
@@ -256,10 +283,13 @@ class LinMemModel(LinMemPreTrainedModel):
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
             hidden_states = block(hidden_states, attention_mask, position_ids,
-                                  cache=None if cache is None else cache.layers[i])
+                                  cache=None if cache is None else cache.layers[i], cu_seqlens=cu_seqlens)
         hidden_states = self.norm(hidden_states)
         if all_hidden is not None:
             all_hidden.append(hidden_states)
+        if padded is not None:
+            hidden_states = pad(hidden_states, *padded)
+            all_hidden = None if all_hidden is None else [pad(h, *padded) for h in all_hidden]
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None},
                                        hidden_states=None if all_hidden is None else tuple(all_hidden))
 
@@ -309,6 +339,7 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         past_key_values: LinMemCache | None = None,
         loss_chunk_tokens: int = 0,
+        cu_seqlens: torch.Tensor | None = None,
         **kwargs,
     ) -> LinMemCausalLMOutput:
         """Logits ``[B, T, vocab]`` (the last ``logits_to_keep`` positions if > 0) and, with ``labels [B, T]``,
@@ -318,11 +349,14 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         ``loss_chunk_tokens > 0`` (with ``labels``): the head and the loss run over that many tokens at a time under
         activation checkpointing (``chunked_token_losses``), so a large vocabulary's float32 logits never exist
         whole; ``logits`` is then None, and ``token_losses [B, T-1]`` holds each target's loss (0 where ignored)
-        for callers that weight them. Loss and gradients equal the unchunked ones."""
+        for callers that weight them. Loss and gradients equal the unchunked ones.
+
+        ``cu_seqlens [N + 1]`` (``input_ids [1, T]``): N packed sequences; the labels are shifted over the whole
+        row, so set the label of each sequence's first token to -100 to not predict it from the one before."""
         if loss_chunk_tokens < 0:
             raise ValueError(f"loss_chunk_tokens must be >= 0 (0: logits in one piece); got {loss_chunk_tokens}")
         outputs = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
-                             output_hidden_states, past_key_values=past_key_values)
+                             output_hidden_states, past_key_values=past_key_values, cu_seqlens=cu_seqlens)
         hidden_states = outputs.last_hidden_state
         extra = {CACHE_FIELD: getattr(outputs, CACHE_FIELD), "hidden_states": outputs.hidden_states}
         if labels is not None and loss_chunk_tokens:
