@@ -50,6 +50,9 @@ class DataSection:
     registers further generators). ``recall_loss_weight``: each answer token of a synthetic sequence counts this
     many text tokens in the loss (a 512-token window holds 8-32 answers, so at weight 1 recall is about 1% of
     the gradient and tiny models never learn it). ``eval_split``: the held-out split for validation loss.
+    ``split_documents``: a window's documents (each ends with the EOS separator) run as separate sequences of
+    one packed row (``cu_seqlens``), so no token reads the document before it; off, a window runs as one sequence
+    and a document sees the end of the previous one, separator between.
     """
 
     dir: str | None = None
@@ -62,6 +65,7 @@ class DataSection:
     recall: list[dict] = field(default_factory=list)
     recall_loss_weight: float = 1.0
     eval_split: str = "validation"
+    split_documents: bool = False
 
 
 @dataclass

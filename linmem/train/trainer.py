@@ -43,6 +43,7 @@ from linmem.io.folders import (
 )
 from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
 from linmem.io.run_info import total_tokens
+from linmem.layers.packing import document_starts
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens, write_model_config
 from linmem.train import checkpoint as ckpt
@@ -162,15 +163,28 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def token_losses(run: Run, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy ``[B, T-1]`` in float32 (0 where the label is ignored); with a loss chunk size
-    (``config.loss_chunk_tokens``) the model computes it piece by piece, never holding the whole logits."""
+    (``config.loss_chunk_tokens``) the model computes it piece by piece, never holding the whole logits. With
+    ``data.split_documents`` the rows run as one packed row cut at every document start (``document_starts``)."""
+    device = run.state.device
+    input_ids, labels = input_ids.to(device), labels.to(device)
+    batch, length = input_ids.shape
+    packed: dict[str, torch.Tensor] = {}
+    if run.config.data.split_documents:
+        packed["cu_seqlens"] = document_starts(input_ids, run.data.shards.eos_id)
+        input_ids = input_ids.reshape(1, batch * length)
     chunk = loss_chunk_tokens(run.config, run.micro_batch_size, run.model_config.vocab_size)
     if chunk:
+        if packed:  # one row: the first token of each row must not be a target of the row before
+            labels = labels.clone()
+            labels[:, 0] = IGNORE_INDEX
+            labels = labels.reshape(1, batch * length)
         with run.autocast():
-            return run.model(input_ids=input_ids.to(run.state.device), labels=labels.to(run.state.device),
-                             use_cache=False, loss_chunk_tokens=chunk).token_losses.float()
+            losses = run.model(input_ids=input_ids, labels=labels, use_cache=False, loss_chunk_tokens=chunk,
+                               **packed).token_losses.float()
+        return F.pad(losses, (0, 1)).view(batch, length)[:, :-1] if packed else losses
     with run.autocast():
-        logits = run.model(input_ids=input_ids.to(run.state.device), use_cache=False).logits
-    targets = labels[:, 1:].to(run.state.device)
+        logits = run.model(input_ids=input_ids, use_cache=False, **packed).logits.view(batch, length, -1)
+    targets = labels[:, 1:]
     flat = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                            reduction="none")
     return flat.view(targets.shape)
