@@ -192,7 +192,7 @@ def test_bad_edits_raise_clear_errors():
 def test_random_donor_write_matches_the_donor_write_change_in_norm():
     """The random donor write moves each token's write matrix ``s v kᵀ`` by the Frobenius norm of the donor's
     change ``s_d v_d k_dᵀ − s v kᵀ``."""
-    from linmem.memory.intervene import write_noise
+    from linmem.memory.edits import write_noise
 
     g = torch.Generator().manual_seed(0)
     s, s_d = torch.rand(5, generator=g, dtype=torch.float64), torch.rand(5, generator=g, dtype=torch.float64)

@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# the hook points (``hook_<name>``) of a recurrent mixer that carry the op's per-token inputs, in the op's order
+HOOK_INPUTS = ("q", "k", "v", "g", "beta", "gamma")
+
 
 class HookPoint(nn.Module):
     """Identity ``x ↦ x``; exists only to be addressed by name (``model.layers.3.attn.hook_k``)."""

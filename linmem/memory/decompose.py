@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from linmem.memory.components import Component, check_component, mixer
-from linmem.memory.recording import Recording, backbone, on_model, state_dtype
+from linmem.memory.recording import Recording, backbone, on_model
 from linmem.models.cache import LinMemCache
+from linmem.ops.linear_memory import state_dtype_for
 from linmem.ops.step import read, rho
 
 
@@ -54,7 +55,7 @@ def contributions(model: nn.Module, ids: torch.Tensor, layer: int, head: int, t:
     check_component(model, Component(layer, head, memory))
     mix = mixer(model, layer)
     inputs = Recording.of(model, _prompt(ids, t), [layer]).inputs[layer]
-    x = {name: value[0, :, head].to(state_dtype(inputs["q"])) for name, value in inputs.items()}
+    x = {name: value[0, :, head].to(state_dtype_for(inputs["q"].dtype)) for name, value in inputs.items()}
     config = mix.memory
     size = (t + 1, x["v"].shape[-1], x["k"].shape[-1])
     base_parts, resid_parts = x["v"].new_zeros(size), x["v"].new_zeros(size)

@@ -37,15 +37,14 @@ class Edit:
     stage = ""  # "cache", "write" or "readout"
     needs_donor_cache = False  # takes the donor's prefix cache
 
-    @property
-    def positions(self) -> tuple[int, ...]:
+    def edited_positions(self) -> tuple[int, ...]:
         """The token positions a write or read-out edit touches (empty for cache edits)."""
         return ()
 
     @property
     def recordings(self) -> tuple[str, ...]:
         """The recorded runs (``"donor"``, ``"clean"``) the edit takes values from inside the layers."""
-        return ("clean",) if getattr(self, "control", None) == "random" else ()
+        return ()
 
 
 class CacheEdit(Edit):
@@ -67,8 +66,7 @@ class CacheEdit(Edit):
 class WriteEdit(Edit):
     stage = "write"
 
-    @property
-    def positions(self) -> tuple[int, ...]:
+    def edited_positions(self) -> tuple[int, ...]:
         return tuple(range(*self.span))
 
     def override_writes(self, editor: LayerEditor, w: WriteOverrides, x: HeadInputs, i: int, head: int,
@@ -81,13 +79,12 @@ class ReadoutEdit(Edit):
     stage = "readout"
     source = "donor"  # the recorded run whose read-out is taken
 
-    @property
-    def positions(self) -> tuple[int, ...]:
-        return self.positions_
+    def edited_positions(self) -> tuple[int, ...]:
+        return self.positions
 
     @property
     def recordings(self) -> tuple[str, ...]:
-        return (self.source, *super().recordings)
+        return (self.source,)
 
     def patch_readout(self, editor: LayerEditor, out: Replay, i: int, head: int, pair: PairEdit,
                       rel: list[int]) -> None:
@@ -146,7 +143,7 @@ def _positions(value: Iterable[int] | int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class StateSwap:
+class StateSwap(CacheEdit):
     """The memories of ``components`` after tokens ``[0, at)`` replaced by the donor's, then the run continues.
 
     ``control="random"``: recipient state + a Gaussian matrix with the norm of (donor − recipient) instead.
@@ -156,15 +153,23 @@ class StateSwap:
     at: int
     control: str = "donor"
     seed: int = 0
+    needs_donor_cache = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", _components(self.components))
         _check_control(self.control)
         _set_at(self)
 
+    def edited_state(self, current: torch.Tensor, donor: torch.Tensor | None, component: Component) -> torch.Tensor:
+        target = donor.to(current)
+        if self.control == "random":
+            c = component
+            target = current + equal_norm_noise(target - current, (self.seed, c.layer, c.head, c.memory), dims=2)
+        return target
+
 
 @dataclass(frozen=True, eq=False)
-class StateAdd:
+class StateAdd(CacheEdit):
     """Add ``delta [B, V, K]`` (one matrix per prompt) to each component's memory after tokens ``[0, at)``; the
     Frobenius parallel / orthogonal edits and any hand-made state edit. Compared by identity (it holds a tensor)."""
 
@@ -181,7 +186,7 @@ class StateAdd:
         if not bool(torch.isfinite(self.delta).all()):
             raise ValueError("StateAdd.delta must be finite; it holds NaN or infinite values")
 
-    def added_to(self, state: torch.Tensor, component: Component) -> torch.Tensor:
+    def edited_state(self, state: torch.Tensor, donor: torch.Tensor | None, component: Component) -> torch.Tensor:
         """``state + delta`` for ``state [B, V, K]``, the memory of ``component`` in B prompts; a ``ValueError``
         naming the expected shape when ``delta`` does not have it."""
         if self.delta.shape != state.shape:
@@ -194,7 +199,7 @@ class StateAdd:
 
 
 @dataclass(frozen=True)
-class WriteBlock:
+class WriteBlock(WriteEdit):
     """No write into ``components`` at positions ``span[0] .. span[1] − 1``; decay still applies.
 
     S: β = 0 for the base memory there. R: the residual write ``γ r kᵀ`` (and the delta rule's ``γ k kᵀ``
@@ -208,9 +213,16 @@ class WriteBlock:
         object.__setattr__(self, "components", _components(self.components))
         object.__setattr__(self, "span", _span(self.span))
 
+    def override_writes(self, editor, w, x, i, head, pair, rel) -> None:
+        if pair.memory == "S":
+            w.base_beta[i, rel] = 0
+        else:
+            w.resid_gamma[i, rel] = 0
+            w.resid_r[i, rel], w.resid_r_set[i, rel] = 0, True
+
 
 @dataclass(frozen=True)
-class DonorWrite:
+class DonorWrite(WriteEdit):
     """The write into ``components`` at ``span`` taken from the donor: ``k, v, β`` for S; ``k, γ, r`` for R (the
     donor's own residual target ``r = ρ(v − S_{t−1}k)``). Decay and read-out stay the recipient's.
 
@@ -228,9 +240,34 @@ class DonorWrite:
         object.__setattr__(self, "span", _span(self.span))
         _check_control(self.control)
 
+    @property
+    def recordings(self) -> tuple[str, ...]:
+        return ("donor", "clean") if self.control == "random" else ("donor",)  # the random R write needs clean r
+
+    def override_writes(self, editor, w, x, i, head, pair, rel) -> None:
+        d = {k: v.to(x.q.dtype) for k, v in editor.donor_inputs(pair, head, rel).items()}
+        random = self.control == "random"
+        seed = (self.seed, editor.layer, head, pair.memory, pair.batch)
+        if pair.memory == "S":
+            if random:
+                w.base_v[i, rel] = x.v[i, rel] + write_noise(d["beta"], d["v"], d["k"], x.beta[i, rel], x.v[i, rel],
+                                                              x.k[i, rel], seed)
+            else:
+                w.base_k[i, rel], w.base_v[i, rel], w.base_beta[i, rel] = d["k"], d["v"], d["beta"]
+            return
+        absolute = tuple(p + editor.offset for p in rel)
+        donor_r = editor.sources["donor"].derived(editor.layer, absolute)["r"][pair.batch, head].to(x.q.dtype)
+        if random:
+            clean_r = editor.sources["clean"].derived(editor.layer, absolute)["r"][pair.batch, head].to(x.q.dtype)
+            w.resid_r_shift[i, rel] = write_noise(d["gamma"], donor_r, d["k"], x.gamma[i, rel], clean_r,
+                                                  x.k[i, rel], seed)
+        else:
+            w.resid_k[i, rel], w.resid_gamma[i, rel] = d["k"], d["gamma"]
+            w.resid_r[i, rel], w.resid_r_set[i, rel] = donor_r, True
+
 
 @dataclass(frozen=True)
-class KeyAlign:
+class KeyAlign(WriteEdit):
     """The write keys of ``components`` at ``span`` turned toward (``mode="align"``) or away from
     (``"orthogonal"``) the key the same head wrote with at token ``toward``, each keeping its own norm: the
     write-overlap intervention of Fig. 7 (``"orthogonal"`` is its control). S: the base write key; R: the residual
@@ -252,9 +289,29 @@ class KeyAlign:
         if self.span[0] <= self.toward < self.span[1]:
             raise ValueError(f"toward ({self.toward}) must lie outside span {self.span}")
 
+    def edited_positions(self) -> tuple[int, ...]:
+        return (*range(*self.span), self.toward)
+
+    def override_writes(self, editor, w, x, i, head, pair, rel) -> None:
+        toward = self.toward - editor.offset
+        if not 0 <= toward < x.length:
+            raise ValueError(f"{self!r}: toward and span must fall in one run chunk (before or after `at`)")
+        span = [p for p in rel if p != toward]
+        direction = x.k[i, toward] / x.k[i, toward].norm().clamp_min(1e-12)
+        k = x.k[i, span]
+        if self.mode == "align":
+            new = k.norm(dim=-1, keepdim=True) * direction
+        else:
+            rest = k - (k @ direction)[:, None] * direction
+            new = rest * k.norm(dim=-1, keepdim=True) / rest.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        if pair.memory == "S":
+            w.base_k[i, span] = new
+        else:
+            w.resid_k[i, span] = new
+
 
 @dataclass(frozen=True)
-class OutputPatch:
+class OutputPatch(ReadoutEdit):
     """The components' read-out at ``positions`` taken from the donor run (for RLA / RDN the part of the head's
     read-out that reads S, ``scale·α S_{t−1} q``, or R, ``scale·γ R_t q``).
 
@@ -273,12 +330,13 @@ class OutputPatch:
 
 
 @dataclass(frozen=True)
-class OutputRestore:
+class OutputRestore(ReadoutEdit):
     """The components' read-out at ``positions`` restored to the clean recipient run (undoes what other edits did
     to it)."""
 
     components: tuple[Component, ...]
     positions: tuple[int, ...]
+    source = "clean"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", _components(self.components))
@@ -286,7 +344,7 @@ class OutputRestore:
 
 
 @dataclass(frozen=True)
-class CacheSwap:
+class CacheSwap(CacheEdit):
     """Whole layer caches after tokens ``[0, at)`` replaced by the donor's: ``"recurrent"`` (S and R of every head),
     ``"conv"`` (the short-convolution inputs), ``"kv"`` (attention keys and values). Kinds a layer lacks are
     skipped."""
@@ -294,6 +352,7 @@ class CacheSwap:
     layers: tuple[int, ...]
     at: int
     kinds: tuple[str, ...] = CACHE_KINDS
+    needs_donor_cache = True
 
     def __post_init__(self) -> None:
         _set_at(self)
@@ -304,6 +363,22 @@ class CacheSwap:
             raise ValueError(f"kinds must be a non-empty subset of {CACHE_KINDS}; got {self.kinds!r}")
         object.__setattr__(self, "kinds", tuple(kinds))
 
+    def apply_to_cache(self, cache: LinMemCache, donor: LinMemCache | None, rows: slice) -> None:
+        """Copy the donor's ``kinds`` of each layer's cache into ``rows``."""
+        for layer in self.layers:
+            mine, theirs = cache.layers[layer], donor.layers[layer]
+            if isinstance(mine, AttentionLayerCache):
+                if "kv" in self.kinds:
+                    mine.keys[rows], mine.values[rows] = theirs.keys, theirs.values
+                continue
+            if "recurrent" in self.kinds:
+                mine.base_state[rows] = theirs.base_state
+                if mine.residual_state is not None:
+                    mine.residual_state[rows] = theirs.residual_state
+            if "conv" in self.kinds:
+                for name, state in mine.conv_states.items():
+                    state[rows] = theirs.conv_states[name]
+
 
 def _span(span) -> tuple[int, int]:
     start, end = (int(x) for x in span)
@@ -312,19 +387,23 @@ def _span(span) -> tuple[int, int]:
     return start, end
 
 
-Edit = StateSwap | StateAdd | WriteBlock | DonorWrite | KeyAlign | OutputPatch | OutputRestore | CacheSwap
-CACHE_EDITS = (StateSwap, StateAdd, CacheSwap)
-WRITE_EDITS = (WriteBlock, DonorWrite, KeyAlign)
-READOUT_EDITS = (OutputPatch, OutputRestore)
+def equal_norm_noise(delta: torch.Tensor, seed: tuple, dims: int) -> torch.Tensor:
+    """A Gaussian tensor shaped like ``delta`` whose norm over the last ``dims`` axes equals ``delta``'s there
+    (seeded by ``seed``; same draw on every device)."""
+    generator = torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+    noise = torch.randn(delta.shape, generator=generator, dtype=torch.float64).to(delta)
+    axes = tuple(range(-dims, 0))
+    norm = lambda x: x.pow(2).sum(axes, keepdim=True).sqrt()  # noqa: E731
+    return noise * norm(delta) / norm(noise).clamp_min(1e-30)
 
 
-def edit_positions(edit: Edit) -> tuple[int, ...]:
-    """The token positions a write or read-out edit touches (empty for cache edits)."""
-    if isinstance(edit, KeyAlign):
-        return (*range(*edit.span), edit.toward)
-    if isinstance(edit, WRITE_EDITS):
-        return tuple(range(*edit.span))
-    if isinstance(edit, READOUT_EDITS):
-        return edit.positions
-    return ()
-
+def write_noise(donor_s, donor_v, donor_k, s, v, k, seed: tuple) -> torch.Tensor:
+    """A Gaussian change ``δ [P, V]`` of the written value such that ``s (v + δ) kᵀ`` differs from ``s v kᵀ`` by the
+    Frobenius norm of the donor's change ``s_d v_d k_dᵀ − s v kᵀ``, token by token (``s [P]``, ``v [P, V]``,
+    ``k [P, K]``)."""
+    change = (donor_s[:, None, None] * donor_v[:, :, None] * donor_k[:, None, :]
+              - s[:, None, None] * v[:, :, None] * k[:, None, :])
+    target = change.flatten(1).norm(dim=1)
+    per_unit = (s * k.norm(dim=1)).clamp_min(1e-12)
+    noise = equal_norm_noise(torch.ones_like(v), seed, dims=1)  # unit-norm directions scaled below
+    return noise / noise.norm(dim=1, keepdim=True) * (target / per_unit)[:, None]

@@ -15,7 +15,6 @@ Nothing is written to the model or to the caller's tensors; hooks are removed wh
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,24 +24,11 @@ from torch import nn
 from tqdm import tqdm
 
 from linmem.memory.components import check_component, mixer
-from linmem.memory.edits import (
-    CACHE_EDITS,
-    READOUT_EDITS,
-    WRITE_EDITS,
-    CacheSwap,
-    DonorWrite,
-    Edit,
-    KeyAlign,
-    OutputPatch,
-    OutputRestore,
-    StateAdd,
-    StateSwap,
-    WriteBlock,
-    edit_positions,
-)
-from linmem.memory.recording import Recording, backbone, head_scale, on_model, state_dtype, unembed
+from linmem.memory.edits import Edit
+from linmem.memory.recording import Recording, backbone, head_scale, on_model, record_inputs, unembed
 from linmem.memory.replay import HeadInputs, WriteOverrides, replay
 from linmem.models.cache import AttentionLayerCache, LinMemCache
+from linmem.ops.linear_memory import state_dtype_for
 
 
 @dataclass(frozen=True)
@@ -55,7 +41,7 @@ class PairEdit:
 
     @property
     def positions(self) -> tuple[int, ...]:
-        return edit_positions(self.edit)
+        return self.edit.edited_positions()
 
 
 class Plan:
@@ -66,7 +52,7 @@ class Plan:
         self.by_layer: dict[int, dict[tuple[int, int], list[PairEdit]]] = defaultdict(lambda: defaultdict(list))
         for n, edits in enumerate(edit_sets):
             for edit in edits:
-                if not isinstance(edit, WRITE_EDITS + READOUT_EDITS):
+                if edit.stage == "cache":
                     continue
                 for c in edit.components:
                     for b in range(batch):
@@ -94,11 +80,8 @@ class Sources:
 
     def prepare(self, edit_sets: Sequence[Sequence[Edit]]) -> None:
         """Record every run the edits will need now: a hook cannot start a forward of the model it is in."""
-        edits = [e for es in edit_sets for e in es]
-        if any(isinstance(e, (DonorWrite, OutputPatch)) for e in edits):
-            self["donor"]
-        if any(isinstance(e, OutputRestore) or getattr(e, "control", None) == "random" for e in edits):
-            self["clean"]
+        for name in sorted({run for edits in edit_sets for e in edits for run in e.recordings}):
+            self[name]
 
     def __getitem__(self, name: str) -> Recording:
         if name not in self.records:
@@ -110,7 +93,7 @@ class Sources:
 
 def split_point(edit_sets: Sequence[Sequence[Edit]]) -> int | None:
     """The ``at`` shared by every cache edit (None without cache edits); different ``at`` values raise."""
-    ats = {e.at for edits in edit_sets for e in edits if isinstance(e, CACHE_EDITS)}
+    ats = {e.at for edits in edit_sets for e in edits if e.stage == "cache"}
     if len(ats) > 1:
         raise ValueError(f"all cache edits of one run must share one `at`; got {sorted(ats)}")
     return ats.pop() if ats else None
@@ -124,7 +107,7 @@ def validate(model: nn.Module, edit_sets: Sequence[Sequence[Edit]], length: int)
                 check_component(model, c)
             for layer in getattr(e, "layers", ()):
                 mixer(model, layer)
-            bad = [p for p in edit_positions(e) if p >= length] + ([e.at] if getattr(e, "at", 0) >= length else [])
+            bad = [p for p in e.edited_positions() if p >= length] + ([e.at] if getattr(e, "at", 0) >= length else [])
             if bad:
                 raise ValueError(f"{e!r}: positions {bad} are outside the prompt of {length} tokens")
 
@@ -200,7 +183,7 @@ class SharedPrefix:
         self.model, self.cache, self.hidden, self.donor = model, None, None, None
         if at is None:
             return
-        if any(isinstance(e, (StateSwap, CacheSwap)) for edits in edit_sets for e in edits):
+        if any(e.needs_donor_cache for edits in edit_sets for e in edits):
             if donor_ids is None:
                 raise ValueError("StateSwap / CacheSwap take the donor's cache: pass donor_ids [B, T]")
             self.donor = LinMemCache.from_config(model.config)
@@ -233,8 +216,8 @@ def _split_run(model, recipient_ids, edit_sets, plan, at, positions, sources, sh
         hidden_prefix = forward(model, recipient_ids[:, :at].repeat(rows, 1), cache, plan, (0, at), sources)
     for n, edits in enumerate(edit_sets):
         for e in edits:
-            if isinstance(e, CACHE_EDITS):
-                apply_cache_edit(model, cache, shared.donor, e, slice(n * batch, (n + 1) * batch))
+            if e.stage == "cache":
+                e.apply_to_cache(cache, shared.donor, slice(n * batch, (n + 1) * batch))
     hidden_suffix = forward(model, recipient_ids[:, at:].repeat(rows, 1), cache, plan, (at, length), sources)
     before, after = [p for p in positions if p < at], [p - at for p in positions if p >= at]
     hidden = torch.cat([hidden_prefix[:, before], hidden_suffix[:, after]], dim=1)
@@ -258,47 +241,7 @@ def forward(model, ids, cache, plan: Plan | None, chunk: tuple[int, int], source
 
 def apply_cache_edit(model, cache: LinMemCache, donor: LinMemCache | None, edit: Edit, rows: slice) -> None:
     """Edit the cached states of ``rows`` (one edit set) in place: states of components, or whole layer caches."""
-    if isinstance(edit, CacheSwap):
-        for layer in edit.layers:
-            swap_layer_cache(cache.layers[layer], donor.layers[layer], edit.kinds, rows)
-        return
-    for c in edit.components:
-        name = "base_state" if c.memory == "S" else "residual_state"
-        states = getattr(cache.layers[c.layer], name)
-        current = states[rows, c.head]
-        if isinstance(edit, StateAdd):
-            states[rows, c.head] = edit.added_to(current, c)
-            continue
-        target = getattr(donor.layers[c.layer], name)[:, c.head].to(current)
-        if edit.control == "random":
-            target = current + equal_norm_noise(target - current, (edit.seed, c.layer, c.head, c.memory), dims=2)
-        states[rows, c.head] = target
-
-
-def swap_layer_cache(layer_cache, donor_cache, kinds: tuple[str, ...], rows: slice) -> None:
-    """Copy the donor's ``kinds`` of one layer's cache into ``rows``."""
-    if isinstance(layer_cache, AttentionLayerCache):
-        if "kv" in kinds:
-            layer_cache.keys[rows] = donor_cache.keys
-            layer_cache.values[rows] = donor_cache.values
-        return
-    if "recurrent" in kinds:
-        layer_cache.base_state[rows] = donor_cache.base_state
-        if layer_cache.residual_state is not None:
-            layer_cache.residual_state[rows] = donor_cache.residual_state
-    if "conv" in kinds:
-        for name, state in layer_cache.conv_states.items():
-            state[rows] = donor_cache.conv_states[name]
-
-
-def equal_norm_noise(delta: torch.Tensor, seed: tuple, dims: int) -> torch.Tensor:
-    """A Gaussian tensor shaped like ``delta`` whose norm over the last ``dims`` axes equals ``delta``'s there
-    (seeded by ``seed``; same draw on every device)."""
-    generator = torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
-    noise = torch.randn(delta.shape, generator=generator, dtype=torch.float64).to(delta)
-    axes = tuple(range(-dims, 0))
-    norm = lambda x: x.pow(2).sum(axes, keepdim=True).sqrt()  # noqa: E731
-    return noise * norm(delta) / norm(noise).clamp_min(1e-30)
+    edit.apply_to_cache(cache, donor, rows)
 
 
 class LayerEditor:
@@ -311,6 +254,7 @@ class LayerEditor:
                  sources: Sources):
         self.model, self.layer, self.offset, self.sources = model, layer, offset, sources
         self.mix = mixer(model, layer)
+        self.residual = self.mix.memory.residual
         self.keys = sorted(pairs)
         self.pairs = pairs
         self.captured: dict[str, torch.Tensor] = {}
@@ -319,12 +263,7 @@ class LayerEditor:
 
     def install(self) -> list:
         mix = self.mix
-        handles = [mix.register_forward_pre_hook(self._before, with_kwargs=True)]
-        for name in ("q", "k", "v", "g", "beta", "gamma"):
-            point = getattr(mix, f"hook_{name}", None)
-            if point is not None:
-                handles.append(point.register_forward_hook(
-                    lambda module, args, out, name=name: self.captured.__setitem__(name, out)))
+        handles = [mix.register_forward_pre_hook(self._before, with_kwargs=True), *record_inputs(mix, self.captured)]
         handles.append(mix.hook_state.register_forward_hook(lambda m, a, out: self._replace_state(out, 0)))
         if mix.memory.residual:
             handles.append(mix.hook_residual_state.register_forward_hook(lambda m, a, out: self._replace_state(out, 1)))
@@ -355,11 +294,11 @@ class LayerEditor:
         return new
 
     def _initial_states(self, rows, heads, x: HeadInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        dtype = state_dtype(x.q)
+        dtype = state_dtype_for(x.q.dtype)
         zeros = x.v.new_zeros(len(rows), x.v.shape[-1], x.k.shape[-1], dtype=dtype)
         pick = lambda s: zeros.clone() if s is None else s[rows, heads].to(dtype)  # noqa: E731
         base = pick(self.initial[0])
-        return base, pick(self.initial[1]) if self.mix.memory.residual else None
+        return base, pick(self.initial[1]) if self.residual else None
 
     def _relative(self, edit: PairEdit, length: int) -> list[int]:
         return [p - self.offset for p in edit.positions if self.offset <= p < self.offset + length]
@@ -371,106 +310,23 @@ class LayerEditor:
         x = x.map(lambda y: y.to(initial[0].dtype))
         overrides, special = WriteOverrides.none(x), set()
         for i, key in enumerate(self.keys):
-            for edit in self.pairs[key]:
-                rel = self._relative(edit, x.length)
+            for pair in self.pairs[key]:
+                rel = self._relative(pair, x.length)
                 special.update(rel)
-                if isinstance(edit.edit, WRITE_EDITS):
-                    self._override(overrides, x, i, key[1], edit, rel)
+                if pair.edit.stage == "write":
+                    pair.edit.override_writes(self, overrides, x, i, key[1], pair, rel)
         out = replay(x, self.mix.memory, head_scale(self.mix), initial, sorted(special), overrides, self.mix.backend)
         for i, key in enumerate(self.keys):
-            for edit in self.pairs[key]:
-                if isinstance(edit.edit, READOUT_EDITS):
-                    self._patch_readout(out, i, key[1], edit, self._relative(edit, x.length))
+            for pair in self.pairs[key]:
+                if pair.edit.stage == "readout":
+                    pair.edit.patch_readout(self, out, i, key[1], pair, self._relative(pair, x.length))
         return out
 
-    def _donor_inputs(self, edit: PairEdit, head: int, rel: list[int]) -> dict[str, torch.Tensor]:
+    def donor_inputs(self, pair: PairEdit, head: int, rel: list[int]) -> dict[str, torch.Tensor]:
+        """The donor's write inputs ``k, v, beta`` (and ``gamma``) of ``pair`` and ``head`` at the chunk's tokens
+        ``rel``: ``[P, ...]`` each."""
         record = self.sources["donor"]
-        b, h = torch.tensor([edit.batch]), torch.tensor([head])
+        b, h = torch.tensor([pair.batch]), torch.tensor([head])
         absolute = [p + self.offset for p in rel]
-        names = ("k", "v", "beta", "gamma") if self.mix.memory.residual else ("k", "v", "beta")
+        names = ("k", "v", "beta", "gamma") if self.residual else ("k", "v", "beta")
         return {name: record.at(self.layer, name, b, absolute, h)[0] for name in names}
-
-    def _override(self, w: WriteOverrides, x: HeadInputs, i: int, head: int, edit: PairEdit, rel: list[int]):
-        """Set the writes of pair ``i`` at tokens ``rel`` for a ``WriteBlock``, ``DonorWrite`` or ``KeyAlign``."""
-        if isinstance(edit.edit, KeyAlign):
-            self._align(w, x, i, edit, rel)
-            return
-        if isinstance(edit.edit, WriteBlock):
-            if edit.memory == "S":
-                w.base_beta[i, rel] = 0
-            else:
-                w.resid_gamma[i, rel] = 0
-                w.resid_r[i, rel], w.resid_r_set[i, rel] = 0, True
-            return
-        d = {k: v.to(x.q.dtype) for k, v in self._donor_inputs(edit, head, rel).items()}
-        random = edit.edit.control == "random"
-        seed = (edit.edit.seed, self.layer, head, edit.memory, edit.batch)
-        if edit.memory == "S":
-            if random:
-                w.base_v[i, rel] = x.v[i, rel] + write_noise(d["beta"], d["v"], d["k"], x.beta[i, rel], x.v[i, rel],
-                                                              x.k[i, rel], seed)
-            else:
-                w.base_k[i, rel], w.base_v[i, rel], w.base_beta[i, rel] = d["k"], d["v"], d["beta"]
-            return
-        absolute = tuple(p + self.offset for p in rel)
-        donor_r = self.sources["donor"].derived(self.layer, absolute)["r"][edit.batch, head].to(x.q.dtype)
-        if random:
-            clean_r = self.sources["clean"].derived(self.layer, absolute)["r"][edit.batch, head].to(x.q.dtype)
-            w.resid_r_shift[i, rel] = write_noise(d["gamma"], donor_r, d["k"], x.gamma[i, rel], clean_r,
-                                                  x.k[i, rel], seed)
-        else:
-            w.resid_k[i, rel], w.resid_gamma[i, rel] = d["k"], d["gamma"]
-            w.resid_r[i, rel], w.resid_r_set[i, rel] = donor_r, True
-
-    def _align(self, w: WriteOverrides, x: HeadInputs, i: int, edit: PairEdit, rel: list[int]) -> None:
-        toward = edit.edit.toward - self.offset
-        if not 0 <= toward < x.length:
-            raise ValueError(f"{edit.edit!r}: toward and span must fall in one run chunk (before or after `at`)")
-        span = [p for p in rel if p != toward]
-        direction = x.k[i, toward] / x.k[i, toward].norm().clamp_min(1e-12)
-        k = x.k[i, span]
-        if edit.edit.mode == "align":
-            new = k.norm(dim=-1, keepdim=True) * direction
-        else:
-            rest = k - (k @ direction)[:, None] * direction
-            new = rest * k.norm(dim=-1, keepdim=True) / rest.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        if edit.memory == "S":
-            w.base_k[i, span] = new
-        else:
-            w.resid_k[i, span] = new
-
-    def _patch_readout(self, out, i: int, head: int, edit: PairEdit, rel: list[int]) -> None:
-        """Replace pair ``i``'s read-out part of ``edit.memory`` at ``rel`` in ``out.o`` (and ``out.base_read``)."""
-        source = "donor" if isinstance(edit.edit, OutputPatch) else "clean"
-        derived = self.sources[source].derived(self.layer, tuple(p + self.offset for p in rel))
-        src_o = derived["o"][edit.batch, head].to(out.o.dtype)
-        src_base = derived["base_read"][edit.batch, head].to(out.o.dtype)
-        residual = self.mix.memory.residual
-        if not residual:
-            current, target = out.o[i, rel], src_o
-        elif edit.memory == "S":
-            current, target = out.base_read[i, rel], src_base
-        else:
-            current, target = out.o[i, rel] - out.base_read[i, rel], src_o - src_base
-        if getattr(edit.edit, "control", "donor") == "random":
-            target = current + equal_norm_noise(target - current, (edit.edit.seed, self.layer, head, edit.memory,
-                                                                   edit.batch), dims=2)
-        if not residual:
-            out.o[i, rel] = target
-        elif edit.memory == "S":
-            out.o[i, rel] = out.o[i, rel] + target - current
-            out.base_read[i, rel] = target
-        else:
-            out.o[i, rel] = out.base_read[i, rel] + target
-
-
-def write_noise(donor_s, donor_v, donor_k, s, v, k, seed: tuple) -> torch.Tensor:
-    """A Gaussian change ``δ [P, V]`` of the written value such that ``s (v + δ) kᵀ`` differs from ``s v kᵀ`` by the
-    Frobenius norm of the donor's change ``s_d v_d k_dᵀ − s v kᵀ``, token by token (``s [P]``, ``v [P, V]``,
-    ``k [P, K]``)."""
-    change = (donor_s[:, None, None] * donor_v[:, :, None] * donor_k[:, None, :]
-              - s[:, None, None] * v[:, :, None] * k[:, None, :])
-    target = change.flatten(1).norm(dim=1)
-    per_unit = (s * k.norm(dim=1)).clamp_min(1e-12)
-    noise = equal_norm_noise(torch.ones_like(v), seed, dims=1)  # unit-norm directions scaled below
-    return noise / noise.norm(dim=1, keepdim=True) * (target / per_unit)[:, None]

@@ -12,21 +12,25 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
+from linmem.layers.hooks import HOOK_INPUTS
 from linmem.memory.components import blocks, mixer, recurrent_layers
 from linmem.memory.replay import HeadInputs, replay
-
-INPUT_NAMES = ("q", "k", "v", "g", "beta", "gamma")
-
-
-def state_dtype(x: torch.Tensor) -> torch.dtype:
-    """The op's state dtype for inputs of ``x``'s dtype (float64 stays, anything else float32)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+from linmem.ops.linear_memory import state_dtype_for
 
 
 def head_scale(mix: nn.Module) -> float:
     """The read-out scale the layer's op uses (``K**-0.5``)."""
     return mix.head_k_dim ** -0.5
+
+
+def record_inputs(mix: nn.Module, store: dict[str, torch.Tensor]) -> list[RemovableHandle]:
+    """Hooks that store what each of the mixer's ``HOOK_INPUTS`` points carries into ``store[name]``; the caller
+    removes the returned handles."""
+    points = [(name, getattr(mix, f"hook_{name}", None)) for name in HOOK_INPUTS]
+    return [point.register_forward_hook(lambda module, args, out, name=name: store.__setitem__(name, out))
+            for name, point in points if point is not None]
 
 
 @contextmanager
@@ -35,12 +39,7 @@ def capture(model: nn.Module, layer_ids: list[int], stores: dict[int, dict[str, 
     handles = []
     try:
         for layer in layer_ids:
-            store = stores.setdefault(layer, {})
-            for name in INPUT_NAMES:
-                point = getattr(mixer(model, layer), f"hook_{name}", None)
-                if point is not None:
-                    handles.append(point.register_forward_hook(
-                        lambda module, args, out, name=name, store=store: store.__setitem__(name, out)))
+            handles += record_inputs(mixer(model, layer), stores.setdefault(layer, {}))
         yield stores
     finally:
         for handle in handles:
@@ -106,7 +105,7 @@ class Recording:
         rows = torch.arange(batch).repeat_interleave(heads)
         head_ids = torch.arange(heads).repeat(batch)
         x = HeadInputs.gather(captured, rows, head_ids)
-        dtype = state_dtype(x.q)
+        dtype = state_dtype_for(x.q.dtype)
         zeros = x.v.new_zeros(len(rows), x.v.shape[-1], x.k.shape[-1], dtype=dtype)
         initial = (zeros, zeros.clone() if mix.memory.residual else None)
         out = replay(x, mix.memory, head_scale(mix), initial, sorted(set(positions)), backend=mix.backend)

@@ -14,35 +14,27 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from linmem.layers.hooks import HOOK_INPUTS
 from linmem.ops import MemoryConfig, linear_memory
+from linmem.ops.backend import MemoryInputs
 from linmem.ops.step import decay_state, read, rho, write
 
 
-@dataclass
-class HeadInputs:
+class HeadInputs(MemoryInputs):
     """The op's inputs for ``n`` single heads: ``q, k [n, T, K]``, ``v [n, T, V]``, ``g [n, T]`` (or ``[n, T, K]``
     per key channel), ``beta [n, T]``, ``gamma [n, T]`` (None without a residual memory)."""
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    gamma: torch.Tensor | None = None
+    __slots__ = ()
 
     @property
     def length(self) -> int:
         return self.q.shape[1]
 
-    def map(self, fn) -> HeadInputs:
-        return HeadInputs(*(None if x is None else fn(x) for x in (self.q, self.k, self.v, self.g, self.beta,
-                                                                     self.gamma)))
-
     @classmethod
     def gather(cls, captured: dict[str, torch.Tensor], rows: torch.Tensor, heads: torch.Tensor) -> HeadInputs:
         """Pick ``(rows[i], heads[i])`` out of a layer's hook tensors ``[B, T, H, ...]``."""
         pick = lambda x: None if x is None else x[rows, :, heads]  # noqa: E731  [n, T, ...]
-        return cls(*(pick(captured.get(name)) for name in ("q", "k", "v", "g", "beta", "gamma")))
+        return cls(*(pick(captured.get(name)) for name in HOOK_INPUTS))
 
 
 @dataclass
@@ -115,8 +107,8 @@ def _run_op(x: HeadInputs, a: int, b: int, base, resid, config: MemoryConfig, sc
     """The op over tokens ``[a, b)`` for single heads; returns ``o [n, b − a, V]`` and the final states."""
     span = x.map(lambda y: y[:, a:b].unsqueeze(2))
     initial = (base.unsqueeze(1), resid.unsqueeze(1)) if config.residual else base.unsqueeze(1)
-    o, final = linear_memory(span.q, span.k, span.v, span.g, span.beta, span.gamma, memory=config, scale=scale,
-                             initial_state=initial, output_final_state=True, backend=backend)
+    o, final = linear_memory(*span, memory=config, scale=scale, initial_state=initial, output_final_state=True,
+                             backend=backend)
     if config.residual:
         return o[:, :, 0], final[0][:, 0], final[1][:, 0]
     return o[:, :, 0], final[:, 0], None
