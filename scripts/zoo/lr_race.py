@@ -130,11 +130,12 @@ def resolved_text(path: Path) -> str:
 def launch(entry: Entry, python: str, configs_dir: Path, configs: Path) -> None:
     config = configs / f"{entry.label}.yaml"
     config.write_text(variant(resolved_text(configs_dir / f"{entry.name}.yaml"), lr=entry.lr, seed=entry.seed))
-    entry.folder.mkdir(parents=True, exist_ok=True)
+    entry.folder.parent.mkdir(parents=True, exist_ok=True)
+    resume = ["--resume"] if entry.folder.is_dir() else []  # an interrupted race continues its runs
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(entry.folder.parent / f"{entry.label}.log", "ab") as log:  # the child keeps its own copy of the handle
         entry.process = subprocess.Popen([python, "-m", "linmem.cli", "train", str(config), "--out",
-                                          str(entry.folder), "--resume", "--no-progress"],
+                                          str(entry.folder), *resume, "--no-progress"],
                                          stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
