@@ -12,10 +12,7 @@ def _subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6,
               **options):
     """``(figure, axes)`` like ``pyplot.subplots``, but a bare ``Figure`` that pyplot does not track: experiments
     run in loops would otherwise pile up open figures (and warnings) until the process ends."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError("the memory lab's figures need matplotlib (a base dependency): pip install matplotlib") from None
+    from matplotlib.figure import Figure
     fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(nrows, ncols, **options)
 
