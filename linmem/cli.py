@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("linmem.eval.commands", "evaluate a model folder: perplexity, cloze, MQAR, NIAH, stability, recall"),
     "probe": ("linmem.memory.commands", "memory lab: how a model writes, keeps and reads a fact (report.html)"),
     "zoo": ("linmem.zoo.commands", "the shipped model zoo: list it, or evaluate and package trained runs"),
+    "study": ("linmem.study.commands", "train and evaluate models under one recipe, 3+ seeds each: tables with CIs"),
     "demo": ("linmem.demo", "evaluate the shipped models and probe one of them on this CPU (report.html)"),
     "export": ("linmem.train.export", "a training checkpoint (full or FSDP2-sharded) as a from_pretrained folder"),
     "params": ("linmem.train.params", "parameter count of a training config's model (meta device, no memory)"),

@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"memory"},
     {"eval"},
     {"train"},
-    {"zoo"},
+    {"zoo", "study"},
     {"bench", "demo"},
     {"cli", "linmem"},
 ]

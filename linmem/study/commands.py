@@ -1,0 +1,46 @@
+"""``linmem study STUDY.yaml --out DIR [--seeds 0,1,2] [--only MODEL ...] [--device D] [--report-only]``.
+
+Trains and evaluates every (model, seed) of the study not yet finished in ``--out`` (an interrupted one resumes),
+then rebuilds ``--out/tables`` from the run folder; ``--report-only`` only rebuilds the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from linmem.study.definition import load_study
+from linmem.study.runs import check_study_folder, parse_seeds, run_study
+from linmem.study.tables import write_tables
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="study file (YAML: recipe, models, seeds, eval, compare)")
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/study/NAME)")
+    parser.add_argument("--seeds", default=None, help="comma-separated subset of the study's seeds to run "
+                        "(default: all; the tables always cover every seed and say which are missing)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="MODEL", help="run only these models")
+    parser.add_argument("--device", default="auto", help="training and evaluation device (auto, cpu, cuda)")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the tables from --out, run nothing")
+    parser.add_argument("--no-figures", action="store_true", help="tables without figures")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    study = load_study(args.config)
+    out = args.out or Path("runs") / "study" / study.name
+    seeds = parse_seeds(args.seeds, study)
+    if args.report_only:
+        if not out.is_dir():
+            raise FileNotFoundError(f"--report-only: no run folder at {out}")
+        check_study_folder(out, study)
+    else:
+        progress = run_study(study, out, seeds, args.only, args.device, not args.no_progress)
+        print(f"{len(progress.done)} run(s) trained and evaluated, {len(progress.skipped)} already finished")
+        if progress.interrupted:
+            model, seed = progress.interrupted
+            print(f"stopped during {model} seed {seed}: its checkpoint is written; run the same command to resume")
+    folder = write_tables(study, out, figures=not args.no_figures)
+    print(f"tables in {folder / 'results.md'}")
+    return 130 if not args.report_only and progress.interrupted else 0

@@ -1,0 +1,176 @@
+"""The study's figures (PNG): per-metric model comparison, MQAR by pairs, NIAH by length, training loss curves,
+per-layer activation norms and the paired differences.
+
+Compared sizes (accuracies, perplexities, norms) sit on axes from zero, accuracies on one 0-1 scale; every seed is
+drawn as a dot beside the mean and its seed interval, so that a reader sees the spread the interval summarises.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linmem.study.definition import Study
+from linmem.study.runs import read_items, run_dir, training_log
+
+HEADLINE = ("test_ppl", "cloze", "mqar", "niah", "norm", "train_loss")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path.name
+
+
+def _models_with(tables: dict[str, Any], metric: str) -> list[str]:
+    return [m for m, e in tables["models"].items() if metric in e["metrics"]]
+
+
+def metric_panels(tables: dict[str, Any], path: Path) -> str | None:
+    """One panel per headline metric: a bar per model (mean over seeds, from zero), seed interval, seed dots."""
+    names = [n for n in HEADLINE if n in tables["metrics"] and _models_with(tables, n)]
+    if not names:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        models = _models_with(tables, name)
+        rows = [tables["models"][m]["metrics"][name] for m in models]
+        x = np.arange(len(models))
+        means = [r["seed_bootstrap"]["mean"] for r in rows]
+        low = [r["seed_bootstrap"]["mean"] - r["seed_bootstrap"]["low"] for r in rows]
+        high = [r["seed_bootstrap"]["high"] - r["seed_bootstrap"]["mean"] for r in rows]
+        ax.bar(x, means, color="#9db4d0", yerr=[low, high], capsize=3)
+        for i, r in enumerate(rows):
+            seeds = [v["mean"] for v in r["seeds"].values()]
+            ax.plot(np.full(len(seeds), i) + np.linspace(-0.15, 0.15, len(seeds)), seeds, "o", color="#1f3b5c",
+                    markersize=3)
+        ax.set_xticks(x, models, rotation=60, ha="right", fontsize=7)
+        info = tables["metrics"][name]
+        ax.set_title(f"{name} ({'higher' if info['higher_is_better'] else 'lower'} is better)", fontsize=8)
+        ax.set_ylim(0, 1.0 if name in ("cloze", "mqar", "niah") else None)
+        ax.set_ylim(bottom=0)
+    return _save(plt, fig, path)
+
+
+def curve_panel(tables: dict[str, Any], prefix: str, keys: list, xlabel: str, path: Path, title: str) -> str | None:
+    """Accuracy against ``keys`` (``prefix@key`` metrics): one line per model with its seed interval, y in [0, 1]."""
+    models = [m for m in tables["models"] if any(f"{prefix}@{k}" in tables["models"][m]["metrics"] for k in keys)]
+    if not models:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for model in models:
+        rows = [(k, tables["models"][model]["metrics"].get(f"{prefix}@{k}")) for k in keys]
+        rows = [(k, r["seed_bootstrap"]) for k, r in rows if r is not None]
+        x = [float(k) for k, _ in rows]
+        ax.plot(x, [e["mean"] for _, e in rows], "o-", label=model, markersize=3)
+        ax.fill_between(x, [e["low"] for _, e in rows], [e["high"] for _, e in rows], alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy (mean over seeds, seed CI)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def loss_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
+    """Training loss against tokens: per model the mean over its finished seeds (their range shaded)."""
+    plt = _pyplot()
+    fig, ax, drawn = None, None, False
+    for model, entry in tables["models"].items():
+        logs = [training_log(run_dir(out, model, s)) for s in entry["seeds"]]
+        logs = [[r for r in log if r.get("loss") is not None] for log in logs]
+        logs = [log for log in logs if log]
+        if not logs:
+            continue
+        if fig is None:
+            fig, ax = plt.subplots(figsize=(6, 3.8))
+        length = min(len(log) for log in logs)
+        tokens = np.array([r["tokens"] for r in logs[0][:length]], dtype=float)
+        losses = np.array([[r["loss"] for r in log[:length]] for log in logs])
+        window = max(1, length // 50)
+        kernel = np.ones(window) / window
+        smooth = np.stack([np.convolve(row, kernel, mode="valid") for row in losses])
+        x = tokens[window - 1:]
+        ax.plot(x, smooth.mean(0), label=f"{model} ({len(logs)} seeds)")
+        ax.fill_between(x, smooth.min(0), smooth.max(0), alpha=0.15)
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("training loss (moving mean)")
+    ax.set_title("training loss (seed range shaded)", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def layer_norms(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
+    """Mean mixer-output norm per layer (mean over seeds) per model, from zero: the RLA paper's Fig. 4a."""
+    series = {}
+    for model, entry in tables["models"].items():
+        rows = [read_items(out, model, s).get("eval_tables", {}).get("stability") for s in entry["seeds"]]
+        rows = [r for r in rows if r]
+        if rows:
+            series[model] = np.mean([[layer["output_norm_mean"] for layer in r] for r in rows], axis=0)
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for model, norms in series.items():
+        ax.plot(np.arange(len(norms)), norms, "o-", label=model, markersize=3)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean mixer-output L2 norm")
+    ax.set_title("activation norms per layer (mean over seeds)", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def differences(tables: dict[str, Any], path: Path) -> str | None:
+    """The paired differences A - B with their intervals, one panel per metric (one x scale within a metric)."""
+    by_metric: dict[str, list[dict[str, Any]]] = {}
+    for c in tables["comparisons"]:
+        if c["metric"] in HEADLINE or c["metric"] == "test_loss":
+            by_metric.setdefault(c["metric"], []).append(c)
+    if not by_metric:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(by_metric), figsize=(3.4 * len(by_metric), 0.4 * max(
+        len(v) for v in by_metric.values()) + 1.6), squeeze=False)
+    for ax, (metric, rows) in zip(axes[0], by_metric.items()):
+        y = np.arange(len(rows))
+        d = [r["difference"] for r in rows]
+        ax.errorbar([e["mean"] for e in d], y, xerr=[[e["mean"] - e["low"] for e in d],
+                                                     [e["high"] - e["mean"] for e in d]], fmt="o", capsize=3)
+        ax.axvline(0, color="grey", linewidth=0.8)
+        ax.set_yticks(y, [f"{r['a']} - {r['b']}" for r in rows], fontsize=7)
+        ax.set_title(f"{metric}: A - B", fontsize=8)
+    return _save(plt, fig, path)
+
+
+def draw_figures(tables: dict[str, Any], study: Study, out: Path, folder: Path) -> dict[str, str]:
+    """Every figure the tables support, written into ``folder``; ``{name: file name}``."""
+    o = study.eval_options
+    pairs = sorted({int(n.split("@")[1]) for n in tables["metrics"] if n.startswith("mqar@")})
+    made = {"metrics": metric_panels(tables, folder / "metrics.png"),
+            "mqar": curve_panel(tables, "mqar", pairs, "key-value pairs", folder / "mqar.png", "MQAR by pairs"),
+            "niah": curve_panel(tables, "niah", list(o.niah_lengths), "context length (tokens)",
+                                folder / "niah.png", "NIAH by length (mean over depths)"),
+            "loss_curves": loss_curves(study, out, tables, folder / "loss_curves.png"),
+            "norms": layer_norms(study, out, tables, folder / "norms.png"),
+            "differences": differences(tables, folder / "differences.png")}
+    return {k: v for k, v in made.items() if v}
