@@ -34,6 +34,17 @@ def _save(plt, fig, path: Path) -> str:
     return path.name
 
 
+def _grid(plt, panels: int, width: float, height: float):
+    """A figure of ``panels`` axes, at most three per row; unused axes hidden. Returns (figure, axes list)."""
+    columns = min(3, panels)
+    rows = -(-panels // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    return fig, flat[:panels]
+
+
 def _models_with(tables: dict[str, Any], metric: str) -> list[str]:
     return [m for m, e in tables["models"].items() if metric in e["metrics"]]
 
@@ -44,8 +55,8 @@ def metric_panels(tables: dict[str, Any], path: Path) -> str | None:
     if not names:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    fig, axes = _grid(plt, len(names), 0.35 * max(len(tables["models"]), 6) + 1.2, 3.8)
+    for ax, name in zip(axes, names):
         models = _models_with(tables, name)
         rows = [tables["models"][m]["metrics"][name] for m in models]
         x = np.arange(len(models))
@@ -149,9 +160,8 @@ def differences(tables: dict[str, Any], path: Path) -> str | None:
     if not by_metric:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(by_metric), figsize=(3.4 * len(by_metric), 0.4 * max(
-        len(v) for v in by_metric.values()) + 1.6), squeeze=False)
-    for ax, (metric, rows) in zip(axes[0], by_metric.items()):
+    fig, axes = _grid(plt, len(by_metric), 4.2, 0.35 * max(len(v) for v in by_metric.values()) + 1.6)
+    for ax, (metric, rows) in zip(axes, by_metric.items()):
         y = np.arange(len(rows))
         d = [r["difference"] for r in rows]
         ax.errorbar([e["mean"] for e in d], y, xerr=[[e["mean"] - e["low"] for e in d],

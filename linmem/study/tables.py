@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from linmem.io.atomic import atomic_write, write_json_atomic
-from linmem.study.definition import Study
+from linmem.study.definition import WHOLE_SPLIT, Study
 from linmem.study.estimates import ItemSet, Measurement, identity, item_estimate, paired_difference, seed_estimate
 from linmem.study.figures import draw_figures
 from linmem.study.runs import read_items, run_dir, training_log
@@ -178,8 +178,9 @@ def markdown(tables: dict[str, Any]) -> str:
     if tables["description"]:
         lines += [tables["description"], ""]
     options = tables["eval"]["options"]
+    size = "the whole split" if options["max_tokens"] >= WHOLE_SPLIT else f"its first {options['max_tokens']:,} tokens"
     lines += [f"Seeds {tables['seeds']}, every seed reported. Evaluation: tasks {', '.join(tables['tasks'])} on the "
-              f"`{options['split']}` split (max_tokens {options['max_tokens']}), the same settings for every run. "
+              f"`{options['split']}` split ({size} for perplexity), the same settings for every run. "
               "Model rows: mean over seeds [seed-bootstrap 95% CI]; seed columns: the seed's value [item-bootstrap "
               "95% CI over test items]. With 3 seeds the seed interval cannot leave the seeds' range.", ""]
     missing = [f"{m}: seeds {e['missing_seeds']}" for m, e in tables["models"].items() if e["missing_seeds"]]

@@ -1,0 +1,191 @@
+"""linmem study: the one-recipe check refuses by key, the bootstrap estimates against float64 references, and a tiny
+study end to end (2 models x 3 seeds: tables with every seed, intervals around their values, a resumed interrupted
+run, finished runs skipped, --report-only byte for byte)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from linmem.cli import main
+from linmem.io.folders import prepare_output_folder
+from linmem.study.definition import load_study, resolve_model
+from linmem.study.estimates import ItemSet, item_estimate, paired_difference, seed_estimate
+from linmem.study.runs import run_dir
+from linmem.train.trainer import train
+from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def write_model_config(folder: Path, name: str, mixer: str, **sections) -> Path:
+    """A tiny training config of ``mixer`` (``TINY``'s model; the study's recipe supplies data, optim, train)."""
+    config = {"name": name, "model": {**copy.deepcopy(TINY["model"]), "mixer": mixer},
+              "optim": {"lr": 3e-3, "min_lr": 3e-4}, **sections}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def write_study(folder: Path, dataset: Path, models: list[dict], **changes) -> Path:
+    study = {
+        "name": "tiny-study",
+        "seeds": [0, 1, 2],
+        "recipe": {"data": {"dir": str(dataset), "seq_len": 32, "recall_fraction": 0.25,
+                            "recall": [{"name": "mqar", "num_kv_pairs": 4}]},
+                   "optim": {"warmup_steps": 1},
+                   "train": {"steps": 3, "batch_size": 4, "eval_interval": 3, "eval_tokens": 256,
+                             "eval_recall_samples": 4, "checkpoint_interval": 1, "progress": False, "device": "cpu"}},
+        "eval": {"tasks": ["ppl", "mqar", "niah", "stability"],
+                 "options": {"max_tokens": "all", "batch_size": 16, "mqar_pairs": [2, 4], "mqar_samples": 8,
+                             "niah_lengths": [96, 128], "niah_depths": [0.0, 1.0], "niah_samples": 3,
+                             "stability_windows": 2}},
+        "models": models,
+        "compare": [[models[1]["name"], models[0]["name"]]],
+        **changes,
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def configs(dataset, tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("configs")
+    return write_model_config(folder, "gdn", "gdn"), write_model_config(folder, "rla", "rla")
+
+
+def two_models(configs) -> list[dict]:
+    return [{"name": "gdn", "config": str(configs[0])}, {"name": "rla", "config": str(configs[1])}]
+
+
+# ---------------------------------------------------------------- the one recipe
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"set": {"optim.weight_decay": 0.0}}, r"model bad .*optim\.weight_decay = 0\.0, recipe 0\.1"),
+    ({"set": {"train.steps": 4}}, r"train\.steps = 4, recipe 3"),
+    ({"data": {"split_documents": True}}, r"data\.split_documents = True, recipe False"),
+])
+def test_a_model_off_the_recipe_is_refused(dataset, configs, tmp_path, change, error):
+    bad = write_model_config(tmp_path, "bad", "gdn", **({"data": change["data"]} if "data" in change else {}))
+    entry = {"name": "bad", "config": str(bad), **({"set": change["set"]} if "set" in change else {})}
+    with pytest.raises(ValueError, match=error):
+        load_study(write_study(tmp_path, dataset, [*two_models(configs), entry]))
+
+
+def test_per_model_learning_rate_and_neutral_keys_pass(dataset, configs, tmp_path):
+    entry = {"name": "fast", "config": str(configs[0]),
+             "set": {"optim.lr": 5e-3, "optim.min_lr": 5e-4, "train.micro_batch_size": 2}}
+    study = load_study(write_study(tmp_path, dataset, [*two_models(configs), entry]))
+    config = resolve_model(study, study.model("fast"), 2)
+    assert (config.optim.lr, config.train.seed, config.train.steps) == (5e-3, 2, 3)
+
+
+@pytest.mark.parametrize("changes, error", [
+    ({"seeds": [0, 1]}, r"at least 3 seeds"),
+    ({"per_model": ["data.seq_len"]}, r"per_model may list only"),
+    ({"eval": {"options": {"max_tokns": 5}}}, r"unknown key eval\.options\.max_tokns"),
+    ({"compare": [["gdn", "nope"]]}, r"no model 'nope'"),
+])
+def test_study_file_errors_name_the_key(dataset, configs, tmp_path, changes, error):
+    with pytest.raises(ValueError, match=error):
+        load_study(write_study(tmp_path, dataset, two_models(configs), **changes))
+
+
+def test_a_recipe_may_not_state_a_per_model_key(dataset, configs, tmp_path):
+    path = write_study(tmp_path, dataset, two_models(configs))
+    raw = yaml.safe_load(path.read_text())
+    raw["recipe"]["optim"]["lr"] = 1e-3
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"recipe states optim\.lr"):
+        load_study(path)
+
+
+# ---------------------------------------------------------------- estimates
+
+
+def test_item_estimate_matches_a_float64_reference():
+    rng = np.random.default_rng()
+    groups = np.repeat(["a", "b", "c"], 40)
+    num, den = rng.random(120) * 5, rng.integers(1, 4, 120).astype(float)
+    units = [f"u{i // 2}" for i in range(120)]  # two items per unit
+    items = ItemSet.from_columns(units, groups, num, den)
+    reference = np.mean([num[groups == g].sum() / den[groups == g].sum() for g in "abc"])
+    estimate = item_estimate(items)
+    assert estimate.mean == pytest.approx(reference, rel=1e-12)
+    assert estimate.low < estimate.mean < estimate.high and (estimate.n, estimate.sources) == (120, 60)
+    assert item_estimate(items, np.exp).mean == pytest.approx(np.exp(reference), rel=1e-12)
+
+
+def test_seed_estimate_is_the_mean_of_the_seeds():
+    values = dict(enumerate(np.random.default_rng().random(4)))
+    estimate = seed_estimate(values)
+    assert estimate.mean == pytest.approx(np.mean(list(values.values())), rel=1e-12)
+    assert min(values.values()) <= estimate.low <= estimate.high <= max(values.values())
+
+
+def test_paired_difference_finds_a_shift_and_not_a_tie():
+    rng = np.random.default_rng()
+
+    def seed_items(shift: float) -> ItemSet:
+        num = rng.normal(1.0 + shift, 0.2, 400)
+        return ItemSet.from_columns([f"w{i}" for i in range(400)], ["all"] * 400, num, np.ones(400))
+
+    a = {s: seed_items(0.3) for s in range(3)}
+    b = {s: seed_items(0.0) for s in range(3)}
+    shift = paired_difference(a, b)
+    reference = np.mean([a[s].value() - b[s].value() for s in range(3)])
+    assert shift.mean == pytest.approx(reference, rel=1e-12) and shift.low > 0.2 and shift.high < 0.4
+    same = paired_difference(a, a)
+    assert (same.mean, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_tiny_study_end_to_end(dataset, configs, tmp_path):
+    path = write_study(tmp_path, dataset, two_models(configs))
+    out = tmp_path / "out"
+    study = load_study(path)
+    prepare_output_folder(out, overwrite=False, kind="study")
+    interrupted = run_dir(out, "gdn", 1)  # a run of the study stopped after 1 of its 3 updates
+    train(resolve_model(study, study.model("gdn"), 1), interrupted, max_steps=1)
+
+    assert main(["study", str(path), "--out", str(out), "--no-progress"]) == 0
+    steps = [json.loads(line)["step"] for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]  # resumed, not restarted
+    assert json.loads((interrupted / "model" / "train_info.json").read_text())["steps"] == 3
+    tables = json.loads((out / "tables" / "results.json").read_text())
+    for model in ("gdn", "rla"):
+        entry = tables["models"][model]
+        assert entry["seeds"] == [0, 1, 2] and entry["missing_seeds"] == []
+        assert all(abs(d) < 1e-6 for s in entry["agreement"].values() for d in s.values()), entry["agreement"]
+        for name in ("test_loss", "test_ppl", "mqar", "mqar@2", "niah", "norm", "train_loss"):
+            metric = entry["metrics"][name]
+            seeds = [metric["seeds"][str(s)]["mean"] for s in (0, 1, 2)]
+            assert metric["seed_bootstrap"]["mean"] == pytest.approx(np.mean(seeds), rel=1e-5)
+            assert metric["seed_bootstrap"]["low"] <= metric["seed_bootstrap"]["mean"] <= \
+                metric["seed_bootstrap"]["high"]
+            for value in metric["seeds"].values():
+                if value["low"] is not None:
+                    assert value["low"] <= value["mean"] <= value["high"]
+    assert entry["metrics"]["test_ppl"]["seeds"]["0"]["mean"] == pytest.approx(
+        np.exp(entry["metrics"]["test_loss"]["seeds"]["0"]["mean"]), rel=1e-5)
+    compared = {c["metric"] for c in tables["comparisons"]}
+    assert {"test_loss", "mqar", "niah"} <= compared
+    assert {"metrics", "mqar", "loss_curves", "norms", "differences"} <= set(tables["figures"])
+    markdown = (out / "tables" / "results.md").read_text()
+    assert "| rla | gdn | test_loss |" in markdown
+
+    before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/items.json")}
+    saved = {name: (out / "tables" / name).read_bytes() for name in ("results.json", "results.md")}
+    assert main(["study", str(path), "--out", str(out), "--no-progress"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/items.json")} == before  # finished runs skipped
+    assert main(["study", str(path), "--out", str(out), "--report-only", "--no-progress"]) == 0
+    assert {name: (out / "tables" / name).read_bytes() for name in saved} == saved
