@@ -189,3 +189,19 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/items.json")} == before  # finished runs skipped
     assert main(["study", str(path), "--out", str(out), "--report-only", "--no-progress"]) == 0
     assert {name: (out / "tables" / name).read_bytes() for name in saved} == saved
+
+
+# ---------------------------------------------------------------- the shipped studies
+
+
+@pytest.mark.parametrize("name", ["rla-paper", "remember"])
+def test_shipped_studies_hold_one_recipe(name):
+    study = load_study(Path(__file__).resolve().parent.parent / "configs" / "study" / f"{name}.yaml")
+    configs = {m.name: resolve_model(study, m, study.seeds[0]) for m in study.models}
+    assert len(study.seeds) >= 3 and all(c.train.steps == study.recipe_config.train.steps for c in configs.values())
+    if name == "rla-paper":
+        switches = {(k, v) for c in configs.values() for k, v in c.model.items()
+                    if k in ("fit_history", "gamma", "output_gates", "residual_target")}
+        assert switches == {("fit_history", False), ("gamma", "tied"), ("output_gates", False),
+                            ("residual_target", "identity"), ("residual_target", "tanh")}
+        assert {c.model["mixer"] for c in configs.values()} == {"sgla", "gdn", "rla", "rdn"}

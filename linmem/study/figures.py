@@ -15,7 +15,7 @@ import numpy as np
 from linmem.study.definition import Study
 from linmem.study.runs import read_items, run_dir, training_log
 
-HEADLINE = ("test_ppl", "cloze", "mqar", "niah", "norm", "train_loss")
+HEADLINE = ("test_ppl", "cloze", "mqar", "niah", "lab_recall", "norm", "train_loss")
 
 
 def _pyplot():
@@ -71,7 +71,7 @@ def metric_panels(tables: dict[str, Any], path: Path) -> str | None:
         ax.set_xticks(x, models, rotation=60, ha="right", fontsize=7)
         info = tables["metrics"][name]
         ax.set_title(f"{name} ({'higher' if info['higher_is_better'] else 'lower'} is better)", fontsize=8)
-        ax.set_ylim(0, 1.0 if name in ("cloze", "mqar", "niah") else None)
+        ax.set_ylim(0, 1.0 if tables["metrics"][name].get("bounded") else None)
         ax.set_ylim(bottom=0)
     return _save(plt, fig, path)
 

@@ -92,6 +92,9 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
                        True, bounded=True) for n in o.niah_lengths]
         out += [Metric(f"niah@depth{d:g}", f"NIAH accuracy, depth {d:g}",
                        _items("niah", lambda r, d=d: r["depth"] == d), True, bounded=True) for d in o.niah_depths]
+    if "recall" in tasks:
+        out.append(Metric("lab_recall", "the memory lab's clean recall (4-choice)", _eval_metric("recall", "accuracy"),
+                          True, bounded=True))
     if "stability" in tasks:
         out.append(Metric("norm", "largest per-layer mean mixer-output norm", _eval_metric(
             "stability", "max_layer_output_norm"), False))
@@ -156,7 +159,8 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
                                 "resolved": bool(resolved), "a_better": better})
     return {"study": study.name, "description": study.description, "seeds": study.seeds,
             "tasks": study.tasks, "eval": study.eval_record(),
-            "metrics": {m.name: {"label": m.label, "higher_is_better": m.higher} for m in metrics},
+            "metrics": {m.name: {"label": m.label, "higher_is_better": m.higher, "bounded": m.bounded}
+                        for m in metrics},
             "models": models, "comparisons": comparisons}
 
 
