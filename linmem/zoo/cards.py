@@ -410,6 +410,9 @@ def write_docs(records: Sequence[dict[str, Any]], path: Path, shipped: Sequence[
         "below was measured by that command: training numbers come from each run's `metrics.jsonl` and "
         "`train_info.json`, evaluation numbers from `linmem.eval` on the held-out test split of the training data, "
         "with the bfloat16 weights that are shipped.", "",
+        "This page is a catalogue of single shipped runs, not evidence for the papers' claims: "
+        "[results.md](results.md) lists each claim with its status under one recipe and 3 seeds (`linmem study`).",
+        "",
         f"Shipped in the package (`linmem.zoo.names()`): {', '.join(f'`{n}`' for n in shipped) or 'none'}. "
         "Re-train any of them with `linmem train configs/zoo/<name>.yaml --out runs/zoo/<name>`.", "",
         "## All runs", "",
