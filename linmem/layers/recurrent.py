@@ -19,7 +19,10 @@ Hook points (identity modules, see ``linmem.layers.hooks``), per head, after all
 - ``hook_residual_state`` ``[B, H, V, K]``: the residual state R (RLA / RDN only).
 
 In a decoding step T = 1. What a hook returns replaces the tensor: a replaced ``hook_state`` is what the cache keeps
-for the next tokens.
+for the next tokens. A hook may also edit the tensor in place (``out.mul_(0)``, ``out[:, 3] = 0``), also under
+autograd: the points whose tensor autograd could not follow through an in-place edit (β and γ, which their sigmoid
+keeps for its backward; the read-out and the states, views of buffers made inside the op's autograd Functions) get a
+tensor of their own when gradients are recorded (``editable``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
         return x
     return torch.where(mask.view(*mask.shape, *([1] * (x.dim() - 2))), x, torch.zeros((), dtype=x.dtype))
+
+
+def editable(x: torch.Tensor, views_only: bool = False) -> torch.Tensor:
+    """``x``, or a contiguous copy of it where a hook's in-place edit of ``x`` would break the backward pass.
+
+    Only while autograd records ``x`` (grad enabled and ``x.requires_grad``): then a copy is made if ``x`` is a
+    view (of an op's internal buffer, which autograd cannot rebase an in-place edit onto), or always unless
+    ``views_only`` (for tensors that the op that made them may keep for its backward, as a sigmoid keeps its
+    output). A non-contiguous view is copied into the layout a later ``reshape`` would copy it into anyway."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x
+    if views_only and x._base is None:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 class RecurrentMixer(nn.Module):
@@ -129,9 +146,10 @@ class RecurrentMixer(nn.Module):
         """
         if cu_seqlens is not None and cache is not None:
             raise ValueError("cu_seqlens: packed sequences run from zero states and keep none; pass cache=None")
-        q, k, v, g, beta = self.hook_q(q), self.hook_k(k), self.hook_v(v), self.hook_g(g), self.hook_beta(beta)
+        q, k, v, g = self.hook_q(q), self.hook_k(k), self.hook_v(v), self.hook_g(g)
+        beta = self.hook_beta(editable(beta))
         if self.memory.residual:
-            gamma = self.hook_gamma(gamma)
+            gamma = self.hook_gamma(editable(gamma))
         state = None if cache is None else cache.memory_state(self.memory.residual)
         if cache is not None and q.shape[1] == 1:  # decoding: one step of the recurrence
             o, final = linear_memory_step(
@@ -143,13 +161,13 @@ class RecurrentMixer(nn.Module):
             o, final = linear_memory(q, k, v, g, beta, gamma, memory=self.memory, initial_state=state,
                                      output_final_state=True, backend=self.backend, cu_seqlens=cu_seqlens)
         self._keep_state(final, cache, q.shape[1])
-        return self.hook_readout(o)
+        return self.hook_readout(editable(o, views_only=True))
 
     def _keep_state(self, final, cache: RecurrentLayerCache | None, length: int) -> None:
         base, resid = final if self.memory.residual else (final, None)
-        base = self.hook_state(base)
+        base = self.hook_state(editable(base))
         if self.memory.residual:
-            resid = self.hook_residual_state(resid)
+            resid = self.hook_residual_state(editable(resid))
         if cache is not None:
             cache.base_state, cache.residual_state = base, resid
             cache.seen_tokens += length
