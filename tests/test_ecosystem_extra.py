@@ -79,3 +79,77 @@ def test_every_hook_point_can_be_edited_in_place_under_autograd(case, backend):
             torch.testing.assert_close(got, want, msg=name)
         if not name.endswith("state"):  # the final states feed no output of this forward
             assert edited_loss != clean_loss, f"{name}: the in-place edit had no effect"
+
+
+HYBRID = MIXER_CASES["rdn_hybrid"]
+
+
+def reference_weights(model: LinMemForCausalLM, ids: torch.Tensor, layer: int) -> torch.Tensor:
+    """``softmax(q kᵀ / √d)`` under a causal mask, in float64, from the queries and keys the attention layer
+    ``layer`` sees at its hook points (kv heads repeated for grouped-query attention): ``[B, H, T, T]``."""
+    seen = {}
+    attn = model.model.layers[layer].attn
+    handles = [getattr(attn, f"hook_{name}").register_forward_hook(
+        lambda module, args, out, name=name: seen.__setitem__(name, out.detach())) for name in ("q", "k")]
+    with torch.no_grad():
+        model(ids)
+    for handle in handles:
+        handle.remove()
+    q, k = seen["q"].transpose(1, 2), seen["k"].transpose(1, 2)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1)
+
+
+def test_output_attentions_gives_each_attention_layers_weights_and_none_for_memories():
+    """A hybrid's ``attentions`` hold the softmax weights of its attention layer (equal to a float64 reference from
+    the hooked queries and keys) and None for its linear-memory layers; logits and gradients equal those of the
+    fused-kernel path."""
+    torch.manual_seed(1)
+    model = tiny_model(HYBRID)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    out = model(ids, output_attentions=True)
+    assert len(out.attentions) == model.config.num_hidden_layers
+    for layer, weights in enumerate(out.attentions):
+        if layer not in model.config.attn_layers:
+            assert weights is None
+            continue
+        assert weights.shape == (2, model.config.attn_num_heads, 9, 9)
+        torch.testing.assert_close(weights, reference_weights(model, ids, layer))
+    assert model(ids).attentions is None
+    _, fused_grads = loss_and_grads(model, ids)
+    model.zero_grad()
+    explicit = model(ids, labels=ids, output_attentions=True)
+    explicit.loss.backward()
+    torch.testing.assert_close(explicit.logits, model(ids).logits)
+    for got, want in zip([p.grad for p in model.parameters() if p.grad is not None], fused_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_output_attentions_with_padding_and_a_cache_match_each_row_alone():
+    """With a padded batch, each row's weights equal the row run alone (0 at padded keys and queries); a decoding
+    step's weights ``[B, H, 1, T + 1]`` equal the last query row of the whole sequence's weights; a model without
+    attention layers gives one None per layer."""
+    torch.manual_seed(2)
+    model = tiny_model(HYBRID).eval()
+    layer = model.config.attn_layers[0]
+    ids = torch.randint(0, VOCAB, (2, 8))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    mask[1, 5:] = 0  # right padding
+    for use_cache in (True, False):  # the masked path and the unpadded (packed) path
+        weights = model(ids, attention_mask=mask, use_cache=use_cache, output_attentions=True).attentions[layer]
+        for row in range(2):
+            real = mask[row].bool()
+            alone = model(ids[row:row + 1, real], output_attentions=True).attentions[layer][0]
+            torch.testing.assert_close(weights[row][:, real][:, :, real], alone)
+            assert (weights[row][:, ~real] == 0).all() and (weights[row][:, :, ~real] == 0).all()
+    full = model(ids, output_attentions=True).attentions[layer]
+    prefix = model(ids[:, :-1], use_cache=True)
+    step = model(ids[:, -1:], cache=prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values,
+                 use_cache=True, output_attentions=True).attentions[layer]
+    assert step.shape == (2, model.config.attn_num_heads, 1, 8)
+    torch.testing.assert_close(step, full[:, :, -1:])
+    plain = tiny_model(MIXER_CASES["rla"])
+    assert plain(ids, output_attentions=True).attentions == (None,) * plain.config.num_hidden_layers

@@ -65,6 +65,15 @@ def attention_mask_4d(
     return allowed | (key_pos == query_pos)[None, None]
 
 
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``softmax(q kᵀ / √d)`` over the keys allowed by ``mask`` (``[B or 1, 1, T, S]``, True = may attend), in at
+    least float32: ``q [B, H, T, d]``, ``k [B, H, S, d]`` → ``[B, H, T, S]`` (the scaling of
+    ``scaled_dot_product_attention``, so the weights are the ones the fused kernel applies)."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
 class Attention(nn.Module):
     """Softmax attention ``[B, T, D] → [B, T, D]``.
 
@@ -79,6 +88,10 @@ class Attention(nn.Module):
 
     Hook points (``linmem.layers.hooks``): ``hook_q`` ``[B, T, H, d]`` and ``hook_k`` ``[B, T, H_kv, d]``, the
     queries and the new tokens' keys after RoPE, as the attention weights use them.
+
+    ``forward(..., output_attentions=True)`` returns ``(output, weights)`` with the softmax weights
+    ``[B, H, T, past + T]`` (0 where a key is masked and in the rows of padded queries), computed explicitly instead
+    of by the fused kernel.
     """
 
     def __init__(
@@ -139,9 +152,11 @@ class Attention(nn.Module):
         cache: AttentionLayerCache | None = None,
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        output_attentions: bool = False,
         **kwargs,
-    ) -> torch.Tensor:
-        """``hidden_states [B, T, D]`` → ``[B, T, D]``.
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``hidden_states [B, T, D]`` → ``[B, T, D]`` (with ``output_attentions``: and the weights
+        ``[B, H, T, past + T]``).
 
         Args:
             attention_mask: ``[B, past + T]`` 0/1 padding mask over the cached and the new tokens.
@@ -185,8 +200,19 @@ class Attention(nn.Module):
             mask = mask & (sequence[:, None] == sequence[None, :])
         groups = self.num_heads // self.num_kv_heads
         k, v = (x.repeat_interleave(groups, dim=2) if groups > 1 else x for x in (k, v))
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        weights = None
+        if output_attentions:
+            weights = attention_weights(q, k, mask)
+            o = (weights @ v.to(weights.dtype)).to(v.dtype)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         o = o.transpose(1, 2).reshape(batch, length, -1)
         if self.output_gate:
             o = o * torch.sigmoid(self.g_proj(hidden_states))
-        return self.o_proj(o)
+        o = self.o_proj(o)
+        if weights is None:
+            return o
+        if new_padding is not None:  # a padded query reads itself only to stay finite; report no weights for it
+            weights = weights.masked_fill(~new_padding[:, None, :, None], 0.0)
+        return o, weights.to(o.dtype)

@@ -142,7 +142,10 @@ class LinMemBlock(GradientCheckpointingLayer):
 
     A ``GradientCheckpointingLayer``: after ``model.gradient_checkpointing_enable()`` a training forward with
     gradients keeps only the block's inputs and recomputes the block in the backward pass (its ``cache``, passed by
-    keyword, is dropped there: a recomputation must not write the state twice)."""
+    keyword, is dropped there: a recomputation must not write the state twice).
+
+    ``output_attentions=True`` returns ``(hidden_states, weights)``: the softmax weights ``[B, H, T, past + T]`` of
+    an attention layer, None for a linear-memory layer (it has no attention matrix)."""
 
     def __init__(self, config: LinMemConfig, layer_idx: int):
         super().__init__()
@@ -157,15 +160,23 @@ class LinMemBlock(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache=None,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+                cu_seqlens: torch.Tensor | None = None,
+                output_attentions: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         mixer_inputs = dict(attention_mask=attention_mask, cache=cache, position_ids=position_ids)
         if cu_seqlens is not None:
             mixer_inputs["cu_seqlens"] = cu_seqlens
+        weights_wanted = output_attentions and isinstance(self.attn, Attention)
+        if weights_wanted:
+            mixer_inputs["output_attentions"] = True
+        mixed = self.attn(hidden_states if self.post_norm else self.attn_norm(hidden_states), **mixer_inputs)
+        mixed, weights = mixed if weights_wanted else (mixed, None)
         if self.post_norm:
-            hidden_states = hidden_states + self.attn_norm(self.attn(hidden_states, **mixer_inputs))
-            return hidden_states + self.mlp_norm(self.mlp(hidden_states))
-        hidden_states = hidden_states + self.attn(self.attn_norm(hidden_states), **mixer_inputs)
-        return hidden_states + self.mlp(self.mlp_norm(hidden_states))
+            hidden_states = hidden_states + self.attn_norm(mixed)
+            hidden_states = hidden_states + self.mlp_norm(self.mlp(hidden_states))
+        else:
+            hidden_states = hidden_states + mixed
+            hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
+        return (hidden_states, weights) if output_attentions else hidden_states
 
 
 class LinMemPreTrainedModel(PreTrainedModel):
@@ -206,8 +217,24 @@ class LinMemPreTrainedModel(PreTrainedModel):
         return False  # the model builds its own LinMemCache
 
 
+def pad_attention_weights(packed: torch.Tensor, indices: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """Attention weights ``[1, H, N, N]`` of the real tokens of an unpadded batch (``indices`` from ``unpad``) back
+    to ``[B, H, T, T]``: each row's weights at its tokens' places, 0 at padded queries and keys."""
+    rows, columns = indices // length, indices % length
+    query, key = (rows[:, None] == rows[None, :]).nonzero(as_tuple=True)  # pairs of real tokens of one row
+    out = packed.new_zeros(batch, length, length, packed.shape[1])
+    out[rows[query], columns[query], columns[key]] = packed[0, :, query, key].transpose(0, 1)
+    return out.permute(0, 3, 1, 2)
+
+
 class LinMemModel(LinMemPreTrainedModel):
-    """The backbone: ``input_ids [B, T]`` → final hidden states ``[B, T, D]`` (after ``norm``)."""
+    """The backbone: ``input_ids [B, T]`` → final hidden states ``[B, T, D]`` (after ``norm``).
+
+    ``output_attentions=True`` (or ``config.output_attentions``) returns ``attentions``, one entry per layer: the
+    softmax weights ``[B, H, T, past + T]`` of each attention layer of a hybrid, and None for each linear-memory
+    layer, which has no attention matrix (its state is read through the hook points, ``linmem.layers.recurrent``).
+    A model without attention layers gives a tuple of None. Weights are computed explicitly (O(T²) memory), so ask
+    for them only where they are read."""
 
     def __init__(self, config: LinMemConfig):
         super().__init__(config)
@@ -229,6 +256,7 @@ class LinMemModel(LinMemPreTrainedModel):
         return_dict: bool | None = None,
         past_key_values: LinMemCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """Run the blocks.
@@ -243,8 +271,15 @@ class LinMemModel(LinMemPreTrainedModel):
             cache: a ``LinMemCache`` to continue from (``past_key_values`` is accepted as an alias); with
                 ``use_cache`` and no cache a new one is made. It is updated in place and returned as the output's
                 ``cache`` (``past_key_values`` under transformers < 5.2x, see ``CACHE_FIELD``).
+            output_attentions: return ``attentions`` (see the class docstring); None: ``config.output_attentions``.
+                Padded queries and keys of an unpadded batch get weight 0.
         """
         cache = cache if cache is not None else past_key_values
+        if output_attentions is None:
+            output_attentions = bool(getattr(self.config, "output_attentions", False))
+        if output_attentions and not self.config.attn_layers:
+            logger.warning_once("output_attentions: this model has no softmax attention layers; every entry of "
+                                "`attentions` is None (read the linear memories through their hook points)")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             # the blocks are recomputed in the backward pass, where a cache would be written a second time
@@ -279,19 +314,27 @@ class LinMemModel(LinMemPreTrainedModel):
         position_ids = self._positions(attention_mask, position_ids, past, hidden_states)
 
         all_hidden = [] if output_hidden_states else None
+        all_weights = [] if output_attentions else None
         for i, block in enumerate(self.layers):
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
             hidden_states = block(hidden_states, attention_mask, position_ids,
-                                  cache=None if cache is None else cache.layers[i], cu_seqlens=cu_seqlens)
+                                  cache=None if cache is None else cache.layers[i], cu_seqlens=cu_seqlens,
+                                  output_attentions=bool(output_attentions))
+            if all_weights is not None:
+                hidden_states, weights = hidden_states
+                all_weights.append(weights)
         hidden_states = self.norm(hidden_states)
         if all_hidden is not None:
             all_hidden.append(hidden_states)
         if padded is not None:
             hidden_states = pad(hidden_states, *padded)
             all_hidden = None if all_hidden is None else [pad(h, *padded) for h in all_hidden]
+            all_weights = None if all_weights is None else [
+                None if w is None else pad_attention_weights(w, *padded) for w in all_weights]
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None},
-                                       hidden_states=None if all_hidden is None else tuple(all_hidden))
+                                       hidden_states=None if all_hidden is None else tuple(all_hidden),
+                                       attentions=None if all_weights is None else tuple(all_weights))
 
     @staticmethod
     def _positions(attention_mask, position_ids, past: int, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -340,11 +383,13 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         past_key_values: LinMemCache | None = None,
         loss_chunk_tokens: int = 0,
         cu_seqlens: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
         **kwargs,
     ) -> LinMemCausalLMOutput:
         """Logits ``[B, T, vocab]`` (the last ``logits_to_keep`` positions if > 0) and, with ``labels [B, T]``,
         the mean next-token cross entropy (labels shifted inside; -100 is ignored). Other arguments as in
-        ``LinMemModel.forward``.
+        ``LinMemModel.forward`` (``output_attentions``: the attention layers' weights, None for linear-memory
+        layers; see ``LinMemModel``).
 
         ``loss_chunk_tokens > 0`` (with ``labels``): the head and the loss run over that many tokens at a time under
         activation checkpointing (``chunked_token_losses``), so a large vocabulary's float32 logits never exist
@@ -356,9 +401,11 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         if loss_chunk_tokens < 0:
             raise ValueError(f"loss_chunk_tokens must be >= 0 (0: logits in one piece); got {loss_chunk_tokens}")
         outputs = self.model(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
-                             output_hidden_states, past_key_values=past_key_values, cu_seqlens=cu_seqlens)
+                             output_hidden_states, past_key_values=past_key_values, cu_seqlens=cu_seqlens,
+                             output_attentions=output_attentions)
         hidden_states = outputs.last_hidden_state
-        extra = {CACHE_FIELD: getattr(outputs, CACHE_FIELD), "hidden_states": outputs.hidden_states}
+        extra = {CACHE_FIELD: getattr(outputs, CACHE_FIELD), "hidden_states": outputs.hidden_states,
+                 "attentions": outputs.attentions}
         if labels is not None and loss_chunk_tokens:
             targets = labels[:, 1:]
             losses = chunked_token_losses(hidden_states[:, :-1].flatten(0, 1), self.lm_head, targets.flatten(),
