@@ -196,6 +196,7 @@ def machine() -> dict[str, Any]:
 
 def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per model with the demo's headline numbers, then what guessing scores."""
+    from linmem.eval.perplexity import describe_perplexity
     from linmem.zoo.cards import fmt, recall_cell
 
     heads = {name: headline(r["tasks"]) for name, r in models.items()}
@@ -204,7 +205,8 @@ def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
     for name, r in models.items():
         h = heads[name]
         rows.append({"model": name, "mixer": r["mixer"],
-                     "params": f"{r['parameters'] / 1e6:.2f}M", "test ppl": fmt(h.get("ppl"), 2),
+                     "params": f"{r['parameters'] / 1e6:.2f}M",
+                     "test ppl": describe_perplexity(r["tasks"]["ppl"]["metrics"]) if "ppl" in h else fmt(None),
                      **{f"MQAR {p} pairs": fmt(h.get("mqar", {}).get(p)) for p in pairs},
                      "memory-lab recall [95% CI]": recall_cell(h), "NIAH": fmt(h.get("niah_mean")),
                      "seconds": fmt(r["seconds"], 1)})

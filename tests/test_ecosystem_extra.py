@@ -153,3 +153,36 @@ def test_output_attentions_with_padding_and_a_cache_match_each_row_alone():
     torch.testing.assert_close(step, full[:, :, -1:])
     plain = tiny_model(MIXER_CASES["rla"])
     assert plain(ids, output_attentions=True).attentions == (None,) * plain.config.num_hidden_layers
+
+
+def test_every_printed_perplexity_says_which_text_and_how_many_tokens(tmp_path, capsys):
+    """``linmem zoo list``, ``linmem eval`` (its output and results.md) and the demo's summary table give each
+    perplexity with the split and the number of tokens it was measured on, as the measurement recorded them."""
+    import json
+
+    from linmem import zoo
+    from linmem.cli import main
+    from linmem.demo import summary_rows
+
+    assert main(["zoo", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    for name in zoo.names():
+        metrics = json.loads((zoo.path(name) / "eval.json").read_text())["eval"]["tasks"]["ppl"]["metrics"]
+        row = next(line for line in listed if line.split()[0] == name)
+        assert f"{metrics['ppl']:.1f}  first {metrics['tokens']:,} {metrics['split']} tokens" in row
+
+    max_tokens = int(torch.randint(3, 6, ()).item()) * 128
+    out = tmp_path / "eval"
+    assert main(["eval", "zoo:rla", "--tasks", "ppl", "--max-tokens", str(max_tokens), "--seq-len", "128",
+                 "--out", str(out), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "results.json").read_text())
+    results = (out / "results.md").read_text()
+    metrics = report["tasks"]["ppl"]["metrics"]
+    assert metrics["tokens"] == max_tokens // 128 * 127
+    described = f"{metrics['ppl']:.2f} (first {metrics['tokens']:,} test tokens, 128-token windows)"
+    assert f"ppl: test ppl {described}" in printed
+    assert f"Test perplexity {described}." in results
+
+    rows = summary_rows({"rla": {**report, "mixer": "rla", "seconds": 1.0, "vocab_size": 1024}})
+    assert rows[0]["test ppl"] == described

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from linmem.eval.perplexity import describe_perplexity
 from linmem.eval.runner import TASKS, EvalOptions, evaluate, parse_tasks
 from linmem.io.folders import prepare_output_folder
 
@@ -61,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     for name, result in report["tasks"].items():
         if result.get("available") is False:
             print(f"{name}: {result['reason']}")
+        elif name == "ppl":
+            print(f"ppl: {result['metrics']['split']} ppl {describe_perplexity(result['metrics'])}, "
+                  f"loss {result['metrics']['loss']:.4g}")
         else:
             shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                               for k, v in result["metrics"].items())

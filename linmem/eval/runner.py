@@ -15,7 +15,7 @@ from linmem.eval.loading import EvalModel, load_model, open_heldout
 from linmem.eval.memory_recall import memory_recall
 from linmem.eval.mqar import mqar
 from linmem.eval.niah import niah
-from linmem.eval.perplexity import perplexity
+from linmem.eval.perplexity import describe_perplexity, perplexity
 from linmem.eval.stability import stability
 from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import prepare_output_folder
@@ -139,6 +139,9 @@ def markdown(report: dict[str, Any]) -> str:
         if result.get("available") is False:
             lines += [result["reason"], ""]
             continue
+        if name == "ppl":
+            metrics = result["metrics"]
+            lines += [f"{metrics['split'].capitalize()} perplexity {describe_perplexity(metrics)}.", ""]
         lines += _table([{"metric": k, "value": v} for k, v in result.get("metrics", {}).items()]) + [""]
         if "table" in result:
             lines += _table(result["table"]) + [""]

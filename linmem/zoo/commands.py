@@ -49,20 +49,26 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     from linmem import zoo
+    from linmem.eval.perplexity import measured_on
     from linmem.zoo.cards import fmt, headline, recall_cell
 
     names = zoo.names(args.zoo_dir)
     if not names:
         print(f"no models shipped in {zoo.root(args.zoo_dir)} (linmem zoo ship RUN_DIR ... packages them)")
         return 0
-    print(f"{'name':<14}{'params':>11}{'MB':>7}{'test ppl':>10}{'MQAR':>7}{'NIAH':>7}  recall [95% CI]")
+    print(f"{'name':<14}{'params':>11}{'MB':>7}{'test ppl':>10}  {'ppl measured on':<26}{'MQAR':>6}{'NIAH':>7}  "
+          f"recall [95% CI]")
     for name in names:
         folder = zoo.path(name, args.zoo_dir)
         record = zoo.eval_record(name, args.zoo_dir) if (folder / "eval.json").is_file() else {}
         h = headline(record["eval"]["tasks"]) if record else {}
+        ppl_metrics = record["eval"]["tasks"].get("ppl", {}).get("metrics") if record else None
+        text = measured_on(ppl_metrics) if ppl_metrics else "–"
         size = zoo.folder_bytes(folder) / 1e6
-        print(f"{name:<14}{fmt(record.get('parameters')):>11}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}"
-              f"{fmt(h.get('mqar_mean'), 2):>7}{fmt(h.get('niah_mean'), 2):>7}  {recall_cell(h)}")
+        print(f"{name:<14}{fmt(record.get('parameters')):>11}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}  {text:<26}"
+              f"{fmt(h.get('mqar_mean'), 2):>6}{fmt(h.get('niah_mean'), 2):>7}  {recall_cell(h)}")
+    print("test ppl: eval.json's, on the held-out text shipped beside each model (other token counts, as in "
+          "`linmem eval` or the demo, give other perplexities)")
     return 0
 
 
