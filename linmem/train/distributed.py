@@ -8,6 +8,7 @@ starts: NCCL on GPUs, gloo on CPU. Checkpoints of a multi-node run need a file s
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +76,22 @@ def all_reduce_sum(values: torch.Tensor, state: Distributed) -> torch.Tensor:
         out = out.to(device)
         dist.all_reduce(out)
     return out.cpu()
+
+
+def rank_batches(items: torch.Tensor, state: Distributed, batch_size: int) -> Iterator[tuple[torch.Tensor, bool]]:
+    """This process's batches of ``items [N, ...]`` as ``(batch, counted)``: rows ``rank, rank + world, ...``, so
+    that every row is on exactly one process (shares differ by at most one row), cut into ``batch_size`` rows.
+
+    Every process yields as many batches as the largest share needs, so that the collectives inside a sharded
+    model's forward (FSDP2's all-gathers) line up: once its share is used up, a process yields ``(items[:1],
+    False)``, a batch to run and not count. Nothing is yielded for empty ``items``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    share = items[state.rank::state.world_size]
+    largest = -(-len(items) // state.world_size)
+    for start in range(0, largest, batch_size):
+        batch = share[start:start + batch_size]
+        yield (batch, True) if len(batch) else (items[:1], False)
 
 
 def broadcast_object(obj, state: Distributed):

@@ -57,6 +57,7 @@ from linmem.train.distributed import (
     first_error,
     init_distributed,
     is_fully_sharded,
+    rank_batches,
     set_gradient_sync,
     shutdown,
     wrap_model,
@@ -254,21 +255,25 @@ def clip_gradients(model: nn.Module, max_norm: float) -> float:
 @torch.no_grad()
 def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None) -> dict[str, Any]:
     """Validation loss on ``windows [N, T]`` and recall accuracy on held-out synthetic samples, over all
-    processes (each takes an equal share, so FSDP's collectives line up)."""
+    processes: each window and sample is scored on exactly one process (``rank_batches``: uneven shares, equal
+    numbers of forward passes so FSDP's collectives line up) and the sums of losses and targets are reduced, so
+    the numbers equal those of one process."""
     run.model.eval()
     state, out = run.state, {}
     sums = torch.zeros(4, dtype=torch.float64)  # text loss, text targets, recall hits, recall targets
-    share = windows[state.rank::state.world_size][: len(windows) // state.world_size]
-    for chunk in share.split(run.micro_batch_size):
+    for chunk, counted in rank_batches(windows, state, run.micro_batch_size):
         losses = token_losses(run, chunk, chunk)
-        sums[0] += float(losses.double().sum())
-        sums[1] += losses.numel()
+        if counted:
+            sums[0] += float(losses.double().sum())
+            sums[1] += losses.numel()
     if recall is not None:
-        n = len(recall["input_ids"]) // state.world_size
-        ids, labels = (recall[k][state.rank::state.world_size][:n] for k in ("input_ids", "labels"))
-        for chunk_ids, chunk_labels in zip(ids.split(run.micro_batch_size), labels.split(run.micro_batch_size)):
+        rows = torch.arange(len(recall["input_ids"]))
+        for chunk, counted in rank_batches(rows, state, run.micro_batch_size):
+            chunk_ids, chunk_labels = recall["input_ids"][chunk], recall["labels"][chunk]
             with run.autocast():
                 logits = run.model(input_ids=chunk_ids.to(state.device), use_cache=False).logits
+            if not counted:
+                continue
             mask = chunk_labels[:, 1:] != IGNORE_INDEX
             hits = logits[:, :-1].argmax(-1).cpu() == chunk_labels[:, 1:]
             sums[2] += float((hits & mask).sum())
