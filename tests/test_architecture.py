@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"layers"},
     {"models"},
-    {"memory"},
+    {"memory", "integrations"},
     {"eval"},
     {"train"},
     {"zoo", "study"},

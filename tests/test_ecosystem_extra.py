@@ -242,3 +242,45 @@ def test_two_gloo_processes_validate_every_window_like_one(dataset, tmp_path, pa
     one, two = validation(tmp_path / "one"), validation(tmp_path / "two")
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-6)
     assert two["val_recall_acc"] == pytest.approx(one["val_recall_acc"], abs=1e-12)
+
+
+@pytest.mark.parametrize("case", ["rdn", "rdn_hybrid"])
+def test_pyvene_swaps_a_block_output_like_a_forward_hook(case):
+    """After ``register_pyvene``, pyvene's vanilla intervention on ``block_output`` (a position of the base run
+    replaced by the source run's) gives the logits of the same swap done with a plain forward hook, and its
+    collect intervention returns the block's output at that position. Skipped without pyvene."""
+    pyvene = pytest.importorskip("pyvene")
+    from linmem.integrations.pyvene import register_pyvene
+
+    register_pyvene()
+    torch.manual_seed(3)
+    model = tiny_model(MIXER_CASES[case]).eval()
+    layer, position = int(torch.randint(0, model.config.num_hidden_layers, ())), 3
+    base, source = torch.randint(0, VOCAB, (2, 1, 7))
+    with torch.no_grad():
+        seen = {}
+        block = model.model.layers[layer]
+        handle = block.register_forward_hook(lambda m, a, out: seen.__setitem__("source", out.clone()))
+        model(source)
+        handle.remove()
+
+        def swap(module, args, out):
+            out = out.clone()
+            out[:, position] = seen["source"][:, position]
+            return out
+
+        handle = block.register_forward_hook(swap)
+        expected = model(base).logits
+        handle.remove()
+        clean = model(base).logits
+
+    swapped = pyvene.IntervenableModel({"layer": layer, "component": "block_output",
+                                        "intervention_type": pyvene.VanillaIntervention}, model)
+    _, out = swapped({"input_ids": base}, [{"input_ids": source}],
+                     {"sources->base": ([[[position]]], [[[position]]])})
+    torch.testing.assert_close(out.logits, expected)
+    assert not torch.allclose(out.logits, clean)
+    collect = pyvene.IntervenableModel({"layer": layer, "component": "block_output",
+                                        "intervention_type": pyvene.CollectIntervention}, model)
+    (_, collected), _ = collect({"input_ids": source}, unit_locations={"base": position})
+    torch.testing.assert_close(collected[0].reshape(-1), seen["source"][0, position])
