@@ -284,3 +284,27 @@ def test_pyvene_swaps_a_block_output_like_a_forward_hook(case):
                                         "intervention_type": pyvene.CollectIntervention}, model)
     (_, collected), _ = collect({"input_ids": source}, unit_locations={"base": position})
     torch.testing.assert_close(collected[0].reshape(-1), seen["source"][0, position])
+
+
+def test_cli_parser_and_package_import_load_neither_torch_nor_transformers():
+    """``import linmem.cli`` and building the top-level parser (what ``linmem --help``, ``--version`` and an unknown
+    command need) import neither torch nor transformers; the first use of a model name imports them and registers
+    the Auto classes. The time of ``linmem --help`` is printed, not asserted."""
+    import subprocess
+    import sys
+    import time
+
+    check = ("import sys, linmem, linmem.cli\n"
+             "linmem.cli.build_parser()\n"
+             "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+             "assert not heavy, heavy\n"
+             "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
+             "assert 'linmem' not in CONFIG_MAPPING\n"
+             "config = linmem.LinMemConfig(vocab_size=8, hidden_size=16, num_hidden_layers=1, num_heads=1)\n"
+             "assert CONFIG_MAPPING['linmem'] is type(config)\n")
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "linmem.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "COMMAND" in proc.stdout
+    print(f"linmem --help: {time.perf_counter() - start:.2f} s")

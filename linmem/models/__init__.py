@@ -12,11 +12,14 @@ from linmem.models.modeling import LinMemForCausalLM, LinMemModel, LinMemPreTrai
 
 
 def register_auto_classes() -> None:
-    """Make ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM`` know ``model_type = "linmem"`` (run on
-    ``import linmem``; safe to call again)."""
+    """Make ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM`` know ``model_type = "linmem"`` (run when
+    this package is imported, which ``import linmem`` does on first use of a name; safe to call again)."""
     AutoConfig.register(LinMemConfig.model_type, LinMemConfig, exist_ok=True)
     AutoModel.register(LinMemConfig, LinMemModel, exist_ok=True)
     AutoModelForCausalLM.register(LinMemConfig, LinMemForCausalLM, exist_ok=True)
+
+
+register_auto_classes()  # importing the models makes the Auto classes know them
 
 
 __all__ = [
