@@ -1,9 +1,10 @@
 """linmem: the memory of linear-attention language models.
 
-The package's names load on first use (PEP 562), so that ``linmem --help`` and a command's argument errors answer
-without importing torch and transformers. Importing ``linmem.models`` (which every model-loading path does) or
-touching any name below registers the ``"linmem"`` model type with ``AutoConfig`` / ``AutoModel`` /
-``AutoModelForCausalLM``; so does ``linmem.register_auto_classes()``.
+``import linmem`` registers the ``"linmem"`` model type with ``AutoConfig`` / ``AutoModel`` /
+``AutoModelForCausalLM`` (by importing ``linmem.models``), so that ``AutoModelForCausalLM.from_pretrained(folder)``
+works after it. In the ``linmem`` console command it does not: there the package's names load on first use
+(PEP 562), so that ``linmem --help`` and a command's argument errors answer without importing torch and
+transformers, and each command imports what it runs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *EXPORTS, *SUBPACKAGES})
+
+
+def _started_as_command() -> bool:
+    """True in the ``linmem`` console command (``sys.argv[0]`` is the script), where imports wait for the command."""
+    import os
+    import sys
+
+    argv = getattr(sys, "argv", None) or [""]
+    return os.path.basename(argv[0]).removesuffix(".exe") == "linmem"
+
+
+if not _started_as_command():
+    importlib.import_module("linmem.models")  # registers the Auto classes
 
 
 __all__ = ["LinMemConfig", "LinMemForCausalLM", "LinMemModel", "linear_memory", "linear_memory_step", "__version__"]

@@ -287,14 +287,15 @@ def test_pyvene_swaps_a_block_output_like_a_forward_hook(case):
 
 
 def test_cli_parser_and_package_import_load_neither_torch_nor_transformers():
-    """``import linmem.cli`` and building the top-level parser (what ``linmem --help``, ``--version`` and an unknown
-    command need) import neither torch nor transformers; the first use of a model name imports them and registers
-    the Auto classes. The time of ``linmem --help`` is printed, not asserted."""
+    """In the ``linmem`` console command (``sys.argv[0]`` is the script), ``import linmem.cli`` and building the
+    top-level parser (what ``linmem --help``, ``--version`` and an unknown command need) import neither torch nor
+    transformers; the first use of a model name imports them and registers the Auto classes. The time of
+    ``linmem --help`` is printed, not asserted."""
     import subprocess
     import sys
     import time
 
-    check = ("import sys, linmem, linmem.cli\n"
+    check = ("import sys\nsys.argv = ['/usr/bin/linmem', '--help']\nimport linmem, linmem.cli\n"
              "linmem.cli.build_parser()\n"
              "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
              "assert not heavy, heavy\n"
@@ -305,6 +306,19 @@ def test_cli_parser_and_package_import_load_neither_torch_nor_transformers():
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "linmem.cli", "--help"], capture_output=True, text=True, timeout=120)
+    script = "import sys\nsys.argv = ['linmem', '--help']\nimport linmem.cli\nsys.exit(linmem.cli.main())"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "COMMAND" in proc.stdout
     print(f"linmem --help: {time.perf_counter() - start:.2f} s")
+
+
+def test_plain_import_registers_the_auto_classes():
+    """Outside the console command, ``import linmem`` alone lets ``AutoModelForCausalLM`` load a linmem folder."""
+    import subprocess
+    import sys
+
+    check = ("import linmem\n"
+             "from transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
+             "assert CONFIG_MAPPING['linmem'].__name__ == 'LinMemConfig'\n")
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
