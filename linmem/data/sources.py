@@ -80,10 +80,9 @@ class TextFile:
 
 
 @dataclass
-class Folder:
-    """Every known file under a folder (sorted, recursive): text files, JSONL and parquet, each read as by
-    ``open_path``. Documents count under the folder's name; ids start with ``FOLDER/relative/path``.
-    """
+class RecordSource:
+    """A file or folder of records (``path``) whose text is the field ``text_field`` and whose ids, when
+    ``id_field`` is given, that field's values; documents count under ``name`` (default: the path's name)."""
 
     path: Path
     text_field: str = "text"
@@ -93,6 +92,13 @@ class Folder:
     def __post_init__(self) -> None:
         self.path = Path(self.path)
         self.name = self.name or self.path.name
+
+
+@dataclass
+class Folder(RecordSource):
+    """Every known file under a folder (sorted, recursive): text files, JSONL and parquet, each read as by
+    ``open_path``. Documents count under the folder's name; ids start with ``FOLDER/relative/path``.
+    """
 
     def files(self) -> list[Path]:
         known = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
@@ -106,20 +112,11 @@ class Folder:
 
 
 @dataclass
-class JsonlFile:
+class JsonlFile(RecordSource):
     """JSON Lines: one object per line with a text field (``text_field``) and optionally an id field.
 
     ``source_id`` is ``NAME:LINE`` (1-based line number) or ``NAME:ID`` with ``id_field``. Blank lines are skipped.
     """
-
-    path: Path
-    text_field: str = "text"
-    id_field: str | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.path = Path(self.path)
-        self.name = self.name or self.path.name
 
     def documents(self) -> Iterator[Document]:
         with open(self.path, encoding="utf-8") as f:
@@ -137,17 +134,8 @@ class JsonlFile:
 
 
 @dataclass
-class ParquetFile:
+class ParquetFile(RecordSource):
     """A parquet file (needs ``pyarrow``): one document per row; ``source_id`` is ``NAME:ROW`` or ``NAME:ID``."""
-
-    path: Path
-    text_field: str = "text"
-    id_field: str | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.path = Path(self.path)
-        self.name = self.name or self.path.name
 
     def documents(self) -> Iterator[Document]:
         try:
@@ -171,7 +159,7 @@ class ParquetFile:
 
 
 @dataclass
-class DiskDataset:
+class DiskDataset(RecordSource):
     """A Hugging Face ``datasets`` folder written by ``save_to_disk`` (needs ``pyarrow``), read straight from its
     Arrow files in record batches: memory holds one batch of rows, whatever the dataset's size.
 
@@ -179,15 +167,6 @@ class DiskDataset:
     lists its Arrow files in order. ``source_id`` is ``NAME[/SPLIT]:ROW`` or ``...:ID``. The dataset's own splits
     are not kept: linmem splits every source by document hash.
     """
-
-    path: Path
-    text_field: str = "text"
-    id_field: str | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.path = Path(self.path)
-        self.name = self.name or self.path.name
 
     def parts(self) -> list[tuple[str | None, Path]]:
         """``(split or None, folder)`` of each saved dataset, splits sorted."""
