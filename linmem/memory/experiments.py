@@ -295,13 +295,14 @@ def hybrid_attribution(model: nn.Module, items: Sequence[Item]) -> Result:
     """Swap the pre-query recurrent caches (states + conv), the attention KV caches, or both; each's donor-margin
     shift as a share of both together (normalized donor effect, Fig. 6: a ratio of source means, its CI from
     resampled sources)."""
+    rec, att = recurrent_layers(model), attention_layers(model)
+    if not (rec and att):  # one kind of cache carries everything: a share of 1.0 would say nothing
+        return Result("hybrid_attribution", [], {"note": "not a hybrid: the model has no "
+                                                 f"{'attention' if rec else 'recurrent'} layers"}, None)
     batch = make_batch(items)
     at = batch.boundary
-    rec, att = recurrent_layers(model), attention_layers(model)
-    sets = {"recurrent": [CacheSwap(rec, at, ("recurrent", "conv"))]}
-    if att:
-        sets["kv"] = [CacheSwap(att, at, "kv")]
-    sets["both"] = [CacheSwap(rec + att, at)]
+    sets = {"recurrent": [CacheSwap(rec, at, ("recurrent", "conv"))], "kv": [CacheSwap(att, at, "kv")],
+            "both": [CacheSwap(rec + att, at)]}
     choice = candidate_logits(model, batch, [[]] + list(sets.values()))
     shift = shifts(choice, batch)
     rows = []
