@@ -8,6 +8,7 @@ import itertools
 import json
 
 import pytest
+import torch
 
 import linmem.memory as mm
 from linmem.cli import main
@@ -30,7 +31,13 @@ def trained():
     docs = [d for d in itertools.islice(StdlibDocs(modules=MODULES, topics=False).documents(), 400)
             if len(d.text) > 400]
     spec = TaskSpec(num_bindings=2, repeats=2, filler_tokens=32, keys="letters", values="colors")
-    setup = train_toy([d.text[:4000] for d in docs], spec, mixer="gdn", steps=250, seq_len=96, batch_size=32)
+    # one thread, as tests/test_train_support.one_thread: the tiny model must not fight the other test worker for cores
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        setup = train_toy([d.text[:4000] for d in docs], spec, mixer="gdn", steps=250, seq_len=96, batch_size=32)
+    finally:
+        torch.set_num_threads(threads)
     sources = passages(docs, Tokenize(setup.tokenizer), 40)
     return setup, docs, sources
 
@@ -73,6 +80,6 @@ def test_linmem_probe_writes_a_report(trained, tmp_path):
     payload = json.loads((tmp_path / "probe" / "results.json").read_text())
     assert payload["header"]["confirmed_on_held_out"] is True
     results = payload["experiments"]
-    assert {"head_scan", "lifecycle", "four_facts", "hybrid_attribution", "sweep_num_bindings", "logit_lens",
+    assert {"head_scan", "lifecycle", "four_facts", "sweep_num_bindings", "logit_lens",
             "write_read_spearman", "joint_topk", "overlap", "neutral_suppression"} <= set(results)
     assert all(r["n"] > 0 for r in results["lifecycle"]["rows"])
