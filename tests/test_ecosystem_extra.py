@@ -322,3 +322,12 @@ def test_plain_import_registers_the_auto_classes():
              "assert CONFIG_MAPPING['linmem'].__name__ == 'LinMemConfig'\n")
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_linmem_eval_shows_a_progress_bar(tmp_path, capsys):
+    """``linmem eval`` draws a progress bar over its tasks (on stderr), naming the task it runs."""
+    from linmem.cli import main
+
+    assert main(["eval", "zoo:rdn", "--tasks", "ppl", "--max-tokens", "128", "--out", str(tmp_path / "eval")]) == 0
+    err = capsys.readouterr().err
+    assert "eval:" in err and "1/1" in err and "task=ppl" in err

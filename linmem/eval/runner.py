@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from linmem.eval import plots
 from linmem.eval.cloze import cloze
 from linmem.eval.loading import EvalModel, load_model, open_heldout
@@ -82,10 +84,10 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
     out = Path(out_dir) if out_dir else default_output_folder(em.folder, "eval")
     split = open_heldout(em, o.data, o.split) if NEEDS_TEXT & set(tasks) else None  # fail before any work
     results: dict[str, Any] = {}
-    for name in tasks:
+    bar = tqdm(tasks, desc="eval", unit="task", disable=not progress, dynamic_ncols=True)
+    for name in bar:
+        bar.set_postfix(task=name)
         start = time.perf_counter()
-        if progress:
-            print(f"[eval] {name} ...", flush=True)
         results[name] = {**run_task(name, em, split, o), "seconds": round(time.perf_counter() - start, 2)}
     report = {"model": str(em.folder), "name": em.info.get("name", em.folder.name),
               "parameters": sum(p.numel() for p in em.model.parameters()), "trained_tokens": total_tokens(em.info),
