@@ -8,19 +8,19 @@ windows, every choice depends on ``(seed, i)`` alone, so batches are resumable a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from linmem.data.randomness import sample_indices, sample_rng, uniform
+from linmem.data.randomness import StepBatches, sample_indices, sample_rng, uniform
 from linmem.data.synthetic import RecallGenerator, check_sample
 from linmem.data.windows import IGNORE_INDEX, TokenWindows
 
 MIX_STREAM, CHOICE_STREAM, SAMPLE_STREAM = 0x313C, 0xC401CE, 0x5A3B1E
 
 
-class RecallMix:
+class RecallMix(StepBatches):
     """Text windows with a ``fraction`` of synthetic recall sequences mixed in.
 
     Batches: ``input_ids, labels [B, T]`` (``T = text.seq_len``; ``labels`` is ``-100`` outside a synthetic
@@ -77,11 +77,3 @@ class RecallMix:
     def batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> dict[str, torch.Tensor]:
         """``rank``'s share of training step ``step`` (see ``randomness.sample_indices``)."""
         return self.samples(sample_indices(step, batch_size, rank, world_size))
-
-    def batches(self, batch_size: int, start_step: int = 0, rank: int = 0,
-                world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
-        """Endless batches from ``start_step`` on."""
-        step = start_step
-        while True:
-            yield self.batch(step, batch_size, rank, world_size)
-            step += 1

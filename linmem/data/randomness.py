@@ -51,3 +51,14 @@ def sample_indices(step: int, batch_size: int, rank: int = 0, world_size: int = 
         raise ValueError(f"need step >= 0 and batch_size >= 1; got step={step}, batch_size={batch_size}")
     first = (step * world_size + rank) * batch_size
     return np.arange(first, first + batch_size, dtype=np.int64)
+
+
+class StepBatches:
+    """Endless training batches of a source that makes ``rank``'s share of any step on demand
+    (``batch(step, batch_size, rank, world_size)``): resuming at step ``k`` is ``batches(..., start_step=k)``."""
+
+    def batches(self, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1):
+        step = start_step
+        while True:
+            yield self.batch(step, batch_size, rank, world_size)
+            step += 1

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from linmem.data.randomness import hash_u64, sample_indices
+from linmem.data.randomness import StepBatches, hash_u64, sample_indices
 from linmem.data.shards import SplitTokens
 
 IGNORE_INDEX = -100
 WINDOW_STREAM = 0x5717D0
 
 
-class TokenWindows(Dataset):
+class TokenWindows(StepBatches, Dataset):
     """Random windows of ``seq_len`` tokens of a split: ``dataset[i]`` and ``batch(step, batch_size)``.
 
     ``len(dataset)`` is a nominal epoch (``num_tokens // seq_len``); indices past it are valid too (sampling is
@@ -61,14 +61,6 @@ class TokenWindows(Dataset):
         """``rank``'s share of training step ``step``: ``input_ids, labels [batch_size, seq_len]``."""
         ids = torch.from_numpy(self.window_tokens(sample_indices(step, batch_size, rank, world_size)))
         return {"input_ids": ids, "labels": ids.clone(), "synthetic": torch.zeros(batch_size, dtype=torch.bool)}
-
-    def batches(self, batch_size: int, start_step: int = 0, rank: int = 0,
-                world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
-        """Endless batches from ``start_step`` on (resume at step ``k``: ``start_step=k``)."""
-        step = start_step
-        while True:
-            yield self.batch(step, batch_size, rank, world_size)
-            step += 1
 
 
 def sequential_windows(split: SplitTokens, seq_len: int) -> Iterator[torch.Tensor]:
