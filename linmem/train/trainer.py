@@ -63,6 +63,7 @@ from linmem.train.distributed import (
     wrap_model,
 )
 from linmem.train.init_from import load_initial_weights, source_summary
+from linmem.train.memory_check import check_fits
 from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
@@ -588,6 +589,8 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
             save_final_model(run, info)
             done = info
         return done if state.is_main else {}
+    check_fits(lambda ids, labels: token_losses(run, ids, labels), run.model, run.micro_batch_size,
+               config.data.seq_len, state.device, where)
     log = MetricsLog(out / METRICS, run.step if resume else None, state.is_main)
     windows = eval_windows(run.data.shards, config.data.eval_split, config.data.seq_len, t.eval_tokens)
     recall = None
