@@ -1,5 +1,5 @@
-"""Training-side contracts of the loss and the packed rows: the chunked loss gives the trainer the gradient of the
-whole-logits loss (recall weighting included) and is chosen automatically for large vocabularies;
+"""Training-side contracts of the loss and the packed rows: the chunked loss is chosen automatically for large
+vocabularies (its gradient, recall weighting included, is checked in tests/test_train.py);
 ``data.split_documents`` runs every document of a window as a sequence of its own."""
 
 from __future__ import annotations
@@ -16,31 +16,6 @@ from linmem.train.distributed import init_distributed
 from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _update_gradients(run) -> list[torch.Tensor]:
-    seen = []
-    run.optimizer.step = lambda: seen.extend(p.grad.clone() for p in run.model.parameters())
-    trainer.train_step(run, 0)
-    return seen
-
-
-def test_the_trainer_with_a_chunked_loss_gets_the_weighted_gradient(dataset, tmp_path):
-    config = parse_config(tiny_config(dataset, data={"recall_fraction": 0.5, "recall_loss_weight": 8.0},
-                                      train={"micro_batch_size": 8, "loss_chunk_tokens": 7}))
-    run = trainer.setup(config, tmp_path, init_distributed("cpu"), "test")
-    batch = run.data.batch(0, 0, 1, 8, 0, 1)
-    assert batch["synthetic"].any() and not batch["synthetic"].all()
-    logits = run.model(input_ids=batch["input_ids"]).logits[:, :-1]
-    targets = batch["labels"][:, 1:]
-    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none")
-    counts = (targets != -100).float() * torch.where(batch["synthetic"], 8.0, 1.0)[:, None]
-    expected = torch.autograd.grad((losses.view(targets.shape) * counts).sum() / counts.sum(),
-                                   list(run.model.parameters()))
-    seen = _update_gradients(run)
-    assert len(seen) == len(expected)
-    for got, want in zip(seen, expected):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_the_loss_is_chunked_when_the_logits_would_be_large(dataset):

@@ -106,16 +106,17 @@ def test_cosine_schedule():
     assert lrs[99] == pytest.approx(3e-5, rel=1e-2) and lrs[110] == 3e-5
 
 
-@pytest.mark.parametrize("weight", [1.0, 8.0])
-def test_recall_loss_weight_is_the_weighted_mean(dataset, tmp_path, weight):
-    """An update's gradient is that of the mean loss with answers of synthetic rows counted ``weight`` times."""
+@pytest.mark.parametrize("weight,loss_chunk", [(1.0, None), (8.0, None), (8.0, 7)])
+def test_recall_loss_weight_is_the_weighted_mean(dataset, tmp_path, weight, loss_chunk):
+    """An update's gradient is that of the mean loss with answers of synthetic rows counted ``weight`` times, also
+    when the loss runs over chunks of ``loss_chunk`` tokens (the whole logits never exist)."""
     import torch.nn.functional as F
 
     from linmem.train import trainer
     from linmem.train.distributed import init_distributed
 
     config = parse_config(tiny_config(dataset, data={"recall_fraction": 0.5, "recall_loss_weight": weight},
-                                      train={"micro_batch_size": 8}))
+                                      train={"micro_batch_size": 8, "loss_chunk_tokens": loss_chunk}))
     run = trainer.setup(config, tmp_path, init_distributed("cpu"), "test")
     batch = run.data.batch(0, 0, 1, 8, 0, 1)
     assert batch["synthetic"].any() and not batch["synthetic"].all()
