@@ -42,7 +42,7 @@ from linmem.io.folders import (
     replace_folder,
 )
 from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
-from linmem.io.run_info import total_tokens
+from linmem.io.run_info import TRAIN_INFO, total_tokens
 from linmem.layers.packing import document_starts
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens, write_model_config
@@ -68,7 +68,6 @@ from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
 MODEL_DIR = "model"
-TRAIN_INFO = "train_info.json"
 TEMP_MODEL = f".tmp-{MODEL_DIR}"
 # What ``save_final_model`` writes into ``OUT/model`` (an old folder holding anything else is never replaced).
 MODEL_FILES = ("config.json", "model.safetensors", TRAIN_INFO, MANIFEST_NAME, *ckpt.TOKENIZER_FILES)
