@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from linmem.ops import chunk as chunk_module
 from linmem.ops import linear_memory, linear_memory_step
 from tests.oracle import oracle
 
@@ -119,6 +120,18 @@ def test_chunk_many_chunks(rule, residual):
 def test_chunk_many_chunks_per_key_decay():
     x = make_inputs(1, 53, 2, 4, 3, per_key=True, decay=(0.0, 0.5))  # chunk 16: 3 full chunks and a tail
     check_against_oracle(x, "chunk", "additive", True)
+
+
+@pytest.mark.parametrize("rule,residual,per_key", [("additive", False, False), ("additive", False, True),
+                                                   ("additive", True, False), ("additive", True, True),
+                                                   ("delta", False, False), ("delta", True, False)])
+@pytest.mark.parametrize("fit_history", [True, False])
+def test_chunk_in_segments(monkeypatch, rule, residual, per_key, fit_history):
+    """A sequence longer than ``SEGMENT_LENGTH`` runs segment by segment (here segments of 40 tokens, not a
+    multiple of either chunk size, so the segments end inside chunks): outputs, states and gradients as one pass."""
+    monkeypatch.setattr(chunk_module, "SEGMENT_LENGTH", 40)
+    x = make_inputs(1, 133, 2, 4, 3, per_key=per_key, decay=(0.0, 0.3))
+    check_against_oracle(x, "chunk", rule, residual, **({"fit_history": fit_history} if residual else {}))
 
 
 @pytest.mark.parametrize("rule", ["additive", "delta"])

@@ -51,6 +51,11 @@ from linmem.ops.config import MemoryConfig
 
 CHUNK_SIZE = 64
 CHUNK_SIZE_PER_KEY_DECAY = 16
+# Longer sequences run as consecutive segments of this many tokens, the state handed from one to the next: the
+# same math with smaller temporaries. At B = 1, H = 4, K = 64 a segment's float32 [B, H, N, C, C] scores are
+# 8 MB; a whole 32K sequence's would be 32 MB, past glibc's largest heap-reuse size (32 MiB), so each such
+# temporary would be mapped fresh from the OS and zero-filled on every call (the time per token then steps up).
+SEGMENT_LENGTH = 8192
 
 
 def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -223,7 +228,28 @@ def output(o: torch.Tensor, rest: float, length: int) -> torch.Tensor:
 def chunk_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
                   config: MemoryConfig, scale: float,
                   chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The ``Backend`` contract (``backend.py``) in the chunk-parallel form; ``chunk_size`` overrides C."""
+    """The ``Backend`` contract (``backend.py``) in the chunk-parallel form; ``chunk_size`` overrides C.
+
+    A sequence longer than ``SEGMENT_LENGTH`` runs segment after segment, each starting from the states the one
+    before ended with.
+    """
+    length = x.q.shape[1]
+    if length <= SEGMENT_LENGTH:
+        return forward_segment(x, base_state, residual_state, config, scale, chunk_size)
+    # ``split`` rather than slicing: its backward joins the segments' gradients in one concatenation.
+    pieces = [None if t is None else t.split(SEGMENT_LENGTH, dim=1) for t in x]
+    outputs = []
+    for i in range(len(pieces[0])):
+        part = MemoryInputs(*(None if p is None else p[i] for p in pieces))
+        o, base_state, residual_state = forward_segment(part, base_state, residual_state, config, scale, chunk_size)
+        outputs.append(o)
+    return torch.cat(outputs, dim=1), base_state, residual_state
+
+
+def forward_segment(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
+                    config: MemoryConfig, scale: float,
+                    chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One stretch of the sequence in the chunk-parallel form (``chunk_forward``'s arguments and results)."""
     q, k, v, g, beta, gamma = x
     length = q.shape[1]
     if length == 0:
