@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
+
+from linmem import __version__
 
 # name -> (module with register(parser), one-line help). Add a command with one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,7 +39,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``linmem`` parser; only ``command``'s module is imported to fill in its arguments."""
     parser = argparse.ArgumentParser(prog="linmem", description="The memory of linear-attention language models.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also LINMEM_DEBUG=1)")
-    parser.add_argument("--version", action="version", version=f"linmem {importlib.metadata.version('linmem')}")
+    parser.add_argument("--version", action="version", version=f"linmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
