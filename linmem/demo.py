@@ -10,6 +10,9 @@
 
 The sizes (``DEMO`` / ``QUICK``) keep the default run under 10 minutes on a 2-core CPU; the numbers are therefore
 coarser than the model cards' (``eval.json``, measured by ``linmem zoo ship`` with far more samples).
+
+Only argparse, the standard library and light modules (tqdm, the zoo's cards) load with this module; the functions
+that evaluate, probe or draw import torch and the rest when called, so that ``linmem demo --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -21,18 +24,19 @@ import os
 import platform
 import re
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
-from linmem.eval.runner import EvalOptions, evaluate
 from linmem.io.atomic import write_bytes_atomic
 from linmem.io.folders import prepare_output_folder
-from linmem.memory.probe import ProbeOptions
 from linmem.zoo.cards import headline, mixer_label
+
+if TYPE_CHECKING:
+    from linmem.eval.runner import EvalOptions
+    from linmem.memory.probe import ProbeOptions
 
 TASKS = ("ppl", "mqar", "recall", "niah")
 RESIDUAL = ("rdn", "rla")
@@ -40,26 +44,34 @@ RESIDUAL = ("rdn", "rla")
 
 @dataclass(frozen=True)
 class DemoSettings:
-    eval: EvalOptions
-    probe: ProbeOptions
+    """The demo's sizes: keyword arguments of ``EvalOptions`` (``eval``) and of ``ProbeOptions`` (``probe``), plain
+    values so that defining them needs neither the evaluation nor the memory lab."""
+
+    eval: dict[str, Any]
+    probe: dict[str, Any]
+
+    def options(self, device: str) -> tuple[EvalOptions, ProbeOptions]:
+        """``(EvalOptions, ProbeOptions)`` of these sizes, the evaluation on ``device``."""
+        from linmem.eval.runner import EvalOptions
+        from linmem.memory.probe import ProbeOptions
+
+        return EvalOptions(**self.eval, device=device), ProbeOptions(**self.probe)
 
 
 # 4 perplexity windows, MQAR with 8 and 32 pairs (4 sequences each), 16 memory-lab items, NIAH at 256 and 512 tokens
 # x 3 depths (2 trials per cell); the probe on 6 development and 4 held-out passages of 128 filler tokens, without
 # the load / gap sweeps and the extras (``linmem probe --no-sweeps --no-extras``: the sweeps alone take minutes).
 DEMO = DemoSettings(
-    EvalOptions(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=4,
-                niah_lengths=(256, 512), niah_depths=(0.0, 0.5, 1.0), niah_samples=2, recall_items=16,
-                recall_filler=128),
-    ProbeOptions(dev_sources=6, confirm_sources=4, filler_tokens=128, num_bindings=4, repeats=2, sweeps=False,
-                 extras=False))
+    dict(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=4, niah_lengths=(256, 512),
+         niah_depths=(0.0, 0.5, 1.0), niah_samples=2, recall_items=16, recall_filler=128),
+    dict(dev_sources=6, confirm_sources=4, filler_tokens=128, num_bindings=4, repeats=2, sweeps=False, extras=False))
 # The smallest sizes that still run every step (tests); the clean-recall gate is off so that every experiment runs
 # even on an untrained model (the report still gives its clean recall).
 QUICK = DemoSettings(
-    EvalOptions(split="test", batch_size=8, max_tokens=64, mqar_pairs=(4,), mqar_samples=2, niah_lengths=(64,),
-                niah_depths=(0.5,), niah_samples=1, recall_items=4, recall_filler=32),
-    ProbeOptions(dev_sources=2, confirm_sources=2, filler_tokens=32, num_bindings=2, repeats=2, loads=(1, 2),
-                 gaps=(0, 8), sweeps=True, extras=False, min_clean_recall=0.0))
+    dict(split="test", batch_size=8, max_tokens=64, mqar_pairs=(4,), mqar_samples=2, niah_lengths=(64,),
+         niah_depths=(0.5,), niah_samples=1, recall_items=4, recall_filler=32),
+    dict(dev_sources=2, confirm_sources=2, filler_tokens=32, num_bindings=2, repeats=2, loads=(1, 2), gaps=(0, 8),
+         sweeps=True, extras=False, min_clean_recall=0.0))
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -127,14 +139,14 @@ def heldout_documents(name: str, zoo_dir: str | None):
     return [Document(source, sid, tokenizer.decode(ids.tolist())) for source, sid, ids in split.documents()]
 
 
-def run_probe(name: str, settings: DemoSettings, device: str, out: Path, zoo_dir: str | None) -> dict[str, Any]:
+def run_probe(name: str, options: ProbeOptions, device: str, out: Path, zoo_dir: str | None) -> dict[str, Any]:
     from linmem import zoo
     from linmem.memory.probe import load_model_dir, run_protocol
 
     folder = zoo.path(name, zoo_dir)
     model, tokenizer = load_model_dir(folder, device)
     start = time.perf_counter()
-    summaries = run_protocol(model, tokenizer, heldout_documents(name, zoo_dir), settings.probe, out,
+    summaries = run_protocol(model, tokenizer, heldout_documents(name, zoo_dir), options, out,
                              header={"model": f"zoo:{name}", "device": device})
     payload = json.loads((out / "results.json").read_text(encoding="utf-8"))
     return {"model": name, "seconds": round(time.perf_counter() - start, 1), "header": payload["header"],
@@ -146,6 +158,7 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
     """Evaluate the shipped models, probe one, write ``report.html`` and ``results.json`` into ``out`` (new, empty or
     an earlier demo's, unless ``overwrite``: ``linmem.io.folders.prepare_output_folder``)."""
     from linmem import zoo
+    from linmem.eval.runner import evaluate
     from linmem.zoo import figures
 
     start = time.perf_counter()
@@ -157,14 +170,13 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
     if not figures.have_matplotlib():
         raise ValueError("linmem demo draws its figures with matplotlib (a base dependency): pip install matplotlib")
     names = [zoo.path(n, zoo_dir).name for n in models] if models else shipped
-    settings = QUICK if quick else DEMO
+    eval_options, probe_options = (QUICK if quick else DEMO).options(device)
     out = prepare_output_folder(out, overwrite=overwrite, kind="demo")
     results: dict[str, Any] = {}
     bar = tqdm(names, desc="demo: evaluating", unit="model")
     for name in bar:
         bar.set_postfix(model=name)
-        report = evaluate(zoo.path(name, zoo_dir), TASKS, replace(settings.eval, device=device),
-                          out_dir=out / "eval" / name, progress=False)
+        report = evaluate(zoo.path(name, zoo_dir), TASKS, eval_options, out_dir=out / "eval" / name, progress=False)
         config = json.loads((zoo.path(name, zoo_dir) / "config.json").read_text(encoding="utf-8"))
         results[name] = {"mixer": mixer_label(config), "vocab_size": config["vocab_size"],
                          "parameters": report["parameters"], "tasks": report["tasks"],
@@ -174,11 +186,11 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
     recall = {n: headline(r["tasks"]).get("recall") for n, r in results.items()}
     chosen = pick_probe_model(names, mixers, probe, recall)
     print(f"demo: memory lab on {chosen} ...", flush=True)
-    probe_result = {**run_probe(chosen, settings, device, out / "probe", zoo_dir), "recall": recall.get(chosen)}
+    probe_result = {**run_probe(chosen, probe_options, device, out / "probe", zoo_dir), "recall": recall.get(chosen)}
     total = time.perf_counter() - start
     summary = {"seconds": round(total, 1), "quick": quick, "device": device, "machine": machine(),
                "zoo_dir": str(zoo.root(zoo_dir)),
-               "settings": {"eval": asdict(settings.eval), "probe": asdict(settings.probe)},
+               "settings": {"eval": asdict(eval_options), "probe": asdict(probe_options)},
                "models": results, "probe": probe_result}
     write_bytes_atomic(out / "results.json", json.dumps(summary, indent=1, default=str).encode("utf-8"))
     write_bytes_atomic(out / "report.html", report_html(summary, out).encode("utf-8"))
@@ -186,6 +198,8 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
 
 
 def machine() -> dict[str, Any]:
+    import torch
+
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average_1min": load,
             "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}

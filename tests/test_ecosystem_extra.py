@@ -312,6 +312,58 @@ def test_cli_parser_and_package_import_load_neither_torch_nor_transformers():
     print(f"linmem --help: {time.perf_counter() - start:.2f} s")
 
 
+# Runs in a fresh interpreter as the console command: for every command of ``COMMANDS`` and every subcommand found
+# in its parser, ``--help`` (exit 0, its usage printed) and an unknown option (argparse's usage error, exit 2) through
+# ``linmem.cli.main``; after each, neither torch nor transformers may be in ``sys.modules``. Prints what it checked.
+HELP_CHECK = """
+import argparse, contextlib, io, json, sys
+sys.argv = ['/usr/bin/linmem']
+import linmem.cli as cli
+
+def subcommands(parser):
+    return {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name, sub in action.choices.items()}
+
+checked = []
+for name in cli.COMMANDS:
+    command = subcommands(cli.build_parser(name))[name]
+    for path in [[name], *([name, sub] for sub in subcommands(command))]:
+        for tail, expected in ((['--help'], 0), (['--no-such-option'], 2)):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    cli.main(path + tail)
+                    code = None
+                except SystemExit as stop:
+                    code = stop.code
+            assert code == expected, (path + tail, code, err.getvalue()[-500:])
+            usage = 'usage: linmem ' + ' '.join(path) if expected == 0 else 'usage: linmem'
+            assert usage in out.getvalue() + err.getvalue(), (path + tail, out.getvalue(), err.getvalue())
+            heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)
+            assert not heavy, (path + tail, heavy)
+        checked.append(' '.join(path))
+print(json.dumps(checked))
+"""
+
+
+def test_every_command_help_and_usage_error_load_neither_torch_nor_transformers():
+    """``linmem CMD --help``, ``linmem CMD SUB --help`` and their argparse usage errors, for every command and every
+    nested subcommand, answer without importing torch or transformers (``sys.modules`` checked after each, in a
+    fresh interpreter started as the console command); the subcommands are found in the parsers, so a new one is
+    checked too."""
+    import json
+    import subprocess
+    import sys
+
+    from linmem.cli import COMMANDS
+
+    proc = subprocess.run([sys.executable, "-c", HELP_CHECK], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checked = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(COMMANDS) <= set(checked)
+    assert {"data build", "data info", "zoo list", "zoo ship", "zoo remeasure"} <= set(checked), checked
+
+
 def test_plain_import_registers_the_auto_classes():
     """Outside the console command, ``import linmem`` alone lets ``AutoModelForCausalLM`` load a linmem folder."""
     import subprocess

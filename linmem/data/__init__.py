@@ -3,49 +3,24 @@
 The path of a corpus: ``Source.documents()`` -> ``split_of(source_id)`` -> tokenizer -> ``ShardWriter`` ->
 ``index.json`` (all in ``build_dataset``), then ``TokenShards(folder).split("train")`` -> ``TokenWindows`` (random
 windows, resumable at any step) -> ``RecallMix`` (MQAR and other recall generators mixed in).
+
+The names below load with their module on first use (``linmem.io.lazy``), so that importing one light module of the
+package (``linmem.data.commands``) does not import torch.
 """
 
-from linmem.data.build import BuildOptions, build_dataset
-from linmem.data.builtin import BUILTIN_SOURCES, BibleKJV, Shakespeare, StdlibDocs, open_source
-from linmem.data.mixing import RecallMix
-from linmem.data.shards import ShardWriter, SplitTokens, TokenShards
-from linmem.data.sources import (
-    DiskDataset,
-    Document,
-    Folder,
-    JsonlFile,
-    ParquetFile,
-    Source,
-    SourceUnavailable,
-    TextFile,
-    open_path,
-)
-from linmem.data.splits import SPLITS, SplitFractions, split_of
-from linmem.data.synthetic import (
-    GENERATORS,
-    MQAR,
-    RecallGenerator,
-    RecallSample,
-    check_sample,
-    make_generator,
-    register_generator,
-)
-from linmem.data.tokenizer import (
-    EOS_TOKEN,
-    PAD_TOKEN,
-    find_eos,
-    load_tokenizer,
-    save_tokenizer,
-    tokenizer_hash,
-    train_tokenizer,
-)
-from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_windows
+from linmem.io.lazy import lazy_exports
 
-__all__ = [
-    "BUILTIN_SOURCES", "BibleKJV", "BuildOptions", "DiskDataset", "Document", "EOS_TOKEN", "Folder", "GENERATORS",
-    "IGNORE_INDEX", "JsonlFile", "MQAR", "PAD_TOKEN", "ParquetFile", "RecallGenerator", "RecallMix", "RecallSample",
-    "SPLITS", "Shakespeare", "ShardWriter", "Source", "SourceUnavailable", "SplitFractions", "SplitTokens",
-    "StdlibDocs", "TextFile", "TokenShards", "TokenWindows", "build_dataset", "check_sample", "find_eos",
-    "load_tokenizer", "make_generator", "open_path", "open_source", "register_generator", "save_tokenizer",
-    "sequential_windows", "split_of", "tokenizer_hash", "train_tokenizer",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "linmem.data.build": ("BuildOptions", "build_dataset"),
+    "linmem.data.builtin": ("BUILTIN_SOURCES", "BibleKJV", "Shakespeare", "StdlibDocs", "open_source"),
+    "linmem.data.mixing": ("RecallMix",),
+    "linmem.data.shards": ("ShardWriter", "SplitTokens", "TokenShards"),
+    "linmem.data.sources": ("DiskDataset", "Document", "Folder", "JsonlFile", "ParquetFile", "Source",
+                            "SourceUnavailable", "TextFile", "open_path"),
+    "linmem.data.splits": ("SPLITS", "SplitFractions", "split_of"),
+    "linmem.data.synthetic": ("GENERATORS", "MQAR", "RecallGenerator", "RecallSample", "check_sample",
+                              "make_generator", "register_generator"),
+    "linmem.data.tokenizer": ("EOS_TOKEN", "PAD_TOKEN", "find_eos", "load_tokenizer", "save_tokenizer",
+                              "tokenizer_hash", "train_tokenizer"),
+    "linmem.data.windows": ("IGNORE_INDEX", "TokenWindows", "sequential_windows"),
+})

@@ -1,4 +1,7 @@
-"""``linmem data build`` and ``linmem data info``: thin wrappers around ``build_dataset`` and ``TokenShards``."""
+"""``linmem data build`` and ``linmem data info``: thin wrappers around ``build_dataset`` and ``TokenShards``.
+
+Only argparse and the standard library load with this module; each command imports what it runs, so that the
+commands' help and argument errors answer at once."""
 
 from __future__ import annotations
 
@@ -7,15 +10,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from linmem.data.build import CARD_NAME, BuildOptions, build_dataset
-from linmem.data.builtin import open_source
-from linmem.data.shards import DEFAULT_SHARD_TOKENS, TokenShards
-from linmem.data.splits import SPLITS, SplitFractions
-from linmem.io.folders import prepare_output_folder
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``build`` and ``info`` subcommands to ``linmem data``."""
+    from linmem.data.shards import DEFAULT_SHARD_TOKENS  # numpy, no torch
+
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
     build = sub.add_parser("build", help="tokenize sources into a dataset folder (tokenizer, shards, index, card)",
                            description="Read text sources, train a byte-level BPE tokenizer on their training split "
@@ -57,6 +56,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from linmem.data.build import BuildOptions, build_dataset
+    from linmem.data.builtin import open_source
+    from linmem.data.splits import SplitFractions
+    from linmem.io.folders import prepare_output_folder
+
     specs = [s.strip() for s in args.sources.split(",") if s.strip()]
     if not specs:
         raise ValueError("--sources is empty")
@@ -72,6 +76,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def _summary(card: dict) -> str:
+    from linmem.data.splits import SPLITS
+
     tok = card["tokenizer"]
     lines = [f"tokenizer: {tok['kind']}, vocab {tok['vocab_size']:,}, eos {tok['eos_token']!r} = {tok['eos_id']}, "
              f"hash {tok['hash'][:12]}, {tok['seconds']:.1f} s"]
@@ -87,6 +93,9 @@ def _summary(card: dict) -> str:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from linmem.data.build import CARD_NAME
+    from linmem.data.shards import TokenShards
+
     data = TokenShards(args.folder)
     if args.verify:
         data.verify()

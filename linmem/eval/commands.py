@@ -1,13 +1,14 @@
-"""``linmem eval MODEL_DIR --tasks ppl,cloze,mqar,niah,recall,stability [--data DIR]``: a wrapper of ``evaluate``."""
+"""``linmem eval MODEL_DIR --tasks ppl,cloze,mqar,niah,recall,stability [--data DIR]``: a wrapper of ``evaluate``.
+
+Only argparse and the standard library load with this module (the task names from ``linmem.eval.task_names``);
+``run`` imports the evaluation, so that the help and argument errors answer at once."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from linmem.eval.perplexity import describe_perplexity
-from linmem.eval.runner import TASKS, EvalOptions, evaluate, parse_tasks
-from linmem.io.folders import prepare_output_folder
+from linmem.eval.task_names import TASKS, parse_tasks
 
 
 def _ints(text: str) -> list[int]:
@@ -46,6 +47,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linmem.eval.perplexity import describe_perplexity
+    from linmem.eval.runner import EvalOptions, evaluate
+    from linmem.io.folders import prepare_output_folder
+
     tasks = parse_tasks(args.tasks)
     options = EvalOptions(data=args.data, split=args.split, seq_len=args.seq_len, batch_size=args.batch_size,
                           max_tokens=args.max_tokens, cloze_examples=args.cloze_examples, mqar_pairs=args.mqar_pairs,

@@ -19,12 +19,12 @@ from linmem.eval.mqar import mqar
 from linmem.eval.niah import niah
 from linmem.eval.perplexity import describe_perplexity, perplexity
 from linmem.eval.stability import stability
+from linmem.eval.task_names import TASKS  # noqa: F401 (re-exported: the tasks evaluate knows)
 from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import prepare_output_folder
 from linmem.io.models import default_output_folder
 from linmem.io.run_info import total_tokens
 
-TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
 NEEDS_TEXT = {"ppl", "cloze", "niah", "stability", "recall"}
 
 
@@ -48,15 +48,6 @@ class EvalOptions:
     recall_filler: int = 256
     seed: int = 0
     device: str = "auto"
-
-
-def parse_tasks(text: str) -> list[str]:
-    """``"ppl,mqar"`` → ``["ppl", "mqar"]``; ``"all"`` → every task; unknown names raise ``ValueError``."""
-    names = list(TASKS) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in names if t not in TASKS]
-    if unknown or not names:
-        raise ValueError(f"unknown task(s) {unknown or text!r}; choose from {', '.join(TASKS)} or all")
-    return names
 
 
 def run_task(name: str, em: EvalModel, split, o: EvalOptions) -> dict[str, Any]:

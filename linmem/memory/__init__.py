@@ -7,26 +7,19 @@ logits = mm.run(model, recipient_ids, donor_ids, edits=[mm.StateSwap([(3, 1, "S"
 mm.contributions(model, ids, layer=3, head=1, t=40)   # [41, V, K], sums to mm.state(model, ids, 3, 1, 40)
 ```
 See ``docs/memory.md``.
+
+The names below load with their module on first use (``linmem.io.lazy``), so that ``linmem probe --help`` does not
+import torch.
 """
 
-from linmem.memory.components import Component, attention_layers, conv_width, heads, layers, recurrent_layers
-from linmem.memory.decompose import contributions, state
-from linmem.memory.edits import (
-    CacheSwap,
-    DonorWrite,
-    Edit,
-    KeyAlign,
-    OutputPatch,
-    OutputRestore,
-    StateAdd,
-    StateSwap,
-    WriteBlock,
-)
-from linmem.memory.intervene import run, run_many
-from linmem.memory.recording import Recording
+from linmem.io.lazy import lazy_exports
 
-__all__ = [
-    "CacheSwap", "Component", "DonorWrite", "Edit", "KeyAlign", "OutputPatch", "OutputRestore", "Recording", "StateAdd",
-    "StateSwap", "WriteBlock", "attention_layers", "contributions", "conv_width", "heads", "layers",
-    "recurrent_layers", "run", "run_many", "state",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "linmem.memory.components": ("Component", "attention_layers", "conv_width", "heads", "layers",
+                                 "recurrent_layers"),
+    "linmem.memory.decompose": ("contributions", "state"),
+    "linmem.memory.edits": ("CacheSwap", "DonorWrite", "Edit", "KeyAlign", "OutputPatch", "OutputRestore", "StateAdd",
+                            "StateSwap", "WriteBlock"),
+    "linmem.memory.intervene": ("run", "run_many"),
+    "linmem.memory.recording": ("Recording",),
+})

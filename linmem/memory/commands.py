@@ -1,5 +1,8 @@
 """``linmem probe MODEL_DIR``: the memory lab's default protocol on a model folder, as ``report.html`` and
-``results.json``."""
+``results.json``.
+
+Only argparse and the standard library load with this module (the experiment names from
+``linmem.memory.experiment_names``); ``main`` imports the lab, so that the help and argument errors answer at once."""
 
 from __future__ import annotations
 
@@ -7,12 +10,12 @@ import argparse
 import itertools
 from pathlib import Path
 
+from linmem.memory.experiment_names import EXPERIMENTS
+
 DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from linmem.memory.probe import EXPERIMENTS
-
     parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
     parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe; required for zoo:NAME)")
     parser.add_argument("--overwrite", action="store_true",

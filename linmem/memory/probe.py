@@ -15,6 +15,7 @@ from linmem.data.sources import Document
 from linmem.memory import experiments as ex
 from linmem.memory.components import Component, attention_layers, check_component
 from linmem.memory.corrector import corrector
+from linmem.memory.experiment_names import EXPERIMENTS
 from linmem.memory.report import write_report
 from linmem.memory.subspace import subspace_transfer
 from linmem.memory.tasks import (
@@ -116,9 +117,6 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
     return dev, confirm
 
 
-EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
-               "sweep_gap", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
-               "write_read_spearman", "corrector", "subspace_transfer")
 SWEEPS = ("sweep_num_bindings", "sweep_gap", "overlap_sweep")
 EXTRAS = ("overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman",
           "corrector", "subspace_transfer")

@@ -2,16 +2,15 @@
 
 Trains and evaluates every (model, seed) of the study not yet finished in ``--out`` (an interrupted one resumes),
 then rebuilds ``--out/tables`` from the run folder; ``--report-only`` only rebuilds the tables.
+
+Only argparse and the standard library load with this module; ``run`` imports the study, so that the help and
+argument errors answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from linmem.study.definition import load_study
-from linmem.study.runs import check_study_folder, parse_seeds, run_study
-from linmem.study.tables import write_tables
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +27,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linmem.study.definition import load_study
+    from linmem.study.runs import check_study_folder, parse_seeds, run_study
+    from linmem.study.tables import write_tables
+
     study = load_study(args.config)
     out = args.out or Path("runs") / "study" / study.name
     seeds = parse_seeds(args.seeds, study)

@@ -1,15 +1,15 @@
 """``linmem train CONFIG.yaml --out DIR [--max-steps N] [--resume] [--overwrite]``: a thin wrapper around ``train``.
 
 Several processes: ``torchrun --nproc_per_node N -m linmem.cli train CONFIG.yaml --out DIR``.
+
+Only argparse and the standard library load with this module; ``run`` imports the trainer, so that the help and
+argument errors answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from linmem.train.config import load_config
-from linmem.train.trainer import train
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linmem.train.config import load_config
+    from linmem.train.trainer import train
+
     config = load_config(args.config, args.set)
     if args.device:
         config.train.device = args.device

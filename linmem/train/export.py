@@ -5,6 +5,9 @@ tokenizer and a SHA-256 manifest.
 The checkpoint is verified against its manifest first. Sharded weights are joined in this one process from the
 shard files' safetensors headers (``checkpoint.consolidated_model_state``): no process group and nothing
 unpickled. The folder is written hidden and renamed into place when complete.
+
+Only argparse and the standard library load with this module; the functions import torch, safetensors and
+transformers when called, so that ``linmem export --help`` and its argument errors answer at once.
 """
 
 from __future__ import annotations
@@ -12,21 +15,24 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
-from transformers import AutoConfig
+from typing import TYPE_CHECKING
 
 from linmem.io.folders import replace_folder
 from linmem.io.manifest import write_manifest
-from linmem.train import checkpoint as ckpt
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes a floating-point weight may be exported as
 
 
 def checkpoint_model_state(path: Path) -> dict[str, torch.Tensor]:
     """The full model state dict of checkpoint folder ``path`` (verified): joined from its shards, or its
     ``model.safetensors``."""
+    from safetensors.torch import load_file
+
+    from linmem.train import checkpoint as ckpt
+
     ckpt.verify_checkpoint(path)
     if ckpt.is_sharded(path):
         return ckpt.consolidated_model_state(path)
@@ -36,6 +42,11 @@ def checkpoint_model_state(path: Path) -> dict[str, torch.Tensor]:
 def export_model(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
     """Write the model of ``checkpoint`` into the folder ``out`` (``dtype``: ``float32``, ``bfloat16`` or
     ``float16`` for the floating-point weights; default as saved); returns ``out``."""
+    import torch
+    from transformers import AutoConfig
+
+    from linmem.train import checkpoint as ckpt
+
     path, out = Path(checkpoint), Path(out)
     if not (path / "trainer_state.json").is_file():
         raise ValueError(f"checkpoint {path}: not a linmem training checkpoint (no trainer_state.json); give a "
@@ -47,7 +58,7 @@ def export_model(checkpoint: str | Path, out: str | Path, dtype: str | None = No
     tmp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    ckpt.write_model(tmp, state, config, DTYPES[dtype] if dtype else None)
+    ckpt.write_model(tmp, state, config, getattr(torch, dtype) if dtype else None)
     ckpt.copy_tokenizer(path, tmp)
     write_manifest(tmp)
     return replace_folder(tmp, out)

@@ -8,6 +8,9 @@ embeddings), the final norm and, for each kind of block (linear mixer / softmax 
 ``vocab_size: auto`` in a config means the dataset's vocabulary: the one of the dataset folder ``data.dir`` when it
 has been built, else ``data.vocab_size`` (what a tokenizer trained by ``linmem data build`` would have), rounded up
 to a multiple of 64 as the trainer does.
+
+Only argparse and the standard library load with this module; the functions that build a model or read a config
+import torch and the models when called, so that ``linmem params --help`` and its argument errors answer at once.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import argparse
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
-from linmem.models import LinMemConfig, LinMemForCausalLM
-from linmem.train.config import TrainConfig, build_model_config, load_config
+    from linmem.models import LinMemConfig
+    from linmem.train.config import TrainConfig
 
 
 @dataclass
@@ -80,6 +84,10 @@ def _children_numel(module: nn.Module) -> dict[str, int]:
 
 def count_model_parameters(config: LinMemConfig) -> ParameterCount:
     """Build ``LinMemForCausalLM(config)`` on the meta device (no memory) and count its parameters by part."""
+    import torch
+
+    from linmem.models import LinMemForCausalLM
+
     with torch.device("meta"):
         model = LinMemForCausalLM(config)
     backbone = model.model
@@ -112,6 +120,8 @@ def resolve_vocab_size(config: TrainConfig) -> tuple[int, str]:
 def model_config_of(config: TrainConfig) -> tuple[LinMemConfig, str]:
     """The ``LinMemConfig`` ``config`` trains, without opening its data (``vocab_size: auto`` resolved as the module
     doc says), and where its vocabulary size comes from."""
+    from linmem.train.config import build_model_config
+
     if config.model.get("vocab_size", "auto") == "auto":
         data_vocab, source = resolve_vocab_size(config)
     else:
@@ -175,6 +185,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from linmem.train.config import load_config
+
     config = load_config(args.config, args.overrides)
     count = count_config_parameters(config)
     if args.json:

@@ -23,27 +23,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from linmem.io.lazy import lazy_exports
 from linmem.io.run_info import read_train_info
 from linmem.io.zoo_dir import ENV_VAR, MAIN, PACKAGE_DIR, UnknownModelError, names, order, path, root
 
+# ``load`` (torch, transformers) loads with its module on first use, so that ``linmem zoo --help`` imports neither
+__getattr__, __dir__, _ = lazy_exports(__name__, {"linmem.zoo.loading": ("load",)})
+
 HELDOUT_DIR = "_heldout"
 SIZE_LIMIT = 10_000_000  # bytes per shipped model folder: 10 MB
-
-
-def load(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-         root_dir: str | os.PathLike | None = None):
-    """``(model, tokenizer)``: the shipped model ``name`` (``linmem.models.loading.load_weights``: every weight from
-    the folder, its manifest verified) as ``dtype`` on ``device`` in eval mode, and its tokenizer (the transformers
-    fast tokenizer ``AutoTokenizer.from_pretrained(folder)`` gives, loaded without AutoTokenizer's model-type
-    warning)."""
-    from transformers import PreTrainedTokenizerFast
-
-    from linmem.models.loading import load_weights
-
-    model, folder = load_weights(path(name, root_dir), device=device, dtype=dtype)  # strict, manifest-checked
-    return model, PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def eval_record(name: str, root_dir: str | os.PathLike | None = None) -> dict[str, Any]:

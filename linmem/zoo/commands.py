@@ -1,5 +1,8 @@
 """``linmem zoo list``, ``linmem zoo ship RUN_DIR [RUN_DIR ...] [--ship NAME,...] [--docs docs/zoo.md]`` and
-``linmem zoo remeasure NAMES --tasks TASKS --why TEXT``."""
+``linmem zoo remeasure NAMES --tasks TASKS --why TEXT``.
+
+Only argparse and the standard library load with this module; each command imports what it runs, so that the
+commands' help and argument errors answer at once."""
 
 from __future__ import annotations
 
@@ -90,7 +93,7 @@ def run_remeasure(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from linmem import zoo
-    from linmem.eval.runner import parse_tasks
+    from linmem.eval.task_names import parse_tasks
     from linmem.zoo.ship import remeasure
 
     hf_logging.disable_progress_bar()
