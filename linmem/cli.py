@@ -3,7 +3,10 @@
 A command is one entry in ``COMMANDS``: its name, the module that implements it, and a one-line help. The module
 defines ``register(parser: argparse.ArgumentParser) -> None``, which adds the command's arguments (or its own
 subcommands) and sets ``func``, a function ``(args) -> int | None`` that runs it. Only the module of the command
-being run is imported, so ``linmem --help`` stays fast and one command's dependencies never burden another.
+being run is imported, so ``linmem --help`` stays fast and one command's dependencies never burden another; and a
+command module imports only argparse, the standard library and light modules at its top (choices such as the task
+names come from small modules like ``linmem.eval.task_names``), its ``func`` imports the rest, so that
+``linmem CMD --help`` and a usage error answer without torch or transformers.
 
 Expected failures print as one line on stderr instead of a traceback: a user error (``ValueError``, which
 includes a damaged file's ``DamagedFileError``) or a missing file (``FileNotFoundError``) exits with 2, any other
