@@ -61,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args([args.command, "--help"])
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader of stdout left (``linmem zoo list | head``): stop quietly, like a shell tool
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout would otherwise fail again
+        return 141  # 128 + SIGPIPE
     except (ValueError, OSError, KeyboardInterrupt) as e:
         if args.debug or os.environ.get("LINMEM_DEBUG"):
             raise

@@ -364,6 +364,20 @@ def test_every_command_help_and_usage_error_load_neither_torch_nor_transformers(
     assert {"data build", "data info", "zoo list", "zoo ship", "zoo remeasure"} <= set(checked), checked
 
 
+def test_a_closed_output_pipe_ends_a_command_quietly():
+    """``linmem zoo list | head -1``: when the reader of stdout has gone, the command stops with exit code 141
+    (128 + SIGPIPE, as shell tools do) and prints no error."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "linmem.cli", "zoo", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before the command prints its first line
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert stderr.strip() == "", stderr
+
+
 def test_plain_import_registers_the_auto_classes():
     """Outside the console command, ``import linmem`` alone lets ``AutoModelForCausalLM`` load a linmem folder."""
     import subprocess
