@@ -41,6 +41,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stability-windows", type=int, default=16)
     parser.add_argument("--recall-items", type=int, default=64, help="memory-lab recall items")
     parser.add_argument("--recall-filler", type=int, default=256, help="filler tokens per memory-lab item")
+    parser.add_argument("--recall-template", default="code",
+                        help="memory-lab fact template: a name of linmem.memory.tasks.TEMPLATES, a file or a text "
+                             "with {key} and {value} (code)")
+    parser.add_argument("--recall-keys", default="names", help="key vocabulary: a name of KEY_WORDS or a word file "
+                        "(names)")
+    parser.add_argument("--recall-values", default="colors", help="value vocabulary: a name of VALUE_WORDS or a "
+                        "word file (colors)")
+    parser.add_argument("--recall-bindings", type=_ints, default=[4],
+                        help="comma-separated loads (facts per item), each measured on --recall-items items (4); a "
+                             "load the tokenizer has too few single-token keys for is refused")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto")
     parser.set_defaults(func=run)
@@ -57,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
                           mqar_samples=args.mqar_samples, niah_lengths=args.niah_lengths,
                           niah_depths=args.niah_depths, niah_samples=args.niah_samples,
                           stability_windows=args.stability_windows, recall_items=args.recall_items,
-                          recall_filler=args.recall_filler, seed=args.seed, device=args.device)
+                          recall_filler=args.recall_filler, recall_template=args.recall_template,
+                          recall_keys=args.recall_keys, recall_values=args.recall_values,
+                          recall_bindings=args.recall_bindings, seed=args.seed, device=args.device)
     # checked before any work; a model given by name (not a folder) without --out: the runner picks the folder
     out = args.out or (args.model_dir / "eval" if args.model_dir.is_dir() else None)
     if out is not None:

@@ -4,13 +4,20 @@ Items come from the memory lab's own task builder (``linmem.memory.tasks``: ``K`
 bindings, each presented ``R`` times between stretches of a held-out passage, then a query), scored with its
 4-choice metric (``linmem.memory.metrics.choice_logits``: the answer is the argmax over the four candidates'
 logits at the last position) and its source-level bootstrap CI (``linmem.memory.stats.bootstrap``). Chance is 1/4.
-If the tokenizer cannot meet the lab's rules (single-token keys and values), the task says so and measures nothing
-else in its place.
+
+The format (``template``, ``keys``, ``values``: names of the lab's ``TEMPLATES`` / ``KEY_WORDS`` / ``VALUE_WORDS``,
+a file, or a template text) and the loads (``loads``: numbers of bindings ``K``) are chosen by the caller; every
+load is measured on the same passages. If the tokenizer cannot build the format at all (too few single-token
+keys for the smallest load, or values, or an empty query template), the task says so and measures nothing else in
+its place. A load larger than the key vocabulary supplies is refused with a ``ValueError`` naming the load and
+the vocabulary (``check_loads``), never dropped from the sweep.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,37 +30,157 @@ from linmem.memory.evaluate import make_batch
 from linmem.memory.metrics import choice_logits
 from linmem.memory.stats import bootstrap
 
+DEFAULT_LOADS = (4,)
+CHANCE = 0.25
+
+
+class FormatUnavailable(ValueError):
+    """The tokenizer cannot build the recall format at its smallest load (the lab's rules fail)."""
+
+
+@dataclass(frozen=True)
+class RecallFormat:
+    """What a recall item looks like: the fact ``template``, the ``keys`` and ``values`` vocabularies (names, files
+    or a template text), ``repeats`` presentations of each fact and ``filler_tokens`` of held-out text in all."""
+
+    template: str = "code"
+    keys: str = "names"
+    values: str = "colors"
+    repeats: int = 2
+    filler_tokens: int = 256
+
+
+@dataclass
+class LoadTrials:
+    """The scored items of one load: ``correct`` (1.0 / 0.0 per item), each item's source passage and the prompt
+    length in tokens (every item of one load has the same length)."""
+
+    num_bindings: int
+    correct: list[float]
+    sources: list[str]
+    prompt_tokens: int
+
+
+def check_loads(loads: Sequence[int], name: str = "loads") -> tuple[int, ...]:
+    """``loads`` as a tuple of distinct integers >= 1 (``ValueError`` naming the argument ``name`` otherwise)."""
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, Sequence) or not loads:
+        raise ValueError(f"{name} must be a non-empty list of numbers of bindings; got {loads!r}")
+    bad = [k for k in loads if not isinstance(k, int) or isinstance(k, bool) or k < 1]
+    if bad:
+        raise ValueError(f"{name} must hold integers >= 1 (numbers of bindings); got {list(loads)}")
+    if len(set(loads)) != len(loads):
+        raise ValueError(f"{name} must be distinct; got {list(loads)}")
+    return tuple(loads)
+
+
+def check_format(fmt: RecallFormat, where: str = "recall") -> None:
+    """``ValueError`` naming the field for an unknown template or vocabulary (names, files or template texts)."""
+    for field, check in (("template", lambda v: tasks.load_template(v)),
+                         ("keys", lambda v: tasks.load_vocabulary(v, "keys")),
+                         ("values", lambda v: tasks.load_vocabulary(v, "values"))):
+        value = getattr(fmt, field)
+        if not isinstance(value, str):
+            raise ValueError(f"{where}_{field} must be a name or a file path; got {value!r}")
+        try:
+            check(value)
+        except ValueError as e:
+            raise ValueError(f"{where}_{field}: {e}") from None
+
+
+def builders(tokenizer, fmt: RecallFormat, loads: Sequence[int]) -> dict[int, tasks.TaskBuilder]:
+    """One lab ``TaskBuilder`` per load. ``FormatUnavailable`` when the smallest load cannot be built with this
+    tokenizer; ``ValueError`` naming every larger load the key vocabulary cannot supply."""
+    loads = check_loads(loads)
+    template = tasks.load_template(fmt.template)
+    keys, values = tasks.load_vocabulary(fmt.keys, "keys"), tasks.load_vocabulary(fmt.values, "values")
+
+    def build(k: int) -> tasks.TaskBuilder:
+        spec = tasks.TaskSpec(num_bindings=k, repeats=fmt.repeats, filler_tokens=fmt.filler_tokens,
+                              template=template, values=values, keys=keys)
+        return tasks.TaskBuilder(tokenizer, spec)
+
+    try:
+        smallest = build(min(loads))
+    except ValueError as e:
+        raise FormatUnavailable(str(e)) from None
+    supplied = len(smallest.keys)
+    refused = sorted(k for k in loads if k > supplied)
+    if refused:
+        raise ValueError(f"recall loads {refused} are refused: a load of K bindings needs K distinct single-token "
+                         f"keys, and vocabulary {tasks.label(keys)!r} has {supplied} with this tokenizer (the largest "
+                         f"load it supplies is {supplied}); choose smaller loads or another key vocabulary")
+    return {k: smallest if k == smallest.spec.num_bindings else build(k) for k in loads}
+
+
+def check_recall_loads(tokenizer, fmt: RecallFormat, loads: Sequence[int]) -> None:
+    """``ValueError`` for a load the tokenizer's key vocabulary cannot supply (see ``builders``); a format the
+    tokenizer cannot build at all passes here and is reported by the task as not available."""
+    try:
+        builders(tokenizer, fmt, loads)
+    except FormatUnavailable:
+        pass
+
+
+def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: Sequence[int], items: int = 64,
+                  seed: int = 0, batch_size: int = 8) -> list[LoadTrials]:
+    """``items`` scored items per load (in the order of ``loads``), built from the documents of ``split``; raises
+    as ``builders`` does."""
+    by_load = builders(em.tokenizer, fmt, loads)
+    documents = [Document(source, sid, em.decode(tokens.tolist())) for source, sid, tokens in split.documents()]
+    sources = tasks.passages(documents, tasks.Tokenize(em.tokenizer), min_tokens=fmt.filler_tokens)
+    if not sources:
+        raise ValueError(f"no held-out document of split {split.name!r} has {fmt.filler_tokens} tokens of filler")
+    per_source = math.ceil(items / len(sources))
+    out = []
+    for k, builder in by_load.items():
+        batch = make_batch(tasks.build_items(builder, sources, per_source=per_source, seed=seed)[:items])
+        correct = []
+        with torch.no_grad():
+            for start in range(0, batch.recipient.shape[0], batch_size):
+                ids = batch.recipient[start:start + batch_size].to(em.device)
+                last = em.model(input_ids=ids, use_cache=False).logits[:, -1].float().cpu()
+                choice = choice_logits(last, batch.candidates[start:start + batch_size])
+                correct += (choice.argmax(-1) == batch.answer[start:start + batch_size]).double().tolist()
+        out.append(LoadTrials(k, correct, list(batch.sources), batch.length))
+    return out
+
 
 def _not_available(reason: str) -> dict[str, Any]:
     return {"available": False, "reason": f"not available: {reason}"}
 
 
-def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num_bindings: int = 4,
+def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num_bindings: int | None = None,
                   repeats: int = 2, filler_tokens: int = 256, template: str = "code", values: str = "colors",
-                  keys: str = "names", seed: int = 0, batch_size: int = 8) -> dict[str, Any]:
-    """Clean 4-choice recall accuracy (with a source-level 95% CI) on ``items`` memory-lab items built from the
-    documents of ``split``."""
+                  keys: str = "names", seed: int = 0, batch_size: int = 8,
+                  loads: Sequence[int] | None = None) -> dict[str, Any]:
+    """Clean 4-choice recall accuracy (with a source-level 95% CI) on ``items`` memory-lab items per load, built
+    from the documents of ``split``. ``loads`` (default ``[num_bindings]``, else ``[4]``) are the numbers of
+    bindings measured.
+
+    Metrics: ``accuracy``, ``ci_low``, ``ci_high``, ``n``, ``sources`` over every item of every load (the mean
+    over loads: each has ``items`` items), ``accuracy@K`` / ``ci_low@K`` / ``ci_high@K`` per load, and the
+    settings (``num_bindings``: the load, or the list of loads). ``table``: one row per load.
+    """
+    if loads is None:
+        loads = DEFAULT_LOADS if num_bindings is None else (num_bindings,)
+    elif num_bindings is not None:
+        raise ValueError(f"give num_bindings or loads, not both; got {num_bindings} and {loads}")
+    loads = check_loads(loads)
+    fmt = RecallFormat(template, keys, values, repeats, filler_tokens)
+    check_format(fmt)
     try:
-        spec = tasks.TaskSpec(num_bindings=num_bindings, repeats=repeats, filler_tokens=filler_tokens,
-                              template=template, values=values, keys=keys)
-        builder = tasks.TaskBuilder(em.tokenizer, spec)
-    except ValueError as e:
+        trials = recall_trials(em, split, fmt, loads, items, seed, batch_size)
+    except FormatUnavailable as e:
         return _not_available(f"the memory lab's task rules fail for this tokenizer ({e})")
-    documents = [Document(source, sid, em.decode(tokens.tolist())) for source, sid, tokens in split.documents()]
-    sources = tasks.passages(documents, tasks.Tokenize(em.tokenizer), min_tokens=filler_tokens)
-    if not sources:
-        raise ValueError(f"no held-out document of split {split.name!r} has {filler_tokens} tokens of filler")
-    per_source = math.ceil(items / len(sources))
-    batch = make_batch(tasks.build_items(builder, sources, per_source=per_source, seed=seed)[:items])
-    correct = []
-    with torch.no_grad():
-        for start in range(0, batch.recipient.shape[0], batch_size):
-            ids = batch.recipient[start:start + batch_size].to(em.device)
-            last = em.model(input_ids=ids, use_cache=False).logits[:, -1].float().cpu()
-            choice = choice_logits(last, batch.candidates[start:start + batch_size])
-            correct += (choice.argmax(-1) == batch.answer[start:start + batch_size]).double().tolist()
-    estimate = bootstrap(correct, batch.sources, seed=seed)
-    return {"available": True,
-            "metrics": {"accuracy": estimate.mean, "ci_low": estimate.low, "ci_high": estimate.high, "n": estimate.n,
-                        "sources": estimate.sources, "chance": 0.25, "prompt_tokens": batch.length,
-                        "num_bindings": num_bindings, "repeats": repeats, "template": template}}
+    table = []
+    for t in trials:
+        e = bootstrap(t.correct, t.sources, seed=seed)
+        table.append({"num_bindings": t.num_bindings, "accuracy": e.mean, "ci_low": e.low, "ci_high": e.high,
+                      "n": e.n, "sources": e.sources, "prompt_tokens": t.prompt_tokens})
+    pooled = bootstrap([c for t in trials for c in t.correct], [s for t in trials for s in t.sources], seed=seed)
+    per_load = {f"{key}@{row['num_bindings']}": row[key] for row in table for key in ("accuracy", "ci_low", "ci_high")}
+    metrics = {"accuracy": pooled.mean, "ci_low": pooled.low, "ci_high": pooled.high, "n": pooled.n,
+               "sources": pooled.sources, "chance": CHANCE, "prompt_tokens": max(t.prompt_tokens for t in trials),
+               "num_bindings": loads[0] if len(loads) == 1 else list(loads), "repeats": repeats,
+               "template": template, "keys": keys, "values": values, **per_load}
+    return {"available": True, "metrics": metrics, "table": table}

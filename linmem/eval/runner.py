@@ -14,7 +14,7 @@ from tqdm import tqdm
 from linmem.eval import plots
 from linmem.eval.cloze import cloze
 from linmem.eval.loading import EvalModel, load_model, open_heldout
-from linmem.eval.memory_recall import memory_recall
+from linmem.eval.memory_recall import RecallFormat, check_format, check_loads, check_recall_loads, memory_recall
 from linmem.eval.mqar import mqar
 from linmem.eval.niah import niah
 from linmem.eval.perplexity import describe_perplexity, perplexity
@@ -30,7 +30,9 @@ NEEDS_TEXT = {"ppl", "cloze", "niah", "stability", "recall"}
 
 @dataclass
 class EvalOptions:
-    """Sizes of every task; ``seq_len`` None means the model's training length."""
+    """Sizes of every task; ``seq_len`` None means the model's training length. The recall task's format is
+    ``recall_template`` / ``recall_keys`` / ``recall_values`` (names of the memory lab's templates and
+    vocabularies, or files) at each load of ``recall_bindings`` (numbers of facts), ``recall_items`` items each."""
 
     data: str | None = None
     split: str = "test"
@@ -46,8 +48,20 @@ class EvalOptions:
     stability_windows: int = 16
     recall_items: int = 64
     recall_filler: int = 256
+    recall_template: str = "code"
+    recall_keys: str = "names"
+    recall_values: str = "colors"
+    recall_bindings: Sequence[int] = (4,)
     seed: int = 0
     device: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.recall_bindings = check_loads(self.recall_bindings, "recall_bindings")
+        check_format(self.recall_format())
+
+    def recall_format(self) -> RecallFormat:
+        return RecallFormat(self.recall_template, self.recall_keys, self.recall_values,
+                            filler_tokens=self.recall_filler)
 
 
 def run_task(name: str, em: EvalModel, split, o: EvalOptions) -> dict[str, Any]:
@@ -62,7 +76,8 @@ def run_task(name: str, em: EvalModel, split, o: EvalOptions) -> dict[str, Any]:
         return niah(em, split, o.niah_lengths, o.niah_depths, o.niah_samples, o.seed, o.batch_size)
     if name == "stability":
         return stability(em, split, seq_len, o.stability_windows, o.batch_size)
-    return memory_recall(em, split, o.recall_items, filler_tokens=o.recall_filler, seed=o.seed,
+    return memory_recall(em, split, o.recall_items, filler_tokens=o.recall_filler, template=o.recall_template,
+                         keys=o.recall_keys, values=o.recall_values, loads=o.recall_bindings, seed=o.seed,
                          batch_size=o.batch_size)
 
 
@@ -74,6 +89,8 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
     # default MODEL_DIR/eval, refused for a model inside the installed package (a zoo model) or a read-only one
     out = Path(out_dir) if out_dir else default_output_folder(em.folder, "eval")
     split = open_heldout(em, o.data, o.split) if NEEDS_TEXT & set(tasks) else None  # fail before any work
+    if "recall" in tasks:  # a load the tokenizer cannot supply is refused here, before any task runs
+        check_recall_loads(em.tokenizer, o.recall_format(), o.recall_bindings)
     results: dict[str, Any] = {}
     bar = tqdm(tasks, desc="eval", unit="task", disable=not progress, dynamic_ncols=True)
     for name in bar:

@@ -51,6 +51,9 @@ MIN_SEEDS = 3
 WHOLE_SPLIT = 2**62  # ``max_tokens: all``: every window of the split
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 STUDY_KEYS = {"name", "description", "seeds", "recipe", "per_model", "eval", "models", "compare"}
+# eval options recorded only when a study sets them away from their defaults: the records of runs evaluated
+# before these options existed hold the same settings without them, and stay comparable (runs.check_finished_run)
+RECORDED_IF_SET = ("recall_template", "recall_keys", "recall_values", "recall_bindings")
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,10 @@ class Study:
         """The evaluation settings every run shares (device excluded), as recorded next to each run's results."""
         options = dataclasses.asdict(self.eval_options)
         options.pop("device")
+        defaults = EvalOptions()
+        for key in RECORDED_IF_SET:
+            if options[key] == getattr(defaults, key):
+                options.pop(key)
         return {"tasks": list(self.tasks), "options": {k: list(v) if isinstance(v, tuple) else v
                                                        for k, v in options.items()}}
 
@@ -177,7 +184,10 @@ def _eval_section(section: Any, path: Path) -> tuple[list[str], EvalOptions]:
         else:
             _require(isinstance(value, kind) and not isinstance(value, bool), path,
                      f"eval.options.{key} must be {getattr(kind, '__name__', 'an integer')}; got {value!r}")
-    return list(tasks), EvalOptions(**options)
+    try:
+        return list(tasks), EvalOptions(**options)
+    except ValueError as e:
+        raise ValueError(f"{path}: eval.options: {e}") from None
 
 
 def _models(value: Any, path: Path) -> list[StudyModel]:

@@ -4,8 +4,9 @@
 builds the task's items exactly as the eval does (same windows, passages, sequences and trials, from the same
 builders and seeds) and keeps, per item, a numerator and denominator (loss sum and tokens of a window, answers
 right and answers of an MQAR sequence, 1/0 of a cloze passage or NIAH trial), the ``unit`` the bootstrap resamples
-(a window, a cloze passage's document, a sequence or trial) and the ``group`` a metric averages over (MQAR: the
-number of pairs; NIAH: the length x depth cell), as the eval's aggregates do. ``agreement`` compares the
+(a window, a cloze passage's document, a sequence or trial, a recall item's source passage) and the ``group`` a
+metric averages over (MQAR: the number of pairs; NIAH: the length x depth cell; recall: the load), as the eval's
+aggregates do. ``agreement`` compares the
 records with the eval's own aggregates.
 """
 
@@ -21,12 +22,13 @@ from linmem.data.synthetic import MQAR
 from linmem.data.windows import sequential_windows
 from linmem.eval.cloze import build_cloze
 from linmem.eval.loading import EvalModel
+from linmem.eval.memory_recall import FormatUnavailable, recall_trials
 from linmem.eval.mqar import mqar_batch, mqar_vocab_range
 from linmem.eval.niah import NIAH_STREAM, haystack_tokens, niah_prompt
 from linmem.eval.runner import EvalOptions
 from linmem.eval.scoring import logits_of, score_continuations, window_losses
 
-ITEM_TASKS = ("ppl", "cloze", "mqar", "niah")
+ITEM_TASKS = ("ppl", "cloze", "mqar", "niah", "recall")
 CLOZE_CONTEXT_TOKENS = 256  # linmem.eval.cloze's default context, which the runner uses
 
 
@@ -96,13 +98,30 @@ def niah_items(em: EvalModel, split: SplitTokens, o: EvalOptions) -> dict[str, l
     return columns
 
 
+def recall_items(em: EvalModel, split: SplitTokens, o: EvalOptions) -> dict[str, list]:
+    """One item per memory-lab recall item (as ``eval.memory_recall``): 1 when the answer wins among the four
+    candidates; the unit is the item's source passage (the eval's bootstrap unit), grouped by load. No items when
+    the tokenizer cannot build the format (the eval reports the task as not available)."""
+    columns = _columns()
+    try:
+        trials = recall_trials(em, split, o.recall_format(), o.recall_bindings, o.recall_items, o.seed,
+                               o.batch_size)
+    except FormatUnavailable:
+        return columns
+    for t in trials:
+        for source, correct in zip(t.sources, t.correct):
+            _add(columns, source, str(t.num_bindings), correct, 1.0, bindings=t.num_bindings)
+    return columns
+
+
 def item_records(em: EvalModel, split: SplitTokens | None, tasks: list[str], o: EvalOptions,
                  progress=None) -> dict[str, dict[str, list]]:
     """The records of every task of ``tasks`` that has items (``ITEM_TASKS``); ``progress(name)`` is called
     before each."""
     seq_len = o.seq_len or em.seq_len
     builders = {"ppl": lambda: ppl_items(em, split, seq_len, o), "cloze": lambda: cloze_items(em, split, o),
-                "mqar": lambda: mqar_items(em, seq_len, o), "niah": lambda: niah_items(em, split, o)}
+                "mqar": lambda: mqar_items(em, seq_len, o), "niah": lambda: niah_items(em, split, o),
+                "recall": lambda: recall_items(em, split, o)}
     records = {}
     for name in tasks:
         if name in builders:
@@ -126,7 +145,8 @@ def ratio(columns: dict[str, list], groups: list[str] | None = None) -> float:
 
 def agreement(records: dict[str, dict[str, list]], report: dict[str, Any]) -> dict[str, float]:
     """``|records' aggregate - the eval's|`` per task (the eval's ``results.json`` report ``report``)."""
-    reported = {"ppl": ("loss",), "cloze": ("accuracy",), "mqar": ("mean_accuracy",), "niah": ("mean_accuracy",)}
+    reported = {"ppl": ("loss",), "cloze": ("accuracy",), "mqar": ("mean_accuracy",), "niah": ("mean_accuracy",),
+                "recall": ("accuracy",)}
     out = {}
     for name, columns in records.items():
         metrics = report["tasks"].get(name, {}).get("metrics", {})

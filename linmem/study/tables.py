@@ -58,6 +58,12 @@ def _eval_metric(task: str, key: str):
     return read
 
 
+def _recall(record: dict[str, Any], folder: Path) -> Measurement | None:
+    """The recall items (mean over loads); a record without them (evaluated before recall had items) gives the
+    eval's seed-level accuracy."""
+    return _items("recall")(record, folder) or _eval_metric("recall", "accuracy")(record, folder)
+
+
 def _final_train_loss(record: dict[str, Any], folder: Path) -> float | None:
     losses = [r["loss"] for r in training_log(folder) if r.get("loss") is not None]
     if not losses:
@@ -93,8 +99,12 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
         out += [Metric(f"niah@depth{d:g}", f"NIAH accuracy, depth {d:g}",
                        _items("niah", lambda r, d=d: r["depth"] == d), True, bounded=True) for d in o.niah_depths]
     if "recall" in tasks:
-        out.append(Metric("lab_recall", "the memory lab's clean recall (4-choice)", _eval_metric("recall", "accuracy"),
-                          True, bounded=True))
+        fmt = f"template {o.recall_template}, keys {o.recall_keys}, values {o.recall_values}"
+        out.append(Metric("lab_recall", f"the memory lab's clean recall (4-choice; {fmt}), mean over loads",
+                          _recall, True, bounded=True))
+        out += [Metric(f"recall@{k}", f"the memory lab's clean recall (4-choice; {fmt}), {k} facts",
+                       _items("recall", lambda r, k=k: r["bindings"] == k), True, bounded=True)
+                for k in o.recall_bindings]
     if "stability" in tasks:
         out.append(Metric("norm", "largest per-layer mean mixer-output norm", _eval_metric(
             "stability", "max_layer_output_norm"), False))
