@@ -8,7 +8,6 @@ tokenizer and held-out text."""
 from __future__ import annotations
 
 import dataclasses
-import types
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from linmem.models import LinMemConfig
 from linmem.study.definition import load_study, resolve_model
 from linmem.study.items import agreement, item_records, ratio
 from linmem.study.tables import metrics_of
+from tests.test_eval import RecallOracle
 from tests.test_train_support import one_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,24 +36,17 @@ ZOO_MODEL = ROOT / "linmem" / "zoo" / "models" / "gdn"
 REMEMBER = ROOT / "configs" / "study" / "remember.yaml"
 
 
-class ReadingOracle(nn.Module):
-    """Answers a query ``... key middle`` with the token after the last earlier ``key middle``; keeps every prompt
-    it is given (``seen``), so a test can read what was measured."""
+class ReadingOracle(RecallOracle):
+    """The eval tests' reading oracle (recall 1 from the prompt's own facts) that keeps every prompt it is given
+    (``seen``), so a test can read what was measured."""
 
     def __init__(self, vocab_size: int, middle: list[int]):
-        super().__init__()
-        self.config = types.SimpleNamespace(vocab_size=vocab_size, mixer="gdn")
-        self.vocab_size, self.middle, self.seen = vocab_size, middle, []
+        super().__init__(vocab_size, middle)
+        self.seen = []
 
     def forward(self, input_ids, attention_mask=None, use_cache=False):
-        logits = torch.zeros(*input_ids.shape, self.vocab_size)
-        width = len(self.middle) + 1
-        for b, row in enumerate(input_ids.tolist()):
-            self.seen.append(row)
-            pattern = row[-width:]
-            starts = [t for t in range(len(row) - width) if row[t:t + width] == pattern]
-            logits[b, -1, row[starts[-1] + width]] = 10.0
-        return types.SimpleNamespace(logits=logits)
+        self.seen += input_ids.tolist()
+        return super().forward(input_ids, attention_mask, use_cache)
 
 
 @pytest.fixture(scope="module")
