@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from linmem.bench import training
+from linmem.bench import step_profile, training
 
 TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--head-dim", "16", "--vocab", "64", "--batch", "1",
         "--seq-len", "32", "--steps", "2", "--warmup", "1", "--backends", "chunk", "--threads", "1"]
@@ -111,6 +111,36 @@ def test_paper_mode_runs_fsdp2_on_one_process(tmp_path):
     assert report["mode"] == "paper" and len(report["rows"]) == 4 and not report["skipped"]
     md = (tmp_path / "paper-training.md").read_text()
     assert "| RDN | chunk | 16 | 4 |" in md and "FSDP2 world size 1" in md and "989" in md
+
+
+def test_paper_mode_profile_says_where_a_step_goes(tmp_path):
+    """``--profile 1``: per row, the kinds' shares of the step's own time sum to 1, matmul among them (the model's
+    projections), and the ranked operators are the step's largest, in the JSON and the Markdown report."""
+    tiny = list(PAPER_TINY)
+    tiny[tiny.index("rdn,gdn")], tiny[tiny.index("16,32")] = "rdn", "16"
+    rows = training.main([*tiny, "--profile", "1", "--out", str(tmp_path)])
+    profile = rows[0]["profile"]
+    assert profile["steps"] == 1 and sum(profile["kinds"].values()) == pytest.approx(1.0)
+    assert profile["kinds"]["matmul"] > 0 and set(profile["kinds"]) == set(step_profile.KINDS)
+    shares = [r["share"] for r in profile["top"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert all(r["kind"] == step_profile.kind_of(r["name"]) for r in profile["top"])
+    md = (tmp_path / "paper-training.md").read_text()
+    assert "Where a step's time goes: RDN/chunk T=16" in md and "| matmul |" in md
+    with pytest.raises(SystemExit):
+        training.main(["--profile", "1", "--steps", "1"])  # profiling belongs to paper mode
+
+
+def test_profile_kinds_of_kernel_names():
+    assert step_profile.kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert step_profile.kind_of("aten::addmm") == "matmul"
+    assert step_profile.kind_of("ncclDevKernel_AllGather_RING_LL") == "communication"
+    assert step_profile.kind_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer"
+    assert step_profile.kind_of("flash_fwd_kernel") == "attention"
+    assert step_profile.kind_of("aten::mul") == "other"
+    kernels = step_profile.linmem_kernel_names()
+    if kernels:  # Triton installed: linmem's own kernels are recognised by name
+        assert "output_kernel" in kernels and step_profile.kind_of("output_kernel") == "linmem kernels"
 
 
 def test_flops_attention_term_and_tied_head():

@@ -34,6 +34,10 @@ peak ``--peak-tflops`` (default 989: the H100 / H200 SXM dense bfloat16 peak).
 
     python -m linmem.bench.training --paper rdn,gdn --seq-lens 2048,8192 --backends triton --out runs/paper-bench
 
+``--profile STEPS`` profiles STEPS more steps of each row after its timed ones and reports where a step's time goes
+(``linmem.bench.step_profile``): the kernels by their own time and the shares of matmul, linmem's recurrence
+kernels, attention, the optimizer, communication and the rest, the first place to look when MFU is low.
+
 A measurement that raises (Triton not usable here, out of memory, ...) is skipped with the reason printed; the rest
 run. ``--budget`` (seconds, default 240) bounds the run: a measurement is not started when the longest one so far
 (on the same backend, else on any) would end past the budget, and a measurement that crosses it stops after its
@@ -62,6 +66,7 @@ import torch.distributed as dist
 
 from linmem.bench import environment
 from linmem.bench.flops import H200_BF16_DENSE_TFLOPS, flops_per_token, mfu
+from linmem.bench.step_profile import format_profile, profile_steps
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.configuration import MIXERS
 from linmem.ops import BACKENDS
@@ -276,8 +281,12 @@ def measure_paper(args: argparse.Namespace, name: str, backend: str, seq_len: in
     tokens = random_tokens(args.seed, batch, seq_len, model_config.vocab_size, device)
     use_autocast = cuda and args.param_dtype == "float32"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
-    times, final_loss = time_steps(lambda: train_step(model, optimizer, tokens, autocast, args.loss_chunk),
-                                   args.warmup, args.steps, device, deadline)
+    step = lambda: train_step(model, optimizer, tokens, autocast, args.loss_chunk)  # noqa: E731
+    times, final_loss = time_steps(step, args.warmup, args.steps, device, deadline)
+    profiled = {}
+    if args.profile:
+        top, kinds = profile_steps(step, args.profile, device)
+        profiled = dict(profile=dict(steps=args.profile, top=top, kinds=kinds))
     step_s = statistics.median(times)
     tokens_per_s = batch * seq_len / step_s
     flops = flops_per_token(model_config, seq_len)
@@ -287,7 +296,14 @@ def measure_paper(args: argparse.Namespace, name: str, backend: str, seq_len: in
                 steps_ms=[t * 1e3 for t in times], tokens_per_s=tokens_per_s, **peak_memory(device),
                 flops_per_token=flops, mfu=mfu(tokens_per_s, flops["total"], args.peak_tflops),
                 final_loss=final_loss, finite=math.isfinite(final_loss), timed_steps=len(times),
-                seconds=time.perf_counter() - start)
+                seconds=time.perf_counter() - start, **profiled)
+
+
+def format_paper_profiles(rows: list[dict]) -> str:
+    """Per profiled row: where its step's time goes (``linmem.bench.step_profile``)."""
+    return "".join(f"## Where a step's time goes: {NAMES[r['model']]}/{r['backend']} T={r['seq_len']:,} "
+                   f"({r['profile']['steps']} profiled steps)\n\n"
+                   f"{format_profile(r['profile']['top'], r['profile']['kinds'])}\n\n" for r in rows if "profile" in r)
 
 
 def format_paper_table(rows: list[dict]) -> str:
@@ -332,7 +348,8 @@ def write_outputs(out: Path, report: dict) -> None:
     stem = "paper-training" if report["mode"] == "paper" else "training"
     skipped = "".join(f"- {label(s)}: {s['reason']}\n" for s in report["skipped"])
     if report["mode"] == "paper":
-        body = f"# Training throughput of the 1.5B presets\n\n{format_paper_table(report['rows'])}\n\n"
+        body = (f"# Training throughput of the 1.5B presets\n\n{format_paper_table(report['rows'])}\n\n"
+                + format_paper_profiles(report["rows"]))
     else:
         body = f"# Training throughput\n\n{format_table(report['rows'])}\n\n"
         if report.get("savings"):
@@ -401,6 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
     paper.add_argument("--loss-chunk", type=int, default=None, metavar="TOKENS",
                        help="LM head and loss over TOKENS tokens at a time, so the whole float32 logits never exist "
                             f"(0: off; default {LOSS_CHUNK_TOKENS} in paper mode, else 0)")
+    paper.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                       help="after the timed steps, profile STEPS more and report where a step's time goes: the "
+                            "kernels by their own time and the share of matmul, linmem's kernels, optimizer, ... "
+                            "(0: off)")
     paper.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS,
                        help="the accelerator's peak for MFU, TFLOP/s (989: H100 / H200 SXM dense bf16)")
     return parser
@@ -420,6 +441,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("--steps must be >= 1 and --warmup >= 0")
     if paper_mode and (args.checkpointing == "both" or args.tokens_per_step < 1 or args.peak_tflops <= 0):
         parser.error("paper mode takes --checkpointing on or off, --tokens-per-step >= 1 and --peak-tflops > 0")
+    if args.profile < 0 or (args.profile and not paper_mode):
+        parser.error("--profile STEPS (>= 0) profiles paper-mode runs: use it with --paper")
     if args.overrides and not paper_mode:
         parser.error("--set changes the paper presets: use it with --paper")
     if args.threads:
@@ -450,6 +473,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     report["elapsed_s"] = time.perf_counter() - start
     table = format_paper_table(rows) if paper_mode else format_table(rows)
     print(f"\n{report['settings_line']}\n\n{table}")
+    if paper_mode and args.profile:
+        print(f"\n{format_paper_profiles(rows)}")
     if report.get("savings"):
         print(f"\ngradient checkpointing:\n{format_savings(report['savings'])}")
     for s in skipped:

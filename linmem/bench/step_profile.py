@@ -1,0 +1,102 @@
+"""Where a training step's time goes: ``torch.profiler`` over a few steps, the kernels (CUDA) or operators (CPU)
+ranked by their own time, and that time summed into a few kinds a reader can act on.
+
+Kinds, by kernel or operator name: ``matmul`` (cuBLAS / CUTLASS GEMMs, ``aten::mm`` and relatives), ``linmem
+kernels`` (the Triton kernels of ``linmem.ops.triton``: the memories' recurrence), ``attention`` (flash / SDPA
+kernels), ``optimizer`` (AdamW's fused and foreach kernels), ``communication`` (NCCL / gloo) and ``other``
+(element-wise work, norms, the loss, copies). A step that is mostly ``other`` is bound by memory traffic and
+launches, not by the tensor cores, and MFU stays low whatever the GEMMs do.
+
+    rows, kinds = profile_steps(step, steps=3, device=torch.device("cuda"))
+    print(format_profile(rows, kinds))
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from functools import cache
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+KINDS = ("matmul", "linmem kernels", "attention", "optimizer", "communication", "other")
+MATMUL_MARKS = ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
+                "aten::matmul", "aten::linear")
+ATTENTION_MARKS = ("flash", "fmha", "attention")
+OPTIMIZER_MARKS = ("adam", "multi_tensor_apply", "_foreach_")
+COMMUNICATION_MARKS = ("nccl", "gloo", "c10d::")
+
+
+@cache
+def linmem_kernel_names() -> frozenset[str]:
+    """The names of the Triton kernels in ``linmem.ops.triton`` (empty where Triton is not installed)."""
+    try:
+        package = importlib.import_module("linmem.ops.triton")
+    except ImportError:
+        return frozenset()
+    names = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        try:
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        except ImportError:
+            continue
+        names.update(name for name in vars(module) if name.endswith("_kernel"))
+    return frozenset(names)
+
+
+def kind_of(name: str) -> str:
+    """The kind (``KINDS``) of a kernel or operator ``name``."""
+    lowered = name.lower()
+    if any(kernel in name for kernel in linmem_kernel_names()):
+        return "linmem kernels"
+    for kind, marks in (("communication", COMMUNICATION_MARKS), ("optimizer", OPTIMIZER_MARKS),
+                        ("attention", ATTENTION_MARKS), ("matmul", MATMUL_MARKS)):
+        if any(mark in lowered for mark in marks):
+            return kind
+    return "other"
+
+
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
+                  top: int = 15) -> tuple[list[dict], dict[str, float]]:
+    """Profile ``steps`` calls of ``step`` (warmed up already) on ``device``.
+
+    Returns the ``top`` kernels (CUDA) or operators (CPU) by their own time, each ``{name, kind, ms_per_step,
+    share, calls_per_step}``, and ``{kind: share of the step's own time}`` over every kernel or operator (shares sum
+    to 1). On the CPU an operator's own time excludes the operators it calls, so nothing is counted twice.
+    """
+    if steps < 1:
+        raise ValueError(f"profile steps must be >= 1; got {steps}")
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    own = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, own, 0) > 0]
+    if cuda:  # device time is carried by kernels; CPU-side operators have none of their own
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA or "::" not in e.key]
+    total = sum(getattr(e, own) for e in events) or 1.0
+    kinds = dict.fromkeys(KINDS, 0.0)
+    for e in events:
+        kinds[kind_of(e.key)] += getattr(e, own) / total
+    ranked = sorted(events, key=lambda e: getattr(e, own), reverse=True)[:top]
+    rows = [dict(name=e.key, kind=kind_of(e.key), ms_per_step=getattr(e, own) / 1e3 / steps,
+                 share=getattr(e, own) / total, calls_per_step=e.count / steps) for e in ranked]
+    return rows, kinds
+
+
+def format_profile(rows: list[dict], kinds: dict[str, float], name_width: int = 90) -> str:
+    """Markdown: the share of each kind, then the ranked kernels or operators."""
+    lines = ["| kind | share of the step's own time |", "|---|---|"]
+    lines += [f"| {kind} | {100 * share:.1f}% |" for kind, share in kinds.items()]
+    lines += ["", "| kernel or operator | kind | ms per step | share | calls per step |", "|---|---|---|---|---|"]
+    for r in rows:
+        name = r["name"] if len(r["name"]) <= name_width else r["name"][:name_width - 1] + "…"
+        name = name.replace("|", "\\|")
+        lines.append(f"| `{name}` | {r['kind']} | {r['ms_per_step']:.2f} | {100 * r['share']:.1f}% | "
+                     f"{r['calls_per_step']:g} |")
+    return "\n".join(lines)
