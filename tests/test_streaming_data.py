@@ -126,10 +126,30 @@ def private_resident_bytes() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
+def draw_and_measure(folder: Path, seed: int) -> tuple[int, int, list[np.ndarray]]:
+    """In this process: the growth of its own memory while 200 batches are drawn from ``folder``'s shards, then
+    while the shards are read whole, and the first 5 batches. Run in a fresh process, where no memory freed by
+    earlier work can be reused unseen."""
+    split = TokenShards(folder).split("train")
+    windows = TokenWindows(split, seq_len=64, seed=seed)
+    windows.batch(0, 8)  # the first batch also builds torch's own lazy state, which is not the dataset
+    gc.collect()
+    before = private_resident_bytes()
+    drawn = [windows.batch(step, 8)["input_ids"].numpy() for step in range(200)]
+    growth = private_resident_bytes() - before
+    files = [np.fromfile(folder / e["file"], dtype="<u2") for e in split.entries]
+    read_growth = private_resident_bytes() - before
+    del files
+    return growth, read_growth, drawn[:5]
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads resident memory from /proc")
 def test_training_windows_are_memory_mapped(tmp_path):
     """64 MB of shards, 200 batches drawn: the process's own memory grows by far less than the dataset (the
-    shards stay file pages of the page cache, shared by every rank); every window equals the bytes on disk."""
+    shards stay file pages of the page cache, shared by every rank); every window equals the bytes on disk. The
+    drawing runs in a fresh process, where memory freed by earlier tests cannot hide a read of the whole data."""
+    import multiprocessing
+
     rng = np.random.default_rng()
     writer = ShardWriter(tmp_path, "train", np.dtype("<u2"), eos_id=0, shard_tokens=1 << 23)
     for i in range(4):
@@ -140,17 +160,12 @@ def test_training_windows_are_memory_mapped(tmp_path):
                 {"train": entries})
     dataset_bytes = sum(e["num_tokens"] * 2 for e in entries)
     assert dataset_bytes == 64 << 20
-    windows = TokenWindows(TokenShards(tmp_path).split("train"), seq_len=64, seed=int(rng.integers(1 << 30)))
-    windows.batch(0, 8)  # the first batch also loads torch's own lazily built state, which is not the dataset
-    gc.collect()
-    before = private_resident_bytes()
-    drawn = [windows.batch(step, 8)["input_ids"] for step in range(200)]
-    growth = private_resident_bytes() - before
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        growth, read_growth, drawn = pool.apply(draw_and_measure, (tmp_path, int(rng.integers(1 << 30))))
     assert growth < 8 << 20, growth  # the batches themselves: 200 x 8 x 64 int64 = 800 KB
-    files = [np.fromfile(tmp_path / e["file"], dtype="<u2") for e in entries]
-    assert private_resident_bytes() - before > dataset_bytes // 2  # reading the shards whole would show
-    flat = np.concatenate(files)
-    for batch in drawn[:5]:
-        for row in batch.numpy():
+    assert read_growth > dataset_bytes // 2, read_growth  # reading the shards whole would show
+    flat = np.concatenate([np.fromfile(tmp_path / e["file"], dtype="<u2") for e in entries])
+    for batch in drawn:
+        for row in batch:
             starts = np.flatnonzero(flat[:len(flat) - 63] == row[0])
             assert any(np.array_equal(flat[s:s + 64], row) for s in starts)
