@@ -363,14 +363,3 @@ def convert_fla_checkpoint(
         if source.is_file() and not (output_dir / name).exists():
             shutil.copy2(source, output_dir / name)
     return output_dir
-
-
-def is_fla_checkpoint(path: str | Path) -> bool:
-    """True if ``path`` is a directory whose ``config.json`` names an FLA model type linmem imports."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        return json.loads(config.read_text()).get("model_type") in FLA_MODEL_TYPES
-    except (json.JSONDecodeError, AttributeError):
-        return False

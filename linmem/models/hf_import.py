@@ -328,12 +328,6 @@ def hf_model_type(path: str | Path) -> str | None:
         return None
 
 
-def is_hf_hybrid(path: str | Path) -> bool:
-    """True if ``path``'s ``config.json`` names a transformers hybrid linmem imports (or one it refuses with a
-    reason, so that the refusal reaches the user)."""
-    return hf_model_type(path) in (*HF_MODEL_TYPES, *REFUSED_MODEL_TYPES)
-
-
 def load_hf_hybrid(
     path_or_model: str | Path | nn.Module,
     *,

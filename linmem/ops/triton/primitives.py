@@ -128,27 +128,15 @@ def store_block(ptr, value, rows, m_r, ROW: tl.constexpr, cols, m_c, COL: tl.con
 
 
 @triton.jit
-def load_rows(ptr, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
-    """Chunk rows ``pos`` of a ``[N_tok, H, WIDTH]`` tensor (pointer at the chunk start and head), as float32."""
-    offs = pos[:, None] * (H * WIDTH) + cols[None, :]
-    return tl.load(ptr + offs, mask=m_t[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
 def store_rows(ptr, value, pos, m_t, H: tl.constexpr, WIDTH: tl.constexpr, cols, m_c):
     offs = pos[:, None] * (H * WIDTH) + cols[None, :]
     tl.store(ptr + offs, stored(value, ptr.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
-def load_gate(ptr, pos, m_t, H: tl.constexpr):
-    """A per-token gate ``[N_tok, H]`` at chunk rows ``pos`` (0 past the end)."""
-    return tl.load(ptr + pos * H, mask=m_t, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def token_rows(ptr, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr, WIDTH: tl.constexpr):
-    """``load_rows`` of the chunk starting at token ``tok`` (int64) of a ``[N_tok, H, WIDTH]`` tensor."""
+    """Rows ``pos`` of the chunk starting at token ``tok`` (int64) of a ``[N_tok, H, WIDTH]`` tensor, head ``i_h``,
+    as float32 (0 outside the masks)."""
     offs = pos[:, None] * (H * WIDTH) + cols[None, :]
     ptr += (tok * H + i_h) * WIDTH
     return tl.load(ptr + offs, mask=m_t[:, None] & m_c[None, :], other=0.0).to(tl.float32)
@@ -163,7 +151,8 @@ def store_token_rows(ptr, value, tok, i_h, pos, m_t, cols, m_c, H: tl.constexpr,
 
 @triton.jit
 def token_gate(ptr, tok, i_h, pos, m_t, H: tl.constexpr):
-    """``load_gate`` of the chunk starting at token ``tok``."""
+    """A per-token gate ``[N_tok, H]`` at rows ``pos`` of the chunk starting at token ``tok``, head ``i_h``, as
+    float32 (0 past the end)."""
     return tl.load(ptr + (tok * H + i_h) + pos * H, mask=m_t, other=0.0).to(tl.float32)
 
 
