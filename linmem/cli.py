@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.parse_args([args.command, "--help"])
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a pipe's reader that has gone shows here, inside the handlers below
+        return code
     except BrokenPipeError:  # the reader of stdout left (``linmem zoo list | head``): stop quietly, like a shell tool
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout would otherwise fail again

@@ -210,7 +210,7 @@ def machine() -> dict[str, Any]:
 
 def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per model with the demo's headline numbers, then what guessing scores."""
-    from linmem.eval.perplexity import describe_perplexity
+    from linmem.eval.descriptions import describe_perplexity
     from linmem.zoo.cards import fmt, recall_cell
 
     heads = {name: headline(r["tasks"]) for name, r in models.items()}

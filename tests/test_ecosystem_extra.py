@@ -378,6 +378,22 @@ def test_a_closed_output_pipe_ends_a_command_quietly():
     assert stderr.strip() == "", stderr
 
 
+def test_zoo_list_reads_records_without_torch():
+    """``linmem zoo list`` prints the shipped models' records (eval.json) and imports neither torch nor
+    transformers, so it answers at once."""
+    import subprocess
+    import sys
+
+    check = ("import sys\nsys.argv = ['/usr/bin/linmem', 'zoo', 'list']\nimport linmem.cli\n"
+             "code = linmem.cli.main(['zoo', 'list'])\n"
+             "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "0 []", lines[-1]
+    assert any(line.startswith("rdn ") for line in lines) and "test ppl" in lines[0]
+
+
 def test_plain_import_registers_the_auto_classes():
     """Outside the console command, ``import linmem`` alone lets ``AutoModelForCausalLM`` load a linmem folder."""
     import subprocess

@@ -57,7 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linmem.eval.perplexity import describe_perplexity
+    from linmem.eval.descriptions import describe_perplexity
     from linmem.eval.runner import EvalOptions, evaluate
     from linmem.io.folders import prepare_output_folder
 

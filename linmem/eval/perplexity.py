@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,15 +32,3 @@ def perplexity(em: EvalModel, split: SplitTokens, seq_len: int, max_tokens: int 
     loss = total / count
     return {"metrics": {"loss": loss, "ppl": math.exp(loss), "tokens": count, "windows": len(windows),
                         "seq_len": seq_len, "split": split.name}}
-
-
-def measured_on(metrics: Mapping[str, Any]) -> str:
-    """Which text a perplexity of ``perplexity``'s ``metrics`` was measured on: ``"first 32,704 test tokens"``
-    (the scored tokens of the first windows of the split; a window's first token is context only). Perplexities
-    over other splits or token counts are different numbers, so every printed perplexity carries this."""
-    return f"first {metrics['tokens']:,} {metrics.get('split', 'held-out')} tokens"
-
-
-def describe_perplexity(metrics: Mapping[str, Any], digits: int = 2) -> str:
-    """``"38.46 (first 32,704 test tokens, 512-token windows)"``: the perplexity with the text it was measured on."""
-    return f"{metrics['ppl']:.{digits}f} ({measured_on(metrics)}, {metrics['seq_len']}-token windows)"

@@ -13,11 +13,12 @@ from tqdm import tqdm
 
 from linmem.eval import plots
 from linmem.eval.cloze import cloze
+from linmem.eval.descriptions import describe_perplexity
 from linmem.eval.loading import EvalModel, load_model, open_heldout
 from linmem.eval.memory_recall import RecallFormat, check_format, check_loads, check_recall_loads, memory_recall
 from linmem.eval.mqar import mqar
 from linmem.eval.niah import niah
-from linmem.eval.perplexity import describe_perplexity, perplexity
+from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
 from linmem.eval.task_names import TASKS  # noqa: F401 (re-exported: the tasks evaluate knows)
 from linmem.io.atomic import write_json_atomic

@@ -51,8 +51,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from linmem import zoo
-    from linmem.eval.perplexity import measured_on
+    import linmem.zoo as zoo
+    from linmem.eval.descriptions import measured_on
     from linmem.zoo.cards import fmt, headline, recall_cell
 
     names = zoo.names(args.zoo_dir)
