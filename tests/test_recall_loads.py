@@ -208,3 +208,24 @@ def test_remember_trains_many_formats_and_measures_a_held_out_one(zoo):
     largest = builders(em.tokenizer, o.recall_format(), o.recall_bindings)[max(o.recall_bindings)]
     item = largest.build("test", list(range(o.recall_filler)), np.random.default_rng(0))
     assert len(item.prompt()) <= seq_len  # every load stays within the training length
+
+
+def test_study_draws_recall_by_load_when_several_loads_were_measured(tmp_path):
+    """``recall.png``: clean recall against the load, one line per model with its seed interval and the 0.25
+    chance line, drawn when the tables hold two or more loads; a single load gives no curve."""
+    from linmem.study import figures
+
+    study = load_study(REMEMBER)
+
+    def tables(loads):
+        estimate = {"seed_bootstrap": {"mean": 0.6, "low": 0.5, "high": 0.7}}
+        return {"metrics": {f"recall@{k}": {} for k in loads},
+                "models": {"gdn": {"seeds": [], "metrics": {f"recall@{k}": estimate for k in loads}}},
+                "comparisons": []}
+
+    several, single = tmp_path / "several", tmp_path / "single"
+    several.mkdir(), single.mkdir()
+    assert figures.keys_of(tables([16, 1, 4]), "recall") == [1, 4, 16]
+    assert figures.draw_figures(tables([1, 4, 16]), study, several, several) == {"recall": "recall.png"}
+    assert (several / "recall.png").read_bytes().startswith(b"\x89PNG")
+    assert "recall" not in figures.draw_figures(tables([4]), study, single, single)

@@ -76,8 +76,15 @@ def metric_panels(tables: dict[str, Any], path: Path) -> str | None:
     return _save(plt, fig, path)
 
 
-def curve_panel(tables: dict[str, Any], prefix: str, keys: list, xlabel: str, path: Path, title: str) -> str | None:
-    """Accuracy against ``keys`` (``prefix@key`` metrics): one line per model with its seed interval, y in [0, 1]."""
+def keys_of(tables: dict[str, Any], prefix: str) -> list[int]:
+    """The sizes ``N`` of the table's ``prefix@N`` metrics (e.g. the MQAR pair counts or the recall loads)."""
+    return sorted({int(n.split("@")[1]) for n in tables["metrics"] if n.startswith(f"{prefix}@")})
+
+
+def curve_panel(tables: dict[str, Any], prefix: str, keys: list, xlabel: str, path: Path, title: str,
+                chance: float | None = None) -> str | None:
+    """Accuracy against ``keys`` (``prefix@key`` metrics): one line per model with its seed interval, y in [0, 1];
+    ``chance`` draws the guessing level as a dashed line."""
     models = [m for m in tables["models"] if any(f"{prefix}@{k}" in tables["models"][m]["metrics"] for k in keys)]
     if not models:
         return None
@@ -89,7 +96,11 @@ def curve_panel(tables: dict[str, Any], prefix: str, keys: list, xlabel: str, pa
         x = [float(k) for k, _ in rows]
         ax.plot(x, [e["mean"] for _, e in rows], "o-", label=model, markersize=3)
         ax.fill_between(x, [e["low"] for _, e in rows], [e["high"] for _, e in rows], alpha=0.15)
+    if chance is not None:
+        ax.axhline(chance, color="0.5", linestyle="--", linewidth=0.8, label=f"chance ({chance:g})")
     ax.set_xscale("log", base=2)
+    ax.set_xticks([float(k) for k in keys], [f"{k:g}" for k in keys])  # the measured sizes, as plain numbers
+    ax.minorticks_off()
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy (mean over seeds, seed CI)")
@@ -175,9 +186,13 @@ def differences(tables: dict[str, Any], path: Path) -> str | None:
 def draw_figures(tables: dict[str, Any], study: Study, out: Path, folder: Path) -> dict[str, str]:
     """Every figure the tables support, written into ``folder``; ``{name: file name}``."""
     o = study.eval_options
-    pairs = sorted({int(n.split("@")[1]) for n in tables["metrics"] if n.startswith("mqar@")})
+    loads = keys_of(tables, "recall")
+    recall_title = f"Clean recall by facts in the prompt ({o.recall_template}: {o.recall_keys} -> {o.recall_values})"
     made = {"metrics": metric_panels(tables, folder / "metrics.png"),
-            "mqar": curve_panel(tables, "mqar", pairs, "key-value pairs", folder / "mqar.png", "MQAR by pairs"),
+            "mqar": curve_panel(tables, "mqar", keys_of(tables, "mqar"), "key-value pairs", folder / "mqar.png",
+                                "MQAR by pairs"),
+            "recall": curve_panel(tables, "recall", loads, "facts in the prompt (load)", folder / "recall.png",
+                                  recall_title, chance=0.25) if len(loads) > 1 else None,
             "niah": curve_panel(tables, "niah", list(o.niah_lengths), "context length (tokens)",
                                 folder / "niah.png", "NIAH by length (mean over depths)"),
             "loss_curves": loss_curves(study, out, tables, folder / "loss_curves.png"),
