@@ -164,13 +164,19 @@ def test_left_padded_generate_equals_each_row_alone():
     assert torch.equal(together[0, 3:], alone[0][0]) and torch.equal(together[1], alone[1][0])
 
 
+def record_attention_positions(model) -> list:
+    """A list that each forward pass of the hybrid's attention layer (layer 1) appends its ``position_ids`` to."""
+    seen = []
+    model.model.layers[1].attn.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs["position_ids"].tolist()), with_kwargs=True)
+    return seen
+
+
 @torch.no_grad()
 def test_rope_positions_count_real_tokens():
     """RoPE is shift invariant, so parity alone cannot see positions: read them at the attention layer."""
     model = build("rdn_hybrid")
-    seen = []
-    model.model.layers[1].attn.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append(kwargs["position_ids"].tolist()), with_kwargs=True)
+    seen = record_attention_positions(model)
     batch = ids(2, 5)
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     out = model(batch, attention_mask=mask, use_cache=True)
@@ -377,9 +383,7 @@ def test_packed_rows_refuse_a_cache_and_a_batch():
 def test_rope_positions_restart_in_each_packed_sequence():
     """RoPE is shift invariant, so parity cannot see positions: read them at the attention layer."""
     model = build("rdn_hybrid")
-    seen = []
-    model.model.layers[1].attn.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append(kwargs["position_ids"].tolist()), with_kwargs=True)
+    seen = record_attention_positions(model)
     model(ids(1, 6), cu_seqlens=torch.tensor([0, 2, 3, 6]), use_cache=False)
     model(ids(2, 4), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 0, 1]]), use_cache=False)
     assert seen == [[[0, 1, 0, 0, 1, 2]], [[0, 1, 2, 0, 1, 2]]]
