@@ -143,6 +143,23 @@ def test_profile_kinds_of_kernel_names():
         assert "output_kernel" in kernels and step_profile.kind_of("output_kernel") == "linmem kernels"
 
 
+def test_profile_counts_gpu_work_once():
+    """On CUDA only kernels count: the autograd Function that launched Triton kernels (whose time the profiler also
+    gives the Function) and the driver's "Command Buffer Full" marker are left out."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEventAvg
+
+    def event(key, device_type):
+        e = FunctionEventAvg()
+        e.key, e.device_type = key, device_type
+        return e
+
+    events = [event("output_kernel", DeviceType.CUDA), event("LinearMemoryFunction", DeviceType.CPU),
+              event("Command Buffer Full", DeviceType.CUDA), event("aten::mm", DeviceType.CPU),
+              event("nvjet_sm90_tst_128x256", DeviceType.CUDA)]
+    assert [e.key for e in step_profile.device_work(events)] == ["output_kernel", "nvjet_sm90_tst_128x256"]
+
+
 def test_flops_attention_term_and_tied_head():
     from linmem.bench.flops import flops_per_token
     from linmem.models import LinMemConfig

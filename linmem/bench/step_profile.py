@@ -27,6 +27,8 @@ MATMUL_MARKS = ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "aten::mm", "aten::
 ATTENTION_MARKS = ("flash", "fmha", "attention")
 OPTIMIZER_MARKS = ("adam", "multi_tensor_apply", "_foreach_")
 COMMUNICATION_MARKS = ("nccl", "gloo", "c10d::")
+# CUPTI records these where the launch queue was full: time the host waited, not work on the GPU
+DRIVER_MARKERS = frozenset({"Command Buffer Full"})
 
 
 @cache
@@ -58,6 +60,14 @@ def kind_of(name: str) -> str:
     return "other"
 
 
+def device_work(events: list) -> list:
+    """The profiler events that are work on the GPU: kernels, copies and fills (``device_type`` CUDA), without the
+    driver's markers (``DRIVER_MARKERS``). A CPU-side event also carries device time, that of the kernels it
+    launched itself (an autograd Function launching Triton kernels, for one); those kernels are events of their
+    own, so counting the CPU event too would count their time twice."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.key not in DRIVER_MARKERS]
+
+
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
                   top: int = 15) -> tuple[list[dict], dict[str, float]]:
     """Profile ``steps`` calls of ``step`` (warmed up already) on ``device``.
@@ -77,8 +87,8 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
             torch.cuda.synchronize(device)
     own = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, own, 0) > 0]
-    if cuda:  # device time is carried by kernels; CPU-side operators have none of their own
-        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA or "::" not in e.key]
+    if cuda:
+        events = device_work(events)
     total = sum(getattr(e, own) for e in events) or 1.0
     kinds = dict.fromkeys(KINDS, 0.0)
     for e in events:
