@@ -194,7 +194,7 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
 # ---------------------------------------------------------------- the shipped studies
 
 
-@pytest.mark.parametrize("name", ["rla-paper", "remember"])
+@pytest.mark.parametrize("name", ["rla-paper", "remember", "remember-fixed"])
 def test_shipped_studies_hold_one_recipe(name):
     study = load_study(Path(__file__).resolve().parent.parent / "configs" / "study" / f"{name}.yaml")
     configs = {m.name: resolve_model(study, m, study.seeds[0]) for m in study.models}
