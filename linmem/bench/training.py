@@ -33,6 +33,11 @@ per token (``linmem.bench.flops``: 6·N for the weights plus the memory / attent
 peak ``--peak-tflops`` (default 989: the H100 / H200 SXM dense bfloat16 peak).
 
     python -m linmem.bench.training --paper rdn,gdn --seq-lens 2048,8192 --backends triton --out runs/paper-bench
+    python -m linmem.bench.training --paper rdn --seq-lens 2048 --backends triton --compile --checkpointing off
+
+``--compile`` (or ``--compile MODE``) runs each block's norms, mixer and MLP through ``torch.compile``
+(``linmem.train.compile``; the op itself stays a graph break), in both modes; the warm-up steps include the compilation,
+so give at least one.
 
 ``--profile STEPS`` profiles STEPS more steps of each row after its timed ones and reports where a step's time goes
 (``linmem.bench.step_profile``): the kernels by their own time and the shares of matmul, linmem's recurrence
@@ -70,6 +75,7 @@ from linmem.bench.step_profile import format_profile, profile_steps
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.configuration import MIXERS
 from linmem.ops import BACKENDS
+from linmem.train.compile import COMPILE_MODES, compile_blocks
 from linmem.train.config import LOSS_CHUNK_TOKENS, TrainConfig, load_config
 from linmem.train.distributed import enable_gradient_checkpointing, fully_shard_model, start_local_group
 from linmem.train.params import model_config_of
@@ -162,6 +168,8 @@ def measure(args: argparse.Namespace, mixer: str, backend: str, device: torch.de
     model = LinMemForCausalLM(model_config(args, mixer, backend)).to(device)
     if checkpointing:
         enable_gradient_checkpointing(model)
+    if args.compile:
+        compile_blocks(model, args.compile)
     params = count_parameters(model)
     print(f"{NAMES[mixer]}/{backend}{' checkpointed' if checkpointing else ''}: {params:,} parameters", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -234,8 +242,13 @@ def settings_line(args: argparse.Namespace, env: dict) -> str:
     dtype = "bf16 autocast" if env["device"].startswith("cuda") else "float32"
     return (f"B={args.batch} T={args.seq_len}, D={args.hidden} L={args.layers} H={args.heads} K={args.head_dim} "
             f"V={value_dim} MLP={args.intermediate_size} vocab={args.vocab} (tied), {dtype}, AdamW lr {args.lr}, "
-            f"clip 1.0, {args.warmup} warm-up + {args.steps} timed steps (median), seed {args.seed}; "
-            f"{env['gpu'] or env['device']}, torch {env['torch']}, triton {env['triton']}")
+            f"clip 1.0, {compiled(args)}, {args.warmup} warm-up + {args.steps} timed steps (median), seed "
+            f"{args.seed}; {env['gpu'] or env['device']}, torch {env['torch']}, triton {env['triton']}")
+
+
+def compiled(args: argparse.Namespace) -> str:
+    """How the blocks ran, for the settings line: eager, or ``torch.compile`` of their parts in a mode."""
+    return f"torch.compile per block (mode {args.compile})" if args.compile else "eager (no torch.compile)"
 
 
 # ---------------------------------------------------------------- paper mode: 1.5B presets under FSDP2
@@ -269,6 +282,8 @@ def measure_paper(args: argparse.Namespace, name: str, backend: str, seq_len: in
     params = count_parameters(model)
     if args.checkpointing != "off":
         enable_gradient_checkpointing(model)
+    if args.compile:  # the blocks' parts, before fully_shard (its hooks stay outside the compiled code)
+        compile_blocks(model, args.compile)
     policy = {}
     if args.param_dtype == "bfloat16":
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -325,7 +340,8 @@ def paper_settings_line(args: argparse.Namespace, env: dict) -> str:
     overrides = "".join(f" --set {o}" for o in args.overrides)
     chunk = f"loss in chunks of {args.loss_chunk:,} tokens" if args.loss_chunk else "loss over the whole logits"
     return (f"configs/paper presets{overrides}; FSDP2 world size 1, gradient checkpointing "
-            f"{args.checkpointing}, {precision}, {chunk}, {args.tokens_per_step:,} tokens per step (B = tokens / T), "
+            f"{args.checkpointing}, {compiled(args)}, {precision}, {chunk}, {args.tokens_per_step:,} tokens per step "
+            f"(B = tokens / T), "
             f"preset AdamW, clip 1.0, {args.warmup} warm-up + {args.steps} timed steps (median), seed {args.seed}; "
             f"MFU = model FLOPs per token (linmem.bench.flops: 6·N + memory / attention term) x tokens/s / "
             f"{args.peak_tflops:g} TFLOP/s; {env['gpu'] or env['device']}, torch {env['torch']}, "
@@ -398,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpointing", choices=tuple(CHECKPOINTING), default=None,
                         help="gradient checkpointing per block: off, on, or both (each model twice; default: off, "
                              "in paper mode on)")
+    parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
+                        help="torch.compile each block's norms, mixer and MLP (linmem.train.compile), optionally in a "
+                             "mode (default: eager; --compile alone: mode default); the warm-up steps compile")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--lr", type=float, default=3e-4)

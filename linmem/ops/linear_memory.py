@@ -78,6 +78,10 @@ def _memory_config(memory: MemoryConfig | None, *switches) -> MemoryConfig:
     return memory
 
 
+# A graph-break boundary for ``torch.compile``: the elementwise code around the op (projections, convolutions,
+# gates, norms) compiles, while the op itself runs as it is (its input checks read values back to the host and the
+# Triton kernels launch from autograd Functions that dynamo does not trace).
+@torch.compiler.disable
 def linear_memory(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from linmem.models.configuration import LinMemConfig
+from linmem.train.compile import compile_mode
 
 # LinMemConfig / PretrainedConfig arguments a training config may not set (the trainer owns them).
 MODEL_KEYS_OWNED = {"self", "kwargs", "use_cache"}
@@ -99,6 +100,8 @@ class TrainSection:
     at a time, each piece recomputed in the backward pass, so that a micro-batch's float32 logits
     ``[micro_batch_size x seq_len, vocab]`` never exist whole (same loss and gradients); 0: in one piece; left out:
     chunks of ``LOSS_CHUNK_TOKENS`` when the whole logits would take more than ``LOSS_CHUNK_AUTO_BYTES``.
+    ``compile``: ``torch.compile`` each block's norms, mixer and MLP (``linmem.train.compile``), fusing their
+    elementwise work; ``false`` (default), ``true`` or a mode name (``linmem.train.compile.COMPILE_MODES``).
     """
 
     steps: int = 1000
@@ -119,6 +122,7 @@ class TrainSection:
     init_from: str | None = None
     gradient_checkpointing: bool = False
     loss_chunk_tokens: int | None = None
+    compile: bool | str = False
 
 
 @dataclass
@@ -254,7 +258,12 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if value is None and type(None) in options:
         return None
-    base = next(o for o in options if o is not type(None))
+    bases = [o for o in options if o is not type(None)]
+    if len(bases) > 1:  # e.g. ``bool | str``: the value must be one of them as it is
+        if any(isinstance(value, b) for b in bases):
+            return value
+        raise ValueError(f"{where}: {key} must be {' or '.join(b.__name__ for b in bases)}; got {value!r}")
+    base = bases[0]
     origin = typing.get_origin(base) or base
     if origin is float and isinstance(value, str):
         try:
@@ -315,6 +324,10 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
                                 ("train.save_dtype", t.save_dtype, ("float32", "bfloat16"))):
         if value not in choices:
             raise ValueError(f"{where}: {key} must be one of {choices}; got {value!r}")
+    try:
+        compile_mode(t.compile)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     micro_batch_size(config, world_size, where)
 
 

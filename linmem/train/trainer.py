@@ -47,6 +47,7 @@ from linmem.layers.packing import document_starts
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens, write_model_config
 from linmem.train import checkpoint as ckpt
+from linmem.train.compile import compile_blocks, compile_mode
 from linmem.train.config import TrainConfig, build_model_config, check_config, loss_chunk_tokens, micro_batch_size
 from linmem.train.data import TrainData, eval_windows, open_train_data, recall_eval_batch
 from linmem.train.distributed import (
@@ -149,6 +150,9 @@ def setup(config: TrainConfig, out: Path, state: Distributed, where: str) -> Run
         source = source_summary(config.train.init_from, folder)
     if config.train.gradient_checkpointing:  # before FSDP2 wraps the blocks: its hooks stay outside the recompute
         enable_gradient_checkpointing(model)
+    mode = compile_mode(config.train.compile)
+    if mode is not None:  # the blocks' parts, inside the checkpoint and under FSDP2's hooks
+        compile_blocks(model, mode)
     model = wrap_model(model.to(state.device), config.train.parallel, state)
     optimizer = build_optimizer(model, config)
     return Run(config, out, state, data, model_config, model, optimizer, micro, accumulation,
@@ -365,10 +369,12 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
     run.seconds_before = float(saved_state.get("train_seconds", 0.0))
 
 
-# Keys a resumed run may change: they do not affect any update.
+# Keys a resumed run may change: they do not change what an update computes (device, micro-batches and compilation
+# change only its rounding).
 RESUME_FREE_KEYS = {"train.eval_interval", "train.checkpoint_interval", "train.keep_checkpoints", "train.progress",
                     "train.log_interval", "train.device", "train.parallel", "train.micro_batch_size",
-                    "train.save_dtype", "train.eval_tokens", "train.eval_recall_samples", "name", "description"}
+                    "train.save_dtype", "train.eval_tokens", "train.eval_recall_samples", "train.compile", "name",
+                    "description"}
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
