@@ -180,6 +180,7 @@ def differences(tables: dict[str, Any], path: Path) -> str | None:
         ax.axvline(0, color="grey", linewidth=0.8)
         ax.set_yticks(y, [f"{r['a']} - {r['b']}" for r in rows], fontsize=7)
         ax.set_title(f"{metric}: A - B", fontsize=8)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(5))  # a few ticks: long labels such as -0.075 do not overlap
     return _save(plt, fig, path)
 
 
