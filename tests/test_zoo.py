@@ -158,6 +158,32 @@ def test_remeasure_replaces_one_task_of_a_shipped_record(shipped, tmp_path):
         shipping.remeasure([NAME], ["cloze"], "x", zoo_dir=zoo_dir)
 
 
+def test_remeasure_on_the_recorded_device_reproduces_the_record(shipped, tmp_path, capsys):
+    """With the default device ("recorded") an unchanged protocol gives the shipped numbers again, exactly; the
+    device a record names is used where present, CPU (said) where a recorded GPU is absent."""
+    import shutil
+
+    root, _ = shipped
+    zoo_dir = shutil.copytree(root / "zoo", tmp_path / "zoo")
+    folder = zoo.path(NAME, zoo_dir)
+    before = json.loads((folder / "eval.json").read_text())
+    tasks = ["ppl", "mqar", "recall"]
+    assert main(["zoo", "remeasure", NAME, "--tasks", ",".join(tasks), "--why", "check", "--zoo-dir",
+                 str(zoo_dir)]) == 0
+    after = json.loads((folder / "eval.json").read_text())
+    for task in tasks:
+        old, new = dict(before["eval"]["tasks"][task]), dict(after["eval"]["tasks"][task])
+        old.pop("seconds", None), new.pop("seconds", None)
+        assert new == old, task
+        assert after["eval"]["remeasured"][task]["device"] == before["eval"]["request"]["options"]["device"]
+    record = {"name": "m", "eval": {"request": {"options": {"device": "cpu"}},
+                                    "remeasured": {"cloze": {"device": "cuda"}}}}
+    assert shipping.recorded_device(record, "ppl") == "cpu"
+    if not torch.cuda.is_available():
+        assert shipping.recorded_device(record, "cloze") == "cpu"
+        assert "no GPU here" in capsys.readouterr().out
+
+
 def test_docs_table(shipped):
     root, record = shipped
     page = (root / "docs" / "zoo.md").read_text()

@@ -46,7 +46,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     again.add_argument("--tasks", required=True, help="comma-separated linmem eval tasks, e.g. cloze")
     again.add_argument("--why", required=True, help="what changed: kept in eval.json under eval.remeasured")
     again.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
-    again.add_argument("--device", default="cpu", help="evaluation device (default: cpu)")
+    again.add_argument("--device", default="recorded",
+                       help="evaluation device (default: 'recorded', each task on the device its current numbers "
+                            "were measured on, so an unchanged protocol reproduces them)")
     again.set_defaults(func=run_remeasure)
 
 

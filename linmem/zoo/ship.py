@@ -332,12 +332,31 @@ def ship(run_dirs: Sequence[str | Path], ship_names: Sequence[str] | None = None
 # ---------------------------------------------------------------- re-measuring shipped models
 
 
+def recorded_device(record: dict[str, Any], task: str) -> str:
+    """The device that measured ``task``'s current numbers in a shipped ``record``: its last re-measure's, else the
+    shipping evaluation's; ``"cuda"`` becomes ``"cpu"`` (said on stdout) where no GPU is present, since CPU and
+    CUDA kernels round differently (up to about 1e-3 relative in perplexity)."""
+    device = record["eval"].get("remeasured", {}).get(task, {}).get("device") or \
+        record["eval"]["request"]["options"].get("device") or "cpu"
+    if device == "auto" or device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"[zoo] {record['name']}: {task} was measured on {device}; no GPU here, measuring on cpu "
+                  "(rounding may differ in the last digits)", flush=True)
+            return "cpu"
+        return "cuda" if device == "auto" else device
+    return device
+
+
 def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str | Path | None = None,
-              device: str = "auto", progress: bool = True) -> list[dict[str, Any]]:
+              device: str = "recorded", progress: bool = True) -> list[dict[str, Any]]:
     """Run ``tasks`` again on shipped models, with the settings their records were made with, on the zoo's own
     held-out text; replace those tasks in each ``eval.json``, note when, where and ``why`` under
     ``eval["remeasured"]``, and re-render the model card. For a task whose protocol changed after the models were
-    shipped (the runs that made them need not exist any more). Weights and every other number stay as they are."""
+    shipped (the runs that made them need not exist any more). Weights and every other number stay as they are.
+    ``device="recorded"`` measures each task on the device its current numbers came from (``recorded_device``),
+    so that an unchanged protocol reproduces them exactly."""
     import datetime
     import tempfile
 
@@ -356,15 +375,19 @@ def remeasure(names: Sequence[str], tasks: Sequence[str], why: str, zoo_dir: str
         if sha256(folder / "model.safetensors") != record["model_sha256"]:
             raise ValueError(f"{name}: model.safetensors is not the file its {RECORD} was measured on")
         settings = {k: tuple(v) if isinstance(v, list) else v for k, v in record["eval"]["request"]["options"].items()}
-        options = replace(EvalOptions(**settings), data=None, device=device)  # data: the shipped held-out text
-        if progress:
-            print(f"[zoo] measuring {', '.join(tasks)} of {name} again", flush=True)
-        with tempfile.TemporaryDirectory() as scratch:  # the runner's report; the package folder is not written to
-            report = evaluate(folder, list(tasks), options, out_dir=scratch, progress=progress)
-        when = datetime.date.today().isoformat()
+        by_device: dict[str, list[str]] = {}
         for task in tasks:
-            record["eval"]["tasks"][task] = report["tasks"][task]
-            record["eval"].setdefault("remeasured", {})[task] = {"date": when, "device": device, "why": why}
+            by_device.setdefault(recorded_device(record, task) if device == "recorded" else device, []).append(task)
+        when = datetime.date.today().isoformat()
+        for where, group in by_device.items():
+            options = replace(EvalOptions(**settings), data=None, device=where)  # data: the shipped held-out text
+            if progress:
+                print(f"[zoo] measuring {', '.join(group)} of {name} again on {where}", flush=True)
+            with tempfile.TemporaryDirectory() as scratch:  # the runner's report; the package folder is untouched
+                report = evaluate(folder, group, options, out_dir=scratch, progress=progress)
+            for task in group:
+                record["eval"]["tasks"][task] = report["tasks"][task]
+                record["eval"].setdefault("remeasured", {})[task] = {"date": when, "device": where, "why": why}
         record["eval"]["seconds"] = evaluation_seconds(record["eval"]["tasks"])
         write_json_atomic(folder / RECORD, record)
         with atomic_write(folder / CARD, "w") as f:  # a card in place is never half-written
