@@ -17,6 +17,7 @@ and vocabularies no training configuration uses.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,11 @@ TEMPLATES = {
 HELD_OUT = {"template": ("went", "keeps"), "keys": ("roles",), "values": ("directions", "materials")}
 VARIANTS = ("retrieval", "latest", "neutral")
 SPLIT_SALT = "linmem-memory-lab"
+# ``template`` / ``keys`` / ``values`` of the training generator ``kv-filler`` only: a fresh template or vocabulary
+# for every sample, drawn from frequent words of the training text (``KeyValueFiller``). The lab and the eval
+# measure recall in one fixed format, so they refuse it.
+GENERATED = "generated"
+FORMAT_PARTS = ("template", "keys", "values")
 
 
 @dataclass(frozen=True)
@@ -117,9 +123,23 @@ def _read_lines(path: Path) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+def refuse_generated(part: str, value: object) -> None:
+    """``ValueError`` when ``value`` is ``GENERATED``: a per-sample format exists only in training data, so a task
+    that measures recall (the lab, the eval) cannot take it for ``part`` (``template``, ``keys`` or ``values``)."""
+    if isinstance(value, str) and value == GENERATED:
+        raise ValueError(f"{part} {GENERATED!r} is a training-only choice (the kv-filler recall generator draws a "
+                         f"fresh {part} for every sample); measuring recall needs one fixed {part}: a name of "
+                         f"{sorted(_choices(part))} or a file")
+
+
+def _choices(part: str) -> dict[str, Any]:
+    return {"template": TEMPLATES, "keys": KEY_WORDS, "values": VALUE_WORDS}[part]
+
+
 def load_template(value: str | Template) -> str | Template:
     """``--template NAME|FILE|TEXT``: a name of ``TEMPLATES`` (kept as the name), a text file whose first line is
     the template (see ``Template.parse``), or the template text itself (holding ``{key}`` and ``{value}``)."""
+    refuse_generated("template", value)
     if isinstance(value, Template) or value in TEMPLATES:
         return value
     path = Path(value)
@@ -139,6 +159,7 @@ def load_vocabulary(value: str | Vocabulary, kind: str) -> str | Vocabulary:
     file of words, one or more a line (blank lines and ``#`` comments skipped). ``kind``: ``"keys"`` or
     ``"values"``."""
     table = _vocabularies(kind)
+    refuse_generated(kind, value)
     if isinstance(value, Vocabulary) or value in table:
         return value
     path = Path(value)
@@ -179,6 +200,10 @@ class Tokenize:
             return self.tokenizer.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ``ids`` (special tokens dropped)."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
 
 def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int, name: str = "") -> list[int]:
     """The ids of the distinct words (with a leading space) that are one token; ``ValueError`` naming ``rule``
@@ -194,6 +219,29 @@ def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int
         raise ValueError(f"rule '{rule}': only {len(ids)} distinct words{of} are a single token with this tokenizer "
                          f"(need {need}); choose another vocabulary or a tokenizer with whole-word tokens")
     return ids
+
+
+def check_choice(part: str, value: object) -> None:
+    """``ValueError`` naming ``part`` unless ``value`` is a name of its table (``TEMPLATES``, ``KEY_WORDS`` or
+    ``VALUE_WORDS``) or a ``Template`` / ``Vocabulary``; ``GENERATED`` is refused (``refuse_generated``)."""
+    refuse_generated(part, value)
+    kind = Template if part == "template" else Vocabulary
+    if not isinstance(value, kind) and value not in _choices(part):
+        raise ValueError(f"{part} must be one of {sorted(_choices(part))} or a {kind.__name__}; got {value!r}")
+
+
+def template_tokens(tokenize: Tokenize, template: str | Template) -> tuple[list[int], list[int], list[int]]:
+    """The token ids of ``template``'s ``(before, middle, after)``; ``ValueError`` if ``middle`` is empty."""
+    before, middle, after = (tokenize(p) for p in template_pieces(template))
+    if not middle:
+        raise ValueError(f"rule 'query template': template {label(template)!r} tokenizes to nothing")
+    return before, middle, after
+
+
+def vocabulary_tokens(tokenize: Tokenize, vocabulary: str | Vocabulary, kind: str, need: int) -> list[int]:
+    """The single-token ids of ``vocabulary``'s words (``kind``: ``"keys"`` or ``"values"``), at least ``need``."""
+    return single_tokens(tokenize, vocabulary_words(vocabulary, kind), f"single-token {kind}", need,
+                         label(vocabulary))
 
 
 @dataclass(frozen=True)
@@ -215,11 +263,8 @@ class TaskSpec:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}; got {self.variant!r}")
-        for name, table, kind in (("template", TEMPLATES, Template), ("values", VALUE_WORDS, Vocabulary),
-                                  ("keys", KEY_WORDS, Vocabulary)):
-            if not isinstance(getattr(self, name), kind) and getattr(self, name) not in table:
-                raise ValueError(f"{name} must be one of {sorted(table)} or a {kind.__name__}; got "
-                                 f"{getattr(self, name)!r}")
+        for name in ("template", "values", "keys"):
+            check_choice(name, getattr(self, name))
         if self.variant == "latest" and self.repeats < 2:
             raise ValueError("rule 'latest value': the latest-value variant needs repeats >= 2 (an old value first)")
         if self.num_bindings < 1 or self.repeats < 1:
@@ -286,15 +331,9 @@ class TaskBuilder:
 
     def __init__(self, tokenizer, spec: TaskSpec = TaskSpec()):
         self.spec, self.tokenize = spec, Tokenize(tokenizer)
-        need_keys = spec.num_bindings
-        self.keys = single_tokens(self.tokenize, vocabulary_words(spec.keys, "keys"), "single-token keys",
-                                  need_keys, label(spec.keys))
-        need_values = 5 if spec.variant == "latest" else 4
-        self.values = single_tokens(self.tokenize, vocabulary_words(spec.values, "values"), "single-token values",
-                                    need_values, label(spec.values))
-        self.before, self.middle, self.after = (self.tokenize(p) for p in template_pieces(spec.template))
-        if not self.middle:
-            raise ValueError(f"rule 'query template': template {label(spec.template)!r} tokenizes to nothing")
+        self.keys = vocabulary_tokens(self.tokenize, spec.keys, "keys", spec.num_bindings)
+        self.values = vocabulary_tokens(self.tokenize, spec.values, "values", 5 if spec.variant == "latest" else 4)
+        self.before, self.middle, self.after = template_tokens(self.tokenize, spec.template)
 
     def fact(self, key: int, value: int) -> list[int]:
         return self.before + [key] + self.middle + [value] + self.after
@@ -393,6 +432,58 @@ def build_items(builder: TaskBuilder, sources: Sequence[tuple[str, str, list[int
 
 
 KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "num_bindings": 4, "repeats": 2}
+# A generated template's words (fewest, most): before the key, between key and value, after the value; one mark of
+# PUNCTUATION closes the fact. The query is the fact cut after the middle, as for a fixed template.
+GENERATED_WORDS = {"before": (1, 4), "middle": (1, 2), "after": (0, 2)}
+PUNCTUATION = (".", ",", ";", ":", "!", "?")
+WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
+
+
+def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
+    """The token ids of every ``HELD_OUT`` template piece and vocabulary word (after a space), and the lower-case
+    words they spell (with each such token's own text), so that training can leave out every case of them."""
+    texts = [piece for name in HELD_OUT["template"] for piece in TEMPLATES[name]]
+    texts += [" " + word for kind in ("keys", "values") for name in HELD_OUT[kind]
+              for word in vocabulary_words(name, kind)]
+    ids = {i for text in texts for i in tokenize(text)}
+    words = {word.lower() for text in texts for word in re.findall(r"[A-Za-z]+", text)}
+    words |= {tokenize.decode([i]).strip().lower() for i in ids}
+    return ids, words
+
+
+def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POOL) -> list[int]:
+    """The ``size`` most frequent tokens of ``filler`` (ties: the lower id first) that are one whole alphabetic
+    ASCII word after a space (`` the``, `` King``) and encode back to that one token, leaving out every token and
+    word of ``HELD_OUT`` in any case (``held_out_tokens``): the words generated formats draw from."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"word_pool must be an integer >= 1 (words generated formats draw from); got {size!r}")
+    banned_ids, banned_words = held_out_tokens(tokenize)
+    counts = np.bincount(np.asarray(filler, dtype=np.int64))
+    words: list[int] = []
+    for token in (int(t) for t in np.argsort(-counts, kind="stable")):
+        if counts[token] == 0 or len(words) == size:
+            break
+        text = tokenize.decode([token])
+        word = text[1:]
+        if (token in banned_ids or not text.startswith(" ") or not (word.isascii() and word.isalpha())
+                or word.lower() in banned_words or tokenize(text) != [token]):
+            continue
+        words.append(token)
+    return words
+
+
+def punctuation_tokens(tokenize: Tokenize) -> list[int]:
+    """The ids of the marks of ``PUNCTUATION`` that are one token and no token of ``HELD_OUT`` (its templates end
+    in ``"."``, so generated facts do not)."""
+    banned, _ = held_out_tokens(tokenize)
+    marks = [tokenize(mark) for mark in PUNCTUATION]
+    return list(dict.fromkeys(ids[0] for ids in marks if len(ids) == 1 and ids[0] not in banned))
+
+
+def check_count(option: str, value: object) -> None:
+    """``ValueError`` naming ``option`` unless ``value`` is an integer >= 1."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{option} must be an integer >= 1; got {value!r}")
 
 
 @dataclass
@@ -401,30 +492,104 @@ class KeyValueFiller:
     with their answers under the loss mask. Built from token ids only: ``filler`` (a token stream), ``keys`` and
     ``values`` (single-token ids), the template pieces ``before``, ``middle``, ``after``.
 
-    A sample of ``seq_len`` tokens: facts of ``num_bindings`` keys (``repeats`` times each, shuffled) between filler
-    stretches, then every key asked once (``before key middle value``), answers in the mask; the rest filler.
+    A sample of ``seq_len`` tokens: facts of ``n`` keys (``n`` uniform in 1..``num_bindings``, each fact ``repeats``
+    times, shuffled) between filler stretches, then every key asked once (the whole fact again, its value the
+    answer in the mask); the rest filler. Keys are distinct within a sample; values are drawn with replacement.
+
+    ``generated`` names the parts (of ``"template"``, ``"keys"``, ``"values"``) that every sample draws afresh from
+    ``words`` (single-token word ids, see ``format_words``), all distinct within the sample and none of them a token
+    of the fixed parts or of ``punctuation``: a template of 1-4 words before the key, 1-2 between key and value, 0-2
+    after the value and one mark of ``punctuation`` (``GENERATED_WORDS``); ``n`` keys; ``n`` values (distinct, so
+    no key is also a value). A model trained so cannot rely on a wording or a vocabulary it has seen before.
     """
 
     filler: np.ndarray
-    keys: Sequence[int]
-    values: Sequence[int]
+    keys: Sequence[int] = ()
+    values: Sequence[int] = ()
     before: Sequence[int] = ()
     middle: Sequence[int] = ()
     after: Sequence[int] = ()
     num_bindings: int = 4
     repeats: int = 2
+    generated: Sequence[str] = ()
+    words: Sequence[int] = ()
+    punctuation: Sequence[int] = ()
     name: ClassVar[str] = "kv-filler"
+    free_words: np.ndarray = field(init=False, repr=False)  # ``words`` less the fixed parts' tokens
+
+    def __post_init__(self) -> None:
+        for option in ("num_bindings", "repeats"):
+            check_count(option, getattr(self, option))
+        self.generated = tuple(self.generated)
+        if not set(self.generated) <= set(FORMAT_PARTS) or len(set(self.generated)) != len(self.generated):
+            raise ValueError(f"generated must hold distinct parts of {FORMAT_PARTS}; got {list(self.generated)}")
+        for part, ids in (("keys", self.keys), ("values", self.values)):
+            if part not in self.generated and len(ids) == 0:
+                raise ValueError(f"{part}: a fixed {part} needs its token ids (or name {part!r} in generated)")
+        if "template" in self.generated and len(self.punctuation) == 0:
+            raise ValueError("rule 'generated template': punctuation holds no token id (a generated fact ends in one)")
+        fixed = {int(t) for t in self.punctuation}
+        for part, ids in (("template", [*self.before, *self.middle, *self.after]), ("keys", self.keys),
+                          ("values", self.values)):
+            if part not in self.generated:
+                fixed |= {int(t) for t in ids}
+        self.free_words = np.asarray([w for w in dict.fromkeys(int(w) for w in self.words) if w not in fixed],
+                                     dtype=np.int64)
+        need = self._drawn_words(int(self.num_bindings))
+        if self.generated and len(self.free_words) < need:
+            raise ValueError(f"rule 'generated formats': {self.num_bindings} bindings with a generated "
+                             f"{', '.join(self.generated)} need {need} distinct words; the word pool holds "
+                             f"{len(self.free_words)} besides the fixed parts' tokens (raise word_pool or lower "
+                             f"num_bindings)")
 
     @classmethod
     def from_builder(cls, builder: TaskBuilder, filler: Sequence[int], **options) -> KeyValueFiller:
         return cls(np.asarray(filler, dtype=np.int64), builder.keys, builder.values, builder.before,
                    builder.middle, builder.after, **options)
 
+    def _drawn_words(self, n: int) -> int:
+        """The most words one sample of ``n`` bindings draws from ``free_words``."""
+        template = sum(most for _, most in GENERATED_WORDS.values()) if "template" in self.generated else 0
+        return template + n * (("keys" in self.generated) + ("values" in self.generated))
+
+    def longest(self) -> int:
+        """The most tokens the facts and queries of one sample take (``num_bindings`` facts, the longest template):
+        a ``seq_len`` below it can fail on some sample."""
+        if "template" in self.generated:
+            fact = sum(most for _, most in GENERATED_WORDS.values()) + 3  # + key, value, punctuation mark
+        else:
+            fact = len(self.before) + len(self.middle) + len(self.after) + 2
+        return int(self.num_bindings) * (int(self.repeats) + 1) * fact  # a query is the whole fact again
+
+    def _format(self, rng: np.random.Generator, n: int) -> tuple[list[int], list[int], list[int], list[int],
+                                                                   list[int]]:
+        """``(before, middle, after, keys [n], values [n])`` of one sample: the fixed parts, and fresh draws for the
+        generated ones (with nothing generated, the draws of the fixed keys and values only)."""
+        sizes = ([int(rng.integers(low, high + 1)) for low, high in GENERATED_WORDS.values()]
+                 if "template" in self.generated else [])
+        count = sum(sizes) + n * (("keys" in self.generated) + ("values" in self.generated))
+        drawn = [int(w) for w in rng.choice(self.free_words, count, replace=False)] if count else []
+        if sizes:
+            a, b, c = sizes
+            before, middle = drawn[:a], drawn[a:a + b]
+            after = drawn[a + b:a + b + c] + [int(rng.choice(np.asarray(self.punctuation)))]
+            drawn = drawn[a + b + c:]
+        else:
+            before, middle, after = list(self.before), list(self.middle), list(self.after)
+        if "keys" in self.generated:
+            keys, drawn = drawn[:n], drawn[n:]
+        else:
+            keys = [int(k) for k in rng.choice(np.asarray(self.keys), n, replace=False)]
+        if "values" in self.generated:
+            values = drawn[:n]
+        else:
+            values = [int(v) for v in rng.choice(np.asarray(self.values), n, replace=True)]
+        return before, middle, after, keys, values
+
     def sample(self, rng: np.random.Generator, seq_len: int) -> RecallSample:
         n = int(rng.integers(1, self.num_bindings + 1))
-        keys = rng.choice(np.asarray(self.keys), n, replace=False)
-        values = rng.choice(np.asarray(self.values), n, replace=True)
-        fact = lambda k, v: [*self.before, int(k), *self.middle, int(v), *self.after]  # noqa: E731
+        before, middle, after, keys, values = self._format(rng, n)
+        fact = lambda k, v: [*before, k, *middle, v, *after]  # noqa: E731
         facts = [fact(keys[b], values[b]) for b in rng.permutation(np.repeat(np.arange(n), self.repeats))]
         queries = [fact(keys[b], values[b]) for b in rng.permutation(n)]
         used = sum(map(len, facts)) + sum(map(len, queries))
@@ -438,7 +603,7 @@ class KeyValueFiller:
         for i, f in enumerate(facts + [[]]):
             tokens += filler[cuts[i]:cuts[i + 1]] + f
         mask = [False] * len(tokens)
-        answer_at = len(self.before) + 1 + len(self.middle)
+        answer_at = len(before) + 1 + len(middle)
         for q in queries:
             mask += [j == answer_at for j in range(len(q))]
             tokens += q
@@ -450,16 +615,40 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     """``kv-filler`` for training on ``shards``: the lab's key-value facts and queries with this dataset's tokenizer,
     between stretches of the training split's first ``FILLER_TOKENS`` tokens.
 
-    Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` vocabularies), ``num_bindings``,
-    ``repeats``. ``options`` is completed in place with the defaults used, so the model records them.
+    Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` choices, or ``generated``: a fresh one for
+    every sample, see ``KeyValueFiller``), ``num_bindings``, ``repeats``, and with a generated part ``word_pool``
+    (how many of the filler's most frequent single-token words formats draw from, ``format_words``; never a token
+    of ``HELD_OUT``). ``options`` is completed in place with the defaults used, so the model records them. A
+    generated template varies in length, so its longest sample is checked against ``seq_len`` here.
     """
     for name, default in KV_FILLER_DEFAULTS.items():
         options.setdefault(name, default)
-    spec = {k: options[k] for k in ("template", "values", "keys")}
-    builder = TaskBuilder(load_tokenizer(shards.folder), TaskSpec(num_bindings=options["num_bindings"], **spec))
+    generated = tuple(part for part in FORMAT_PARTS if options[part] == GENERATED)
+    if generated:
+        options.setdefault("word_pool", WORD_POOL)
+    for part in FORMAT_PARTS:
+        if part not in generated:
+            check_choice(part, options[part])
+    tokenize = Tokenize(load_tokenizer(shards.folder))
     filler = np.concatenate([np.asarray(s[:FILLER_TOKENS], dtype=np.int64) for s in shards.split("train").shards])
-    generator_options = {k: v for k, v in options.items() if k not in spec}
-    return KeyValueFiller.from_builder(builder, filler[:FILLER_TOKENS], **generator_options)
+    filler = filler[:FILLER_TOKENS]
+    parts: dict[str, Any] = {}
+    if "template" not in generated:
+        parts.update(zip(("before", "middle", "after"), template_tokens(tokenize, options["template"])))
+    if "keys" not in generated:
+        check_count("num_bindings", options["num_bindings"])
+        parts["keys"] = vocabulary_tokens(tokenize, options["keys"], "keys", options["num_bindings"])
+    if "values" not in generated:
+        parts["values"] = vocabulary_tokens(tokenize, options["values"], "values", 4)
+    if generated:
+        parts.update(generated=generated, words=format_words(tokenize, filler, options["word_pool"]),
+                     punctuation=punctuation_tokens(tokenize))
+    generator_options = {k: v for k, v in options.items() if k not in (*FORMAT_PARTS, "word_pool")}
+    generator = KeyValueFiller(filler, **parts, **generator_options)
+    if generated and seq_len is not None and generator.longest() > seq_len:
+        raise ValueError(f"rule 'sequence length': {options['num_bindings']} bindings of a generated format take up "
+                         f"to {generator.longest()} tokens; data.seq_len is {seq_len}")
+    return generator
 
 
 register_generator(KeyValueFiller.name, KeyValueFiller, kv_filler_for_dataset)

@@ -1,0 +1,237 @@
+"""``kv-filler`` with generated formats: every training sample draws its own template, keys and values from frequent
+words of the training text, never a token of the held-out formats the eval measures.
+
+Samples are parsed back without the generator's help: the filler here shares no token with the formats, so the
+format tokens form runs that split into facts at their closing mark; the last ``n`` facts (``n`` answers in the
+mask) are the queries.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linmem.data.shards import TokenShards
+from linmem.data.synthetic import check_sample
+from linmem.data.tokenizer import load_tokenizer
+from linmem.eval.runner import EvalOptions
+from linmem.memory.tasks import (
+    FORMAT_PARTS,
+    GENERATED,
+    HELD_OUT,
+    KEY_WORDS,
+    TEMPLATES,
+    VALUE_WORDS,
+    KeyValueFiller,
+    TaskBuilder,
+    TaskSpec,
+    Tokenize,
+    format_words,
+    load_template,
+    load_vocabulary,
+    punctuation_tokens,
+)
+from linmem.train.data import resolve_generator
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO_TOKENIZER = ROOT / "linmem" / "zoo" / "models" / "gdn"  # the zoo's 4,096-token tokenizer
+SEQ_LEN = 320  # 8 facts of the longest generated template, twice each, and 8 queries: 264 tokens
+
+
+@pytest.fixture(scope="module")
+def tokenize() -> Tokenize:
+    return Tokenize(load_tokenizer(ZOO_TOKENIZER))
+
+
+def held_out(tokenize: Tokenize) -> tuple[set[int], set[str]]:
+    """The held-out formats' token ids and lower-case words, listed here from ``HELD_OUT`` and the tables."""
+    texts = [piece for name in HELD_OUT["template"] for piece in TEMPLATES[name]]
+    texts += [" " + w for name in HELD_OUT["keys"] for w in KEY_WORDS[name].split()]
+    texts += [" " + w for name in HELD_OUT["values"] for w in VALUE_WORDS[name].split()]
+    return {i for t in texts for i in tokenize(t)}, {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
+
+
+@pytest.fixture(scope="module")
+def stream(tokenize) -> np.ndarray:
+    """A token stream in which the held-out formats' tokens are the most frequent (so a pool that did not leave
+    them out would hold them), the rest random ids."""
+    rng = np.random.default_rng()
+    vocab = tokenize.tokenizer.get_vocab_size()
+    banned = np.asarray(sorted(held_out(tokenize)[0]))
+    return np.concatenate([rng.integers(0, vocab, 40_000), np.repeat(banned, 200)])
+
+
+def generator(tokenize, stream, generated=FORMAT_PARTS, num_bindings=8, **fixed) -> KeyValueFiller:
+    """A generator over ``stream``'s word pool whose filler shares no token with the formats (fixed parts from the
+    lab's ``code`` / ``names`` / ``colors``)."""
+    builder = TaskBuilder(tokenize.tokenizer, TaskSpec(num_bindings=num_bindings, keys="letters", **fixed))
+    words, marks = format_words(tokenize, stream, 600), punctuation_tokens(tokenize)
+    used = {*words, *marks, *builder.keys, *builder.values, *builder.before, *builder.middle, *builder.after}
+    filler = np.asarray([t for t in range(tokenize.tokenizer.get_vocab_size()) if t not in used])
+    return KeyValueFiller(filler, builder.keys, builder.values, builder.before, builder.middle, builder.after,
+                          num_bindings=num_bindings, generated=generated, words=words, punctuation=marks)
+
+
+def parse(g: KeyValueFiller, sample) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[int]]:
+    """``(facts, queries, answer positions within each query)`` of a sample of ``g`` (filler disjoint from the
+    formats; a fact ends at a punctuation mark or at the fixed template's last token)."""
+    tokens, mask = sample.tokens.tolist(), sample.loss_mask.tolist()
+    ends = set(g.punctuation) | ({g.after[-1]} if "template" not in g.generated else set())
+    filler = set(g.filler.tolist())
+    runs, run, starts = [], [], []
+    for t, token in enumerate(tokens):
+        if token in filler:
+            assert not run, "a fact is cut by filler"
+            continue
+        if not run:
+            starts.append(t)
+        run.append(token)
+        if token in ends:
+            runs.append(tuple(run))
+            run = []
+    assert not run, "the sample ends inside a fact"
+    n = sum(mask)
+    answers = [t - starts[len(runs) - n + i] for i, t in enumerate(np.flatnonzero(mask))]
+    return list(runs[:-n]), list(runs[-n:]), answers
+
+
+def test_generated_samples_never_hold_a_held_out_token(tokenize, stream):
+    banned_ids, banned_words = held_out(tokenize)
+    g = generator(tokenize, stream)
+    pool = set(g.words)
+    assert len(pool) == 600 and not pool & banned_ids
+    for token in pool:  # whole words, one token each, in no case a held-out word
+        text = tokenize.decode([token])
+        assert text[0] == " " and text[1:].isalpha() and tokenize(text) == [token]
+        assert text[1:].lower() not in banned_words, text
+    assert not set(g.punctuation) & banned_ids and tokenize(".")[0] in banned_ids
+    seen = set()
+    for seed in range(300):
+        sample = g.sample(np.random.default_rng(seed), SEQ_LEN)
+        check_sample(sample, SEQ_LEN, tokenize.tokenizer.get_vocab_size())
+        facts, queries, _ = parse(g, sample)
+        words = {t for f in facts + queries for t in f}
+        assert words <= pool | set(g.punctuation) and not words & banned_ids
+        seen |= words
+    assert len(seen & pool) > 300  # the draws cover the pool
+
+
+def structure(fact: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, int]:
+    """``(key position, value position)``: where two facts of different keys and values differ."""
+    differ = [i for i, (a, b) in enumerate(zip(fact, other)) if a != b]
+    assert len(fact) == len(other) and len(differ) == 2, (fact, other)
+    return differ[0], differ[1]
+
+
+def test_answers_are_the_values_bound_to_the_queried_keys_and_templates_vary(tokenize, stream):
+    g = generator(tokenize, stream)
+    middles, loads = set(), set()
+    for seed in range(200):
+        facts, queries, answers = parse(g, g.sample(np.random.default_rng(seed), SEQ_LEN))
+        n = len(queries)
+        loads.add(n)
+        assert len(facts) == n * g.repeats and sorted(set(facts)) == sorted(queries)  # each key asked once
+        for query, answer in zip(queries, answers):
+            stem = query[:answer]  # before, key, middle: the facts that share it carry the answer
+            bound = [f for f in facts if f[:answer] == stem]
+            assert len(bound) == g.repeats and all(f[answer] == query[answer] for f in bound)
+        if n < 2:
+            continue
+        key_at, value_at = structure(queries[0], queries[1])
+        assert answers == [value_at] * n
+        before, middle, after = queries[0][:key_at], queries[0][key_at + 1:value_at], queries[0][value_at + 1:]
+        assert 1 <= len(before) <= 4 and 1 <= len(middle) <= 2 and 1 <= len(after) <= 3
+        keys, values = {q[key_at] for q in queries}, {q[value_at] for q in queries}
+        template = set(before + middle + after)
+        assert len(keys) == len(values) == n and not keys & values and not template & (keys | values)
+        assert len(template) == len(before + middle + after)  # distinct words
+        middles.add(middle)
+    assert loads == set(range(1, 9)) and len(middles) > 100
+
+
+@pytest.mark.parametrize("generated", [("template",), ("keys",), ("values",), ("keys", "values")])
+def test_fixed_parts_stay_and_generated_ones_avoid_them(tokenize, stream, generated):
+    g = generator(tokenize, stream, generated, num_bindings=4)
+    pool, fixed_keys, fixed_values = set(g.words), set(g.keys), set(g.values)
+    for seed in range(60):
+        facts, queries, answers = parse(g, g.sample(np.random.default_rng(seed), SEQ_LEN))
+        for query, answer in zip(queries, answers):
+            value = query[answer]
+            assert [f[answer] for f in facts if f[:answer] == query[:answer]] == [value] * g.repeats
+            if "template" in generated:  # template words are neither keys nor values: one fixed key before it
+                assert [t for t in query[:answer] if t in fixed_keys] and not set(query) - pool - fixed_keys \
+                    - fixed_values - set(g.punctuation)
+                assert len([t for t in query[:answer] if t in fixed_keys]) == 1 and value in fixed_values
+                continue
+            key = query[answer - 1 - len(g.middle)]
+            assert query[:len(g.before)] == tuple(g.before) and query[answer + 1:] == tuple(g.after)
+            assert query[answer - len(g.middle):answer] == tuple(g.middle)
+            assert value != key and key not in query[:answer - 1 - len(g.middle)] + query[answer - len(g.middle):]
+            assert value in (pool if "values" in generated else fixed_values)
+            assert key in (pool if "keys" in generated else fixed_keys)
+            if "keys" not in generated or "values" not in generated:  # a generated part avoids the fixed one
+                assert value not in fixed_keys and key not in fixed_values
+
+
+def test_same_seed_same_sample(tokenize, stream):
+    g = generator(tokenize, stream)
+    seed = int(np.random.default_rng().integers(2**31))
+    a, b = (g.sample(np.random.default_rng(seed), SEQ_LEN) for _ in range(2))
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask)
+    c = g.sample(np.random.default_rng(seed + 1), SEQ_LEN)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_training_config_builds_generated_formats_and_records_the_pool(dataset):
+    spec = {"name": "kv-filler", "template": GENERATED, "keys": GENERATED, "values": GENERATED, "num_bindings": 3}
+    g, _, resolved = resolve_generator(spec, 0, TokenShards(dataset), "test", seq_len=128)
+    assert resolved == {**spec, "weight": 1.0, "repeats": 2, "word_pool": 1000}
+    assert set(g.generated) == set(FORMAT_PARTS) and len(g.free_words) >= 14
+    tokenize = Tokenize(load_tokenizer(dataset))
+    assert all(tokenize.decode([w])[1:].isalpha() for w in g.free_words)
+    counts = np.bincount(g.filler, minlength=max(g.free_words) + 1)
+    assert list(counts[g.free_words]) == sorted(counts[g.free_words], reverse=True)  # the most frequent first
+    for seed in range(20):
+        sample = g.sample(np.random.default_rng(seed), 127)
+        check_sample(sample, 127)
+        assert 1 <= sample.loss_mask.sum() <= 3
+    fixed, _, resolved = resolve_generator({"name": "kv-filler"}, 0, TokenShards(dataset), "test", seq_len=128)
+    assert fixed.generated == () and "word_pool" not in resolved  # a fixed format records no pool
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"template": GENERATED, "word_pool": 0}, r"data\.recall\[0\]: word_pool must be an integer >= 1"),
+    ({"keys": GENERATED, "num_bindings": 400}, r"rule 'generated formats': 400 bindings"),
+    ({"template": GENERATED, "num_bindings": 8}, r"rule 'sequence length': 8 bindings of a generated format"),
+    ({"keys": "generate"}, r"keys must be one of"),
+])
+def test_training_refuses_bad_generated_options(dataset, options, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_generator({"name": "kv-filler", **options}, 0, TokenShards(dataset), "test", seq_len=128)
+
+
+def test_generator_refuses_bad_parts():
+    filler = np.arange(100)
+    with pytest.raises(ValueError, match=r"generated must hold distinct parts"):
+        KeyValueFiller(filler, [1, 2], [3, 4], generated=("template", "layout"), words=range(10, 60))
+    with pytest.raises(ValueError, match=r"rule 'generated template': punctuation"):
+        KeyValueFiller(filler, [1, 2], [3, 4], generated=("template",), words=range(10, 60))
+    with pytest.raises(ValueError, match=r"keys: a fixed keys needs its token ids"):
+        KeyValueFiller(filler, [], [3, 4], generated=("values",), words=range(10, 60))
+    with pytest.raises(ValueError, match=r"repeats must be an integer >= 1"):
+        KeyValueFiller(filler, [1, 2], [3, 4], repeats=0)
+
+
+@pytest.mark.parametrize("part", FORMAT_PARTS)
+def test_recall_measurement_refuses_generated(part):
+    """The lab and the eval measure one fixed format: ``generated`` is a training-only choice, refused by name."""
+    match = rf"{part} 'generated' is a training-only choice"
+    with pytest.raises(ValueError, match=match):
+        TaskSpec(**{part: GENERATED})
+    with pytest.raises(ValueError, match=match):
+        load_template(GENERATED) if part == "template" else load_vocabulary(GENERATED, part)
+    with pytest.raises(ValueError, match=rf"recall_{part}: {match}"):
+        EvalOptions(**{f"recall_{part}": GENERATED})
