@@ -21,7 +21,16 @@ from linmem.cli import main
 from linmem.eval.loading import EvalModel, load_model, open_heldout
 from linmem.eval.memory_recall import RecallFormat, builders, memory_recall
 from linmem.eval.runner import EvalOptions, evaluate
-from linmem.memory.tasks import HELD_OUT, KEY_WORDS, TEMPLATES, VALUE_WORDS, KeyValueFiller, TaskBuilder, TaskSpec
+from linmem.memory.tasks import (
+    GENERATED,
+    HELD_OUT,
+    KEY_WORDS,
+    TEMPLATES,
+    VALUE_WORDS,
+    KeyValueFiller,
+    TaskBuilder,
+    TaskSpec,
+)
 from linmem.models import LinMemConfig
 from linmem.study.definition import load_study, resolve_model
 from linmem.study.items import agreement, item_records, ratio
@@ -186,11 +195,14 @@ def test_remember_trains_many_formats_and_measures_a_held_out_one(zoo):
     recall = study.recipe_config.data.recall
     assert [r for r in recall if r["name"] != "kv-filler"] == [r for r in base if r["name"] != "kv-filler"]
     facts = [r for r in recall if r["name"] == "kv-filler"]
-    assert len(facts) >= 6 and sum(r["weight"] for r in facts) == pytest.approx(4, abs=0.5)
-    assert {r["template"] for r in facts} == set(TEMPLATES) - held["template"]
+    assert sum(r["weight"] for r in facts) == pytest.approx(4, abs=0.5)
+    generated = [r for r in facts if r["template"] == r["keys"] == r["values"] == GENERATED]
+    assert sum(r["weight"] for r in generated) > sum(r["weight"] for r in facts) / 2  # mostly generated formats
     seq_len = study.recipe_config.data.seq_len
     rng = np.random.default_rng()
     for entry in facts:
+        if entry in generated:  # tests/test_recall_generated.py checks what these draw
+            continue
         for field, table in (("template", TEMPLATES), ("keys", KEY_WORDS), ("values", VALUE_WORDS)):
             assert entry[field] in table and entry[field] not in held[field], entry
         assert 4 <= entry["num_bindings"] <= 8, entry
