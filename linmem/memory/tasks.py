@@ -13,6 +13,11 @@ fact replaced by filler of equal length); ``template`` / ``values`` / ``keys`` p
 vocabularies (by name, or a user's ``Template`` / ``Vocabulary``: ``load_template``, ``load_vocabulary``); ``gap``
 fixes the filler between the last fact and the query; ``num_bindings`` the load. ``HELD_OUT`` names the templates
 and vocabularies no training configuration uses.
+
+``KeyValueFiller`` (the ``kv-filler`` recall generator) puts facts of the same shape into training sequences. There
+only, ``template`` / ``keys`` / ``values`` may be ``GENERATED``: every sample draws its own wording and words from
+the training text's frequent single-token words, none of them a ``HELD_OUT`` token, so that a model learns to bind
+and copy in any format rather than in a few memorised ones.
 """
 
 from __future__ import annotations
@@ -433,7 +438,7 @@ def build_items(builder: TaskBuilder, sources: Sequence[tuple[str, str, list[int
 
 KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "num_bindings": 4, "repeats": 2}
 # A generated template's words (fewest, most): before the key, between key and value, after the value; one mark of
-# PUNCTUATION closes the fact. The query is the fact cut after the middle, as for a fixed template.
+# PUNCTUATION closes the fact. A training query repeats the whole fact with its value under the loss mask.
 GENERATED_WORDS = {"before": (1, 4), "middle": (1, 2), "after": (0, 2)}
 PUNCTUATION = (".", ",", ";", ":", "!", "?")
 WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
