@@ -83,6 +83,32 @@ def test_second_stage_continues_each_main_model_with_one_budget():
         assert budget(second) == reference, path.stem
 
 
+STAGE3 = sorted(p for p in (CONFIGS / "zoo" / "stage3").glob("*.yaml") if p.name != "base.yaml")
+
+
+def test_third_stage_adds_generated_facts_to_every_main_model_with_one_budget():
+    """configs/zoo/stage3: every main model, started from its shipped model, one budget for all, a seed no earlier
+    stage used, and the second stage's recall mix plus facts in generated formats (the held-out eval stays held
+    out: tests/test_memory_analyses.py checks configs/ against HELD_OUT)."""
+    assert {p.stem for p in STAGE3} == MAIN
+    second = load_config(STAGE2[0]).data.recall
+    reference = None
+    for path in STAGE3:
+        third, first, earlier = load_config(path), load_config(CONFIGS / "zoo" / path.name), \
+            load_config(CONFIGS / "zoo" / "stage2" / path.name)
+        assert third.model == first.model and third.name == first.name == path.stem
+        assert third.train.init_from == f"zoo:{path.stem}"
+        assert third.train.seed not in (first.train.seed, earlier.train.seed), path.stem
+        d = third.to_dict()
+        budget = d["data"], d["optim"], {k: v for k, v in d["train"].items() if k not in ("init_from", "seed")}
+        reference = reference or budget
+        assert budget == reference, path.stem
+    recall = load_config(STAGE3[0]).data.recall
+    generated = [r for r in recall if r.get("template") == "generated"]
+    assert generated and all(r["keys"] == r["values"] == "generated" for r in generated)
+    assert {r["name"] for r in recall} == {r["name"] for r in second}
+
+
 @pytest.mark.parametrize("base", ["rla", "rdn"])
 def test_ablations_change_one_switch(base):
     reference = load_config(CONFIGS / "zoo" / f"{base}.yaml").model
