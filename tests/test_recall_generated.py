@@ -61,7 +61,9 @@ def stream(tokenize) -> np.ndarray:
     rng = np.random.default_rng()
     vocab = tokenize.tokenizer.get_vocab_size()
     banned = np.asarray(sorted(held_out(tokenize)[0]))
-    return np.concatenate([rng.integers(0, vocab, 40_000), np.repeat(banned, 200)])
+    words = np.empty(80_000, dtype=np.int64)  # each random id followed by a comma: every one ends a word
+    words[0::2], words[1::2] = rng.integers(0, vocab, 40_000), tokenize(",")[0]
+    return np.concatenate([words, np.repeat(banned, 200)])
 
 
 def generator(tokenize, stream, generated=FORMAT_PARTS, num_bindings=8, **fixed) -> KeyValueFiller:
@@ -124,6 +126,16 @@ def structure(fact: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, int]:
     differ = [i for i, (a, b) in enumerate(zip(fact, other)) if a != b]
     assert len(fact) == len(other) and len(differ) == 2, (fact, other)
     return differ[0], differ[1]
+
+
+def test_the_pool_takes_whole_words_not_first_pieces(tokenize):
+    """A token the text mostly continues with letters (the first piece of a longer word) is no pool word; the same
+    kind of token followed by punctuation is."""
+    piece, word, suffix, comma = tokenize(" file")[0], tokenize(" name")[0], tokenize("s")[0], tokenize(",")[0]
+    ends_word = np.tile([piece, suffix, word, comma], 100)
+    assert format_words(tokenize, ends_word, 10) == [word]  # " file" always continues as " files"
+    mostly = np.concatenate([np.tile([piece, comma], 95), np.tile([piece, suffix], 5), np.tile([word, comma], 50)])
+    assert format_words(tokenize, mostly, 10) == [piece, word]  # 95 % of " file" end a word: kept
 
 
 def test_answers_are_the_values_bound_to_the_queried_keys_and_templates_vary(tokenize, stream):

@@ -442,6 +442,7 @@ KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "
 GENERATED_WORDS = {"before": (1, 4), "middle": (1, 2), "after": (0, 2)}
 PUNCTUATION = (".", ",", ";", ":", "!", "?")
 WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
+WHOLE_WORD_SHARE = 0.9  # a pool word ends a word in the training text at least this share of its occurrences
 
 
 def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
@@ -456,14 +457,29 @@ def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
     return ids, words
 
 
+def word_endings(tokenize: Tokenize, stream: np.ndarray) -> np.ndarray:
+    """Per token id, the share of its occurrences in ``stream`` (all but the last) that end a word: the next token
+    does not continue it with a letter or a digit. ``[max id + 1]``, NaN for ids that do not occur."""
+    continues = np.asarray([tokenize.decode([i])[:1].isalnum() for i in range(int(stream.max()) + 1)])
+    current, following = stream[:-1], stream[1:]
+    seen = np.bincount(current, minlength=len(continues)).astype(np.float64)
+    ended = np.bincount(current, weights=~continues[following], minlength=len(continues))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ended / seen
+
+
 def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POOL) -> list[int]:
     """The ``size`` most frequent tokens of ``filler`` (ties: the lower id first) that are one whole alphabetic
-    ASCII word after a space (`` the``, `` King``) and encode back to that one token, leaving out every token and
-    word of ``HELD_OUT`` in any case (``held_out_tokens``): the words generated formats draw from."""
+    ASCII word after a space (`` the``, `` King``), encode back to that one token and end a word in ``filler`` at
+    least ``WHOLE_WORD_SHARE`` of the times they occur (so that a word's first piece, `` mon`` of `` money``, is
+    not taken for a word), leaving out every token and word of ``HELD_OUT`` in any case (``held_out_tokens``): the
+    words generated formats draw from."""
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f"word_pool must be an integer >= 1 (words generated formats draw from); got {size!r}")
     banned_ids, banned_words = held_out_tokens(tokenize)
-    counts = np.bincount(np.asarray(filler, dtype=np.int64))
+    stream = np.asarray(filler, dtype=np.int64)
+    counts = np.bincount(stream)
+    ends = word_endings(tokenize, stream)
     words: list[int] = []
     for token in (int(t) for t in np.argsort(-counts, kind="stable")):
         if counts[token] == 0 or len(words) == size:
@@ -471,7 +487,7 @@ def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POO
         text = tokenize.decode([token])
         word = text[1:]
         if (token in banned_ids or not text.startswith(" ") or not (word.isascii() and word.isalpha())
-                or word.lower() in banned_words or tokenize(text) != [token]):
+                or word.lower() in banned_words or not ends[token] >= WHOLE_WORD_SHARE or tokenize(text) != [token]):
             continue
         words.append(token)
     return words
