@@ -138,7 +138,7 @@ def refuse_generated(part: str, value: object) -> None:
 
 
 def _choices(part: str) -> dict[str, Any]:
-    return {"template": TEMPLATES, "keys": KEY_WORDS, "values": VALUE_WORDS}[part]
+    return TEMPLATES if part == "template" else _vocabularies(part)
 
 
 def load_template(value: str | Template) -> str | Template:
@@ -440,6 +440,7 @@ KV_FILLER_DEFAULTS = {"template": "code", "values": "colors", "keys": "names", "
 # A generated template's words (fewest, most): before the key, between key and value, after the value; one mark of
 # PUNCTUATION closes the fact. A training query repeats the whole fact with its value under the loss mask.
 GENERATED_WORDS = {"before": (1, 4), "middle": (1, 2), "after": (0, 2)}
+GENERATED_TEMPLATE_MOST = sum(most for _, most in GENERATED_WORDS.values())  # the longest template's words
 PUNCTUATION = (".", ",", ";", ":", "!", "?")
 WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
 WHOLE_WORD_SHARE = 0.9  # a pool word ends a word in the training text at least this share of its occurrences
@@ -570,14 +571,14 @@ class KeyValueFiller:
 
     def _drawn_words(self, n: int) -> int:
         """The most words one sample of ``n`` bindings draws from ``free_words``."""
-        template = sum(most for _, most in GENERATED_WORDS.values()) if "template" in self.generated else 0
+        template = GENERATED_TEMPLATE_MOST if "template" in self.generated else 0
         return template + n * (("keys" in self.generated) + ("values" in self.generated))
 
     def longest(self) -> int:
         """The most tokens the facts and queries of one sample take (``num_bindings`` facts, the longest template):
         a ``seq_len`` below it can fail on some sample."""
         if "template" in self.generated:
-            fact = sum(most for _, most in GENERATED_WORDS.values()) + 3  # + key, value, punctuation mark
+            fact = GENERATED_TEMPLATE_MOST + 3  # + key, value, punctuation mark
         else:
             fact = len(self.before) + len(self.middle) + len(self.after) + 2
         return int(self.num_bindings) * (int(self.repeats) + 1) * fact  # a query is the whole fact again
