@@ -19,7 +19,7 @@ from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.train.compile import BLOCK_PARTS, COMPILE_MODES, compile_blocks, compile_mode, compiled_parts
 from linmem.train.config import TrainConfig, parse_config
 from linmem.train.distributed import Distributed, enable_gradient_checkpointing, fully_shard_model, start_local_group
-from linmem.train.trainer import setup
+from linmem.train.trainer import build_optimizer, setup
 from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -193,3 +193,27 @@ def test_bench_records_compile():
         assert text in training.settings_line(args, env)
         args.checkpointing, args.loss_chunk = "on", 0
         assert text in training.paper_settings_line(args, env)
+
+
+def test_fused_adamw_takes_the_default_steps_under_fsdp2():
+    """``optim.fused``: PyTorch's fused AdamW on FSDP2's sharded parameters makes the same updates as the default
+    (for-each) AdamW, in float64, with weight decay on the matrices only."""
+    started = start_local_group(torch.device("cpu"))
+    try:
+        models, ids = [], torch.randint(0, 64, (2, 16))
+        for fused in (False, True):
+            model = fully_shard_model(tiny_model("rdn", seed=5))
+            config = parse_config({"name": "t", "data": {"dir": "unused"}, "optim": {"fused": fused, "lr": 1e-2}})
+            optimizer = build_optimizer(model, config)
+            assert optimizer.defaults["fused"] is (True if fused else None)
+            for _ in range(3):
+                loss_and_grads(model, ids)
+                optimizer.step()
+            models.append({name: p.full_tensor() for name, p in model.named_parameters()})
+        start = tiny_model("rdn", seed=5).state_dict()
+        for name, fused_value in models[1].items():
+            torch.testing.assert_close(fused_value, models[0][name], rtol=1e-12, atol=1e-12, msg=name)
+            assert not torch.equal(fused_value, start[name]), f"{name} did not move"
+    finally:
+        if started:
+            dist.destroy_process_group()

@@ -133,6 +133,30 @@ def test_short_convolution_continues_from_its_state():
     assert torch.equal(s3, x[:, -3:].transpose(1, 2)) and torch.equal(state, s3)
 
 
+@pytest.mark.parametrize("width,bias", [(4, False), (3, True), (1, False)])
+def test_short_convolution_compiled_as_a_sum_of_taps(width, bias):
+    """Under torch.compile the convolution is a sum of shifted products (``_taps``, which fuses with the SiLU):
+    the same values and gradients as ``F.conv1d`` in eager mode, from zeros and from a state."""
+    conv = ShortConvolution(5, width, bias=bias).double()
+    if bias:
+        conv.bias.data.normal_()
+    params = list(conv.parameters())
+    x = torch.randn(2, 7, 5, dtype=F64, requires_grad=True)
+    full = torch.randn(2, 5, width - 1 + 7, dtype=F64)
+    eager = F.conv1d(full, conv.weight, conv.bias, groups=5)
+    assert torch.allclose(conv._taps(full, 7), eager, atol=TOL, rtol=0)
+    compiled = torch.compile(conv, backend="aot_eager", fullgraph=True)
+    for state in (None, torch.randn(2, 5, width - 1, dtype=F64)):
+        outputs, weights = [], torch.randn(2, 7, 5, dtype=F64)
+        for module in (conv, compiled):
+            y, new_state = module(x, state=state)
+            outputs.append((y, new_state, *torch.autograd.grad((y * weights).sum(), [x, *params])))
+        for a, b in zip(*outputs):
+            assert torch.allclose(a, b, atol=TOL, rtol=0)
+    if not bias:
+        assert torch.allclose(compiled(x)[0], naive_causal_conv(x, conv.weight), atol=TOL, rtol=0)
+
+
 def test_gated_rmsnorm_and_swiglu_size():
     norm = GatedRMSNorm(5, eps=1e-5).double()
     norm.weight.data.uniform_(0.5, 1.5)

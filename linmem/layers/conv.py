@@ -50,26 +50,29 @@ class ShortConvolution(nn.Conv1d):
         elif cu_seqlens is not None:
             raise ValueError("cu_seqlens: packed sequences start from zeros; pass state=None")
         full = torch.cat([state.to(x.dtype), x], dim=-1)
-        if cu_seqlens is None:
-            y = F.conv1d(full, self.weight, self.bias, groups=dim).transpose(1, 2)
+        if cu_seqlens is not None:
+            check_packed_row(cu_seqlens, batch)
+            y = self._taps(full, length, sequence_positions(cu_seqlens, length))
+        elif torch.compiler.is_compiling():
+            y = self._taps(full, length)  # element-wise, so the compiler fuses it with the activation
         else:
-            y = self._packed(full, cu_seqlens, batch, length)
+            y = F.conv1d(full, self.weight, self.bias, groups=dim)
         if self.activation is not None:
             y = F.silu(y)
-        return y, full[..., full.shape[-1] - (self.kernel_size[0] - 1):]
+        return y.transpose(1, 2), full[..., full.shape[-1] - (self.kernel_size[0] - 1):]
 
-    def _packed(self, full: torch.Tensor, cu_seqlens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-        """``[1, T, D]`` convolution of ``full [1, D, W − 1 + T]`` where tap j (which reads ``W − 1 − j`` tokens
-        back) counts only at positions at least that far into their own sequence."""
-        check_packed_row(cu_seqlens, batch)
+    def _taps(self, full: torch.Tensor, length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The convolution of ``full [B, D, W − 1 + T]`` as a sum over taps, ``[B, D, T]`` in ``full``'s dtype
+        (products and sums in the wider of it and the weight's). Tap j reads ``W − 1 − j`` tokens back; with
+        ``positions [T]`` (each token's place in its own sequence) it counts only where it stays in that sequence."""
         width = self.kernel_size[0]
-        windows = full.unfold(-1, width, 1)  # [1, D, T, W]: the inputs under each tap
-        lag = torch.arange(width - 1, -1, -1, device=full.device)
-        reach = (lag <= sequence_positions(cu_seqlens, length)[:, None]).to(full.dtype)  # [T, W]
-        y = (windows * reach * self.weight[:, 0, None, :]).sum(-1)
-        if self.bias is not None:
-            y = y + self.bias[:, None]
-        return y.transpose(1, 2)
+        y = self.bias[:, None] if self.bias is not None else 0
+        for j in range(width):
+            tap = full[..., j:j + length] * self.weight[:, 0, j, None]
+            if positions is not None:
+                tap = tap * (positions >= width - 1 - j)
+            y = y + tap
+        return y.to(full.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, kernel_size={self.kernel_size[0]}, bias={self.bias is not None}, " \

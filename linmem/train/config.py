@@ -72,7 +72,9 @@ class DataSection:
 @dataclass
 class OptimSection:
     """AdamW with a cosine schedule: linear warmup to ``lr`` over ``warmup_steps``, cosine down to ``min_lr`` at
-    ``train.steps``. Weight decay applies to matrices only (not norms, biases or decay parameters)."""
+    ``train.steps``. Weight decay applies to matrices only (not norms, biases or decay parameters). ``fused``:
+    PyTorch's fused AdamW (one kernel per parameter group and step instead of the default's several per tensor list;
+    the same update up to rounding)."""
 
     lr: float = 3e-4
     min_lr: float = 3e-5
@@ -82,6 +84,7 @@ class OptimSection:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    fused: bool = False
 
 
 @dataclass

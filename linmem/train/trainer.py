@@ -118,7 +118,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
         seen.add(id(param))
         (no_decay if param.dim() < 2 or getattr(param, "_no_weight_decay", False) else decay).append(param)
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=o.fused or None)
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
