@@ -1,5 +1,6 @@
 """``kv-filler`` with generated formats: every training sample draws its own template, keys and values from frequent
-words of the training text, never a token of the held-out formats the eval measures.
+words of the training text, never a token of the held-out formats the eval measures; or (``template: text``) cuts
+its template from a stretch of the text itself, never one that holds a piece of a held-out template.
 
 Samples are parsed back without the generator's help: the filler here shares no token with the formats, so the
 format tokens form runs that split into facts at their closing mark; the last ``n`` facts (``n`` answers in the
@@ -24,6 +25,7 @@ from linmem.memory.tasks import (
     HELD_OUT,
     KEY_WORDS,
     TEMPLATES,
+    TEXT,
     VALUE_WORDS,
     KeyValueFiller,
     TaskBuilder,
@@ -247,3 +249,89 @@ def test_recall_measurement_refuses_generated(part):
         load_template(GENERATED) if part == "template" else load_vocabulary(GENERATED, part)
     with pytest.raises(ValueError, match=rf"recall_{part}: {match}"):
         EvalOptions(**{f"recall_{part}": GENERATED})
+
+
+# ---------------------------------------------------------------- templates cut from the text
+
+
+@pytest.fixture(scope="module")
+def text_stream(tokenize) -> np.ndarray:
+    """Words and marks of the zoo tokenizer in random order, the held-out templates' pieces spliced in often (so a
+    generator that did not refuse them would cut templates holding them)."""
+    rng = np.random.default_rng()
+    vocab = tokenize.tokenizer.get_vocab_size()
+    texts = [tokenize.decode([i]) for i in range(vocab)]
+    plain = [i for i, t in enumerate(texts) if (t[:1] == " " and t[1:].isalpha()) or t in (",", ".", ";")]
+    pieces = [tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
+    chunks = [list(rng.choice(plain, 6)) + pieces[int(rng.integers(len(pieces)))] for _ in range(4000)]
+    return np.asarray([t for c in chunks for t in c], dtype=np.int64)
+
+
+def text_generator(tokenize, stream, num_bindings=4) -> KeyValueFiller:
+    texts = [tokenize.decode([i]) for i in range(int(stream.max()) + 1)]
+    return KeyValueFiller(stream, generated=("keys", "values"), words=format_words(tokenize, stream, 600),
+                          num_bindings=num_bindings, text_template=True,
+                          held_out_pieces=[tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]],
+                          word_starts=np.asarray([t[:1] == " " and t[1:2].isalpha() for t in texts]),
+                          word_continues=np.asarray([t[:1].isalnum() for t in texts]))
+
+
+def test_text_templates_are_stretches_of_the_text_without_held_out_pieces(tokenize, text_stream):
+    g = text_generator(tokenize, text_stream)
+    pieces = [tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
+    text = " ".join(map(str, text_stream.tolist())) + " "
+    wordings = set()
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        before, middle, after, keys, values = g._format(rng, 4)
+        assert 1 <= len(before) <= 4 and 1 <= len(middle) <= 2 and 1 <= len(after) <= 3
+        for part in (before, middle, after):
+            assert not any(_run_in(part, piece) for piece in pieces), (part, seed)
+        # the template and its two slots are one stretch of the text; the slots held words, followed by no letter
+        slots = re.findall(" ".join([*map(str, before), r"(\d+)", *map(str, middle), r"(\d+)", *map(str, after)])
+                           + " ", " " + text)
+        assert slots and any(g.word_starts[int(k)] and g.word_starts[int(v)] for k, v in slots)
+        assert not g.word_continues[middle[0]] and not g.word_continues[after[0]]
+        template = {*before, *middle, *after}
+        assert len(set(keys)) == len(set(values)) == 4 and not template & {*keys, *values}
+        assert {*keys, *values} <= set(g.free_words)
+        wordings.add((tuple(before), tuple(middle), tuple(after)))
+    assert len(wordings) > 250
+
+
+def _run_in(tokens, piece) -> bool:
+    return any(list(tokens[i:i + len(piece)]) == list(piece) for i in range(len(tokens) - len(piece) + 1))
+
+
+def test_text_template_samples_ask_the_bound_values(tokenize, text_stream):
+    """Each query (the last ``n`` facts, one after another) repeats a fact whose stem appears ``repeats`` times
+    before it, always followed by the value the mask asks for."""
+    g = text_generator(tokenize, text_stream)
+    checked = 0
+    for seed in range(150):
+        sample = g.sample(np.random.default_rng(seed), SEQ_LEN)
+        check_sample(sample, SEQ_LEN, tokenize.tokenizer.get_vocab_size())
+        tokens, answers = sample.tokens.tolist(), np.flatnonzero(sample.loss_mask)
+        if len(answers) < 2:
+            continue
+        length = int(answers[1] - answers[0])  # queries are back to back: one fact's length apart
+        offset = int(answers[-1]) - (len(tokens) - length)  # the answer's place within a query
+        body = tokens[:int(answers[0]) - offset]
+        for at in answers:
+            stem, value = tokens[at - offset:at], tokens[at]
+            found = [i for i in range(len(body) - offset) if body[i:i + offset] == stem]
+            assert len(found) == g.repeats and all(body[i + offset] == value for i in found)
+            checked += 1
+    assert checked > 200
+
+
+def test_training_config_builds_text_templates(dataset):
+    spec = {"name": "kv-filler", "template": TEXT, "keys": GENERATED, "values": GENERATED, "num_bindings": 3}
+    g, _, resolved = resolve_generator(spec, 0, TokenShards(dataset), "test", seq_len=128)
+    assert g.text_template and resolved == {**spec, "weight": 1.0, "repeats": 2, "word_pool": 1000}
+    for seed in range(20):
+        check_sample(g.sample(np.random.default_rng(seed), 127), 127)
+    with pytest.raises(ValueError, match=r"keys and values are generated"):
+        resolve_generator({**spec, "keys": "names"}, 0, TokenShards(dataset), "test", seq_len=128)
+    with pytest.raises(ValueError, match=r"template 'text' is a training-only choice"):
+        TaskSpec(template=TEXT)

@@ -74,6 +74,7 @@ SPLIT_SALT = "linmem-memory-lab"
 # for every sample, drawn from frequent words of the training text (``KeyValueFiller``). The lab and the eval
 # measure recall in one fixed format, so they refuse it.
 GENERATED = "generated"
+TEXT = "text"  # template only: every training sample cuts its wording from a stretch of the training text
 FORMAT_PARTS = ("template", "keys", "values")
 
 
@@ -131,8 +132,8 @@ def _read_lines(path: Path) -> list[str]:
 def refuse_generated(part: str, value: object) -> None:
     """``ValueError`` when ``value`` is ``GENERATED``: a per-sample format exists only in training data, so a task
     that measures recall (the lab, the eval) cannot take it for ``part`` (``template``, ``keys`` or ``values``)."""
-    if isinstance(value, str) and value == GENERATED:
-        raise ValueError(f"{part} {GENERATED!r} is a training-only choice (the kv-filler recall generator draws a "
+    if isinstance(value, str) and (value == GENERATED or (part == "template" and value == TEXT)):
+        raise ValueError(f"{part} {value!r} is a training-only choice (the kv-filler recall generator draws a "
                          f"fresh {part} for every sample); measuring recall needs one fixed {part}: a name of "
                          f"{sorted(_choices(part))} or a file")
 
@@ -444,6 +445,13 @@ GENERATED_TEMPLATE_MOST = sum(most for _, most in GENERATED_WORDS.values())  # t
 PUNCTUATION = (".", ",", ";", ":", "!", "?")
 WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
 WHOLE_WORD_SHARE = 0.9  # a pool word ends a word in the training text at least this share of its occurrences
+TEXT_TEMPLATE_DRAWS = 100  # stretches of text tried for one template before giving up
+
+
+def _holds(tokens: Sequence[int], piece: Sequence[int]) -> bool:
+    """Whether ``piece`` occurs in ``tokens`` as a contiguous run."""
+    n = len(piece)
+    return n > 0 and any(list(tokens[i:i + n]) == list(piece) for i in range(len(tokens) - n + 1))
 
 
 def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
@@ -537,6 +545,10 @@ class KeyValueFiller:
     words: Sequence[int] = ()
     punctuation: Sequence[int] = ()
     name: ClassVar[str] = "kv-filler"
+    text_template: bool = False
+    held_out_pieces: Sequence[Sequence[int]] = ()
+    word_starts: Sequence[bool] = ()  # per token id: a space and a letter begin it (a slot for a key or value)
+    word_continues: Sequence[bool] = ()  # per token id: a letter or digit begins it (it continues a word)
     free_words: np.ndarray = field(init=False, repr=False)  # ``words`` less the fixed parts' tokens
 
     def __post_init__(self) -> None:
@@ -548,6 +560,15 @@ class KeyValueFiller:
         for part, ids in (("keys", self.keys), ("values", self.values)):
             if part not in self.generated and len(ids) == 0:
                 raise ValueError(f"{part}: a fixed {part} needs its token ids (or name {part!r} in generated)")
+        if self.text_template and ("template" in self.generated or self.before or self.middle or self.after
+                                   or not {"keys", "values"} <= set(self.generated)):
+            raise ValueError("text_template: the template comes from the filler (give no template parts) and the "
+                             "keys and values are generated (so none of them is a word of the template)")
+        if self.text_template and min(len(self.word_starts), len(self.word_continues)) <= int(self.filler.max()):
+            raise ValueError("text_template: word_starts and word_continues must cover every token id of the filler")
+        if self.text_template and len(self.filler) < GENERATED_TEMPLATE_MOST + 3:
+            raise ValueError(f"rule 'text template': the filler holds {len(self.filler)} tokens, fewer than one "
+                             f"template's stretch")
         if "template" in self.generated and len(self.punctuation) == 0:
             raise ValueError("rule 'generated template': punctuation holds no token id (a generated fact ends in one)")
         fixed = {int(t) for t in self.punctuation}
@@ -577,8 +598,8 @@ class KeyValueFiller:
     def longest(self) -> int:
         """The most tokens the facts and queries of one sample take (``num_bindings`` facts, the longest template):
         a ``seq_len`` below it can fail on some sample."""
-        if "template" in self.generated:
-            fact = GENERATED_TEMPLATE_MOST + 3  # + key, value, punctuation mark
+        if "template" in self.generated or self.text_template:
+            fact = GENERATED_TEMPLATE_MOST + 3  # + key, value and a punctuation mark (or a third token after)
         else:
             fact = len(self.before) + len(self.middle) + len(self.after) + 2
         return int(self.num_bindings) * (int(self.repeats) + 1) * fact  # a query is the whole fact again
@@ -587,16 +608,20 @@ class KeyValueFiller:
                                                                    list[int]]:
         """``(before, middle, after, keys [n], values [n])`` of one sample: the fixed parts, and fresh draws for the
         generated ones (with nothing generated, the draws of the fixed keys and values only)."""
+        free = self.free_words
+        if self.text_template:
+            before, middle, after = self._text_template(rng)
+            free = free[~np.isin(free, before + middle + after)]
         sizes = ([int(rng.integers(low, high + 1)) for low, high in GENERATED_WORDS.values()]
                  if "template" in self.generated else [])
         count = sum(sizes) + n * (("keys" in self.generated) + ("values" in self.generated))
-        drawn = [int(w) for w in rng.choice(self.free_words, count, replace=False)] if count else []
+        drawn = [int(w) for w in rng.choice(free, count, replace=False)] if count else []
         if sizes:
             a, b, c = sizes
             before, middle = drawn[:a], drawn[a:a + b]
             after = drawn[a + b:a + b + c] + [int(rng.choice(np.asarray(self.punctuation)))]
             drawn = drawn[a + b + c:]
-        else:
+        elif not self.text_template:
             before, middle, after = list(self.before), list(self.middle), list(self.after)
         if "keys" in self.generated:
             keys, drawn = drawn[:n], drawn[n:]
@@ -607,6 +632,25 @@ class KeyValueFiller:
         else:
             values = [int(v) for v in rng.choice(np.asarray(self.values), n, replace=True)]
         return before, middle, after, keys, values
+
+    def _text_template(self, rng: np.random.Generator) -> tuple[list[int], list[int], list[int]]:
+        """``(before, middle, after)`` cut from a stretch of ``filler``: 1-4 tokens, the key's slot, 1-2 tokens, the
+        value's slot, 1-3 tokens (the slots' own tokens are dropped). The slots hold words (``word_starts``) and
+        the tokens after them begin words or are marks, so a key or value never splits a word of the text. A
+        stretch that is not so, or in which a part holds one of ``held_out_pieces``, is drawn again: no held-out
+        template is ever trained on."""
+        a, b, c = (int(rng.integers(low, high + 1)) for low, high in GENERATED_WORDS.values())
+        size = a + b + c + 3
+        for _ in range(TEXT_TEMPLATE_DRAWS):
+            start = int(rng.integers(0, len(self.filler) - size + 1))
+            span = [int(t) for t in self.filler[start:start + size]]
+            parts = span[:a], span[a + 1:a + 1 + b], span[a + 2 + b:]
+            slots_are_words = all(self.word_starts[span[i]] and not self.word_continues[span[i + 1]]
+                                  for i in (a, a + 1 + b))
+            if slots_are_words and not any(_holds(part, piece) for part in parts for piece in self.held_out_pieces):
+                return parts
+        raise ValueError(f"rule 'text template': {TEXT_TEMPLATE_DRAWS} stretches of the filler in a row held a "
+                         f"piece of a held-out template")
 
     def sample(self, rng: np.random.Generator, seq_len: int) -> RecallSample:
         n = int(rng.integers(1, self.num_bindings + 1))
@@ -638,7 +682,8 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     between stretches of the training split's first ``FILLER_TOKENS`` tokens.
 
     Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` choices, or ``generated``: a fresh one for
-    every sample, see ``KeyValueFiller``), ``num_bindings``, ``repeats``, and with a generated part ``word_pool``
+    every sample, see ``KeyValueFiller``; the template may also be ``text``: cut from a stretch of the filler, with
+    generated keys and values), ``num_bindings``, ``repeats``, and with a generated part ``word_pool``
     (how many of the filler's most frequent single-token words formats draw from, ``format_words``; never a token
     of ``HELD_OUT``). ``options`` is completed in place with the defaults used, so the model records them. A
     generated template varies in length, so its longest sample is checked against ``seq_len`` here.
@@ -646,16 +691,23 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     for name, default in KV_FILLER_DEFAULTS.items():
         options.setdefault(name, default)
     generated = tuple(part for part in FORMAT_PARTS if options[part] == GENERATED)
+    text = options["template"] == TEXT
     if generated:
         options.setdefault("word_pool", WORD_POOL)
     for part in FORMAT_PARTS:
-        if part not in generated:
+        if part not in generated and not (part == "template" and text):
             check_choice(part, options[part])
     tokenize = Tokenize(load_tokenizer(shards.folder))
     filler = np.concatenate([np.asarray(s[:FILLER_TOKENS], dtype=np.int64) for s in shards.split("train").shards])
     filler = filler[:FILLER_TOKENS]
     parts: dict[str, Any] = {}
-    if "template" not in generated:
+    if text:
+        texts = [tokenize.decode([i]) for i in range(int(filler.max()) + 1)]
+        parts.update(text_template=True, held_out_pieces=[tokenize(piece) for name in HELD_OUT["template"]
+                                                          for piece in TEMPLATES[name]],
+                     word_starts=np.asarray([t[:1] == " " and t[1:2].isalpha() for t in texts]),
+                     word_continues=np.asarray([t[:1].isalnum() for t in texts]))
+    elif "template" not in generated:
         parts.update(zip(("before", "middle", "after"), template_tokens(tokenize, options["template"])))
     if "keys" not in generated:
         check_count("num_bindings", options["num_bindings"])
@@ -667,7 +719,7 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
                      punctuation=punctuation_tokens(tokenize))
     generator_options = {k: v for k, v in options.items() if k not in (*FORMAT_PARTS, "word_pool")}
     generator = KeyValueFiller(filler, **parts, **generator_options)
-    if generated and seq_len is not None and generator.longest() > seq_len:
+    if (generated or text) and seq_len is not None and generator.longest() > seq_len:
         raise ValueError(f"rule 'sequence length': {options['num_bindings']} bindings of a generated format take up "
                          f"to {generator.longest()} tokens; data.seq_len is {seq_len}")
     return generator
