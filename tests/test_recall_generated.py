@@ -263,7 +263,7 @@ def text_stream(tokenize) -> np.ndarray:
     texts = [tokenize.decode([i]) for i in range(vocab)]
     plain = [i for i, t in enumerate(texts) if (t[:1] == " " and t[1:].isalpha()) or t in (",", ".", ";")]
     pieces = [tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
-    chunks = [list(rng.choice(plain, 6)) + pieces[int(rng.integers(len(pieces)))] for _ in range(4000)]
+    chunks = [list(rng.choice(plain, 14)) + pieces[int(rng.integers(len(pieces)))] for _ in range(3000)]
     return np.asarray([t for c in chunks for t in c], dtype=np.int64)
 
 
@@ -335,3 +335,25 @@ def test_training_config_builds_text_templates(dataset):
         resolve_generator({**spec, "keys": "names"}, 0, TokenShards(dataset), "test", seq_len=128)
     with pytest.raises(ValueError, match=r"template 'text' is a training-only choice"):
         TaskSpec(template=TEXT)
+
+
+def test_text_templates_are_drawn_however_rare_their_stretches(tokenize):
+    """A filler of marks with a few stretches of words spliced in: every draw is one of those stretches (none fails
+    for want of trying), and a filler without any is refused when the generator is built."""
+    rng = np.random.default_rng()
+    marks = [tokenize(m)[0] for m in ("(", ")", "=", "[", "]")]
+    words = [tokenize(" " + w)[0] for w in ("river", "stone", "light", "water", "house", "bread", "field", "glass",
+                                            "horse", "paper", "chair", "table", "sword", "crown")]
+    stream = list(rng.choice(marks, 50_000))
+    for at in rng.choice(49_000, 30, replace=False):
+        stream[at:at + 12] = list(rng.choice(words, 12))
+    stream = np.asarray(stream, dtype=np.int64)
+    g = text_generator(tokenize, np.concatenate([stream, [max(words + marks)]]), num_bindings=2)
+    g.free_words = np.arange(3000, 3400)  # keys and values from elsewhere in the vocabulary
+    text = " " + " ".join(map(str, stream.tolist())) + " "
+    for seed in range(2000):
+        before, middle, after, _, _ = g._format(np.random.default_rng(seed), 2)
+        assert re.search(" ".join([*map(str, before), r"\d+", *map(str, middle), r"\d+", *map(str, after)]), text)
+        assert set(before + middle + after) <= set(words) | set(marks)
+    with pytest.raises(ValueError, match=r"rule 'text template': the filler holds no stretch"):
+        text_generator(tokenize, np.asarray(rng.choice(marks, 5_000), dtype=np.int64))

@@ -445,13 +445,33 @@ GENERATED_TEMPLATE_MOST = sum(most for _, most in GENERATED_WORDS.values())  # t
 PUNCTUATION = (".", ",", ";", ":", "!", "?")
 WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
 WHOLE_WORD_SHARE = 0.9  # a pool word ends a word in the training text at least this share of its occurrences
-TEXT_TEMPLATE_DRAWS = 100  # stretches of text tried for one template before giving up
 
 
-def _holds(tokens: Sequence[int], piece: Sequence[int]) -> bool:
-    """Whether ``piece`` occurs in ``tokens`` as a contiguous run."""
-    n = len(piece)
-    return n > 0 and any(list(tokens[i:i + n]) == list(piece) for i in range(len(tokens) - n + 1))
+def text_template_starts(filler: np.ndarray, word_starts: np.ndarray, word_continues: np.ndarray,
+                        held_out_pieces: Sequence[Sequence[int]]) -> dict[tuple[int, int, int], np.ndarray]:
+    """Per template shape ``(a, b, c)`` (tokens before the key, between key and value, after the value less one;
+    ``GENERATED_WORDS``), the positions of ``filler`` where a stretch of that shape can be cut: both slots hold a
+    word (``word_starts``) that the next token does not continue (``word_continues``), and no token of the
+    stretch lies in an occurrence of a held-out template's piece."""
+    covered = np.zeros(len(filler) + 1, dtype=np.int64)
+    for piece in held_out_pieces:
+        if 0 < len(piece) <= len(filler):
+            windows = np.lib.stride_tricks.sliding_window_view(filler, len(piece))
+            for start in np.flatnonzero((windows == np.asarray(piece)).all(axis=1)):
+                covered[start:start + len(piece)] = 1
+    covered_before = np.concatenate([[0], np.cumsum(covered[:-1])])  # covered tokens before each position
+    slot = np.zeros(len(filler), dtype=bool)
+    slot[:-1] = word_starts[filler[:-1]] & ~word_continues[filler[1:]]
+    starts = {}
+    (a_low, a_high), (b_low, b_high), (c_low, c_high) = GENERATED_WORDS.values()
+    for a in range(a_low, a_high + 1):
+        for b in range(b_low, b_high + 1):
+            for c in range(c_low, c_high + 1):
+                size = a + b + c + 3
+                p = np.arange(max(0, len(filler) - size + 1))
+                ok = slot[p + a] & slot[p + a + 1 + b] & (covered_before[p + size] == covered_before[p])
+                starts[(a, b, c)] = np.flatnonzero(ok)
+    return starts
 
 
 def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
@@ -550,6 +570,7 @@ class KeyValueFiller:
     word_starts: Sequence[bool] = ()  # per token id: a space and a letter begin it (a slot for a key or value)
     word_continues: Sequence[bool] = ()  # per token id: a letter or digit begins it (it continues a word)
     free_words: np.ndarray = field(init=False, repr=False)  # ``words`` less the fixed parts' tokens
+    text_starts: dict = field(init=False, repr=False)  # text templates: ``text_template_starts``
 
     def __post_init__(self) -> None:
         for option in ("num_bindings", "repeats"):
@@ -566,9 +587,15 @@ class KeyValueFiller:
                              "keys and values are generated (so none of them is a word of the template)")
         if self.text_template and min(len(self.word_starts), len(self.word_continues)) <= int(self.filler.max()):
             raise ValueError("text_template: word_starts and word_continues must cover every token id of the filler")
-        if self.text_template and len(self.filler) < GENERATED_TEMPLATE_MOST + 3:
-            raise ValueError(f"rule 'text template': the filler holds {len(self.filler)} tokens, fewer than one "
-                             f"template's stretch")
+        if self.text_template:
+            self.text_starts = text_template_starts(self.filler, np.asarray(self.word_starts, dtype=bool),
+                                                     np.asarray(self.word_continues, dtype=bool),
+                                                     self.held_out_pieces)
+            scarce = [shape for shape, starts in self.text_starts.items() if len(starts) == 0]
+            if scarce:
+                raise ValueError(f"rule 'text template': the filler holds no stretch of {len(scarce)} template "
+                                 f"shapes (tokens before, between, after: {scarce[0]}, ...) with words in both "
+                                 f"slots and no piece of a held-out template")
         if "template" in self.generated and len(self.punctuation) == 0:
             raise ValueError("rule 'generated template': punctuation holds no token id (a generated fact ends in one)")
         fixed = {int(t) for t in self.punctuation}
@@ -635,22 +662,14 @@ class KeyValueFiller:
 
     def _text_template(self, rng: np.random.Generator) -> tuple[list[int], list[int], list[int]]:
         """``(before, middle, after)`` cut from a stretch of ``filler``: 1-4 tokens, the key's slot, 1-2 tokens, the
-        value's slot, 1-3 tokens (the slots' own tokens are dropped). The slots hold words (``word_starts``) and
-        the tokens after them begin words or are marks, so a key or value never splits a word of the text. A
-        stretch that is not so, or in which a part holds one of ``held_out_pieces``, is drawn again: no held-out
-        template is ever trained on."""
+        value's slot, 1-3 tokens (the slots' own tokens are dropped), drawn among the stretches
+        ``text_template_starts`` allows: a key or value never splits a word of the text, and no held-out template
+        is ever trained on."""
         a, b, c = (int(rng.integers(low, high + 1)) for low, high in GENERATED_WORDS.values())
-        size = a + b + c + 3
-        for _ in range(TEXT_TEMPLATE_DRAWS):
-            start = int(rng.integers(0, len(self.filler) - size + 1))
-            span = [int(t) for t in self.filler[start:start + size]]
-            parts = span[:a], span[a + 1:a + 1 + b], span[a + 2 + b:]
-            slots_are_words = all(self.word_starts[span[i]] and not self.word_continues[span[i + 1]]
-                                  for i in (a, a + 1 + b))
-            if slots_are_words and not any(_holds(part, piece) for part in parts for piece in self.held_out_pieces):
-                return parts
-        raise ValueError(f"rule 'text template': {TEXT_TEMPLATE_DRAWS} stretches of the filler in a row held a "
-                         f"piece of a held-out template")
+        candidates = self.text_starts[(a, b, c)]
+        start = int(candidates[rng.integers(len(candidates))])
+        span = [int(t) for t in self.filler[start:start + a + b + c + 3]]
+        return span[:a], span[a + 1:a + 1 + b], span[a + 2 + b:]
 
     def sample(self, rng: np.random.Generator, seq_len: int) -> RecallSample:
         n = int(rng.integers(1, self.num_bindings + 1))
