@@ -17,7 +17,8 @@ and vocabularies no training configuration uses.
 ``KeyValueFiller`` (the ``kv-filler`` recall generator) puts facts of the same shape into training sequences. There
 only, ``template`` / ``keys`` / ``values`` may be ``GENERATED``: every sample draws its own wording and words from
 the training text's frequent single-token words, none of them a ``HELD_OUT`` token, so that a model learns to bind
-and copy in any format rather than in a few memorised ones.
+and copy in any format rather than in a few memorised ones; the template may also be ``TEXT``, cut from a stretch
+of the training text for every sample.
 """
 
 from __future__ import annotations
@@ -551,6 +552,10 @@ class KeyValueFiller:
     of the fixed parts or of ``punctuation``: a template of 1-4 words before the key, 1-2 between key and value, 0-2
     after the value and one mark of ``punctuation`` (``GENERATED_WORDS``); ``n`` keys; ``n`` values (distinct, so
     no key is also a value). A model trained so cannot rely on a wording or a vocabulary it has seen before.
+
+    ``text_template`` (with generated keys and values): every sample cuts its template from a stretch of ``filler``
+    instead (``_text_template``), so facts read like the text around them; ``held_out_pieces`` (token runs no
+    template may hold), ``word_starts`` and ``word_continues`` (per token id) say which stretches may be cut.
     """
 
     filler: np.ndarray
