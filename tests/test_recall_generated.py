@@ -35,6 +35,7 @@ from linmem.memory.tasks import (
     load_template,
     load_vocabulary,
     punctuation_tokens,
+    text_template_parts,
 )
 from linmem.train.data import resolve_generator
 
@@ -268,12 +269,8 @@ def text_stream(tokenize) -> np.ndarray:
 
 
 def text_generator(tokenize, stream, num_bindings=4) -> KeyValueFiller:
-    texts = [tokenize.decode([i]) for i in range(int(stream.max()) + 1)]
     return KeyValueFiller(stream, generated=("keys", "values"), words=format_words(tokenize, stream, 600),
-                          num_bindings=num_bindings, text_template=True,
-                          held_out_pieces=[tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]],
-                          word_starts=np.asarray([t[:1] == " " and t[1:2].isalpha() for t in texts]),
-                          word_continues=np.asarray([t[:1].isalnum() for t in texts]))
+                          num_bindings=num_bindings, **text_template_parts(tokenize, int(stream.max()) + 1))
 
 
 def test_text_templates_are_stretches_of_the_text_without_held_out_pieces(tokenize, text_stream):

@@ -475,10 +475,29 @@ def text_template_starts(filler: np.ndarray, word_starts: np.ndarray, word_conti
     return starts
 
 
+def held_out_template_pieces() -> list[str]:
+    """The pieces (before, middle, after) of every ``HELD_OUT`` template."""
+    return [piece for name in HELD_OUT["template"] for piece in TEMPLATES[name]]
+
+
+def word_continuations(tokenize: Tokenize, size: int) -> np.ndarray:
+    """``[size]`` bool per token id: its text begins with a letter or a digit, so it continues the word before it."""
+    return np.asarray([tokenize.decode([i])[:1].isalnum() for i in range(size)])
+
+
+def text_template_parts(tokenize: Tokenize, size: int) -> dict[str, Any]:
+    """``KeyValueFiller``'s text-template options for token ids below ``size``: the held-out templates' pieces as
+    token runs, and per id whether it begins a word (a space and a letter) and whether it continues one."""
+    return dict(text_template=True, held_out_pieces=[tokenize(piece) for piece in held_out_template_pieces()],
+                word_starts=np.asarray([text[:1] == " " and text[1:2].isalpha()
+                                        for text in (tokenize.decode([i]) for i in range(size))]),
+                word_continues=word_continuations(tokenize, size))
+
+
 def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
     """The token ids of every ``HELD_OUT`` template piece and vocabulary word (after a space), and the lower-case
     words they spell (with each such token's own text), so that training can leave out every case of them."""
-    texts = [piece for name in HELD_OUT["template"] for piece in TEMPLATES[name]]
+    texts = held_out_template_pieces()
     texts += [" " + word for kind in ("keys", "values") for name in HELD_OUT[kind]
               for word in vocabulary_words(name, kind)]
     ids = {i for text in texts for i in tokenize(text)}
@@ -490,7 +509,7 @@ def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
 def word_endings(tokenize: Tokenize, stream: np.ndarray) -> np.ndarray:
     """Per token id, the share of its occurrences in ``stream`` (all but the last) that end a word: the next token
     does not continue it with a letter or a digit. ``[max id + 1]``, NaN for ids that do not occur."""
-    continues = np.asarray([tokenize.decode([i])[:1].isalnum() for i in range(int(stream.max()) + 1)])
+    continues = word_continuations(tokenize, int(stream.max()) + 1)
     current, following = stream[:-1], stream[1:]
     seen = np.bincount(current, minlength=len(continues)).astype(np.float64)
     ended = np.bincount(current, weights=~continues[following], minlength=len(continues))
@@ -586,13 +605,14 @@ class KeyValueFiller:
         for part, ids in (("keys", self.keys), ("values", self.values)):
             if part not in self.generated and len(ids) == 0:
                 raise ValueError(f"{part}: a fixed {part} needs its token ids (or name {part!r} in generated)")
-        if self.text_template and ("template" in self.generated or self.before or self.middle or self.after
-                                   or not {"keys", "values"} <= set(self.generated)):
-            raise ValueError("text_template: the template comes from the filler (give no template parts) and the "
-                             "keys and values are generated (so none of them is a word of the template)")
-        if self.text_template and min(len(self.word_starts), len(self.word_continues)) <= int(self.filler.max()):
-            raise ValueError("text_template: word_starts and word_continues must cover every token id of the filler")
         if self.text_template:
+            if ("template" in self.generated or self.before or self.middle or self.after
+                    or not {"keys", "values"} <= set(self.generated)):
+                raise ValueError("text_template: the template comes from the filler (give no template parts) and "
+                                 "the keys and values are generated (so none of them is a word of the template)")
+            if min(len(self.word_starts), len(self.word_continues)) <= int(self.filler.max()):
+                raise ValueError("text_template: word_starts and word_continues must cover every token id of the "
+                                 "filler")
             self.text_starts = text_template_starts(self.filler, np.asarray(self.word_starts, dtype=bool),
                                                      np.asarray(self.word_continues, dtype=bool),
                                                      self.held_out_pieces)
@@ -726,11 +746,7 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     filler = filler[:FILLER_TOKENS]
     parts: dict[str, Any] = {}
     if text:
-        texts = [tokenize.decode([i]) for i in range(int(filler.max()) + 1)]
-        parts.update(text_template=True, held_out_pieces=[tokenize(piece) for name in HELD_OUT["template"]
-                                                          for piece in TEMPLATES[name]],
-                     word_starts=np.asarray([t[:1] == " " and t[1:2].isalpha() for t in texts]),
-                     word_continues=np.asarray([t[:1].isalnum() for t in texts]))
+        parts.update(text_template_parts(tokenize, int(filler.max()) + 1))
     elif "template" not in generated:
         parts.update(zip(("before", "middle", "after"), template_tokens(tokenize, options["template"])))
     if "keys" not in generated:
