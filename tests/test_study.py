@@ -17,6 +17,7 @@ from linmem.io.folders import prepare_output_folder
 from linmem.study.definition import load_study, resolve_model
 from linmem.study.estimates import ItemSet, item_estimate, paired_difference, seed_estimate
 from linmem.study.runs import run_dir
+from linmem.study.tables import MIN_SEEDS_TO_DECIDE, decide
 from linmem.train.trainer import train
 from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
 
@@ -144,6 +145,27 @@ def test_paired_difference_finds_a_shift_and_not_a_tie():
     assert shift.mean == pytest.approx(reference, rel=1e-12) and shift.low > 0.2 and shift.high < 0.4
     same = paired_difference(a, a)
     assert (same.mean, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+def test_a_comparison_is_decided_only_over_enough_seeds():
+    rng = np.random.default_rng()
+
+    def seed_items(shift: float) -> ItemSet:
+        num = rng.normal(1.0 + shift, 0.2, 400)
+        return ItemSet.from_columns([f"w{i}" for i in range(400)], ["all"] * 400, num, np.ones(400))
+
+    for seeds in range(1, MIN_SEEDS_TO_DECIDE + 2):
+        a = {s: seed_items(0.3) for s in range(seeds)}
+        b = {s: seed_items(0.0) for s in range(seeds)}
+        diff = paired_difference(a, b)
+        assert diff.low > 0  # the items alone exclude zero at every seed count
+        for higher in (True, False):
+            verdict = decide(diff.low, diff.high, diff.mean, diff.n, higher)
+            assert verdict["resolved"] == (seeds >= MIN_SEEDS_TO_DECIDE)
+            assert verdict["a_better"] == (higher if verdict["resolved"] else None)
+    # one seed of a scalar (a training loss): a zero-width interval away from zero decides nothing
+    assert decide(0.1, 0.1, 0.1, 1, False) == {"resolved": False, "enough_seeds": False, "a_better": None}
+    assert decide(-0.1, 0.1, 0.0, 3, True)["resolved"] is False
 
 
 # ---------------------------------------------------------------- end to end

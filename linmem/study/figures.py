@@ -173,12 +173,18 @@ def differences(tables: dict[str, Any], path: Path) -> str | None:
     plt = _pyplot()
     fig, axes = _grid(plt, len(by_metric), 4.2, 0.35 * max(len(v) for v in by_metric.values()) + 1.6)
     for ax, (metric, rows) in zip(axes, by_metric.items()):
-        y = np.arange(len(rows))
-        d = [r["difference"] for r in rows]
-        ax.errorbar([e["mean"] for e in d], y, xerr=[[e["mean"] - e["low"] for e in d],
-                                                     [e["high"] - e["mean"] for e in d]], fmt="o", capsize=3)
+        # comparisons over too few seeds to be decided: hollow grey markers, the seed count in the label
+        for decided, style in ((True, {"fmt": "o", "color": "C0"}),
+                               (False, {"fmt": "o", "color": "grey", "markerfacecolor": "white"})):
+            ys = [i for i, r in enumerate(rows) if r.get("enough_seeds", True) == decided]
+            d = [rows[i]["difference"] for i in ys]
+            if ys:
+                ax.errorbar([e["mean"] for e in d], ys, xerr=[[e["mean"] - e["low"] for e in d],
+                                                              [e["high"] - e["mean"] for e in d]], capsize=3, **style)
         ax.axvline(0, color="grey", linewidth=0.8)
-        ax.set_yticks(y, [f"{r['a']} - {r['b']}" for r in rows], fontsize=7)
+        ax.set_yticks(np.arange(len(rows)), [f"{r['a']} - {r['b']}" + ("" if r.get("enough_seeds", True) else
+                                             f" ({r['difference']['n']} seed{'s' * (r['difference']['n'] > 1)})")
+                                             for r in rows], fontsize=7)
         ax.set_title(f"{metric}: A - B", fontsize=8)
         ax.xaxis.set_major_locator(plt.MaxNLocator(5))  # a few ticks: long labels such as -0.075 do not overlap
     return _save(plt, fig, path)

@@ -22,6 +22,9 @@ from linmem.study.runs import read_items, run_dir, training_log
 
 TABLES = "tables"
 FINAL_SHARE = 0.1  # the final training loss: mean over the last tenth of the updates
+# A comparison is decided only over this many paired seeds: with fewer, the interval holds the test items' noise but
+# not the spread between seeds (a training-loss difference from one seed has no interval at all).
+MIN_SEEDS_TO_DECIDE = 3
 
 
 @dataclass(frozen=True)
@@ -163,15 +166,30 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
             if not (set(va) & set(vb)):
                 continue
             diff = paired_difference(va, vb, metric.transform)
-            resolved = diff.low > 0 or diff.high < 0
-            better = None if not resolved else (diff.mean > 0) == metric.higher
             comparisons.append({"a": a, "b": b, "metric": metric.name, "difference": _estimate(diff),
-                                "resolved": bool(resolved), "a_better": better})
+                                **decide(diff.low, diff.high, diff.mean, diff.n, metric.higher)})
     return {"study": study.name, "description": study.description, "seeds": study.seeds,
             "tasks": study.tasks, "eval": study.eval_record(),
             "metrics": {m.name: {"label": m.label, "higher_is_better": m.higher, "bounded": m.bounded}
                         for m in metrics},
             "models": models, "comparisons": comparisons}
+
+
+def decide(low: float, high: float, mean: float, seeds: int, higher: bool) -> dict[str, Any]:
+    """Whether an A - B interval over ``seeds`` paired seeds decides the comparison, and for whom: resolved when it
+    excludes zero over at least ``MIN_SEEDS_TO_DECIDE`` seeds (``a_better`` None when unresolved)."""
+    enough = seeds >= MIN_SEEDS_TO_DECIDE
+    resolved = enough and (low > 0 or high < 0)
+    return {"resolved": bool(resolved), "enough_seeds": enough,
+            "a_better": ((mean > 0) == higher) if resolved else None}
+
+
+def _verdict(c: dict[str, Any]) -> str:
+    if c["resolved"]:
+        return f"{c['a'] if c['a_better'] else c['b']} better"
+    if not c.get("enough_seeds", True):
+        return f"not decided (fewer than {MIN_SEEDS_TO_DECIDE} seeds)"
+    return "not resolved"
 
 
 def _fmt(x: float | None) -> str:
@@ -215,10 +233,11 @@ def markdown(tables: dict[str, Any]) -> str:
         lines.append("")
     if tables["comparisons"]:
         lines += ["## Paired comparisons", "", "A - B over the seeds both have, two-level bootstrap 95% CI (seeds "
-                  "paired, test items paired). Resolved: the interval excludes 0.", "",
+                  "paired, test items paired). Resolved: the interval excludes 0 over at least "
+                  f"{MIN_SEEDS_TO_DECIDE} seeds.", "",
                   "| A | B | metric | A - B [CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in tables["comparisons"]:
-            verdict = ("not resolved" if not c["resolved"] else f"{c['a'] if c['a_better'] else c['b']} better")
+            verdict = _verdict(c)
             lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | "
                          f"{c['difference']['n']} | {verdict} |")
         lines.append("")
