@@ -1,0 +1,164 @@
+"""Does a zoo model learn to recall facts in a format it never trained on? Fine-tune it on facts in many formats and
+measure clean recall on the memory lab's held-out formats as training goes on.
+
+    python scripts/recall/transfer.py ARM [--model zoo:rdn] [--steps 3000] [--every 500] [--batch 32]
+        [--seconds 320] [--device cuda] > ARM.jsonl
+    python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
+        --out docs/study/transfer/transfer.png
+
+Arms (what the fine-tuning batches hold; every arm keeps the zoo's own format, code / names -> colours, at weight 1):
+  text     facts whose template is a stretch of the training text, keys and values from its frequent words (weight 3)
+  gen      facts in generated templates (random frequent words around the slots) instead of text templates
+  text8    text templates with 8 facts per sample (288-token samples) instead of 4
+  text-lm  text templates, plus as many windows of training text with the language-model loss
+  mix      text templates, plus MQAR (4 pairs, ids 2-1025) and NIAH needles
+  wide     text templates, plus MQAR with 4 and 8 pairs over every id but the lab's held-out words
+  oracle   as wide, with the held-out words' ids drawn too (a diagnostic, not a recipe: is copying tied to ids?)
+
+Each line printed is JSON: the arm, the update, seconds so far, and per held-out format the clean recall at 1, 4 and
+8 facts (1 and 4 for names: 7 are single tokens), --items per load (128), 128 filler tokens. Held-out formats
+(linmem.memory.tasks.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template and
+words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at 3e-4, no weight
+decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (and the text's, for text-lm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from linmem.data.shards import TokenShards
+from linmem.data.synthetic import RecallSample, power_law
+from linmem.eval.loading import load_model, open_heldout
+from linmem.eval.memory_recall import memory_recall
+from linmem.memory.tasks import held_out_tokens
+from linmem.train.data import resolve_generator
+
+TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bindings": 4, "weight": 3}
+ZOO_FORMAT = {"template": "code", "keys": "names", "values": "colors", "num_bindings": 4, "weight": 1}
+FORMATS = [("went", "roles", "directions"), ("keeps", "roles", "materials"), ("went", "names", "colors"),
+           ("code", "roles", "directions")]
+
+
+class WideMQAR:
+    """MQAR whose keys, values and filler come from ``allowed`` ids (keys and values distinct within a sample)."""
+
+    def __init__(self, allowed: np.ndarray, pairs: int):
+        self.allowed, self.pairs = allowed, pairs
+
+    def sample(self, rng: np.random.Generator, seq_len: int) -> RecallSample:
+        n, slots = self.pairs, (seq_len - 2 * self.pairs) // 2
+        drawn = rng.choice(self.allowed, size=2 * n, replace=False)
+        keys, values = drawn[:n], drawn[n:]
+        tokens = rng.choice(np.setdiff1d(self.allowed, keys), size=seq_len)
+        tokens[0:2 * n:2], tokens[1:2 * n:2] = keys, values
+        asked = 2 * n + 2 * rng.choice(slots, size=n, replace=False, p=power_law(slots, 0.01))
+        order = rng.permutation(n)
+        tokens[asked], tokens[asked + 1] = keys[order], values[order]
+        mask = np.zeros(seq_len, dtype=bool)
+        mask[asked + 1] = True
+        return RecallSample(tokens.astype(np.int64), mask)
+
+
+class _Tokenize:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+
+def generators(arm: str, shards: TokenShards, tokenizer) -> tuple[list, np.ndarray, int]:
+    """The arm's recall generators, their sampling weights and the sample length."""
+    specs, seq_len = [dict(TEXT), dict(ZOO_FORMAT)], 160
+    if arm == "gen":
+        specs[0]["template"] = "generated"
+    if arm == "text8":
+        specs[0]["num_bindings"], seq_len = 8, 288
+    if arm == "mix":
+        specs += [{"name": "mqar", "num_kv_pairs": 4, "vocab_range": [2, 1026], "weight": 1},
+                  {"name": "niah", "min_length": 64, "max_length": 159, "weight": 1}]
+    made = [resolve_generator({"name": "kv-filler", **s} if "name" not in s else s, i, shards, "transfer", seq_len)
+            for i, s in enumerate(specs)]
+    gens, weights = [m[0] for m in made], [m[1] for m in made]
+    if arm in ("wide", "oracle"):
+        held, _ = held_out_tokens(_Tokenize(tokenizer))
+        allowed = np.asarray([i for i in range(shards.vocab_size)
+                              if i != shards.eos_id and (arm == "oracle" or i not in held)])
+        gens += [WideMQAR(allowed, 4), WideMQAR(allowed, 8)]
+        weights += [1, 1]
+    weights = np.asarray(weights, dtype=float)
+    return gens, weights / weights.sum(), seq_len
+
+
+def held_out_recall(em, split, arm: str, step: int, seconds: float, items: int) -> dict:
+    em.model.eval()
+    record = {"arm": arm, "step": step, "s": round(seconds)}
+    for template, keys, values in FORMATS:
+        loads = [1, 4] if keys == "names" else [1, 4, 8]
+        metrics = memory_recall(em, split, items=items, filler_tokens=128, template=template, keys=keys,
+                                values=values, loads=loads, batch_size=16)["metrics"]
+        record[f"{template}/{keys}/{values}"] = [round(metrics[f"accuracy@{n}"], 3) for n in loads]
+    em.model.train()
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("arm", choices=["text", "gen", "text8", "text-lm", "mix", "wide", "oracle"])
+    parser.add_argument("--model", default="zoo:rdn")
+    parser.add_argument("--data", default="data/zoo-4k")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--every", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--items", type=int, default=128, help="held-out items per format and load")
+    parser.add_argument("--seconds", type=float, default=float("inf"), help="stop (and measure) after this long")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    em = load_model(args.model, device=args.device)
+    split = open_heldout(em, None, "test")
+    shards = TokenShards(args.data)
+    gens, weights, seq_len = generators(args.arm, shards, em.tokenizer)
+    text = np.concatenate([np.asarray(s[:400_000]) for s in shards.split("train").shards])
+    optimizer = torch.optim.AdamW(em.model.parameters(), lr=3e-4, weight_decay=0.0)
+    cuda = args.device.startswith("cuda")
+    start = time.time()
+    print(json.dumps(held_out_recall(em, split, args.arm, 0, 0.0, args.items)), flush=True)
+    em.model.train()
+    for step in range(1, args.steps + 1):
+        samples = [gens[rng.choice(len(gens), p=weights)].sample(rng, seq_len) for _ in range(args.batch)]
+        tokens = torch.tensor(np.stack([s.tokens for s in samples]), device=args.device)
+        mask = torch.tensor(np.stack([s.loss_mask for s in samples]), device=args.device)[:, 1:]
+        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda):
+            logits = em.model(input_ids=tokens[:, :-1]).logits.float()
+            loss = F.cross_entropy(logits[mask], tokens[:, 1:][mask])
+            if args.arm == "text-lm":
+                starts = rng.integers(0, len(text) - seq_len, args.batch)
+                windows = torch.tensor(np.stack([text[s:s + seq_len] for s in starts]).astype(np.int64),
+                                       device=args.device)
+                text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
+                loss = loss + F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(em.model.parameters(), 1.0)
+        optimizer.step()
+        out_of_time = time.time() - start > args.seconds
+        if step % args.every == 0 or out_of_time:
+            print(json.dumps(held_out_recall(em, split, args.arm, step, time.time() - start, args.items)), flush=True)
+        if out_of_time:
+            break
+
+
+if __name__ == "__main__":
+    main()
