@@ -131,15 +131,16 @@ def test_seed_estimate_is_the_mean_of_the_seeds():
     assert min(values.values()) <= estimate.low <= estimate.high <= max(values.values())
 
 
+def shifted_items(rng: np.random.Generator, shift: float) -> ItemSet:
+    """400 test items whose values scatter around 1 + shift."""
+    num = rng.normal(1.0 + shift, 0.2, 400)
+    return ItemSet.from_columns([f"w{i}" for i in range(400)], ["all"] * 400, num, np.ones(400))
+
+
 def test_paired_difference_finds_a_shift_and_not_a_tie():
     rng = np.random.default_rng()
-
-    def seed_items(shift: float) -> ItemSet:
-        num = rng.normal(1.0 + shift, 0.2, 400)
-        return ItemSet.from_columns([f"w{i}" for i in range(400)], ["all"] * 400, num, np.ones(400))
-
-    a = {s: seed_items(0.3) for s in range(3)}
-    b = {s: seed_items(0.0) for s in range(3)}
+    a = {s: shifted_items(rng, 0.3) for s in range(3)}
+    b = {s: shifted_items(rng, 0.0) for s in range(3)}
     shift = paired_difference(a, b)
     reference = np.mean([a[s].value() - b[s].value() for s in range(3)])
     assert shift.mean == pytest.approx(reference, rel=1e-12) and shift.low > 0.2 and shift.high < 0.4
@@ -149,14 +150,9 @@ def test_paired_difference_finds_a_shift_and_not_a_tie():
 
 def test_a_comparison_is_decided_only_over_enough_seeds():
     rng = np.random.default_rng()
-
-    def seed_items(shift: float) -> ItemSet:
-        num = rng.normal(1.0 + shift, 0.2, 400)
-        return ItemSet.from_columns([f"w{i}" for i in range(400)], ["all"] * 400, num, np.ones(400))
-
     for seeds in range(1, MIN_SEEDS_TO_DECIDE + 2):
-        a = {s: seed_items(0.3) for s in range(seeds)}
-        b = {s: seed_items(0.0) for s in range(seeds)}
+        a = {s: shifted_items(rng, 0.3) for s in range(seeds)}
+        b = {s: shifted_items(rng, 0.0) for s in range(seeds)}
         diff = paired_difference(a, b)
         assert diff.low > 0  # the items alone exclude zero at every seed count
         for higher in (True, False):
