@@ -18,6 +18,7 @@ from linmem.cli import main
 from linmem.data.sources import Document
 from linmem.data.tokenizer import save_tokenizer, train_tokenizer
 from linmem.memory import experiments as ex
+from linmem.memory.components import mixer
 from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
 from linmem.models import LinMemConfig
 
@@ -62,6 +63,7 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
     chosen = mm.Component(0, 1, "S")
     results = [
         ex.head_scan(model, items), ex.lifecycle(model, items[:3], chosen),
+        ex.head_interaction(model, items, items[:3], chosen),
         ex.four_facts(model, builder, sources, chosen), ex.hybrid_attribution(model, items), ex.s_vs_r(model, items),
         ex.sweep(model, tokenizer, sources, chosen, SPEC, "num_bindings", [1, 2]),
         ex.sweep(model, tokenizer, sources, chosen, SPEC, "gap", [0, 8]), ex.overlap(model, items[:3], chosen),
@@ -75,13 +77,40 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
         assert result.rows and result.figure is not None, result.name
         for r in result.rows:  # n = 0 only for a break rate without a non-target that was right before
             assert r.get("n", 1) > 0 or (r["metric"] == "break_rate" and np.isnan(r["mean"])), (result.name, r)
-    hybrid = {r["cache"]: r for r in rows_of(results[3], metric="normalized_donor_effect")}
+    hybrid = {r["cache"]: r for r in rows_of(results[4], metric="normalized_donor_effect")}
     assert hybrid["both"]["mean"] == pytest.approx(1.0) and hybrid["both"]["low"] == pytest.approx(1.0)
     assert set(hybrid) == {"recurrent", "kv", "both"}
-    shares = rows_of(results[4], metric="share_of_layer", memory="S+R")
+    shares = rows_of(results[5], metric="share_of_layer", memory="S+R")
     assert shares and all(r["mean"] == pytest.approx(1.0) for r in shares)
-    assert {(r["num_bindings"], r["edit"]) for r in rows_of(results[8], metric="target_margin_change")} == {
+    assert {(r["num_bindings"], r["edit"]) for r in rows_of(results[9], metric="target_margin_change")} == {
         (k, e) for k in (1, 2) for e in ("align", "orthogonal", "align, control head")}
+
+
+def test_head_interaction_adds_up_and_finds_nothing_to_add_for_a_dead_head(lab):
+    """The interaction is both blocks' change less the two single ones, item by item; a secondary head whose output
+    projection is zero changes nothing, so blocking it with the hub is the hub's block alone (interaction 0). The
+    secondary is the ranking's first component other than the hub."""
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="gdn", num_hidden_layers=2)
+    items = build_items(builder, sources[:6])
+    hub, other, dead = mm.Component(1, 0, "S"), mm.Component(0, 1, "S"), mm.Component(0, 0, "S")
+    live = ex.head_interaction(model, items, items, hub, ranking=[other, hub, dead])
+    assert live.summary["secondary"] == str(other) and live.figure is not None
+    change = {r["blocked"]: r["mean"] for r in rows_of(live, metric="target_margin_change")}
+    assert change["interaction"] == pytest.approx(change["both"] - change["hub"] - change["secondary"], abs=1e-9)
+    assert change["hub + secondary"] == pytest.approx(change["hub"] + change["secondary"], abs=1e-9)
+    assert min(abs(change["hub"]), abs(change["secondary"]), abs(change["both"] - change["hub"])) > 1e-6
+    width = model.config.head_dim * 2  # expand_v = 2
+    with torch.no_grad():
+        mixer(model, dead.layer).o_proj.weight[:, dead.head * width:(dead.head + 1) * width] = 0
+    result = ex.head_interaction(model, items, items, hub, ranking=[hub, dead, other])
+    change = {r["blocked"]: r for r in rows_of(result, metric="target_margin_change")}
+    assert result.summary["secondary"] == str(dead)
+    assert change["secondary"]["mean"] == pytest.approx(0, abs=1e-9)
+    assert change["both"]["mean"] == pytest.approx(change["hub"]["mean"], abs=1e-9)
+    assert change["interaction"]["low"] == pytest.approx(0, abs=1e-9) and result.summary["additive"]
+    with pytest.raises(ValueError, match="no second component"):
+        ex.head_interaction(model, items, items, hub, ranking=[hub])
 
 
 def test_hybrid_attribution_says_so_on_a_model_without_attention(lab):

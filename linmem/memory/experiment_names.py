@@ -3,6 +3,6 @@ standard library only, so that ``linmem probe --help`` and its ``--only`` choice
 
 from __future__ import annotations
 
-EXPERIMENTS = ("head_scan", "lifecycle", "four_facts", "hybrid_attribution", "s_vs_r", "sweep_num_bindings",
-               "sweep_gap", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
-               "write_read_spearman", "corrector", "subspace_transfer")
+EXPERIMENTS = ("head_scan", "lifecycle", "head_interaction", "four_facts", "hybrid_attribution", "s_vs_r",
+               "sweep_num_bindings", "sweep_gap", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression",
+               "joint_topk", "write_read_spearman", "corrector", "subspace_transfer")

@@ -182,6 +182,53 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
     return Result("lifecycle", rows, summary, plots.lifecycle(rows))
 
 
+def ranking_of(model: nn.Module, dev_items: Sequence[Item], ranking: Sequence[Component] | None) -> list[Component]:
+    """``ranking`` (best first), or the order of a head scan on ``dev_items`` when none is given."""
+    if ranking is not None:
+        return list(ranking)
+    return [Component.parse(r["component"]) for r in sorted(head_scan(model, dev_items).rows, key=lambda r: r["rank"])]
+
+
+def head_interaction(model: nn.Module, dev_items: Sequence[Item], test_items: Sequence[Item], component: Component,
+                     ranking: Sequence[Component] | None = None, min_clean_recall: float | None = None) -> Result:
+    """Do two heads act additively? Block the fact's writes into the chosen component (the hub), into the next
+    component of the development ranking (the secondary), and into both, on test items (Fig. 3c).
+
+    The interaction is ``change(both) − change(hub) − change(secondary)`` of the answer's margin over the other
+    candidates, per item, with a bootstrap CI over sources: zero when the heads' effects add, negative when blocking
+    both costs more than the two alone (they back each other up), positive when less (they share one role).
+    Figure: each block's margin change on one scale, beside the sum of the two single blocks."""
+    order = ranking_of(model, dev_items, ranking)
+    secondary = next((c for c in order if c != component), None)
+    if secondary is None:
+        raise ValueError(f"no second component to pair with {component}: the ranking holds only it")
+    batch = make_batch(test_items)
+    sets = {"hub": [component], "secondary": [secondary], "both": [component, secondary]}
+    edits = lambda item: [[]] + [[WriteBlock(comps, span) for span in item.target_writes]  # noqa: E731
+                                 for comps in sets.values()]
+    choice = per_item(model, batch, edits)
+    change = {name: compare(choice[0], choice[i], batch.answer)["target_margin_change"]
+              for i, name in enumerate(sets, start=1)}
+    change["hub + secondary"] = change["hub"] + change["secondary"]
+    change["interaction"] = change["both"] - change["hub + secondary"]
+    what = {name: " + ".join(map(str, comps)) for name, comps in sets.items()}
+    what.update({"hub + secondary": "", "interaction": ""})  # derived from the three blocks, not a block
+    rows = [{"blocked": name, "components": what[name], "metric": "target_margin_change",
+             **bootstrap(v.cpu().numpy(), batch.sources).as_dict()} for name, v in change.items()]
+    for i, name in enumerate(sets, start=1):
+        correct = compare(choice[0], choice[i], batch.answer)["edited_correct"]
+        rows.append({"blocked": name, "components": what[name], "metric": "edited_correct",
+                     **bootstrap(correct.cpu().numpy(), batch.sources).as_dict()})
+    interaction = next(r for r in rows if r["blocked"] == "interaction")
+    clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
+    summary = {"hub": str(component), "secondary": str(secondary), "interaction": interaction["mean"],
+               "low": interaction["low"], "high": interaction["high"],
+               "additive": bool(interaction["low"] <= 0 <= interaction["high"]),
+               "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict()}
+    summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
+    return Result("head_interaction", rows, summary, plots.interaction(rows))
+
+
 def states_at(model: nn.Module, ids: torch.Tensor, at: int, component: Component) -> torch.Tensor:
     """The component's memory after tokens ``[0, at)`` for each prompt of ``ids [B, T]``: ``[B, V, K]``."""
     cache = LinMemCache.from_config(model.config)
@@ -482,10 +529,7 @@ def joint_topk(model: nn.Module, dev_items: Sequence[Item], test_items: Sequence
     """Rank components on development items (or take ``ranking``, e.g. a head scan's order, best first), then
     swap the top k jointly on test items; the share of the effect of swapping every state and conv cache (E.2,
     Fig. 14), a ratio of source means."""
-    if ranking is None:
-        ranking = [Component.parse(r["component"])
-                   for r in sorted(head_scan(model, dev_items).rows, key=lambda r: r["rank"])]
-    order = list(ranking)
+    order = ranking_of(model, dev_items, ranking)
     batch = make_batch(test_items)
     at = batch.boundary
     ks = [k for k in ks if k <= len(order)]

@@ -63,6 +63,17 @@ def lifecycle(rows: list[dict]):
     return fig
 
 
+def interaction(rows: list[dict]):
+    """Answer-margin change when the hub's, the secondary's or both heads' writes are blocked, the sum of the two
+    single blocks, and the interaction (both − sum), on one scale."""
+    fig, ax = _subplots(figsize=(7, 3))
+    shown = [{**r, "label": f"{r['blocked']} ({r['components']})" if r["components"] else r["blocked"]}
+             for r in rows if r["metric"] == "target_margin_change"]
+    _dot_rows(ax, shown, ("label",), "answer-margin change (logit; < 0: weaker recall)")
+    fig.tight_layout()
+    return fig
+
+
 def four_facts(rows: list[dict]):
     """Left: target donor-answer rate and non-target break rate. Right: fact B's margin change per part of Δ_A."""
     fig, (left, right) = _subplots(1, 2, figsize=(11, 3.8))
