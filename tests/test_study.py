@@ -14,10 +14,10 @@ import yaml
 
 from linmem.cli import main
 from linmem.io.folders import prepare_output_folder
-from linmem.study.definition import load_study, resolve_model
+from linmem.study.definition import MIN_SEEDS, load_study, resolve_model
 from linmem.study.estimates import ItemSet, item_estimate, paired_difference, seed_estimate
 from linmem.study.runs import run_dir
-from linmem.study.tables import MIN_SEEDS_TO_DECIDE, decide
+from linmem.study.tables import decide
 from linmem.train.trainer import train
 from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
 
@@ -150,14 +150,14 @@ def test_paired_difference_finds_a_shift_and_not_a_tie():
 
 def test_a_comparison_is_decided_only_over_enough_seeds():
     rng = np.random.default_rng()
-    for seeds in range(1, MIN_SEEDS_TO_DECIDE + 2):
+    for seeds in range(1, MIN_SEEDS + 2):
         a = {s: shifted_items(rng, 0.3) for s in range(seeds)}
         b = {s: shifted_items(rng, 0.0) for s in range(seeds)}
         diff = paired_difference(a, b)
         assert diff.low > 0  # the items alone exclude zero at every seed count
         for higher in (True, False):
             verdict = decide(diff.low, diff.high, diff.mean, diff.n, higher)
-            assert verdict["resolved"] == (seeds >= MIN_SEEDS_TO_DECIDE)
+            assert verdict["resolved"] == (seeds >= MIN_SEEDS)
             assert verdict["a_better"] == (higher if verdict["resolved"] else None)
     # one seed of a scalar (a training loss): a zero-width interval away from zero decides nothing
     assert decide(0.1, 0.1, 0.1, 1, False) == {"resolved": False, "enough_seeds": False, "a_better": None}

@@ -15,16 +15,13 @@ from typing import Any
 import numpy as np
 
 from linmem.io.atomic import atomic_write, write_json_atomic
-from linmem.study.definition import WHOLE_SPLIT, Study
+from linmem.study.definition import MIN_SEEDS, WHOLE_SPLIT, Study
 from linmem.study.estimates import ItemSet, Measurement, identity, item_estimate, paired_difference, seed_estimate
 from linmem.study.figures import draw_figures
 from linmem.study.runs import read_items, run_dir, training_log
 
 TABLES = "tables"
 FINAL_SHARE = 0.1  # the final training loss: mean over the last tenth of the updates
-# A comparison is decided only over this many paired seeds: with fewer, the interval holds the test items' noise but
-# not the spread between seeds (a training-loss difference from one seed has no interval at all).
-MIN_SEEDS_TO_DECIDE = 3
 
 
 @dataclass(frozen=True)
@@ -177,8 +174,10 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
 
 def decide(low: float, high: float, mean: float, seeds: int, higher: bool) -> dict[str, Any]:
     """Whether an A - B interval over ``seeds`` paired seeds decides the comparison, and for whom: resolved when it
-    excludes zero over at least ``MIN_SEEDS_TO_DECIDE`` seeds (``a_better`` None when unresolved)."""
-    enough = seeds >= MIN_SEEDS_TO_DECIDE
+    excludes zero over at least ``MIN_SEEDS`` seeds (``a_better`` None when unresolved). With fewer, the interval
+    holds the test items' noise but not the spread between seeds (a training-loss difference from one seed has no
+    interval at all)."""
+    enough = seeds >= MIN_SEEDS
     resolved = enough and (low > 0 or high < 0)
     return {"resolved": bool(resolved), "enough_seeds": enough,
             "a_better": ((mean > 0) == higher) if resolved else None}
@@ -188,7 +187,7 @@ def _verdict(c: dict[str, Any]) -> str:
     if c["resolved"]:
         return f"{c['a'] if c['a_better'] else c['b']} better"
     if not c.get("enough_seeds", True):
-        return f"not decided (fewer than {MIN_SEEDS_TO_DECIDE} seeds)"
+        return f"not decided (fewer than {MIN_SEEDS} seeds)"
     return "not resolved"
 
 
@@ -234,7 +233,7 @@ def markdown(tables: dict[str, Any]) -> str:
     if tables["comparisons"]:
         lines += ["## Paired comparisons", "", "A - B over the seeds both have, two-level bootstrap 95% CI (seeds "
                   "paired, test items paired). Resolved: the interval excludes 0 over at least "
-                  f"{MIN_SEEDS_TO_DECIDE} seeds.", "",
+                  f"{MIN_SEEDS} seeds.", "",
                   "| A | B | metric | A - B [CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in tables["comparisons"]:
             verdict = _verdict(c)
