@@ -197,10 +197,10 @@ class RecallOracle(nn.Module):
     """Reads the prompt: the query ends ``key middle``; the answer is the token after the last earlier
     ``key middle`` (the latest fact about the key). Clean memory-lab recall must be exactly 1."""
 
-    def __init__(self, vocab_size: int, middle: list[int]):
+    def __init__(self, vocab_size: int, middle: list[int], distractor: int | None = None):
         super().__init__()
         self.config = types.SimpleNamespace(vocab_size=vocab_size, mixer="gdn")
-        self.vocab_size, self.middle = vocab_size, middle
+        self.vocab_size, self.middle, self.distractor = vocab_size, middle, distractor
 
     def forward(self, input_ids, attention_mask=None, use_cache=False):
         logits = torch.zeros(*input_ids.shape, self.vocab_size)
@@ -209,6 +209,8 @@ class RecallOracle(nn.Module):
             pattern = row[-width:]
             starts = [t for t in range(len(row) - width) if row[t:t + width] == pattern]
             logits[b, -1, row[starts[-1] + width]] = 10.0
+            if self.distractor is not None:  # a token that is no candidate outranks the answer
+                logits[b, -1, self.distractor] = 20.0
         return types.SimpleNamespace(logits=logits)
 
 
@@ -225,7 +227,14 @@ def test_memory_lab_recall_on_held_out_text(em):
     middle = TaskBuilder(em.tokenizer, TaskSpec(num_bindings=2)).middle
     oracle = EvalModel(RecallOracle(em.model.config.vocab_size, middle), em.tokenizer, em.folder,
                        torch.device("cpu"), em.eos_id, em.info)
-    assert memory_recall(oracle, split, items=8, num_bindings=2, filler_tokens=48)["metrics"]["accuracy"] == 1.0
+    exact = memory_recall(oracle, split, items=8, num_bindings=2, filler_tokens=48)["metrics"]
+    assert exact["accuracy"] == 1.0 and exact["top1"] == 1.0 and exact["top1@2"] == 1.0
+    assert 0 <= metrics["top1"] <= metrics["accuracy"]  # first over the vocabulary implies first of the 4
+    # right among the 4 candidates, never first over the vocabulary: 4-choice accuracy 1, top-1 0
+    distracted = EvalModel(RecallOracle(em.model.config.vocab_size, middle, distractor=em.eos_id), em.tokenizer,
+                           em.folder, torch.device("cpu"), em.eos_id, em.info)
+    only_four = memory_recall(distracted, split, items=8, num_bindings=2, filler_tokens=48)["metrics"]
+    assert only_four["accuracy"] == 1.0 and only_four["top1"] == 0.0 and only_four["top1_high"] == 0.0
 
 
 def test_memory_recall_hand_off(em):

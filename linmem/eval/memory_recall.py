@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import torch
@@ -52,13 +53,15 @@ class RecallFormat:
 
 @dataclass
 class LoadTrials:
-    """The scored items of one load: ``correct`` (1.0 / 0.0 per item), each item's source passage and the prompt
-    length in tokens (every item of one load has the same length)."""
+    """The scored items of one load: ``correct`` (1.0 / 0.0 per item: the answer beats the other 3 candidates),
+    each item's source passage, the prompt length in tokens (every item of one load has the same length) and
+    ``top1`` (1.0 / 0.0 per item: the answer is the model's first choice over the whole vocabulary)."""
 
     num_bindings: int
     correct: list[float]
     sources: list[str]
     prompt_tokens: int
+    top1: list[float] = dataclass_field(default_factory=list)
 
 
 def check_loads(loads: Sequence[int], name: str = "loads") -> tuple[int, ...]:
@@ -134,14 +137,16 @@ def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: S
     out = []
     for k, builder in by_load.items():
         batch = make_batch(tasks.build_items(builder, sources, per_source=per_source, seed=seed)[:items])
-        correct = []
+        correct, top1 = [], []
+        answer_ids = batch.candidates.gather(-1, batch.answer[:, None])[:, 0]
         with torch.no_grad():
             for start in range(0, batch.recipient.shape[0], batch_size):
                 ids = batch.recipient[start:start + batch_size].to(em.device)
                 last = em.model(input_ids=ids, use_cache=False).logits[:, -1].float().cpu()
                 choice = choice_logits(last, batch.candidates[start:start + batch_size])
                 correct += (choice.argmax(-1) == batch.answer[start:start + batch_size]).double().tolist()
-        out.append(LoadTrials(k, correct, list(batch.sources), batch.length))
+                top1 += (last.argmax(-1) == answer_ids[start:start + batch_size]).double().tolist()
+        out.append(LoadTrials(k, correct, list(batch.sources), batch.length, top1))
     return out
 
 
@@ -158,8 +163,10 @@ def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num
     bindings measured.
 
     Metrics: ``accuracy``, ``ci_low``, ``ci_high``, ``n``, ``sources`` over every item of every load (the mean
-    over loads: each has ``items`` items), ``accuracy@K`` / ``ci_low@K`` / ``ci_high@K`` per load, and the
-    settings (``num_bindings``: the load, or the list of loads). ``table``: one row per load.
+    over loads: each has ``items`` items), ``accuracy@K`` / ``ci_low@K`` / ``ci_high@K`` per load, the same for
+    ``top1`` (the answer is the model's first choice over the whole vocabulary, not only over the 4 candidates:
+    chance is near zero, and it is the paper's F.2 criterion), and the settings (``num_bindings``: the load, or
+    the list of loads). ``table``: one row per load.
     """
     if loads is None:
         loads = DEFAULT_LOADS if num_bindings is None else (num_bindings,)
@@ -174,12 +181,17 @@ def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num
         return _not_available(f"the memory lab's task rules fail for this tokenizer ({e})")
     table = []
     for t in trials:
-        e = bootstrap(t.correct, t.sources, seed=seed)
+        e, first = bootstrap(t.correct, t.sources, seed=seed), bootstrap(t.top1, t.sources, seed=seed)
         table.append({"num_bindings": t.num_bindings, "accuracy": e.mean, "ci_low": e.low, "ci_high": e.high,
-                      "n": e.n, "sources": e.sources, "prompt_tokens": t.prompt_tokens})
-    pooled = bootstrap([c for t in trials for c in t.correct], [s for t in trials for s in t.sources], seed=seed)
-    per_load = {f"{key}@{row['num_bindings']}": row[key] for row in table for key in ("accuracy", "ci_low", "ci_high")}
+                      "n": e.n, "sources": e.sources, "prompt_tokens": t.prompt_tokens, "top1": first.mean,
+                      "top1_low": first.low, "top1_high": first.high})
+    all_sources = [s for t in trials for s in t.sources]
+    pooled = bootstrap([c for t in trials for c in t.correct], all_sources, seed=seed)
+    pooled_top1 = bootstrap([c for t in trials for c in t.top1], all_sources, seed=seed)
+    per_load = {f"{key}@{row['num_bindings']}": row[key] for row in table
+                for key in ("accuracy", "ci_low", "ci_high", "top1", "top1_low", "top1_high")}
     metrics = {"accuracy": pooled.mean, "ci_low": pooled.low, "ci_high": pooled.high, "n": pooled.n,
+               "top1": pooled_top1.mean, "top1_low": pooled_top1.low, "top1_high": pooled_top1.high,
                "sources": pooled.sources, "chance": CHANCE, "prompt_tokens": max(t.prompt_tokens for t in trials),
                "num_bindings": loads[0] if len(loads) == 1 else list(loads), "repeats": repeats,
                "template": template, "keys": keys, "values": values, **per_load}
