@@ -207,18 +207,17 @@ def head_interaction(model: nn.Module, dev_items: Sequence[Item], test_items: Se
     edits = lambda item: [[]] + [[WriteBlock(comps, span) for span in item.target_writes]  # noqa: E731
                                  for comps in sets.values()]
     choice = per_item(model, batch, edits)
-    change = {name: compare(choice[0], choice[i], batch.answer)["target_margin_change"]
-              for i, name in enumerate(sets, start=1)}
+    blocked = {name: compare(choice[0], choice[i], batch.answer) for i, name in enumerate(sets, start=1)}
+    change = {name: values["target_margin_change"] for name, values in blocked.items()}
     change["hub + secondary"] = change["hub"] + change["secondary"]
     change["interaction"] = change["both"] - change["hub + secondary"]
     what = {name: " + ".join(map(str, comps)) for name, comps in sets.items()}
     what.update({"hub + secondary": "", "interaction": ""})  # derived from the three blocks, not a block
     rows = [{"blocked": name, "components": what[name], "metric": "target_margin_change",
              **bootstrap(v.cpu().numpy(), batch.sources).as_dict()} for name, v in change.items()]
-    for i, name in enumerate(sets, start=1):
-        correct = compare(choice[0], choice[i], batch.answer)["edited_correct"]
-        rows.append({"blocked": name, "components": what[name], "metric": "edited_correct",
-                     **bootstrap(correct.cpu().numpy(), batch.sources).as_dict()})
+    rows += [{"blocked": name, "components": what[name], "metric": "edited_correct",
+              **bootstrap(values["edited_correct"].cpu().numpy(), batch.sources).as_dict()}
+             for name, values in blocked.items()]
     interaction = next(r for r in rows if r["blocked"] == "interaction")
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
     summary = {"hub": str(component), "secondary": str(secondary), "interaction": interaction["mean"],
