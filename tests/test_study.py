@@ -88,6 +88,21 @@ def test_per_model_learning_rate_and_neutral_keys_pass(dataset, configs, tmp_pat
     assert (config.optim.lr, config.train.seed, config.train.steps) == (5e-3, 2, 3)
 
 
+def test_runs_take_only_update_neutral_settings_from_the_command_line(dataset, configs, tmp_path, capsys):
+    path = write_study(tmp_path, dataset, two_models(configs))
+    study = load_study(path)
+    config = resolve_model(study, study.model("gdn"), 1, ["train.compile=true", "train.micro_batch_size=2"])
+    assert (config.train.compile, config.train.micro_batch_size, config.train.seed) == (True, 2, 1)
+    assert resolve_model(study, study.model("gdn"), 1).train.compile is False
+    for item in ("optim.weight_decay=0", "train.steps=4", "data.seq_len=16"):
+        with pytest.raises(ValueError, match="change no update"):
+            resolve_model(study, study.model("gdn"), 1, [item])
+    # the command refuses a recipe key before it trains or writes anything
+    out = tmp_path / "out"
+    assert main(["study", str(path), "--out", str(out), "--set", "optim.lr=1", "--no-progress"]) != 0
+    assert "change no update" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.parametrize("changes, error", [
     ({"seeds": [0, 1]}, r"at least 3 seeds"),
     ({"per_model": ["data.seq_len"]}, r"per_model may list only"),

@@ -1,4 +1,5 @@
-"""``linmem study STUDY.yaml --out DIR [--seeds 0,1,2] [--only MODEL ...] [--device D] [--report-only]``.
+"""``linmem study STUDY.yaml --out DIR [--seeds 0,1,2] [--only MODEL ...] [--device D] [--set KEY=VALUE]
+[--report-only]``.
 
 Trains and evaluates every (model, seed) of the study not yet finished in ``--out`` (an interrupted one resumes),
 then rebuilds ``--out/tables`` from the run folder; ``--report-only`` only rebuilds the tables.
@@ -20,6 +21,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "(default: all; the tables always cover every seed and say which are missing)")
     parser.add_argument("--only", nargs="+", default=None, metavar="MODEL", help="run only these models")
     parser.add_argument("--device", default="auto", help="training and evaluation device (auto, cpu, cuda)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting that changes no update, for every run started (e.g. train.compile=true, "
+                        "train.micro_batch_size=16); the recipe's own keys are refused")
     parser.add_argument("--report-only", action="store_true", help="rebuild the tables from --out, run nothing")
     parser.add_argument("--no-figures", action="store_true", help="tables without figures")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -27,11 +31,12 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linmem.study.definition import load_study
+    from linmem.study.definition import check_settings, load_study
     from linmem.study.runs import check_study_folder, parse_seeds, run_study
     from linmem.study.tables import write_tables
 
     study = load_study(args.config)
+    check_settings(args.settings)
     out = args.out or Path("runs") / "study" / study.name
     seeds = parse_seeds(args.seeds, study)
     if args.report_only:
@@ -39,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--report-only: no run folder at {out}")
         check_study_folder(out, study)
     else:
-        progress = run_study(study, out, seeds, args.only, args.device, not args.no_progress)
+        progress = run_study(study, out, seeds, args.only, args.device, not args.no_progress, args.settings)
         print(f"{len(progress.done)} run(s) trained and evaluated, {len(progress.skipped)} already finished")
         if progress.interrupted:
             model, seed = progress.interrupted

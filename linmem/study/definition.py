@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,14 +245,26 @@ def flat_sections(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def resolve_model(study: Study, model: StudyModel, seed: int) -> TrainConfig:
+def check_settings(settings: Sequence[str]) -> list[str]:
+    """``section.key=value`` items given to a study's runs from outside the study file (``linmem study --set``):
+    only settings that change no update (``UPDATE_NEUTRAL_KEYS``), so that the recipe stays the file's."""
+    for item in settings:
+        key = item.partition("=")[0].strip()
+        if key not in UPDATE_NEUTRAL_KEYS:
+            raise ValueError(f"--set {item!r}: a study's runs take only settings that change no update "
+                             f"({', '.join(sorted(UPDATE_NEUTRAL_KEYS))}); the recipe is the study file's")
+    return list(settings)
+
+
+def resolve_model(study: Study, model: StudyModel, seed: int, settings: Sequence[str] = ()) -> TrainConfig:
     """The training config of ``model`` at ``seed``: its file, the recipe over it (the per-model keys left as
-    the file has them), its ``set`` overrides, ``train.seed``; ``ValueError`` when a section key differs from the
-    recipe (see the module docstring)."""
+    the file has them), its ``set`` overrides, ``train.seed``, then ``settings`` (``check_settings``);
+    ``ValueError`` when a section key differs from the recipe (see the module docstring)."""
     shared = json.loads(json.dumps(study.recipe))  # a deep copy
     text = yaml.safe_dump({"include": [str(model.config)], **shared})
     raw = read_config_dict(study.path.parent / f".{model.name}.study.yaml", text)
-    raw = apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in model.overrides.items()])
+    raw = apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in model.overrides.items()]
+                          + check_settings(settings))
     raw.setdefault("train", {})["seed"] = seed
     raw["name"] = model.name
     where = f"{study.path}: model {model.name} ({model.config.name})"

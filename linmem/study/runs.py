@@ -138,9 +138,10 @@ def evaluate_one(out: Path, study: Study, model: str, seed: int, device: str) ->
 
 
 def run_study(study: Study, out: str | Path, seeds: Sequence[int] | None = None, only: Sequence[str] | None = None,
-              device: str = "auto", progress: bool = True) -> StudyProgress:
+              device: str = "auto", progress: bool = True, settings: Sequence[str] = ()) -> StudyProgress:
     """Train and evaluate every (model, seed) of ``study`` (or the ``only`` models, the ``seeds``) into ``out``
-    (module docstring); stops after a run a signal interrupted (``StudyProgress.interrupted``)."""
+    (module docstring), each with ``settings`` (``section.key=value`` that change no update, such as
+    ``train.compile=true``); stops after a run a signal interrupted (``StudyProgress.interrupted``)."""
     out = Path(out)
     check_study_folder(out, study)
     prepare_output_folder(out, overwrite=False, kind=KIND)
@@ -153,7 +154,7 @@ def run_study(study: Study, out: str | Path, seeds: Sequence[int] | None = None,
     bar = tqdm(pairs, disable=not progress, unit="run", desc=study.name)
     for name, seed in bar:
         bar.set_postfix(model=name, seed=seed)
-        config = resolve_model(study, study.model(name), seed)
+        config = resolve_model(study, study.model(name), seed, settings)
         config.train.device = device
         config.train.progress = progress
         if is_finished(out, name, seed):

@@ -7,11 +7,13 @@
 #   bash scripts/study/side_by_side.sh STUDY.yaml OUT JOBS MODEL:SEED [MODEL:SEED ...]
 #   e.g. bash scripts/study/side_by_side.sh configs/study/rla-paper.yaml runs/study/rla-paper 10 rdn:0 gdn:0 rdn:1
 #
+# STUDY_OPTIONS (optional) is passed to every `linmem study` process, e.g. STUDY_OPTIONS="--set train.compile=true"
+# (only settings that change no update are accepted).
 # Logs (beside the study folder, which holds only linmem's files): OUT-logs/MODEL-seed-S.log, and OUT-logs/queue.log
 # says when each run started and ended, with its exit code.
 # The tables are rebuilt afterwards with `linmem study STUDY.yaml --out OUT --report-only`.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,11p "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n 2,14p "$0" >&2; exit 2; }
 study=$1 out=$2 jobs=$3
 shift 3
 logs="$out-logs"
@@ -22,8 +24,9 @@ python="${PYTHON:-python3}"
 run_pair() {  # MODEL SEED
   local log="$logs/$1-seed-$2.log" rc
   echo "$(date -u +%FT%TZ) start $1 seed $2" >> "$queue_log"
+  # shellcheck disable=SC2086  # STUDY_OPTIONS holds several words on purpose
   OMP_NUM_THREADS=1 "$python" -m linmem.cli study "$study" --out "$out" --only "$1" --seeds "$2" --no-figures \
-      --no-progress > "$log" 2>&1
+      --no-progress ${STUDY_OPTIONS:-} > "$log" 2>&1
   rc=$?
   echo "$(date -u +%FT%TZ) end $1 seed $2 rc $rc" >> "$queue_log"
 }
