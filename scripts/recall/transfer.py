@@ -36,7 +36,7 @@ from linmem.data.shards import TokenShards
 from linmem.data.synthetic import RecallSample, power_law
 from linmem.eval.loading import load_model, open_heldout
 from linmem.eval.memory_recall import memory_recall
-from linmem.memory.tasks import held_out_tokens
+from linmem.memory.tasks import Tokenize, held_out_tokens
 from linmem.train.data import resolve_generator
 
 TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bindings": 4, "weight": 3}
@@ -65,17 +65,6 @@ class WideMQAR:
         return RecallSample(tokens.astype(np.int64), mask)
 
 
-class _Tokenize:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def __call__(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-
 def generators(arm: str, shards: TokenShards, tokenizer) -> tuple[list, np.ndarray, int]:
     """The arm's recall generators, their sampling weights and the sample length."""
     specs, seq_len = [dict(TEXT), dict(ZOO_FORMAT)], 160
@@ -90,7 +79,7 @@ def generators(arm: str, shards: TokenShards, tokenizer) -> tuple[list, np.ndarr
             for i, s in enumerate(specs)]
     gens, weights = [m[0] for m in made], [m[1] for m in made]
     if arm in ("wide", "oracle"):
-        held, _ = held_out_tokens(_Tokenize(tokenizer))
+        held, _ = held_out_tokens(Tokenize(tokenizer))
         allowed = np.asarray([i for i in range(shards.vocab_size)
                               if i != shards.eos_id and (arm == "oracle" or i not in held)])
         gens += [WideMQAR(allowed, 4), WideMQAR(allowed, 8)]
