@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any
 
 import torch
@@ -61,7 +60,7 @@ class LoadTrials:
     correct: list[float]
     sources: list[str]
     prompt_tokens: int
-    top1: list[float] = dataclass_field(default_factory=list)
+    top1: list[float]
 
 
 def check_loads(loads: Sequence[int], name: str = "loads") -> tuple[int, ...]:
