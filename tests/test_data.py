@@ -29,7 +29,7 @@ from linmem.data.tokenizer import (
     save_tokenizer,
     train_tokenizer,
 )
-from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_windows
+from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_window_sources, sequential_windows
 from linmem.io import atomic
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bards".split()
@@ -124,12 +124,13 @@ def test_splits_deterministic_disjoint_and_proportional():
 # ---------------------------------------------------------------- shards and atomic writes
 
 
-def _write_random_shards(folder: Path, docs: list[np.ndarray], shard_tokens: int, vocab: int = 1000):
+def _write_random_shards(folder: Path, docs: list[np.ndarray], shard_tokens: int, vocab: int = 1000,
+                         sources: list[int] | None = None, source_names: tuple[str, ...] = ("src",)):
     writer = ShardWriter(folder, "train", token_dtype(vocab), eos_id=0, shard_tokens=shard_tokens)
     for i, doc in enumerate(docs):
-        writer.add(doc, f"d{i}", 0)
+        writer.add(doc, f"d{i}", 0 if sources is None else sources[i])
     meta = {"dtype": token_dtype(vocab).str, "vocab_size": vocab, "eos_id": 0, "tokenizer_hash": "x",
-            "source_names": ["src"]}
+            "source_names": list(source_names)}
     write_index(folder, meta, {"train": writer.close()})
 
 
@@ -237,6 +238,37 @@ def test_windows_errors_and_sequential(shards: TokenShards):
     windows = list(sequential_windows(split, 100))
     assert len(windows) == sum(len(s) // 100 for s in split.shards)
     np.testing.assert_array_equal(windows[0].numpy(), split.shards[0][:100])
+
+
+def test_each_sequential_window_gets_the_source_of_most_of_its_targets(tmp_path: Path):
+    rng = np.random.default_rng()
+    names = ("code", "prose", "verse")
+    docs = [rng.integers(1, 1000, size=n) for n in rng.integers(1, 300, size=60)]
+    sources = rng.integers(0, len(names), size=len(docs)).tolist()
+    _write_random_shards(tmp_path, docs, shard_tokens=1200, sources=sources, source_names=names)
+    split = TokenShards(tmp_path).split("train")
+    seq_len = int(rng.integers(8, 200))
+    expected = []
+    for shard, entry in zip(split.shards, split.entries):  # a label per token (-1: the EOS after a document)
+        labels = np.full(len(shard), -1)
+        for start, length, source in zip(entry["doc_starts"], entry["doc_lengths"], entry["sources"]):
+            labels[start:start + length] = source
+        for start in range(0, len(shard) - seq_len + 1, seq_len):
+            targets = labels[start + 1:start + seq_len]
+            counts = [int((targets == k).sum()) for k in range(len(names))]
+            expected.append(names[counts.index(max(counts))] if max(counts) else "none")
+    got = sequential_window_sources(split, seq_len)
+    assert got == expected and len(got) == len(list(sequential_windows(split, seq_len)))
+    assert set(got) - {"none"} <= set(names) and len(set(got)) > 1
+
+    # The window's first token is context only, and an EOS counts for no source: tokens [prose, EOS, code, EOS,
+    # prose, prose, prose, EOS]
+    (tmp_path / "small").mkdir()
+    _write_random_shards(tmp_path / "small", [np.array([5]), np.array([6]), np.array([7, 8, 9])], shard_tokens=100,
+                         sources=[0, 1, 0], source_names=("prose", "code"))
+    small = TokenShards(tmp_path / "small").split("train")
+    assert sequential_window_sources(small, 4) == ["code", "prose"]
+    assert sequential_window_sources(small, 2) == ["none", "none", "prose", "none"]
 
 
 # ---------------------------------------------------------------- tokenizer

@@ -5,6 +5,7 @@ run, finished runs skipped, --report-only byte for byte)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 from pathlib import Path
 
@@ -222,6 +223,28 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/items.json")} == before  # finished runs skipped
     assert main(["study", str(path), "--out", str(out), "--report-only", "--no-progress"]) == 0
     assert {name: (out / "tables" / name).read_bytes() for name in saved} == saved
+
+    # Perplexity per source of the windows: the tiny dataset has one source, so it is the whole split's.
+    by_source = [name for name in entry["metrics"] if name.startswith("test_ppl@")]
+    assert len(by_source) == 1
+    assert entry["metrics"][by_source[0]]["seeds"]["2"]["mean"] == entry["metrics"]["test_ppl"]["seeds"]["2"]["mean"]
+    # Records written before windows had sources get the same labels from scripts/study/label_window_sources.py.
+    items = run_dir(out, "rla", 0) / "items.json"
+    labelled = json.loads(items.read_text())
+    unlabelled = copy.deepcopy(labelled)
+    del unlabelled["records"]["ppl"]["source"]
+    items.write_text(json.dumps(unlabelled))
+    assert label_window_sources().label(items, None).startswith("labelled")
+    assert json.loads(items.read_text()) == labelled
+    assert label_window_sources().label(items, None) == "already labelled"
+
+
+def label_window_sources():
+    path = Path(__file__).resolve().parent.parent / "scripts" / "study" / "label_window_sources.py"
+    spec = importlib.util.spec_from_file_location("label_window_sources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---------------------------------------------------------------- the shipped studies

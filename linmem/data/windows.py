@@ -69,3 +69,22 @@ def sequential_windows(split: SplitTokens, seq_len: int) -> Iterator[torch.Tenso
     for shard in split.shards:
         for start in range(0, len(shard) - seq_len + 1, seq_len):
             yield torch.from_numpy(np.asarray(shard[start:start + seq_len], dtype=np.int64))
+
+
+def sequential_window_sources(split: SplitTokens, seq_len: int) -> list[str]:
+    """The source of each ``sequential_windows`` window, in the same order: the source whose documents hold most of
+    the window's ``seq_len - 1`` target tokens (EOS separators belong to no source; a tie goes to the source listed
+    first in the dataset's index)."""
+    names, out = split.source_names, []
+    for shard_tokens, entry in zip(split.shards, split.entries):
+        starts = np.asarray(entry["doc_starts"], dtype=np.int64)
+        ends = starts + np.asarray(entry["doc_lengths"], dtype=np.int64)
+        sources = np.asarray(entry["sources"], dtype=np.int64)
+        for start in range(0, len(shard_tokens) - seq_len + 1, seq_len):
+            low, high = start + 1, start + seq_len  # the targets: tokens 1 .. seq_len - 1 of the window
+            first, last = np.searchsorted(ends, low, side="right"), np.searchsorted(starts, high, side="left")
+            overlap = np.minimum(ends[first:last], high) - np.maximum(starts[first:last], low)
+            counts = np.bincount(sources[first:last], weights=overlap, minlength=len(names))
+            out.append(names[int(np.argmax(counts))] if counts.sum() > 0 else "none")
+    return out
+

@@ -19,7 +19,7 @@ import torch
 from linmem.data.randomness import sample_rng
 from linmem.data.shards import SplitTokens
 from linmem.data.synthetic import MQAR
-from linmem.data.windows import sequential_windows
+from linmem.data.windows import sequential_window_sources, sequential_windows
 from linmem.eval.cloze import build_cloze
 from linmem.eval.loading import EvalModel
 from linmem.eval.memory_recall import FormatUnavailable, recall_trials
@@ -42,16 +42,18 @@ def _add(columns: dict[str, list], unit: str, group: str, num: float, den: float
 
 
 def ppl_items(em: EvalModel, split: SplitTokens, seq_len: int, o: EvalOptions) -> dict[str, list]:
-    """One item per test window (as ``eval.perplexity``): its loss sum (nats) over its ``seq_len - 1`` targets."""
+    """One item per test window (as ``eval.perplexity``): its loss sum (nats) over its ``seq_len - 1`` targets,
+    and the ``source`` most of those targets come from (``sequential_window_sources``: per-source perplexity)."""
     columns, windows = _columns(), []
     for window in sequential_windows(split, seq_len):
         if len(windows) * seq_len >= o.max_tokens:
             break
         windows.append(window)
+    sources = sequential_window_sources(split, seq_len)
     for start in range(0, len(windows), o.batch_size):
         losses = window_losses(em, torch.stack(windows[start:start + o.batch_size])).double()
         for i, row in enumerate(losses):
-            _add(columns, f"w{start + i}", "all", float(row.sum()), row.numel())
+            _add(columns, f"w{start + i}", "all", float(row.sum()), row.numel(), source=sources[start + i])
     return columns
 
 

@@ -76,6 +76,16 @@ def _final_val_loss(record: dict[str, Any], folder: Path) -> float | None:
     return float(values[-1]) if values else None
 
 
+def _window_sources(records: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """The sources of the perplexity windows, in first-seen order (records written before windows had sources
+    give none)."""
+    seen: dict[str, None] = {}
+    for by_seed in records.values():
+        for record in by_seed.values():
+            seen.update(dict.fromkeys(record["records"].get("ppl", {}).get("source", [])))
+    return list(seen)
+
+
 def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> list[Metric]:
     """The metrics the study's tasks give (MQAR per number of pairs, NIAH per length and per depth)."""
     tasks, o = set(study.tasks), study.eval_options
@@ -84,6 +94,9 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
     if "ppl" in tasks:
         out += [Metric("test_loss", f"{o.split} loss (nats/token, whole split)", _items("ppl"), False),
                 Metric("test_ppl", f"{o.split} perplexity (whole split)", _items("ppl"), False, np.exp)]
+        out += [Metric(f"test_ppl@{source}", f"{o.split} perplexity of the windows mostly from {source}",
+                       _items("ppl", lambda r, s=source: r.get("source") == s), False, np.exp)
+                for source in _window_sources(records)]
     if "cloze" in tasks:
         out.append(Metric("cloze", "cloze accuracy", _items("cloze"), True, bounded=True))
     if "mqar" in tasks:

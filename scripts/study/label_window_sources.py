@@ -1,0 +1,61 @@
+"""Add the ``source`` of each perplexity window to study records written before ``linmem.study.items`` kept it.
+
+    python scripts/study/label_window_sources.py runs/study/rla-paper [--data data/zoo-4k]
+
+A window's source is what ``linmem.data.windows.sequential_window_sources`` gives for the split the run was
+evaluated on, the same function a new evaluation uses, so labelled old records and new ones agree. The windows are
+rebuilt from the dataset (the run's ``data.dir`` unless ``--data`` is given) and checked against the record: the
+same number of windows or fewer (``max_tokens``) and every window's target count equal to ``seq_len - 1``. Records
+that already have sources are left as they are; each changed ``items.json`` is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from linmem.data.shards import TokenShards
+from linmem.data.windows import sequential_window_sources
+from linmem.io.atomic import write_json_atomic
+
+
+def label(items_path: Path, data: Path | None) -> str:
+    record = json.loads(items_path.read_text(encoding="utf-8"))
+    ppl = record["records"].get("ppl")
+    if not ppl or not ppl["unit"]:
+        return "no perplexity items"
+    if "source" in ppl:
+        return "already labelled"
+    config = yaml.safe_load((items_path.parent / "config.yaml").read_text(encoding="utf-8"))
+    folder = data or Path(config["data"]["dir"])
+    targets = set(ppl["den"])
+    if len(targets) != 1:
+        raise ValueError(f"{items_path}: windows of different lengths {sorted(targets)}")
+    seq_len = int(targets.pop()) + 1
+    sources = sequential_window_sources(TokenShards(folder).split(record["eval"]["options"]["split"]), seq_len)
+    if ppl["unit"] != [f"w{i}" for i in range(len(ppl["unit"]))] or len(ppl["unit"]) > len(sources):
+        raise ValueError(f"{items_path}: {len(ppl['unit'])} windows do not match the {len(sources)} windows of "
+                         f"{seq_len} tokens in {folder}")
+    ppl["source"] = sources[:len(ppl["unit"])]
+    write_json_atomic(items_path, record)
+    counts = {s: ppl["source"].count(s) for s in dict.fromkeys(ppl["source"])}
+    return "labelled " + ", ".join(f"{s} {n}" for s, n in counts.items())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("study_out", type=Path, help="a study's output folder (runs/MODEL/seed-S/items.json)")
+    parser.add_argument("--data", type=Path, help="the dataset folder (default: each run's data.dir)")
+    args = parser.parse_args()
+    paths = sorted(args.study_out.glob("runs/*/seed-*/items.json"))
+    if not paths:
+        raise SystemExit(f"no runs/*/seed-*/items.json under {args.study_out}")
+    for path in paths:
+        print(f"{path.parent.relative_to(args.study_out)}: {label(path, args.data)}")
+
+
+if __name__ == "__main__":
+    main()
