@@ -233,3 +233,21 @@ def test_probe_runs_the_analysis_on_a_zoo_model(name, tmp_path):
     assert rows and all(np.isfinite(r["mean"]) for r in rows if r.get("n"))
     assert results["header"]["notes"] == [] and "keys='names'" in results["header"]["task"]
     assert name in (out / "report.html").read_text()
+
+
+def test_probe_tests_the_subspace_on_another_value_vocabulary(tmp_path, capsys):
+    if "gdn" not in linmem.zoo.names():
+        pytest.skip("zoo model gdn is not shipped in this checkout")
+    args = ["probe", "zoo:gdn", "--only", "subspace_transfer", "--component", "L5H1S", "--filler", "32",
+            "--bindings", "2", "--repeats", "1", "--dev-sources", "2", "--confirm-sources", "2", "--device", "cpu",
+            "--min-clean-recall", "0", "--values", "colors"]
+    assert main([*args, "--out", str(tmp_path / "probe"), "--transfer-values", "shapes"]) == 0
+    results = json.loads((tmp_path / "probe" / "results.json").read_text())
+    summary = results["experiments"]["subspace_transfer"]["summary"]
+    assert (summary["basis_values"], summary["test_values"]) == ("colors", "shapes")
+    rows = results["experiments"]["subspace_transfer"]["rows"]
+    assert rows and all(np.isfinite(r["mean"]) for r in rows if r.get("n"))
+    # the same vocabulary as the task's is refused before anything runs
+    assert main([*args, "--out", str(tmp_path / "same"), "--transfer-values", "colors"]) == 2
+    assert "are the task's own values" in capsys.readouterr().err
+    assert not (tmp_path / "same" / "results.json").exists()

@@ -48,6 +48,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--values", default=None,
                         help="value words: a name (colors, cities, animals, numbers, shapes; held out: directions, "
                              "materials) or a file of words (default: chosen automatically, said in the report)")
+    parser.add_argument("--transfer-values", default=None,
+                        help="subspace transfer across vocabularies (App. D.2's colours -> shapes): the rank-k basis "
+                             "is learned on --values facts and tested on facts whose values are these words (a name "
+                             "or a file, as --values); default: tested on --values facts too")
     parser.add_argument("--component", default=None,
                         help="use this component (like L3H1S or L3H1R) instead of the head scan's choice")
     parser.add_argument("--min-clean-recall", type=float, default=0.5,
@@ -86,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
                            min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
-                           values=args.values)
+                           values=args.values, transfer_values=args.transfer_values)
     summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})
     recall = summary["clean_recall"]

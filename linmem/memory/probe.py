@@ -38,7 +38,8 @@ class ProbeOptions:
     runs just the named experiments (``EXPERIMENTS``), ``component`` (like ``"L3H1S"``) replaces the head scan's
     choice. ``template``, ``keys``, ``values``: the task's wording and vocabularies (a name or a user's file,
     see ``tasks.load_template``); keys / values None: chosen automatically (names / colors first), said in the
-    report's notes.
+    report's notes. ``transfer_values``: the value vocabulary of ``subspace_transfer``'s test facts (None: the
+    task's own), to ask whether a basis learned on one vocabulary moves answers of another.
     ``min_clean_recall`` gates every attribution on the model's clean recall (4 candidates, chance 0.25):
     below it on the development or the confirmation sources only the experiments that attribute nothing
     (``NOT_ATTRIBUTING``) run, and the report says why; 0 turns the gate off. ``time_limit_s``: an experiment is
@@ -60,6 +61,7 @@ class ProbeOptions:
     template: str = "code"
     keys: str | None = None
     values: str | None = None
+    transfer_values: str | None = None
     min_clean_recall: float = 0.5
     time_limit_s: float | None = None
     cost_estimates: dict[str, float] = field(default_factory=dict)
@@ -94,6 +96,17 @@ def task_builder(tokenizer, options: ProbeOptions, notes: list[str]) -> TaskBuil
     spec = TaskSpec(num_bindings=options.num_bindings, repeats=options.repeats, filler_tokens=options.filler_tokens,
                     template=load_template(options.template), **asked)
     return pick_spec(tokenizer, spec, notes, keep=asked)
+
+
+def transfer_builder(tokenizer, builder: TaskBuilder, transfer_values: str | None) -> TaskBuilder:
+    """The subspace transfer's test task: ``builder``'s, or the same with values from ``transfer_values`` (refused
+    when it is the task's own vocabulary or this tokenizer cannot meet its rules)."""
+    if transfer_values is None:
+        return builder
+    values = load_vocabulary(transfer_values, "values")
+    if label(values) == label(builder.spec.values):
+        raise ValueError(f"transfer values {label(values)!r} are the task's own values; name another vocabulary")
+    return TaskBuilder(tokenizer, replace(builder.spec, values=values))
 
 
 def shortened(asked: Iterable[int], kept: list[int], what: str, why: str) -> list[str]:
@@ -161,6 +174,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         notes += shortened(options.gaps, gaps, "gap", f"a gap cannot exceed the {options.filler_tokens} filler tokens")
     if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
         ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
+    transfer = transfer_builder(tokenizer, builder, options.transfer_values)
     chosen = None if options.component is None else Component.parse(options.component)
     if chosen is not None:
         check_component(model, chosen)
@@ -196,7 +210,9 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
         "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
         "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
-        "subspace_transfer": lambda: subspace_transfer(model, dev_items, confirm_items, chosen, seed=options.seed),
+        "subspace_transfer": lambda: subspace_transfer(
+            model, dev_items, build_items(transfer, confirm, seed=options.seed), chosen, seed=options.seed,
+            vocabularies=(label(builder.spec.values), label(transfer.spec.values))),
     }
     results, seconds, not_started, start = list(recall), {}, [], time.monotonic()
     for name in tqdm(names, desc="probe", unit="experiment"):

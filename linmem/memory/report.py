@@ -57,7 +57,8 @@ READING = {
                          "recipient state of the chosen component) is replaced by its own rank-k truncation, its "
                          "projection on a rank-k value basis learned from development items, the rest of it, or an "
                          "equal-norm random rank-k matrix. Own ≈ full at small k: the edit is low-rank; basis ≈ "
-                         "own: the answers share one subspace.",
+                         "own: the answers share one subspace. With --transfer-values the test facts have other "
+                         "values than the basis' (summary: basis_values, test_values).",
 }
 
 
