@@ -166,6 +166,15 @@ def test_subspace_transfer_runs_and_its_full_rank_is_the_swap(lab):  # noqa: F81
     assert abs(own[full]["mean"] - float(swap.mean())) < 1e-6
     shares = [r for r in result.rows if r["metric"] == "norm_share" and r["edit"] == "own"]
     assert all(r["mean"] <= 1 + 1e-9 for r in shares) and result.figure is not None
+    # the gate on the test facts' clean recall: every row carries the verdict, the numbers are unchanged
+    from linmem.memory.subspace import subspace_transfer
+
+    recall = result.summary["clean_accuracy"]
+    for gate, below in ((recall, False), (recall + 1e-9, True)):
+        gated = subspace_transfer(model, dev, test, mm.Component(1, 0), ranks=(1, 2), min_clean_recall=gate)
+        assert gated.summary["below_clean_recall"] is below and all(r["below_clean_recall"] is below
+                                                                     for r in gated.rows)
+        assert [r["mean"] for r in gated.rows] == [r["mean"] for r in result.rows]
 
 
 def mm_subspace(model, dev, test):

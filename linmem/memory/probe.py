@@ -212,7 +212,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
         "subspace_transfer": lambda: subspace_transfer(
             model, dev_items, build_items(transfer, confirm, seed=options.seed), chosen, seed=options.seed,
-            vocabularies=(label(builder.spec.values), label(transfer.spec.values))),
+            vocabularies=(label(builder.spec.values), label(transfer.spec.values)), min_clean_recall=gated),
     }
     results, seconds, not_started, start = list(recall), {}, [], time.monotonic()
     for name in tqdm(names, desc="probe", unit="experiment"):
@@ -231,6 +231,10 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             results.append(runs[name]())
         seconds[name] = round(time.monotonic() - begin, 2)
     results = [r for r in results if r.rows]
+    notes += [f"subspace transfer: the test facts (values {r.summary.get('test_values')!r}) have clean recall "
+              f"{r.summary['clean_accuracy']:.3f}, below the gate {options.min_clean_recall:g}: its edits move no "
+              "recalled answer" for r in results
+              if r.name == "subspace_transfer" and r.summary.get("below_clean_recall")]
     lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
               "clean_recall": gate["clean_recall"], "min_clean_recall": options.min_clean_recall,

@@ -83,13 +83,15 @@ def random_rank_k(shape: torch.Size, k: int, norms: torch.Tensor, generator: tor
 
 def subspace_transfer(model: nn.Module, dev_items: Sequence[Item], test_items: Sequence[Item],
                       component: Component, ranks: Sequence[int] = RANKS, seed: int = 0,
-                      vocabularies: tuple[str, str] | None = None) -> Result:
+                      vocabularies: tuple[str, str] | None = None, min_clean_recall: float | None = None) -> Result:
     """Per rank k (and full rank): donor-answer rate and donor-margin shift on ``test_items`` when each item's
     ``Δ`` at ``component`` is replaced by its own rank-k truncation (``own``), its projection on the rank-k value
     basis learned from ``dev_items`` (``basis``), the rest of it (``orthogonal``), or an equal-norm random rank-k
     matrix (``random``), added to the recipient's pre-query state (``StateAdd``). ``test_items`` may use another
     value vocabulary than ``dev_items`` (the paper's colours → shapes); ``vocabularies`` names the two
-    (development, test) in the summary."""
+    (development, test) in the summary. With ``min_clean_recall``, test facts recalled below it (clean
+    4-choice accuracy) set the summary's ``below_clean_recall`` and mark every row: a model that does not recall
+    the test facts has no answer for an edit to move (the paper drops such conditions)."""
     dev, test = make_batch(dev_items), make_batch(test_items)
     dev_delta, delta = edit_directions(model, dev, component), edit_directions(model, test, component)
     full = min(delta.shape[-2:])
@@ -124,4 +126,9 @@ def subspace_transfer(model: nn.Module, dev_items: Sequence[Item], test_items: S
                "clean_accuracy": float(compare(choice[0], choice[0], test.answer)["clean_correct"].mean())}
     if vocabularies is not None:
         summary["basis_values"], summary["test_values"] = vocabularies
+    if min_clean_recall is not None:
+        below = summary["clean_accuracy"] < min_clean_recall
+        summary.update(min_clean_recall=min_clean_recall, below_clean_recall=below)
+        for row in rows:
+            row["below_clean_recall"] = below
     return Result("subspace_transfer", rows, summary, plots.subspace_transfer(rows))
