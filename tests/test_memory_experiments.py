@@ -19,6 +19,7 @@ from linmem.data.sources import Document
 from linmem.data.tokenizer import save_tokenizer, train_tokenizer
 from linmem.memory import experiments as ex
 from linmem.memory.components import mixer
+from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
 from linmem.models import LinMemConfig
 
@@ -220,7 +221,6 @@ def test_probe_reports_bad_options_before_running(model_dir, capsys):
 def test_benchmark_scans_agree(lab):
     """``python -m linmem.bench.memory`` times two ways of one head scan: they must compute the same logits."""
     from linmem.bench.memory import full_reruns, suffix_only
-    from linmem.memory.evaluate import make_batch
 
     _, tokenizer, builder, sources = lab
     model = tiny(tokenizer, mixer="rdn")
@@ -229,3 +229,24 @@ def test_benchmark_scans_agree(lab):
     fast, slow = suffix_only(model, batch, components, chunk=3), full_reruns(model, batch, components)
     assert fast.shape == slow.shape == (len(components), 3, tokenizer.get_vocab_size())
     assert (fast - slow).abs().max() < 1e-9
+
+
+def test_qualified_donor_rate_counts_only_items_both_prompts_answer(lab):
+    """The lifecycle's ``qualified_donor_answer``: the donor-answer rate over the items whose recipient and donor
+    prompts both give their own answer unedited, recomputed here from the two clean runs. The untrained model
+    answers some prompts and not others, so the qualified set is neither empty nor everything."""
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="gdn")
+    items = build_items(builder, sources, per_source=8)
+    chosen = mm.Component(1, 0, "S")
+    result = ex.lifecycle(model, items, chosen)
+    batch = make_batch(items)
+    recipient = candidate_logits(model, batch, [[], [mm.StateSwap([chosen], batch.boundary)]])
+    own = candidate_logits(model, replace(batch, recipient=batch.donor), [[]], use_donor=False)
+    qualified = (recipient[0].argmax(-1) == batch.answer) & (own[0].argmax(-1) == batch.donor_answer)
+    assert 0 < int(qualified.sum()) < len(items)
+    assert (result.summary["qualified_items"], result.summary["items"]) == (int(qualified.sum()), len(items))
+    moved = (recipient[1].argmax(-1) == batch.donor_answer)[qualified].double()
+    row = rows_of(result, metric="qualified_donor_answer", intervention="state swap", target="chosen")[0]
+    assert row["mean"] == pytest.approx(float(moved.mean()), abs=1e-12) and row["n"] == int(qualified.sum())
+    assert rows_of(result, metric="donor_answer", intervention="state swap", target="chosen")[0]["n"] == len(items)

@@ -159,7 +159,10 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
               control: Component | None = None, seed: int = 0, min_clean_recall: float | None = None) -> Result:
     """Write block, donor write, state swap, output patch and output restore on one component, each against the
     equal-norm random edit (a fresh Gaussian direction per item, from ``seed``) and a control head (Figs. 3-4).
-    Figure: donor-margin shift with CIs. ``min_clean_recall``: as in ``head_scan``."""
+    Besides the rates over all items, ``qualified_donor_answer`` is the donor-answer rate over the qualified items
+    only: those whose recipient and donor prompts both give their own answer unedited (the paper's "qualified"
+    rate, App. D.2; the summary counts them). Figure: donor-margin shift with CIs. ``min_clean_recall``: as in
+    ``head_scan``."""
     batch = make_batch(items)
     control = control or control_component(model, component)
     names = list(lifecycle_edits(batch.items[0], component, control, batch.length))
@@ -167,16 +170,24 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
     edits = lambda item: [[]] + list(lifecycle_edits(  # noqa: E731
         item, component, control, batch.length, seed * 1_000_003 + index[id(item)]).values())
     choice = per_item(model, batch, edits)
+    clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
+    donor_run = candidate_logits(model, replace(batch, recipient=batch.donor), [[]], use_donor=False)[0]
+    qualified = (clean.bool() & (donor_run.argmax(-1) == batch.donor_answer)).tolist()
+    qualified_sources = [s for s, q in zip(batch.sources, qualified) if q]
     rows = []
     for i, name in enumerate(names, start=1):
         intervention, target = name.split("|")
         values = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
-        rows += estimate_rows({k: values[k] for k in METRICS}, batch.sources, intervention=intervention,
-                              target=target, component=str(component if "control" not in target else control))
-    clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
+        labels = {"intervention": intervention, "target": target,
+                  "component": str(component if "control" not in target else control)}
+        rows += estimate_rows({k: values[k] for k in METRICS}, batch.sources, **labels)
+        if qualified_sources:
+            rows += estimate_rows({"qualified_donor_answer": values["donor_answer"][torch.tensor(qualified)]},
+                                  qualified_sources, **labels)
     first = lifecycle_edits(batch.items[0], component, control, batch.length, seed * 1_000_003)
     summary = {"component": str(component), "control": str(control),
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
+               "qualified_items": len(qualified_sources), "items": len(batch.items),
                "edits_of_first_item": {name: [repr(e) for e in edits] for name, edits in first.items()}}
     summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
     return Result("lifecycle", rows, summary, plots.lifecycle(rows))

@@ -24,7 +24,8 @@ READING = {
                  "(vs a control head). Right: donor-margin shift of each intervention; 'random' is the equal-norm "
                  "Gaussian edit, 'control head' the same edit on another head. A content-specific memory shows "
                  "chosen >> random ≈ control for donor write, state swap and output patch, and output restore "
-                 "near 0.",
+                 "near 0. The rows give each donor-answer rate over all items and over the qualified ones "
+                 "(qualified_donor_answer: both prompts answered unedited).",
     "four_facts": "Left: share of target queries answered with the donor value after the state swap, and share of "
                   "non-target queries that were right and broke. Right: fact B's margin change when Δ_A (or its "
                   "part parallel / orthogonal to Δ_B) is added, against equal-norm Gaussians.",
