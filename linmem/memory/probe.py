@@ -189,6 +189,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         chosen = None
     gated = options.min_clean_recall or None  # flags sweep points below the gate (None: gate off)
     ranking = None
+    transfer_items = lambda: (confirm_items if transfer is builder  # noqa: E731
+                              else build_items(transfer, confirm, seed=options.seed))
     runs = {
         "lifecycle": lambda: ex.lifecycle(model, confirm_items, chosen, seed=options.seed,
                                           min_clean_recall=gated),
@@ -211,7 +213,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
         "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
         "subspace_transfer": lambda: subspace_transfer(
-            model, dev_items, build_items(transfer, confirm, seed=options.seed), chosen, seed=options.seed,
+            model, dev_items, transfer_items(), chosen, seed=options.seed,
             vocabularies=(label(builder.spec.values), label(transfer.spec.values)), min_clean_recall=gated),
     }
     results, seconds, not_started, start = list(recall), {}, [], time.monotonic()
