@@ -260,3 +260,24 @@ def test_probe_tests_the_subspace_on_another_value_vocabulary(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "same"), "--transfer-values", "colors"]) == 2
     assert "are the task's own values" in capsys.readouterr().err
     assert not (tmp_path / "same" / "results.json").exists()
+
+
+def test_subspace_vocabulary_figure_draws_from_the_records(tmp_path):
+    """scripts/probes/plot_subspace_vocabularies.py on the committed records (docs/results.md's figure)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    records = root / "docs" / "study" / "probes"
+    script = root / "scripts" / "probes" / "plot_subspace_vocabularies.py"
+    out = tmp_path / "figure.png"
+    pair = f"GDN={records / 'gdn.json'}:{records / 'subspace-vocab' / 'gdn-shapes.json'}"
+    done = subprocess.run([sys.executable, str(script), str(out), pair], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing_rank = subprocess.run([sys.executable, str(script), str(tmp_path / "x.png"), pair, "--rank", "3"],
+                                  capture_output=True, text=True)
+    assert missing_rank.returncode != 0 and "no donor_answer rows at rank 3" in missing_rank.stderr
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "y.png"), "GDN"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "LABEL=SAME:OTHER" in bad.stderr
