@@ -63,11 +63,16 @@ class TokenWindows(StepBatches, Dataset):
         return {"input_ids": ids, "labels": ids.clone(), "synthetic": torch.zeros(batch_size, dtype=torch.bool)}
 
 
+def _window_starts(num_tokens: int, seq_len: int) -> range:
+    """Where the sequential windows of a shard of ``num_tokens`` start (its last partial window dropped)."""
+    return range(0, num_tokens - seq_len + 1, seq_len)
+
+
 def sequential_windows(split: SplitTokens, seq_len: int) -> Iterator[torch.Tensor]:
     """Non-overlapping windows ``[seq_len]`` (int64) covering each shard in order, for evaluation; a shard's
     last partial window is dropped."""
     for shard in split.shards:
-        for start in range(0, len(shard) - seq_len + 1, seq_len):
+        for start in _window_starts(len(shard), seq_len):
             yield torch.from_numpy(np.asarray(shard[start:start + seq_len], dtype=np.int64))
 
 
@@ -80,7 +85,7 @@ def sequential_window_sources(split: SplitTokens, seq_len: int) -> list[str]:
         starts = np.asarray(entry["doc_starts"], dtype=np.int64)
         ends = starts + np.asarray(entry["doc_lengths"], dtype=np.int64)
         sources = np.asarray(entry["sources"], dtype=np.int64)
-        for start in range(0, len(shard_tokens) - seq_len + 1, seq_len):
+        for start in _window_starts(len(shard_tokens), seq_len):
             low, high = start + 1, start + seq_len  # the targets: tokens 1 .. seq_len - 1 of the window
             first, last = np.searchsorted(ends, low, side="right"), np.searchsorted(starts, high, side="left")
             overlap = np.minimum(ends[first:last], high) - np.maximum(starts[first:last], low)

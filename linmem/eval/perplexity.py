@@ -13,15 +13,21 @@ from linmem.eval.loading import EvalModel
 from linmem.eval.scoring import window_losses
 
 
-def perplexity(em: EvalModel, split: SplitTokens, seq_len: int, max_tokens: int = 262_144,
-               batch_size: int = 8) -> dict[str, Any]:
-    """Mean next-token loss and perplexity over the first ``max_tokens // seq_len`` windows ``[seq_len]`` of
-    ``split`` (the first token of a window is context only)."""
+def leading_windows(split: SplitTokens, seq_len: int, max_tokens: int) -> list[torch.Tensor]:
+    """The split's first sequential windows ``[seq_len]``, as many as cover ``max_tokens`` (or all there are)."""
     windows = []
     for window in sequential_windows(split, seq_len):
         if len(windows) * seq_len >= max_tokens:
             break
         windows.append(window)
+    return windows
+
+
+def perplexity(em: EvalModel, split: SplitTokens, seq_len: int, max_tokens: int = 262_144,
+               batch_size: int = 8) -> dict[str, Any]:
+    """Mean next-token loss and perplexity over the first windows ``[seq_len]`` of ``split`` that cover
+    ``max_tokens`` (``leading_windows``; the first token of a window is context only)."""
+    windows = leading_windows(split, seq_len, max_tokens)
     if not windows:
         raise ValueError(f"split {split.name!r} has no window of {seq_len} tokens; use a smaller --seq-len")
     total, count = 0.0, 0

@@ -19,12 +19,13 @@ import torch
 from linmem.data.randomness import sample_rng
 from linmem.data.shards import SplitTokens
 from linmem.data.synthetic import MQAR
-from linmem.data.windows import sequential_window_sources, sequential_windows
+from linmem.data.windows import sequential_window_sources
 from linmem.eval.cloze import build_cloze
 from linmem.eval.loading import EvalModel
 from linmem.eval.memory_recall import FormatUnavailable, recall_trials
 from linmem.eval.mqar import mqar_batch, mqar_vocab_range
 from linmem.eval.niah import NIAH_STREAM, haystack_tokens, niah_prompt
+from linmem.eval.perplexity import leading_windows
 from linmem.eval.runner import EvalOptions
 from linmem.eval.scoring import logits_of, score_continuations, window_losses
 
@@ -44,11 +45,7 @@ def _add(columns: dict[str, list], unit: str, group: str, num: float, den: float
 def ppl_items(em: EvalModel, split: SplitTokens, seq_len: int, o: EvalOptions) -> dict[str, list]:
     """One item per test window (as ``eval.perplexity``): its loss sum (nats) over its ``seq_len - 1`` targets,
     and the ``source`` most of those targets come from (``sequential_window_sources``: per-source perplexity)."""
-    columns, windows = _columns(), []
-    for window in sequential_windows(split, seq_len):
-        if len(windows) * seq_len >= o.max_tokens:
-            break
-        windows.append(window)
+    columns, windows = _columns(), leading_windows(split, seq_len, o.max_tokens)
     sources = sequential_window_sources(split, seq_len)
     for start in range(0, len(windows), o.batch_size):
         losses = window_losses(em, torch.stack(windows[start:start + o.batch_size])).double()
