@@ -172,8 +172,8 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
     choice = per_item(model, batch, edits)
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
     donor_run = candidate_logits(model, replace(batch, recipient=batch.donor), [[]], use_donor=False)[0]
-    qualified = (clean.bool() & (donor_run.argmax(-1) == batch.donor_answer)).tolist()
-    qualified_sources = [s for s, q in zip(batch.sources, qualified) if q]
+    qualified = clean.bool() & (donor_run.argmax(-1) == batch.donor_answer)
+    qualified_sources = [s for s, q in zip(batch.sources, qualified.tolist()) if q]
     rows = []
     for i, name in enumerate(names, start=1):
         intervention, target = name.split("|")
@@ -182,8 +182,8 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
                   "component": str(component if "control" not in target else control)}
         rows += estimate_rows({k: values[k] for k in METRICS}, batch.sources, **labels)
         if qualified_sources:
-            rows += estimate_rows({"qualified_donor_answer": values["donor_answer"][torch.tensor(qualified)]},
-                                  qualified_sources, **labels)
+            rows += estimate_rows({"qualified_donor_answer": values["donor_answer"][qualified]}, qualified_sources,
+                                  **labels)
     first = lifecycle_edits(batch.items[0], component, control, batch.length, seed * 1_000_003)
     summary = {"component": str(component), "control": str(control),
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
