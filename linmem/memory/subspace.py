@@ -26,7 +26,7 @@ from linmem.memory import plots
 from linmem.memory.components import Component
 from linmem.memory.edits import StateAdd
 from linmem.memory.evaluate import Batch, candidate_logits, make_batch
-from linmem.memory.experiments import Result, estimate_rows, states_at
+from linmem.memory.experiments import Result, estimate_rows, recall_warning, states_at
 from linmem.memory.metrics import compare
 from linmem.memory.tasks import Item
 
@@ -90,8 +90,9 @@ def subspace_transfer(model: nn.Module, dev_items: Sequence[Item], test_items: S
     matrix (``random``), added to the recipient's pre-query state (``StateAdd``). ``test_items`` may use another
     value vocabulary than ``dev_items`` (the paper's colours → shapes); ``vocabularies`` names the two
     (development, test) in the summary. With ``min_clean_recall``, test facts recalled below it (clean
-    4-choice accuracy) set the summary's ``below_clean_recall`` and mark every row: a model that does not recall
-    the test facts has no answer for an edit to move (the paper drops such conditions)."""
+    4-choice accuracy) set the summary's ``below_clean_recall`` (with the lab's ``clean_recall_warning``) and mark
+    every row: a model that does not recall the test facts has no answer for an edit to move (the paper drops such
+    conditions)."""
     dev, test = make_batch(dev_items), make_batch(test_items)
     dev_delta, delta = edit_directions(model, dev, component), edit_directions(model, test, component)
     full = min(delta.shape[-2:])
@@ -128,7 +129,8 @@ def subspace_transfer(model: nn.Module, dev_items: Sequence[Item], test_items: S
         summary["basis_values"], summary["test_values"] = vocabularies
     if min_clean_recall is not None:
         below = summary["clean_accuracy"] < min_clean_recall
-        summary.update(min_clean_recall=min_clean_recall, below_clean_recall=below)
+        summary.update(min_clean_recall=min_clean_recall, below_clean_recall=below,
+                       **recall_warning(summary["clean_accuracy"], min_clean_recall))
         for row in rows:
             row["below_clean_recall"] = below
     return Result("subspace_transfer", rows, summary, plots.subspace_transfer(rows))
