@@ -176,13 +176,13 @@ def differences(tables: dict[str, Any], path: Path) -> str | None:
         # comparisons over too few seeds to be decided: hollow grey markers, the seed count in the label
         for decided, style in ((True, {"fmt": "o", "color": "C0"}),
                                (False, {"fmt": "o", "color": "grey", "markerfacecolor": "white"})):
-            ys = [i for i, r in enumerate(rows) if r.get("enough_seeds", True) == decided]
+            ys = [i for i, r in enumerate(rows) if r["enough_seeds"] == decided]
             d = [rows[i]["difference"] for i in ys]
             if ys:
                 ax.errorbar([e["mean"] for e in d], ys, xerr=[[e["mean"] - e["low"] for e in d],
                                                               [e["high"] - e["mean"] for e in d]], capsize=3, **style)
         ax.axvline(0, color="grey", linewidth=0.8)
-        ax.set_yticks(np.arange(len(rows)), [f"{r['a']} - {r['b']}" + ("" if r.get("enough_seeds", True) else
+        ax.set_yticks(np.arange(len(rows)), [f"{r['a']} - {r['b']}" + ("" if r["enough_seeds"] else
                                              f" ({r['difference']['n']} seed{'s' * (r['difference']['n'] > 1)})")
                                              for r in rows], fontsize=7)
         ax.set_title(f"{metric}: A - B", fontsize=8)

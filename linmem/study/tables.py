@@ -199,7 +199,7 @@ def decide(low: float, high: float, mean: float, seeds: int, higher: bool) -> di
 def _verdict(c: dict[str, Any]) -> str:
     if c["resolved"]:
         return f"{c['a'] if c['a_better'] else c['b']} better"
-    if not c.get("enough_seeds", True):
+    if not c["enough_seeds"]:
         return f"not decided (fewer than {MIN_SEEDS} seeds)"
     return "not resolved"
 
