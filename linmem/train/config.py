@@ -29,6 +29,7 @@ import yaml
 
 from linmem.models.configuration import LinMemConfig
 from linmem.train.compile import compile_mode
+from linmem.train.lab_recall import parse_entries
 
 # LinMemConfig / PretrainedConfig arguments a training config may not set (the trainer owns them).
 MODEL_KEYS_OWNED = {"self", "kwargs", "use_cache"}
@@ -105,6 +106,8 @@ class TrainSection:
     chunks of ``LOSS_CHUNK_TOKENS`` when the whole logits would take more than ``LOSS_CHUNK_AUTO_BYTES``.
     ``compile``: ``torch.compile`` each block's norms, mixer and MLP (``linmem.train.compile``), fusing their
     elementwise work; ``false`` (default), ``true`` or a mode name (``linmem.train.compile.COMPILE_MODES``).
+    ``eval_lab_recall``: formats whose memory-lab recall every evaluation logs, on the validation split's documents
+    (``linmem.train.lab_recall``; none by default).
     """
 
     steps: int = 1000
@@ -126,6 +129,7 @@ class TrainSection:
     gradient_checkpointing: bool = False
     loss_chunk_tokens: int | None = None
     compile: bool | str = False
+    eval_lab_recall: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -331,6 +335,7 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
         compile_mode(t.compile)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+    parse_entries(t.eval_lab_recall, where)
     micro_batch_size(config, world_size, where)
 
 

@@ -64,6 +64,7 @@ from linmem.train.distributed import (
     wrap_model,
 )
 from linmem.train.init_from import load_initial_weights, source_summary
+from linmem.train.lab_recall import LabRecall, parse_entries
 from linmem.train.memory_check import check_fits
 from linmem.train.schedule import cosine_lr
 
@@ -257,11 +258,13 @@ def clip_gradients(model: nn.Module, max_norm: float) -> float:
 
 
 @torch.no_grad()
-def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None,
+             lab_recall: LabRecall | None = None) -> dict[str, Any]:
     """Validation loss on ``windows [N, T]`` and recall accuracy on held-out synthetic samples, over all
     processes: each window and sample is scored on exactly one process (``rank_batches``: uneven shares, equal
     numbers of forward passes so FSDP's collectives line up) and the sums of losses and targets are reduced, so
-    the numbers equal those of one process."""
+    the numbers equal those of one process. ``lab_recall`` adds the memory lab's recall in the formats of
+    ``train.eval_lab_recall`` (every process scores every item)."""
     run.model.eval()
     state, out = run.state, {}
     sums = torch.zeros(4, dtype=torch.float64)  # text loss, text targets, recall hits, recall targets
@@ -283,6 +286,8 @@ def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | 
             sums[2] += float((hits & mask).sum())
             sums[3] += float(mask.sum())
     sums = all_reduce_sum(sums, state)
+    if lab_recall is not None:
+        out.update(lab_recall())
     run.model.train()
     if sums[1] > 0:
         out["val_loss"] = float(sums[0] / sums[1])
@@ -373,8 +378,8 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
 # change only its rounding).
 RESUME_FREE_KEYS = {"train.eval_interval", "train.checkpoint_interval", "train.keep_checkpoints", "train.progress",
                     "train.log_interval", "train.device", "train.parallel", "train.micro_batch_size",
-                    "train.save_dtype", "train.eval_tokens", "train.eval_recall_samples", "train.compile", "name",
-                    "description"}
+                    "train.save_dtype", "train.eval_tokens", "train.eval_recall_samples", "train.compile",
+                    "train.eval_lab_recall", "name", "description"}
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
@@ -601,10 +606,14 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
     recall = None
     if run.data.recall is not None and t.eval_recall_samples:
         recall = recall_eval_batch(run.data.recall, t.eval_recall_samples)
+    lab_recall = None
+    if t.eval_lab_recall and t.eval_interval:
+        lab_recall = LabRecall(parse_entries(t.eval_lab_recall, where), unwrap(run.model), run.data.folder,
+                               config.data.eval_split, state.device)
     bar = tqdm(total=stop, initial=run.step, disable=not (state.is_main and t.progress), unit="step")
     run.started, last = time.perf_counter(), {}
     with StopRequests() as stop_requests:
-        interrupted = _loop(run, log, windows, recall, bar, stop, stop_requests, last)
+        interrupted = _loop(run, log, windows, recall, lab_recall, bar, stop, stop_requests, last)
     bar.close()
     if interrupted:
         return {"interrupted": True, "steps": run.step} if state.is_main else {}
@@ -613,8 +622,8 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
     return info if state.is_main else {}
 
 
-def _loop(run: Run, log: MetricsLog, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None, bar,
-          stop: int, stop_requests: StopRequests, last: dict[str, Any]) -> bool:
+def _loop(run: Run, log: MetricsLog, windows: torch.Tensor, recall: dict[str, torch.Tensor] | None,
+          lab_recall: LabRecall | None, bar, stop: int, stop_requests: StopRequests, last: dict[str, Any]) -> bool:
     """Updates until ``stop`` (``last`` receives the newest metrics); True when a signal ended it early (after a
     checkpoint)."""
     t = run.config.train
@@ -624,7 +633,7 @@ def _loop(run: Run, log: MetricsLog, windows: torch.Tensor, recall: dict[str, to
         last.clear()
         last.update(record)
         if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == stop):
-            record.update(evaluate(run, windows, recall))
+            record.update(evaluate(run, windows, recall, lab_recall))
         if run.step % t.log_interval == 0 or "val_loss" in record or run.step == stop:
             log.write(record)
         bar.update(1)
