@@ -70,3 +70,32 @@ def test_s_vs_r_share_is_withheld_where_the_layer_swap_does_nothing():
     table = {(r["layer"], r["memory swapped"]): r for r in s_vs_r_rows(rows)}
     assert table[(0, "S")]["share of the layer's S+R swap"].startswith("–")
     assert table[(1, "S")]["share of the layer's S+R swap"].startswith("0.9")
+
+
+def test_lab_recall_curves_put_formats_in_rows_loads_in_columns_on_one_scale():
+    from linmem.study.figures import lab_recall_figure
+
+    rng = np.random.default_rng()
+    names = [f"val_lab_recall:{fmt}@{k}" for fmt in ("keeps/roles/materials", "code/names/colors") for k in (1, 4)]
+
+    def log(offset: int) -> list[dict]:  # rows with and without an evaluation, and tokens that differ by a row
+        rows = []
+        for step in range(1, 7):
+            row = {"step": step, "tokens": 1000 * step, "loss": 1.0}
+            if step % 2 == 0:
+                row.update({name: float(rng.uniform()) for name in names}, val_recall_acc=float(rng.uniform()))
+            rows.append(row)
+        return rows[offset:]
+
+    logs = {"gdn": [log(0), log(0)], "rdn": [log(0)]}
+    fig = lab_recall_figure(logs)
+    assert len(fig.axes) == 4
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["code/names/colors, 1 fact", "code/names/colors, 4 facts",
+                      "keeps/roles/materials, 1 fact", "keeps/roles/materials, 4 facts"]
+    assert {ax.get_ylim() for ax in fig.axes} == {(0.0, 1.0)}
+    gdn_line = next(line for line in fig.axes[3].lines if line.get_label() == "gdn (2 seeds)")
+    name = "val_lab_recall:keeps/roles/materials@4"
+    expected = np.mean([[r[name] for r in run if name in r] for run in logs["gdn"]], axis=0)
+    assert np.allclose(gdn_line.get_ydata(), expected) and np.allclose(gdn_line.get_xdata(), [0.002, 0.004, 0.006])
+    assert lab_recall_figure({"gdn": [[{"step": 1, "tokens": 10, "loss": 1.0}]]}) is None

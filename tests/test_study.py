@@ -42,7 +42,9 @@ def write_study(folder: Path, dataset: Path, models: list[dict], **changes) -> P
                             "recall": [{"name": "mqar", "num_kv_pairs": 4}]},
                    "optim": {"warmup_steps": 1},
                    "train": {"steps": 3, "batch_size": 4, "eval_interval": 3, "eval_tokens": 256,
-                             "eval_recall_samples": 4, "checkpoint_interval": 1, "progress": False, "device": "cpu"}},
+                             "eval_recall_samples": 4, "checkpoint_interval": 1, "progress": False, "device": "cpu",
+                             "eval_lab_recall": [{"template": "code", "keys": "names", "values": "colors",
+                                                  "loads": [1], "items": 8, "filler": 40}]}},
         "eval": {"tasks": ["ppl", "mqar", "niah", "stability"],
                  "options": {"max_tokens": "all", "batch_size": 16, "mqar_pairs": [2, 4], "mqar_samples": 8,
                              "niah_lengths": [96, 128], "niah_depths": [0.0, 1.0], "niah_samples": 3,
@@ -213,7 +215,9 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
         np.exp(entry["metrics"]["test_loss"]["seeds"]["0"]["mean"]), rel=1e-5)
     compared = {c["metric"] for c in tables["comparisons"]}
     assert {"test_loss", "mqar", "niah"} <= compared
-    assert {"metrics", "mqar", "loss_curves", "norms", "differences"} <= set(tables["figures"])
+    assert {"metrics", "mqar", "loss_curves", "lab_recall", "norms", "differences"} <= set(tables["figures"])
+    logged = json.loads((interrupted / "metrics.jsonl").read_text().splitlines()[-1])
+    assert 0 <= logged["val_lab_recall:code/names/colors@1"] <= 1  # logged at the last update's evaluation
     markdown = (out / "tables" / "results.md").read_text()
     assert "| rla | gdn | test_loss |" in markdown
 

@@ -1,5 +1,6 @@
 """The study's figures (PNG): per-metric model comparison, MQAR by pairs, NIAH by length, training loss curves,
-per-layer activation norms and the paired differences.
+recall in held-out formats during training (``train.eval_lab_recall``), per-layer activation norms and the paired
+differences.
 
 Compared sizes (accuracies, perplexities, norms) sit on axes from zero, accuracies on one 0-1 scale; every seed is
 drawn as a dot beside the mean and its seed interval, so that a reader sees the spread the interval summarises.
@@ -14,6 +15,7 @@ import numpy as np
 
 from linmem.study.definition import Study
 from linmem.study.runs import read_items, run_dir, training_log
+from linmem.train.lab_recall import PREFIX as LAB_RECALL
 
 HEADLINE = ("test_ppl", "cloze", "mqar", "niah", "lab_recall", "norm", "train_loss")
 
@@ -140,6 +142,67 @@ def loss_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> 
     return _save(plt, fig, path)
 
 
+def lab_recall_figure(logs: dict[str, list[list[dict[str, Any]]]]):
+    """Recall in the formats of ``train.eval_lab_recall`` against training tokens: a row of panels per format, a
+    column per load, all on one 0-1 scale with chance dashed; per model the mean over its seeds with their range
+    shaded, and, thin and dotted in the model's colour, its accuracy on the trained recall tasks
+    (``val_recall_acc``), which shows when it learned to recall at all. ``logs``: per model, each seed's
+    ``metrics.jsonl`` rows. None when no row holds such a metric."""
+    names = {k for runs in logs.values() for log in runs for row in log for k in row if k.startswith(LAB_RECALL + ":")}
+    if not names:
+        return None
+    formats = sorted({k[len(LAB_RECALL) + 1:].rpartition("@")[0] for k in names})
+    loads = sorted({int(k.rpartition("@")[2]) for k in names})
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(formats), len(loads), figsize=(4.2 * len(loads), 3.0 * len(formats)),
+                             squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def seed_mean(runs: list[list[dict[str, Any]]], key: str):
+        series = [s for s in ({row["tokens"]: row[key] for row in log if row.get(key) is not None} for log in runs)
+                  if s]
+        if not series:
+            return None
+        tokens = sorted(set.intersection(*(set(s) for s in series)))
+        return np.asarray(tokens, dtype=float) / 1e6, np.array([[s[t] for t in tokens] for s in series])
+
+    for row, label in enumerate(formats):
+        for column, load in enumerate(loads):
+            ax, name = axes[row][column], f"{LAB_RECALL}:{label}@{load}"
+            for i, (model, runs) in enumerate(logs.items()):
+                colour = colours[i % len(colours)]
+                found = seed_mean(runs, name)
+                if found is None:
+                    continue
+                x, values = found
+                ax.plot(x, values.mean(0), "o-", color=colour, markersize=2,
+                        label=f"{model} ({values.shape[0]} seed{'s' if values.shape[0] > 1 else ''})")
+                ax.fill_between(x, values.min(0), values.max(0), color=colour, alpha=0.15)
+                trained = seed_mean(runs, "val_recall_acc")
+                if trained is not None:
+                    ax.plot(trained[0], trained[1].mean(0), ":", color=colour, linewidth=0.9,
+                            label=f"{model}: trained recall tasks")
+            ax.axhline(0.25, color="gray", linestyle="--", linewidth=0.8, label="chance (4 choices)")
+            ax.set_title(f"{label}, {load} fact{'s' if load > 1 else ''}", fontsize=9)
+            ax.set_ylim(0, 1)
+            ax.set_xlim(left=0)
+            ax.set_xlabel("training tokens (millions)", fontsize=8)
+            ax.set_ylabel("clean recall", fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("Recall in formats held out of training, during training (template / keys / values; validation "
+                 "documents)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def lab_recall_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
+    """``lab_recall_figure`` of the study's finished runs, saved to ``path``."""
+    logs = {model: [training_log(run_dir(out, model, s)) for s in entry["seeds"]]
+            for model, entry in tables["models"].items()}
+    fig = lab_recall_figure(logs)
+    return None if fig is None else _save(_pyplot(), fig, path)
+
+
 def layer_norms(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
     """Mean mixer-output norm per layer (mean over seeds) per model, from zero: the RLA paper's Fig. 4a."""
     series = {}
@@ -203,6 +266,7 @@ def draw_figures(tables: dict[str, Any], study: Study, out: Path, folder: Path) 
             "niah": curve_panel(tables, "niah", list(o.niah_lengths), "context length (tokens)",
                                 folder / "niah.png", "NIAH by length (mean over depths)"),
             "loss_curves": loss_curves(study, out, tables, folder / "loss_curves.png"),
+            "lab_recall": lab_recall_curves(study, out, tables, folder / "lab_recall.png"),
             "norms": layer_norms(study, out, tables, folder / "norms.png"),
             "differences": differences(tables, folder / "differences.png")}
     return {k: v for k, v in made.items() if v}
