@@ -86,6 +86,11 @@ def test_bad_entries_name_the_entry(dataset, entry, error):
         parse_config(tiny_config(dataset, train={"eval_lab_recall": [entry]}))
 
 
+def test_formats_without_evaluations_are_refused(dataset):
+    with pytest.raises(ValueError, match=r"train\.eval_lab_recall is logged at every evaluation"):
+        parse_config(tiny_config(dataset, train={"eval_lab_recall": [FORMAT], "eval_interval": 0}))
+
+
 def test_the_same_format_twice_is_refused(dataset):
     with pytest.raises(ValueError, match=r"names a format twice"):
         parse_config(tiny_config(dataset, train={"eval_lab_recall": [FORMAT, {**FORMAT, "loads": [2]}]}))

@@ -336,6 +336,9 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     parse_entries(t.eval_lab_recall, where)
+    if t.eval_lab_recall and not t.eval_interval:
+        raise ValueError(f"{where}: train.eval_lab_recall is logged at every evaluation, and train.eval_interval 0 "
+                         f"means none; set an interval or drop the formats")
     micro_batch_size(config, world_size, where)
 
 

@@ -607,7 +607,7 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
     if run.data.recall is not None and t.eval_recall_samples:
         recall = recall_eval_batch(run.data.recall, t.eval_recall_samples)
     lab_recall = None
-    if t.eval_lab_recall and t.eval_interval:
+    if t.eval_lab_recall:
         lab_recall = LabRecall(parse_entries(t.eval_lab_recall, where), unwrap(run.model), run.data.folder,
                                config.data.eval_split, state.device)
     bar = tqdm(total=stop, initial=run.step, disable=not (state.is_main and t.progress), unit="step")
