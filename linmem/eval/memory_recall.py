@@ -123,15 +123,24 @@ def check_recall_loads(tokenizer, fmt: RecallFormat, loads: Sequence[int]) -> No
         pass
 
 
-def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: Sequence[int], items: int = 64,
-                  seed: int = 0, batch_size: int = 8) -> list[LoadTrials]:
-    """``items`` scored items per load (in the order of ``loads``), built from the documents of ``split``; raises
-    as ``builders`` does."""
-    by_load = builders(em.tokenizer, fmt, loads)
+def filler_passages(em: EvalModel, split: SplitTokens, filler_tokens: int) -> list:
+    """The lab's filler passages (``tasks.passages``) of the documents of ``split`` with at least ``filler_tokens``
+    tokens; ``ValueError`` when no document has that many."""
     documents = [Document(source, sid, em.decode(tokens.tolist())) for source, sid, tokens in split.documents()]
-    sources = tasks.passages(documents, tasks.Tokenize(em.tokenizer), min_tokens=fmt.filler_tokens)
+    sources = tasks.passages(documents, tasks.Tokenize(em.tokenizer), min_tokens=filler_tokens)
     if not sources:
-        raise ValueError(f"no held-out document of split {split.name!r} has {fmt.filler_tokens} tokens of filler")
+        raise ValueError(f"no held-out document of split {split.name!r} has {filler_tokens} tokens of filler")
+    return sources
+
+
+def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: Sequence[int], items: int = 64,
+                  seed: int = 0, batch_size: int = 8, sources: list | None = None) -> list[LoadTrials]:
+    """``items`` scored items per load (in the order of ``loads``), built from the documents of ``split`` (or from
+    ``sources``, its ``filler_passages`` made once by a caller that scores it often); raises as ``builders``
+    does."""
+    by_load = builders(em.tokenizer, fmt, loads)
+    if sources is None:
+        sources = filler_passages(em, split, fmt.filler_tokens)
     per_source = math.ceil(items / len(sources))
     out = []
     for k, builder in by_load.items():

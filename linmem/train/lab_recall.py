@@ -29,11 +29,16 @@ import torch
 from torch import nn
 
 from linmem.data.shards import TokenShards
-from linmem.data.sources import Document
 from linmem.data.tokenizer import find_document_start, find_eos, load_tokenizer
 from linmem.eval.loading import EvalModel
-from linmem.eval.memory_recall import RecallFormat, builders, check_format, check_loads, recall_trials
-from linmem.memory import tasks
+from linmem.eval.memory_recall import (
+    RecallFormat,
+    builders,
+    check_format,
+    check_loads,
+    filler_passages,
+    recall_trials,
+)
 
 ENTRY_KEYS = ("template", "keys", "values", "loads", "items", "filler")
 DEFAULTS = {"loads": [1, 4], "items": 64, "filler": 128}
@@ -109,12 +114,12 @@ class LabRecall:
                 builders(tokenizer, entry.fmt, entry.loads)
             except ValueError as e:  # FormatUnavailable included: nothing could be logged for this entry
                 raise ValueError(f"train.eval_lab_recall {entry.label}: {e}") from None
-        longest = max(entry.fmt.filler_tokens for entry in entries)
-        documents = [Document(source, sid, self.eval_model.decode(tokens.tolist()))
-                     for source, sid, tokens in self.split.documents()]
-        if not tasks.passages(documents, tasks.Tokenize(tokenizer), min_tokens=longest):
-            raise ValueError(f"train.eval_lab_recall: no document of split {split!r} of {folder} has {longest} "
-                             f"tokens of filler; lower the entries' filler")
+        self.passages = {}  # per filler length, made once: the documents do not change during a run
+        for filler in sorted({entry.fmt.filler_tokens for entry in entries}):
+            try:
+                self.passages[filler] = filler_passages(self.eval_model, self.split, filler)
+            except ValueError as e:
+                raise ValueError(f"train.eval_lab_recall: {e} in {folder}; lower the entries' filler") from None
 
     @torch.no_grad()
     def __call__(self) -> dict[str, float]:
@@ -122,6 +127,7 @@ class LabRecall:
         caller)."""
         out = {}
         for entry in self.entries:
-            for trials in recall_trials(self.eval_model, self.split, entry.fmt, entry.loads, entry.items):
+            for trials in recall_trials(self.eval_model, self.split, entry.fmt, entry.loads, entry.items,
+                                        sources=self.passages[entry.fmt.filler_tokens]):
                 out[entry.metric(trials.num_bindings)] = sum(trials.correct) / len(trials.correct)
         return out
