@@ -216,8 +216,10 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
     compared = {c["metric"] for c in tables["comparisons"]}
     assert {"test_loss", "mqar", "niah"} <= compared
     assert {"metrics", "mqar", "loss_curves", "lab_recall", "norms", "differences"} <= set(tables["figures"])
-    logged = json.loads((interrupted / "metrics.jsonl").read_text().splitlines()[-1])
-    assert 0 <= logged["val_lab_recall:code/names/colors@1"] <= 1  # logged at the last update's evaluation
+    name = "val_lab_recall:code/names/colors@1"  # logged at the last update's evaluation, tabled per seed
+    for seed in (0, 1, 2):
+        logged = json.loads((run_dir(out, "rla", seed) / "metrics.jsonl").read_text().splitlines()[-1])[name]
+        assert 0 <= logged <= 1 and entry["metrics"][name]["seeds"][str(seed)]["mean"] == pytest.approx(logged)
     markdown = (out / "tables" / "results.md").read_text()
     assert "| rla | gdn | test_loss |" in markdown
 

@@ -19,6 +19,7 @@ from linmem.study.definition import MIN_SEEDS, WHOLE_SPLIT, Study
 from linmem.study.estimates import ItemSet, Measurement, identity, item_estimate, paired_difference, seed_estimate
 from linmem.study.figures import draw_figures
 from linmem.study.runs import read_items, run_dir, training_log
+from linmem.train.lab_recall import parse_entries
 
 TABLES = "tables"
 FINAL_SHARE = 0.1  # the final training loss: mean over the last tenth of the updates
@@ -76,6 +77,14 @@ def _final_val_loss(record: dict[str, Any], folder: Path) -> float | None:
     return float(values[-1]) if values else None
 
 
+def _final_logged(key: str):
+    """Reader of the last value of ``key`` that training logged (an evaluation-time metric of ``metrics.jsonl``)."""
+    def read(record: dict[str, Any], folder: Path) -> float | None:
+        values = [r[key] for r in training_log(folder) if r.get(key) is not None]
+        return float(values[-1]) if values else None
+    return read
+
+
 def _window_sources(records: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """The sources of the perplexity windows, in first-seen order (records written before windows had sources
     give none)."""
@@ -118,6 +127,10 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
         out += [Metric(f"recall@{k}", f"the memory lab's clean recall (4-choice; {fmt}), {k} facts",
                        _items("recall", lambda r, k=k: r["bindings"] == k), True, bounded=True)
                 for k in o.recall_bindings]
+    for entry in parse_entries(study.recipe_config.train.eval_lab_recall, str(study.path)):
+        out += [Metric(entry.metric(k), f"the memory lab's clean recall at the last evaluation of training "
+                       f"({entry.label}, {k} facts; validation documents)", _final_logged(entry.metric(k)), True,
+                       bounded=True) for k in entry.loads]
     if "stability" in tasks:
         out.append(Metric("norm", "largest per-layer mean mixer-output norm", _eval_metric(
             "stability", "max_layer_output_norm"), False))
