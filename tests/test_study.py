@@ -267,3 +267,17 @@ def test_shipped_studies_hold_one_recipe(name):
         assert switches == {("fit_history", False), ("gamma", "tied"), ("output_gates", False),
                             ("residual_target", "identity"), ("residual_target", "tanh")}
         assert {c.model["mixer"] for c in configs.values()} == {"sgla", "gdn", "rla", "rdn"}
+
+
+def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe():
+    folder = Path(__file__).resolve().parents[1] / "configs" / "study"
+    studies = {path.stem: load_study(path) for path in sorted(folder.glob("*.yaml")) if "recipe" not in path.stem}
+    assert {"rla-paper", "remember", "remember-wide"} <= set(studies)
+    for study in studies.values():  # every model resolves under its study's recipe
+        for model in study.models:
+            resolve_model(study, model, study.seeds[0])
+    small, wide = studies["remember"], studies["remember-wide"]
+    assert wide.recipe_config.to_dict() == small.recipe_config.to_dict()
+    assert wide.eval_record() == small.eval_record()
+    assert {m.name for m in wide.models} == {m.name for m in small.models}
+    assert {resolve_model(wide, m, 0).model["hidden_size"] for m in wide.models} == {512}
