@@ -72,11 +72,6 @@ def _final_train_loss(record: dict[str, Any], folder: Path) -> float | None:
     return float(np.mean(losses[-max(1, math.ceil(FINAL_SHARE * len(losses))):]))
 
 
-def _final_val_loss(record: dict[str, Any], folder: Path) -> float | None:
-    values = [r["val_loss"] for r in training_log(folder) if r.get("val_loss") is not None]
-    return float(values[-1]) if values else None
-
-
 def _final_logged(key: str):
     """Reader of the last value of ``key`` that training logged (an evaluation-time metric of ``metrics.jsonl``)."""
     def read(record: dict[str, Any], folder: Path) -> float | None:
@@ -99,7 +94,7 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
     """The metrics the study's tasks give (MQAR per number of pairs, NIAH per length and per depth)."""
     tasks, o = set(study.tasks), study.eval_options
     out = [Metric("train_loss", f"training loss (last {FINAL_SHARE:.0%} of updates)", _final_train_loss, False),
-           Metric("val_loss", "validation loss at the end of training", _final_val_loss, False)]
+           Metric("val_loss", "validation loss at the end of training", _final_logged("val_loss"), False)]
     if "ppl" in tasks:
         out += [Metric("test_loss", f"{o.split} loss (nats/token, whole split)", _items("ppl"), False),
                 Metric("test_ppl", f"{o.split} perplexity (whole split)", _items("ppl"), False, np.exp)]
