@@ -195,6 +195,61 @@ def test_half_precision_inputs(dtype):
     compare(make_inputs(1, 70, 2, 32, 16, seed=7), True, dtype=dtype, tol=2e-2, rule="delta")
 
 
+def per_key_inputs(B, T, H, K, V, seed, reset_rate=0.0):
+    """``make_inputs`` with GLA's decay, one log decay per key channel ``g [B, T, H, K]``; ``reset_rate`` of the
+    entries are ``-inf`` (that channel's memory wiped)."""
+    inputs = make_inputs(B, T, H, K, V, seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    g = -0.3 * torch.rand(B, T, H, K, generator=gen, dtype=torch.float64)
+    inputs["g"] = torch.where(torch.rand(g.shape, generator=gen) < reset_rate, -torch.inf, g.double())
+    return inputs
+
+
+def _gla_launches(monkeypatch):
+    """Records the grid of every launch of the per-key-decay kernels."""
+    from linmem.ops.triton import per_key_decay
+
+    counted = {}
+    for name in ("forward_kernel", "query_grad_kernel", "state_grad_kernel", "decay_grad_kernel"):
+        counted[name] = _Counted(getattr(per_key_decay, name))
+        monkeypatch.setattr(per_key_decay, name, counted[name])
+    return counted
+
+
+@pytest.mark.parametrize("B, T, H, K, V, reset_rate", [(2, 37, 2, 16, 8, 0.0), (1, 50, 1, 24, 12, 0.05)])
+def test_per_key_decay_matches_reference(monkeypatch, B, T, H, K, V, reset_rate):
+    """GLA's memory (additive, a decay per key channel) runs on its own kernels, not on the chunk backend: outputs,
+    final state and the gradients of q, k, v, g, beta and S0 against float64, with a key width that is not a power
+    of two and some channels reset (g = -inf) mid-sequence."""
+    counted = _gla_launches(monkeypatch)
+    compare(per_key_inputs(B, T, H, K, V, seed=11, reset_rate=reset_rate), False, rule="additive")
+    assert all(c.grids for c in counted.values()), {n: len(c.grids) for n, c in counted.items()}
+
+
+def test_per_key_decay_value_blocks(monkeypatch):
+    """Value rows split over several programs (the last block partial): dq and dk are summed over the blocks."""
+    from linmem.ops.triton import per_key_decay
+
+    monkeypatch.setattr(per_key_decay, "TILE_ELEMENTS", 64)  # BK = 16, BV = 4: V = 10 in three blocks
+    assert per_key_decay.tiling(16, 10) == (16, 4, 3)
+    counted = _gla_launches(monkeypatch)
+    compare(per_key_inputs(1, 30, 2, 16, 10, seed=12), False, rule="additive", scale=0.6)
+    assert counted["forward_kernel"].grids[0][0] == 3
+
+
+def test_per_key_decay_packed_sequences():
+    """cu_seqlens with an empty sequence and sequences of 1 and 40 tokens: each starts from its own state."""
+    inputs = per_key_inputs(1, 60, 2, 16, 8, seed=13, reset_rate=0.02)
+    inputs["S0"] = 0.3 * torch.randn(4, 2, 8, 16, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    cu_seqlens = torch.tensor([0, 19, 19, 20, 60], dtype=torch.int32, device=DEVICE)
+    compare(inputs, False, rule="additive", cu_seqlens=cu_seqlens)
+
+
+def test_per_key_decay_half_precision():
+    """bf16 q, k, v reach the kernels as they are."""
+    compare(per_key_inputs(1, 40, 2, 16, 8, seed=15), False, dtype=torch.bfloat16, tol=2e-2, rule="additive")
+
+
 @pytest.mark.parametrize("options", [dict(fit_history=False), dict(per_key=True), dict(key_dim=272)])
 def test_chunk_fallbacks(options):
     """fit_history=False, per-key-channel decay and heads wider than 256 run on the chunk backend behind

@@ -72,7 +72,8 @@ def _tolerance(case: dict, dtype: torch.dtype, name: str) -> float:
 
 
 def random_inputs(B, T, H, K, V, dtype, device, seed, decay="random"):
-    """q, k (L2-normalised), v in ``dtype``; g ≤ 0, β, γ ∈ [0, 1] and initial states in float32."""
+    """q, k (L2-normalised), v in ``dtype``; g ≤ 0 (``[B, T, H]``, or ``[B, T, H, K]`` with ``decay="per_key"``),
+    β, γ ∈ [0, 1] and initial states in float32."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def rand(*shape):
@@ -81,6 +82,9 @@ def random_inputs(B, T, H, K, V, dtype, device, seed, decay="random"):
     g = -torch.rand(B, T, H, generator=gen) * 0.3
     if decay == "extreme":  # α = 1 exactly and α ≈ 0 (e^-30), mixed
         g = torch.where(torch.rand(B, T, H, generator=gen) < 0.3, torch.full_like(g, -30.0), torch.zeros_like(g))
+    if decay == "per_key":  # GLA: a log decay per key channel, a few channels reset (g = -inf)
+        g = -torch.rand(B, T, H, K, generator=gen) * 0.3
+        g = torch.where(torch.rand(B, T, H, K, generator=gen) < 0.01, torch.full_like(g, -torch.inf), g)
     tensors = dict(q=rand(B, T, H, K), k=torch.nn.functional.normalize(rand(B, T, H, K), dim=-1), v=rand(B, T, H, V),
                    g=g, beta=torch.rand(B, T, H, generator=gen), gamma=torch.rand(B, T, H, generator=gen),
                    S0=0.3 * rand(B, H, V, K), R0=0.3 * rand(B, H, V, K))
@@ -141,9 +145,14 @@ def check_cases(quick: bool = False) -> list[dict]:
         dict(rule="delta", residual=True, dtype="float32", B=1, T=150, H=2, K=128, V=128, decay="extreme"),
         dict(rule="delta", residual=True, dtype="bfloat16", B=2, T=300, H=3, K=128, V=128,
              options=dict(residual_target="tanh")),  # bf16 without clip's discontinuity
+        # GLA's memory (per_key_decay.py): the zoo's head (K = 32, V = 64), FLA's (128) and packed sequences
+        dict(rule="additive", residual=False, dtype="bfloat16", B=2, T=300, H=4, K=32, V=64, decay="per_key"),
+        dict(rule="additive", residual=False, dtype="float32", B=2, T=300, H=3, K=128, V=128, decay="per_key"),
+        dict(rule="additive", residual=False, dtype="float32", B=1, T=400, H=2, K=32, V=64, decay="per_key",
+             cu_seqlens=[0, 37, 37, 230, 231, 400]),
     ]
-    if quick:  # every rule × residual × dtype, packed sequences, head dims 64/256, the switches, extreme decays
-        cases = cases[:8] + [cases[8], cases[9], cases[12], cases[14], cases[16]]
+    if quick:  # every rule × residual × dtype, packed sequences, head dims 64/256, the switches, extreme decays, GLA
+        cases = cases[:8] + [cases[8], cases[9], cases[12], cases[14], cases[16], cases[18], cases[20]]
     if DEVICE == "cpu":  # dry run in the interpreter: the same code paths at a few tiny shapes
         cases = [dict(c, T=min(c["T"], 100), K=32, V=32, cu_seqlens=c.get("cu_seqlens") and [0, 30, 30, 100])
                  for c in cases[::4]]
@@ -191,10 +200,12 @@ def _rel(got, want) -> float:
 def _case_name(case: dict) -> str:
     memory = {("additive", True): "RLA", ("delta", True): "RDN", ("additive", False): "sGLA",
               ("delta", False): "GDN"}[(case["rule"], case["residual"])]
+    if case.get("decay") == "per_key":
+        memory = "GLA"
     extra = [f"{k}={v}" for k, v in case.get("options", {}).items()]
     if case.get("cu_seqlens"):
         extra.append("varlen")
-    if case.get("decay"):
+    if case.get("decay") not in (None, "per_key"):
         extra.append(f"decay={case['decay']}")
     if case.get("oracle"):
         extra.append(f"oracle={case['oracle']}")
@@ -205,11 +216,13 @@ def _case_name(case: dict) -> str:
 # ------------------------------------------------------------------------------------------------ methods timed
 
 
-def linmem_method(rule: str, residual: bool):
+def linmem_method(rule: str, residual: bool, decay: str = "g"):
+    """linmem's op on the Triton backend; ``decay="g_key"``: GLA's per-key-channel decay (FLA GLA's inputs)."""
+
     def run(x):
         from linmem.ops import linear_memory
 
-        o, _ = linear_memory(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"] if residual else None, rule=rule,
+        o, _ = linear_memory(x["q"], x["k"], x["v"], x[decay], x["beta"], x["gamma"] if residual else None, rule=rule,
                              residual=residual, backend="triton")
         return o
 
@@ -280,6 +293,7 @@ METHODS = {
     "linmem RDN": linmem_method("delta", True),
     "linmem sGLA": linmem_method("additive", False),
     "linmem GDN": linmem_method("delta", False),
+    "linmem GLA": linmem_method("additive", False, decay="g_key"),
     "FLA sGLA": fla_method("sgla"),
     "FLA GDN": fla_method("gdn"),
     "FLA GLA": fla_method("gla"),

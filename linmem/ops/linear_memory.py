@@ -31,7 +31,7 @@ State = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
 # ``auto`` picks the Triton kernels on CUDA (checked against the float64 reference by ``python -m linmem.bench.kernels``
 # for every memory, dtype and switch) and ``chunk`` elsewhere; inputs the kernels do not cover
-# (``Backend.covers``: per-channel decay, K or V > 256) run on ``chunk``.
+# (``Backend.covers``: per-channel decay with a residual memory, K or V > 256) run on ``chunk``.
 
 
 def state_dtype_for(dtype: torch.dtype) -> torch.dtype:

@@ -44,6 +44,7 @@ from linmem.ops.triton.layout import (
     key_tiling,
     score_dtype,
 )
+from linmem.ops.triton.per_key_decay import PerKeyDecayFunction
 from linmem.ops.triton.primitives import TARGET_CODES
 from linmem.ops.triton.scores import chunk_scores
 
@@ -354,6 +355,10 @@ def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: to
     else:
         layout = SequenceLayout.packed(packed.bounds, packed.cu_seqlens.to(q.device))
     flat = lambda t: t.reshape(batch * length, *t.shape[2:]).contiguous()  # noqa: E731
+    if g is not None and g.dim() == 4:  # GLA: a decay per key channel, walked token after token (per_key_decay.py)
+        o, base_final = PerKeyDecayFunction.apply(flat(q), flat(k), flat(v), flat(g.float()), flat(beta.float()),
+                                                  base_state.float().contiguous(), float(scale), layout.cu_seqlens)
+        return o.reshape(batch, length, heads, value_dim), base_final, None
     gates = [flat(t.float()) for t in (g, beta)] + [flat(gamma.float()) if config.residual else None]
     o, base_final, res_final = LinearMemoryFunction.apply(
         flat(q), flat(k), flat(v), *gates, base_state.float().contiguous(),
@@ -363,11 +368,14 @@ def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: to
 
 
 def covers(x: MemoryInputs, config: MemoryConfig) -> bool:
-    """Whether the kernels run these inputs. Not: float64, per-key-channel decay ``g [B, T, H, K]``,
-    ``fit_history=False``, head widths over ``MAX_WIDTH``; ``linear_memory`` runs the chunk backend for those."""
+    """Whether the kernels run these inputs. Not: float64, per-key-channel decay ``g [B, T, H, K]`` with any memory
+    but the additive one without a residual (GLA's), ``fit_history=False``, head widths over ``MAX_WIDTH``;
+    ``linear_memory`` runs the chunk backend for those."""
     too_wide = max(x.q.shape[-1], x.v.shape[-1]) > MAX_WIDTH
     per_key = x.g is not None and x.g.dim() == 4
-    return not (x.q.dtype == torch.float64 or per_key or (config.residual and not config.fit_history) or too_wide)
+    gla = config.rule == "additive" and not config.residual
+    return not (x.q.dtype == torch.float64 or (per_key and not gla) or (config.residual and not config.fit_history)
+                or too_wide)
 
 
 TRITON = Backend("triton", triton_forward, native_inputs=True, covers=covers)
