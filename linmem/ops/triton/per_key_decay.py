@@ -32,9 +32,10 @@ import triton.language as tl
 
 from linmem.ops.triton.layout import new_buffer
 
-# A program's state tile has at most this many float32 elements (BV rows of the padded key width): 16 KiB of
-# registers across the program's warps, with no spills at K = 256.
-TILE_ELEMENTS = 4096
+# A program's state tile has at most this many float32 elements (BV rows of the padded key width), 8 per thread of 4
+# warps. The walk is bound by the latency of each token's loads, not by arithmetic, so smaller tiles and more programs
+# per head keep more of them in flight: the zoo's heads (K = 32, V = 64) run as two value blocks each.
+TILE_ELEMENTS = 1024
 
 
 def tiling(key_dim: int, value_dim: int) -> tuple[int, int, int]:
