@@ -416,3 +416,50 @@ def test_float32_inputs_keep_the_narrower_options(monkeypatch):
                                                                     _resolved(name, torch.float32)))
         assert {key: narrow[key] for key in overrides} == overrides
         assert all(wide[key] != value for key, value in overrides.items())
+
+
+def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
+    """A GLA model on backend='triton' (its per-key-decay walk) against the same weights on 'chunk': logits, every
+    parameter's gradient, and the memory lab's edits (state swap, donor write, write block), which split the
+    sequence at the edit and hand states across."""
+    from transformers import AutoModelForCausalLM
+
+    import linmem  # noqa: F401
+    import linmem.memory as mm
+    from linmem.models import LinMemConfig
+
+    def build(backend):
+        config = LinMemConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8,
+                              expand_v=2.0, hidden_ratio=2, pad_token_id=0, eos_token_id=None, bos_token_id=None,
+                              mixer="gla", backend=backend)
+        torch.manual_seed(21)
+        model = AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():  # weights large enough that the memory and its edits matter
+            for name, p in model.named_parameters():
+                if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")):
+                    p.normal_(0, 0.3)
+        return model.to(DEVICE).float()
+
+    chunk, kernels = build("chunk"), build("triton")
+    kernels.load_state_dict(chunk.state_dict())
+    counted = _gla_launches(monkeypatch)
+    ids = torch.randint(1, 40, (2, 19), generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    outs = {}
+    for name, model in (("chunk", chunk), ("triton", kernels)):
+        logits = model(ids).logits
+        (logits.double() ** 2).mean().backward()
+        outs[name] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert_close("logits", outs["triton"][0], outs["chunk"][0], max(TOL, 1e-5))
+    assert outs["triton"][1].keys() == outs["chunk"][1].keys()
+    for n, grad in outs["chunk"][1].items():
+        assert_close(f"d {n}", outs["triton"][1][n], grad, max(TOL, 1e-4))
+    donor = ids.clone()
+    donor[:, :9] = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(23)).to(DEVICE)
+    heads = mm.heads(chunk)
+    for edits in ([mm.StateSwap(heads[:2], at=9)], [mm.DonorWrite(heads[1:3], span=(2, 5))],
+                  [mm.WriteBlock(heads, span=(0, 6))]):
+        with torch.no_grad():
+            want, got = mm.run(chunk, ids, donor, edits), mm.run(kernels, ids, donor, edits)
+        assert_close(f"{edits[0]!r}", got, want, max(TOL, 1e-5))
+        assert not torch.allclose(want, chunk(ids).logits.detach(), atol=1e-4), "the edit changed nothing"
+    assert all(c.grids for c in counted.values())  # the triton model ran on the walk, not on the chunk fallback
