@@ -1,20 +1,22 @@
-"""Where the attention layers of a shipped zoo model look when it must answer a NIAH trial.
+"""Where the attention layers of a model look when it must answer a NIAH trial, and how much of the number it gets.
 
 For each attention layer and head: the share of the last query token's attention (the position that predicts the
-first digit) that falls on the needle's number, averaged over trials of the eval's format, and how often the first
-answer token is right. A retrieval head puts most of its attention there.
+first digit) that falls on the needle's number, averaged over trials of the eval's format; how often the first
+answer token is right, and how often every answer token is (teacher-forced: the eval's exact match). A retrieval
+head puts most of its attention there; a model can find the number's first token and still not copy the rest.
 
     python scripts/zoo/niah_attention.py gdn-hybrid,transformer [--trials 16] [--length 256]
+    python scripts/zoo/niah_attention.py runs/study/remember/runs/gdn-hybrid/seed-2/model --data data/zoo-4k
+
+MODELS: comma-separated shipped names or model folders (``linmem.eval.loading.load_model``), with attention layers.
 """
 
 import argparse
-from functools import partial
 
 import numpy as np
 import torch
 
-import linmem.zoo as zoo
-from linmem.data.shards import TokenShards
+from linmem.eval.loading import load_model, open_heldout
 from linmem.eval.niah import haystack_tokens, niah_trial
 from linmem.layers.attention import Attention
 
@@ -52,23 +54,23 @@ def last_position_weights(model) -> list[torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", help="comma-separated shipped models with attention layers")
+    parser.add_argument("models", help="comma-separated shipped models or model folders with attention layers")
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--length", type=int, default=256, help="tokens per trial, the end-of-text included")
+    parser.add_argument("--data", default=None, help="dataset folder for the haystack (default: the model's record)")
     args = parser.parse_args()
     for name in args.models.split(","):
-        model, tokenizer = zoo.load(name)
+        em = load_model(name if "/" in name else f"zoo:{name}", device="cpu")
+        model = em.model
         if not model.config.attn_layers:
             raise SystemExit(f"{name} has no attention layers")
         rows = last_position_weights(model)
-        heldout = next((zoo.path(name).parent / "_heldout").iterdir())
-        hay = haystack_tokens(TokenShards(heldout).split("test"))
-        encode = partial(tokenizer.encode, add_special_tokens=False)
+        hay = haystack_tokens(open_heldout(em, args.data, "test"))
         rng = np.random.default_rng(0)
-        shares, right = [], 0
+        shares, first_right, all_right = [], 0, 0
         for _ in range(args.trials):
-            trial = niah_trial(encode, hay, args.length - 1, float(rng.random()), rng)
-            ids = [tokenizer.eos_token_id] + trial.context
+            trial = niah_trial(em.encode, hay, args.length - 1, float(rng.random()), rng)
+            ids = [em.eos_id] + trial.context
             needle_at = 1 + trial.cut
             number = sublist_at(trial.needle, trial.answer)
             if number < 0:  # the number merged with its neighbours: take the needle's last tokens but the full stop
@@ -76,11 +78,15 @@ def main() -> None:
             span = slice(needle_at + number, needle_at + number + len(trial.answer))
             rows.clear()
             with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0, -1]
-            right += int(logits.argmax().item() == trial.answer[0])
-            shares.append([row[:, span].sum(-1).tolist() for row in rows])
+                first = model(torch.tensor([ids])).logits[0, -1].argmax().item()
+                shares.append([row[:, span].sum(-1).tolist() for row in rows])
+                # the context and the answer but its last token: every answer token's prediction, teacher-forced
+                picked = model(torch.tensor([ids + trial.answer[:-1]])).logits[0, len(ids) - 1:].argmax(-1).tolist()
+            first_right += int(first == trial.answer[0])
+            all_right += int(picked == trial.answer)
         mean = np.array(shares).mean(0)
-        print(f"{name}: first answer token right in {right} of {args.trials} trials of {args.length} tokens")
+        print(f"{name}: in {args.trials} trials of {args.length} tokens, the first answer token right in "
+              f"{first_right}, every answer token in {all_right}")
         for layer, heads in zip(model.config.attn_layers, mean):
             print(f"  layer {layer}: attention on the needle's number, per head: "
                   + " ".join(f"{x:.2f}" for x in heads))
