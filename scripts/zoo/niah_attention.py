@@ -78,11 +78,11 @@ def main() -> None:
             span = slice(needle_at + number, needle_at + number + len(trial.answer))
             rows.clear()
             with torch.no_grad():
-                first = model(torch.tensor([ids])).logits[0, -1].argmax().item()
+                model(torch.tensor([ids]))  # the hooks keep the attention of the context's last position
                 shares.append([row[:, span].sum(-1).tolist() for row in rows])
                 # the context and the answer but its last token: every answer token's prediction, teacher-forced
                 picked = model(torch.tensor([ids + trial.answer[:-1]])).logits[0, len(ids) - 1:].argmax(-1).tolist()
-            first_right += int(first == trial.answer[0])
+            first_right += int(picked[0] == trial.answer[0])
             all_right += int(picked == trial.answer)
         mean = np.array(shares).mean(0)
         print(f"{name}: in {args.trials} trials of {args.length} tokens, the first answer token right in "

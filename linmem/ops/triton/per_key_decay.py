@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.layout import new_buffer
+from linmem.ops.triton.primitives import sequence_at
 
 # A program's state tile has at most this many float32 elements (BV rows of the padded key width), 8 per thread of 4
 # warps. The walk is bound by the latency of each token's loads, not by arithmetic, so smaller tiles and more programs
@@ -52,10 +53,18 @@ def _program(cu_seqlens, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: 
     i_v, i_n, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kc = tl.arange(0, BK)
     vc = i_v * BV + tl.arange(0, BV)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    bos, length = sequence_at(cu_seqlens, i_n)
     at_state = (i_n * H + i_h).to(tl.int64) * V * K + vc[:, None] * K + kc[None, :]
     return i_v, i_h, kc, vc, kc < K, vc < V, bos, length, at_state
+
+
+@triton.jit
+def _write(k, g, v, beta, row, kc, vc, mk, mv, K: tl.constexpr, V: tl.constexpr):
+    """Token ``row``'s write, in float32: its key ``k_t``, log decays ``g_t`` and written values ``u_t = β_t v_t``."""
+    b_k = tl.load(k + row * K + kc, mask=mk, other=0.0).to(tl.float32)
+    b_g = tl.load(g + row * K + kc, mask=mk, other=0.0)
+    b_u = tl.load(v + row * V + vc, mask=mv, other=0.0).to(tl.float32) * tl.load(beta + row)
+    return b_k, b_g, b_u
 
 
 @triton.jit
@@ -68,9 +77,7 @@ def forward_kernel(q, k, v, g, beta, state0, o, final, cu_seqlens, scale,
     for i in range(length):
         row = (bos + i) * H + i_h
         b_q = tl.load(q + row * K + kc, mask=mk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + row * K + kc, mask=mk, other=0.0).to(tl.float32)
-        b_g = tl.load(g + row * K + kc, mask=mk, other=0.0)
-        b_u = tl.load(v + row * V + vc, mask=mv, other=0.0).to(tl.float32) * tl.load(beta + row)
+        b_k, b_g, b_u = _write(k, g, v, beta, row, kc, vc, mk, mv, K, V)
         state = state * tl.exp(b_g)[None, :] + b_u[:, None] * b_k[None, :]
         tl.store(o + row * V + vc, tl.sum(state * b_q[None, :], axis=1) * scale, mask=mv)
     tl.store(final + at_state, state, mask=m_state)
@@ -86,9 +93,7 @@ def query_grad_kernel(k, v, g, beta, state0, do, dq_parts, cu_seqlens, scale, nu
     part = dq_parts + i_v.to(tl.int64) * num_tokens * H * K
     for i in range(length):
         row = (bos + i) * H + i_h
-        b_k = tl.load(k + row * K + kc, mask=mk, other=0.0).to(tl.float32)
-        b_g = tl.load(g + row * K + kc, mask=mk, other=0.0)
-        b_u = tl.load(v + row * V + vc, mask=mv, other=0.0).to(tl.float32) * tl.load(beta + row)
+        b_k, b_g, b_u = _write(k, g, v, beta, row, kc, vc, mk, mv, K, V)
         b_do = tl.load(do + row * V + vc, mask=mv, other=0.0).to(tl.float32)
         state = state * tl.exp(b_g)[None, :] + b_u[:, None] * b_k[None, :]
         tl.store(part + row * K + kc, tl.sum(state * b_do[:, None], axis=0) * scale, mask=mk)
@@ -106,9 +111,7 @@ def state_grad_kernel(q, k, v, g, beta, do, d_final, dk_parts, du, d_state0, cu_
     for i in range(length):
         row = (bos + length - 1 - i) * H + i_h
         b_q = tl.load(q + row * K + kc, mask=mk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + row * K + kc, mask=mk, other=0.0).to(tl.float32)
-        b_g = tl.load(g + row * K + kc, mask=mk, other=0.0)
-        b_u = tl.load(v + row * V + vc, mask=mv, other=0.0).to(tl.float32) * tl.load(beta + row)
+        b_k, b_g, b_u = _write(k, g, v, beta, row, kc, vc, mk, mv, K, V)
         b_do = tl.load(do + row * V + vc, mask=mv, other=0.0).to(tl.float32)
         grad = carry + (b_do * scale)[:, None] * b_q[None, :]
         tl.store(part + row * K + kc, tl.sum(grad * b_u[:, None], axis=0), mask=mk)
@@ -125,8 +128,7 @@ def decay_grad_kernel(q, k, dq, dk, end_term, dg, cu_seqlens,
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     kc = tl.arange(0, BK)
     mk = kc < K
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    bos, length = sequence_at(cu_seqlens, i_n)
     acc = tl.load(end_term + (i_n * H + i_h).to(tl.int64) * K + kc, mask=mk, other=0.0)
     for i in range(length):
         at = ((bos + length - 1 - i) * H + i_h) * K + kc
@@ -177,7 +179,6 @@ class PerKeyDecayFunction(torch.autograd.Function):
         end_term = (d_final * final).sum(2).contiguous()  # [N, H, K]
         dg = new_buffer((num_tokens, heads, key_dim), q.device)
         decay_grad_kernel[(num_seqs, heads)](q, k, dq, dk, end_term, dg, cu_seqlens, H=heads, K=key_dim, BK=bk)
-        v32 = v.float()
         dv = du * beta.unsqueeze(-1)
-        dbeta = (du * v32).sum(-1)
+        dbeta = (du * v.float()).sum(-1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dbeta, d_state0, None, None
