@@ -5,8 +5,13 @@ run, finished runs skipped, --report-only byte for byte)."""
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -281,3 +286,32 @@ def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe(
     assert wide.eval_record() == small.eval_record()
     assert {m.name for m in wide.models} == {m.name for m in small.models}
     assert {resolve_model(wide, m, 0).model["hidden_size"] for m in wide.models} == {512}
+
+
+def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
+    """scripts/study/detached.sh: a queue that outlives its command, a watch that waits for it, and a pack of the
+    evaluated runs (no checkpoints) that rebuilds the same tables in another folder."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "study" / "detached.sh"
+    path = write_study(tmp_path, dataset, two_models(configs))
+    out = tmp_path / "remote" / "tiny-study"
+    env = {**os.environ, "PYTHON": sys.executable, "WATCH_INTERVAL": "1"}
+    run = functools.partial(subprocess.run, capture_output=True, text=True, env=env, check=True)
+    started = run(["bash", str(script), "start", str(path), str(out), "2", "gdn:0", "rla:0"])
+    assert "queue started" in started.stdout  # returns before the runs finish
+    watched = run(["bash", str(script), "watch", "300", str(out)])
+    assert (out.parent / "tiny-study-logs" / "queue.log").read_text().count(" rc 0") == 2, watched.stdout
+    assert "gdn/seed-0: evaluated" in watched.stdout and "failed" not in watched.stdout
+    (run_dir(out, "gdn", 0) / "checkpoints").mkdir(exist_ok=True)  # what a pack leaves behind
+    packed = run(["bash", str(script), "pack", str(tmp_path / "runs.tar"), str(out)])
+    assert "packed 2 evaluated run(s)" in packed.stdout
+    with tarfile.open(tmp_path / "runs.tar") as tar:
+        names = tar.getnames()
+        assert "tiny-study/runs/gdn/seed-0/items.json" in names and "tiny-study-logs/queue.log" in names
+        assert not any("checkpoints" in name for name in names)
+        here = tmp_path / "here"
+        tar.extractall(here, filter="data")
+    assert main(["study", str(path), "--out", str(here / "tiny-study"), "--report-only", "--seeds", "0",
+                 "--no-progress"]) == 0
+    assert main(["study", str(path), "--out", str(out), "--report-only", "--seeds", "0", "--no-progress"]) == 0
+    assert (here / "tiny-study" / "tables" / "results.json").read_text() == \
+        (out / "tables" / "results.json").read_text()

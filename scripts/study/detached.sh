@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Study runs on a lent machine that is given back soon after each command returns (the H200 this project borrows):
+# start a queue that outlives the command, watch its progress, and copy every finished run off the machine at the
+# end of each watch, so that a machine taken back between two commands loses only the runs still training.
+#
+#   bash scripts/study/detached.sh start STUDY.yaml OUT JOBS MODEL:SEED [MODEL:SEED ...]
+#       the queue of scripts/study/side_by_side.sh, in a new process session (setsid); returns at once
+#   bash scripts/study/detached.sh watch SECONDS OUT [OUT ...]
+#       every 60 s (WATCH_INTERVAL): each run's last update (metrics.jsonl), whether it is evaluated (items.json),
+#       the GPU's load; returns when every queue under the OUTs is done or SECONDS have passed
+#   bash scripts/study/detached.sh pack DEST.tar OUT [OUT ...]
+#       the evaluated runs (config, metrics, eval JSON, items, the model's weights; no checkpoints) and the logs
+#
+# A command on the lent machine is then `watch 500 OUT && pack $DEST/runs.tar OUT`, repeated until the queue is
+# done; `tar xf runs.tar` beside the local study folder merges the runs, and `linmem study STUDY.yaml --out OUT
+# --report-only` rebuilds the tables.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+usage() { sed -n 6,12p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+verb=$1; shift
+
+progress() {  # OUT: one line per run folder
+  local run step
+  for run in "$1"/runs/*/seed-*; do
+    [ -d "$run" ] || continue
+    step=$(tail -n 1 "$run/metrics.jsonl" 2>/dev/null | grep -o '"step": [0-9]*' | grep -o '[0-9]*$')
+    if [ -f "$run/items.json" ]; then state=evaluated; else state="update ${step:-0}"; fi
+    echo "  ${run#"$1"/runs/}: $state"
+  done
+}
+
+case $verb in
+  start)
+    [ $# -ge 4 ] || usage
+    out=$2
+    mkdir -p "$(dirname "$out")"
+    setsid nohup bash "$here/side_by_side.sh" "$@" > "$out-queue.out" 2>&1 < /dev/null &
+    echo "queue started (pid $!): $*"
+    ;;
+  watch)
+    [ $# -ge 2 ] || usage
+    seconds=$1; shift
+    end=$(( $(date +%s) + seconds ))
+    while :; do
+      echo "$(date -u +%T)"
+      all_done=1
+      for out in "$@"; do
+        echo "$out"
+        progress "$out"
+        grep -q "queue done" "$out-logs/queue.log" 2>/dev/null || all_done=0
+        grep -h " rc [1-9]" "$out-logs/queue.log" 2>/dev/null | sed 's/^/  failed: /'
+      done
+      command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+      [ $all_done = 1 ] && break
+      [ "$(date +%s)" -ge "$end" ] && break
+      interval=${WATCH_INTERVAL:-60} left=$(( end - $(date +%s) ))
+      sleep $(( left < interval ? left : interval ))
+    done
+    ;;
+  pack)
+    [ $# -ge 2 ] || usage
+    dest=$(realpath -m "$1"); shift
+    members=() runs=0
+    for out in "$@"; do
+      parent=$(realpath "$(dirname "$out")") name=$(basename "$out")
+      members+=(-C "$parent")
+      for run in "$out"/runs/*/seed-*; do
+        [ -f "$run/items.json" ] && members+=("$name/${run#"$out"/}") && runs=$((runs + 1))
+      done
+      [ -f "$out/study.json" ] && members+=("$name/study.json")
+      [ -d "$out-logs" ] && members+=("$name-logs")
+    done
+    tar cf "$dest" --exclude=checkpoints "${members[@]}" && echo "packed $runs evaluated run(s) into $dest"
+    ;;
+  *) usage ;;
+esac
