@@ -230,8 +230,8 @@ def test_per_key_decay_value_blocks(monkeypatch):
     """Value rows split over several programs (the last block partial): dq and dk are summed over the blocks."""
     from linmem.ops.triton import per_key_decay
 
-    monkeypatch.setattr(per_key_decay, "TILE_ELEMENTS", 64)  # BK = 16, BV = 4: V = 10 in three blocks
-    assert per_key_decay.tiling(16, 10) == (16, 4, 3)
+    monkeypatch.setattr(per_key_decay, "NARROW_LAUNCH", (64, 4))  # BK = 16, BV = 4: V = 10 in three blocks
+    assert per_key_decay.tiling(16, 10) == (16, 4, 3, 4)
     counted = _gla_launches(monkeypatch)
     compare(per_key_inputs(1, 30, 2, 16, 10, seed=12), False, rule="additive", scale=0.6)
     assert counted["forward_kernel"].grids[0][0] == 3

@@ -33,17 +33,23 @@ import triton.language as tl
 from linmem.ops.triton.layout import new_buffer
 from linmem.ops.triton.primitives import sequence_at
 
-# A program's state tile has at most this many float32 elements (BV rows of the padded key width), 8 per thread of 4
-# warps. The walk is bound by the latency of each token's loads, not by arithmetic, so smaller tiles and more programs
-# per head keep more of them in flight: the zoo's heads (K = 32, V = 64) run as two value blocks each.
-TILE_ELEMENTS = 1024
+# A program's launch by the padded key width: (the most float32 state elements its tile holds, its warps). The walk
+# is bound by the latency of each token's loads; which tile hides it best was measured on an H200
+# (docs/benchmarks/gla/launch.md, scripts/kernels/gla_launch_sweep.py): at K = 32, V = 64 (the zoo's heads) tiles
+# of 512-2,048 elements on 2-4 warps are within 10% of each other, and at K = V = 128 a 4,096-element tile on one
+# warp (32 value rows, 128 elements per thread) takes 52 ms for forward+backward where 1,024 on four took 275 ms.
+NARROW_LAUNCH = (1024, 4)
+WIDE_LAUNCH = (4096, 1)
+WIDE_KEYS = 128  # padded key widths from here on take WIDE_LAUNCH
 
 
-def tiling(key_dim: int, value_dim: int) -> tuple[int, int, int]:
-    """(BK, BV, NV): the padded key width, the value rows per program and the number of value blocks."""
+def tiling(key_dim: int, value_dim: int) -> tuple[int, int, int, int]:
+    """(BK, BV, NV, warps): the padded key width, the value rows per program, the number of value blocks and each
+    program's warps."""
     bk = triton.next_power_of_2(key_dim)
-    bv = min(triton.next_power_of_2(value_dim), max(1, TILE_ELEMENTS // bk))
-    return bk, bv, triton.cdiv(value_dim, bv)
+    elements, warps = WIDE_LAUNCH if bk >= WIDE_KEYS else NARROW_LAUNCH
+    bv = min(triton.next_power_of_2(value_dim), max(1, elements // bk))
+    return bk, bv, triton.cdiv(value_dim, bv), warps
 
 
 @triton.jit
@@ -148,11 +154,11 @@ class PerKeyDecayFunction(torch.autograd.Function):
         num_tokens, heads, key_dim = q.shape
         value_dim = v.shape[-1]
         num_seqs = cu_seqlens.numel() - 1
-        bk, bv, nv = tiling(key_dim, value_dim)
+        bk, bv, nv, warps = tiling(key_dim, value_dim)
         o = new_buffer((num_tokens, heads, value_dim), q.device)
         final = new_buffer(state0.shape, q.device)
         forward_kernel[(nv, num_seqs, heads)](q, k, v, g, beta, state0, o, final, cu_seqlens, scale,
-                                              H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv)
+                                              H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
         ctx.save_for_backward(q, k, v, g, beta, state0, final, cu_seqlens)
         ctx.scale = scale
         return o, final
@@ -163,10 +169,10 @@ class PerKeyDecayFunction(torch.autograd.Function):
         num_tokens, heads, key_dim = q.shape
         value_dim = v.shape[-1]
         num_seqs = cu_seqlens.numel() - 1
-        bk, bv, nv = tiling(key_dim, value_dim)
+        bk, bv, nv, warps = tiling(key_dim, value_dim)
         do = do.float().contiguous()
         d_final = torch.zeros_like(final) if d_final is None else d_final.float().contiguous()
-        dims = dict(H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv)
+        dims = dict(H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
         grid = (nv, num_seqs, heads)
         dq_parts = new_buffer((nv, num_tokens, heads, key_dim), q.device)
         query_grad_kernel[grid](k, v, g, beta, state0, do, dq_parts, cu_seqlens, ctx.scale, num_tokens, **dims)
