@@ -152,7 +152,8 @@ def check_cases(quick: bool = False) -> list[dict]:
              cu_seqlens=[0, 37, 37, 230, 231, 400]),
     ]
     if quick:  # every rule × residual × dtype, packed sequences, head dims 64/256, the switches, extreme decays, GLA
-        cases = cases[:8] + [cases[8], cases[9], cases[12], cases[14], cases[16], cases[18], cases[20]]
+        # at both of its launches (per_key_decay.tiling)
+        cases = cases[:8] + [cases[8], cases[9], cases[12], cases[14], cases[16], cases[18], cases[19], cases[20]]
     if DEVICE == "cpu":  # dry run in the interpreter: the same code paths at a few tiny shapes
         cases = [dict(c, T=min(c["T"], 100), K=32, V=32, cu_seqlens=c.get("cu_seqlens") and [0, 30, 30, 100])
                  for c in cases[::4]]
