@@ -237,6 +237,20 @@ def test_per_key_decay_value_blocks(monkeypatch):
     assert counted["forward_kernel"].grids[0][0] == 3
 
 
+def test_per_key_decay_values_wider_than_the_chunk_kernels_take(monkeypatch):
+    """GLA's memory with V = 300 (over MAX_WIDTH; FLA's GLA-1.3B has V = 512) runs on its own kernels, in value
+    blocks, against float64; a key width over MAX_WIDTH still runs on the chunk backend."""
+    from linmem.ops.triton.layout import MAX_WIDTH
+
+    counted = _gla_launches(monkeypatch)
+    assert 300 > MAX_WIDTH
+    compare(per_key_inputs(1, 12, 1, 16, 300, seed=16), False, rule="additive")
+    assert counted["forward_kernel"].grids[0][0] == 300 // 64 + 1  # BV = 1024 // 16 = 64: five blocks
+    before = len(counted["forward_kernel"].grids)
+    compare(per_key_inputs(1, 6, 1, MAX_WIDTH + 16, 8, seed=17), False, rule="additive")
+    assert len(counted["forward_kernel"].grids) == before
+
+
 def test_per_key_decay_packed_sequences():
     """cu_seqlens with an empty sequence and sequences of 1 and 40 tokens: each starts from its own state."""
     inputs = per_key_inputs(1, 60, 2, 16, 8, seed=13, reset_rate=0.02)

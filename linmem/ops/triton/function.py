@@ -369,11 +369,12 @@ def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: to
 
 def covers(x: MemoryInputs, config: MemoryConfig) -> bool:
     """Whether the kernels run these inputs. Not: float64, per-key-channel decay ``g [B, T, H, K]`` with any memory
-    but the additive one without a residual (GLA's), ``fit_history=False``, head widths over ``MAX_WIDTH``;
-    ``linear_memory`` runs the chunk backend for those."""
-    too_wide = max(x.q.shape[-1], x.v.shape[-1]) > MAX_WIDTH
+    but the additive one without a residual (GLA's), ``fit_history=False``, head widths over ``MAX_WIDTH`` (for
+    GLA's memory only the key width: its token walk splits the value rows over programs, so FLA's GLA-1.3B heads,
+    K = 256 and V = 512, stay on the kernels); ``linear_memory`` runs the chunk backend for those."""
     per_key = x.g is not None and x.g.dim() == 4
     gla = config.rule == "additive" and not config.residual
+    too_wide = max(x.q.shape[-1], 0 if per_key and gla else x.v.shape[-1]) > MAX_WIDTH
     return not (x.q.dtype == torch.float64 or (per_key and not gla) or (config.residual and not config.fit_history)
                 or too_wide)
 
