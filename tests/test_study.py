@@ -302,14 +302,23 @@ def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs
     assert (out.parent / "tiny-study-logs" / "queue.log").read_text().count(" rc 0") == 2, watched.stdout
     assert "gdn/seed-0: evaluated" in watched.stdout and "failed" not in watched.stdout
     (run_dir(out, "gdn", 0) / "checkpoints").mkdir(exist_ok=True)  # what a pack leaves behind
-    packed = run(["bash", str(script), "pack", str(tmp_path / "runs.tar"), str(out)])
+    packed = run(["bash", str(script), "pack", str(tmp_path / "packed"), str(out)])
     assert "packed 2 evaluated run(s)" in packed.stdout
-    with tarfile.open(tmp_path / "runs.tar") as tar:
-        names = tar.getnames()
-        assert "tiny-study/runs/gdn/seed-0/items.json" in names and "tiny-study-logs/queue.log" in names
-        assert not any("checkpoints" in name for name in names)
-        here = tmp_path / "here"
-        tar.extractall(here, filter="data")
+    tars = sorted(p.name for p in (tmp_path / "packed").iterdir())
+    assert tars == ["tiny-study-gdn-seed-0.tar", "tiny-study-logs.tar", "tiny-study-rla-seed-0.tar"]
+    here = tmp_path / "here"
+    for name in tars:
+        with tarfile.open(tmp_path / "packed" / name) as tar:
+            names = tar.getnames()
+            assert not any("checkpoints" in n for n in names)
+            assert name != "tiny-study-gdn-seed-0.tar" or "tiny-study/runs/gdn/seed-0/items.json" in names
+            tar.extractall(here, filter="data")
+    assert (here / "tiny-study-logs" / "queue.log").is_file() and (here / "tiny-study" / "study.json").is_file()
+    assert list((here / "tiny-study").glob("runs/*/seed-0/model/*.safetensors"))
+    light = run(["bash", str(script), "pack", "--no-weights", str(tmp_path / "light"), str(out)])
+    assert "packed 2" in light.stdout
+    with tarfile.open(tmp_path / "light" / "tiny-study-rla-seed-0.tar") as tar:
+        assert not any(n.endswith(".safetensors") for n in tar.getnames())
     assert main(["study", str(path), "--out", str(here / "tiny-study"), "--report-only", "--seeds", "0",
                  "--no-progress"]) == 0
     assert main(["study", str(path), "--out", str(out), "--report-only", "--seeds", "0", "--no-progress"]) == 0

@@ -8,15 +8,16 @@
 #   bash scripts/study/detached.sh watch SECONDS OUT [OUT ...]
 #       every 60 s (WATCH_INTERVAL): each run's last update (metrics.jsonl), whether it is evaluated (items.json),
 #       the GPU's load; returns when every queue under the OUTs is done or SECONDS have passed
-#   bash scripts/study/detached.sh pack DEST.tar OUT [OUT ...]
-#       the evaluated runs (config, metrics, eval JSON, items, the model's weights; no checkpoints) and the logs
+#   bash scripts/study/detached.sh pack [--no-weights] DEST OUT [OUT ...]
+#       one tar per evaluated run, DEST/STUDY-MODEL-seed-S.tar (config, metrics, eval JSON, items and, unless
+#       --no-weights, the model's weights; never checkpoints), and DEST/STUDY-logs.tar (study.json, the logs)
 #
-# A command on the lent machine is then `watch 500 OUT && pack $DEST/runs.tar OUT`, repeated until the queue is
-# done; `tar xf runs.tar` beside the local study folder merges the runs, and `linmem study STUDY.yaml --out OUT
+# A command on the lent machine is then `watch 500 OUT; pack $OUT_DIR OUT`, repeated until the queue is done;
+# `tar xf` of the tars beside the local study folder merges the runs, and `linmem study STUDY.yaml --out OUT
 # --report-only` rebuilds the tables.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { sed -n 6,12p "$0" >&2; exit 2; }
+usage() { sed -n 6,13p "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 verb=$1; shift
 
@@ -59,19 +60,27 @@ case $verb in
     done
     ;;
   pack)
+    weights=1
+    [ "${1:-}" = --no-weights ] && { weights=0; shift; }
     [ $# -ge 2 ] || usage
     dest=$(realpath -m "$1"); shift
-    members=() runs=0
+    mkdir -p "$dest"
+    runs=0
     for out in "$@"; do
       parent=$(realpath "$(dirname "$out")") name=$(basename "$out")
-      members+=(-C "$parent")
+      excludes=(--exclude=checkpoints)
+      [ $weights = 0 ] && excludes+=(--exclude='*.safetensors')
       for run in "$out"/runs/*/seed-*; do
-        [ -f "$run/items.json" ] && members+=("$name/${run#"$out"/}") && runs=$((runs + 1))
+        [ -f "$run/items.json" ] || continue
+        model=$(basename "$(dirname "$run")") seed=$(basename "$run")
+        tar cf "$dest/$name-$model-$seed.tar" "${excludes[@]}" -C "$parent" "$name/runs/$model/$seed" && runs=$((runs + 1))
       done
-      [ -f "$out/study.json" ] && members+=("$name/study.json")
-      [ -d "$out-logs" ] && members+=("$name-logs")
+      records=()
+      [ -f "$out/study.json" ] && records+=("$name/study.json")
+      [ -d "$out-logs" ] && records+=("$name-logs")
+      [ ${#records[@]} -gt 0 ] && tar cf "$dest/$name-logs.tar" -C "$parent" "${records[@]}"
     done
-    tar cf "$dest" --exclude=checkpoints "${members[@]}" && echo "packed $runs evaluated run(s) into $dest"
+    echo "packed $runs evaluated run(s) into $dest"
     ;;
   *) usage ;;
 esac
