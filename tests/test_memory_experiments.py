@@ -250,3 +250,31 @@ def test_qualified_donor_rate_counts_only_items_both_prompts_answer(lab):
     row = rows_of(result, metric="qualified_donor_answer", intervention="state swap", target="chosen")[0]
     assert row["mean"] == pytest.approx(float(moved.mean()), abs=1e-12) and row["n"] == int(qualified.sum())
     assert rows_of(result, metric="donor_answer", intervention="state swap", target="chosen")[0]["n"] == len(items)
+
+
+def test_non_target_breaks_share_the_prefix_runs_and_match_running_each_binding_alone(lab):
+    """The bindings' prompts share facts and filler: one prefix run (recipient and donor caches, picked by row)
+    serves every binding and gives the logits that a separate run per binding gives, on a hybrid RDN (attention
+    caches, both states, short-convolution states); a prefix of other prompts is refused."""
+    _, tokenizer, builder, sources = lab
+    model = tiny(tokenizer, mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4,
+                 attn_num_kv_heads=2)
+    items = build_items(builder, sources[:6])
+    at = items[0].boundary
+    sets = [[], [mm.StateSwap([mm.Component(0, 1, "S")], at)],
+            [mm.StateSwap([mm.Component(2, 0, "R")], at, "random")]]
+    ids = lambda rows: torch.tensor(rows, dtype=torch.long)  # noqa: E731
+    prefix = mm.intervene.shared_prefix(model, ids([it.recipient for it in items]), ids([it.donor for it in items]),
+                                        sets)
+    for j in range(SPEC.num_bindings):
+        keep = [i for i, it in enumerate(items) if it.target != j][::-1]  # rows in another order than the prefix's
+        sub = make_batch([items[i] for i in keep], binding=j)
+        shared = candidate_logits(model, sub, sets, prefix=prefix.select(keep))
+        alone = candidate_logits(model, sub, sets)
+        torch.testing.assert_close(shared, alone, rtol=1e-12, atol=1e-12)
+        assert not torch.equal(shared[0], shared[1])  # the swap moves the logits: the check compares something
+    with pytest.raises(ValueError, match="shared prefix is of"):
+        candidate_logits(model, sub, sets, prefix=prefix)
+    broken, owners, rate, denominator = ex.non_target_breaks(model, items, sets[1:2])[0]
+    assert len(owners) == len(broken) == sum(it.target != j for it in items for j in range(SPEC.num_bindings))
+    assert denominator == int((~torch.isnan(broken)).sum()) and rate == pytest.approx(float(np.nanmean(broken)))

@@ -10,7 +10,7 @@ from torch import nn
 from tqdm import tqdm
 
 from linmem.memory.edits import Edit
-from linmem.memory.intervene import run_many
+from linmem.memory.intervene import SharedPrefix, run_many
 from linmem.memory.metrics import choice_logits
 from linmem.memory.tasks import Item
 
@@ -55,11 +55,11 @@ def make_batch(items: Sequence[Item], binding: str | int = "target", device: str
 
 
 def candidate_logits(model: nn.Module, batch: Batch, edit_sets: Sequence[Sequence[Edit]],
-                     chunk: int = 16, use_donor: bool = True) -> torch.Tensor:
+                     chunk: int = 16, use_donor: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
     """``[N, B, 4]`` candidate logits (float64, on the CPU like the batch's labels) at the last position under
-    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device)."""
+    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device); ``prefix``: as ``run_many``'s."""
     logits = run_many(model, batch.recipient, batch.donor if use_donor else None, edit_sets,
-                      logits_at=[batch.length - 1], chunk=chunk)
+                      logits_at=[batch.length - 1], chunk=chunk, prefix=prefix)
     return torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits]).cpu()  # small: metrics on CPU
 
 

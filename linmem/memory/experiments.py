@@ -27,6 +27,7 @@ from linmem.memory.edits import (
     WriteBlock,
 )
 from linmem.memory.evaluate import Batch, candidate_logits, make_batch, per_item
+from linmem.memory.intervene import shared_prefix
 from linmem.memory.metrics import break_rate, choice_logits, compare, donor_margin
 from linmem.memory.recording import backbone, on_model
 from linmem.memory.stats import bootstrap, bootstrap_ratio, source_means
@@ -280,7 +281,8 @@ def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Compo
     choice = candidate_logits(model, target, edit)
     values = compare(choice[0], choice[1], target.answer, target.donor_answer)
     rows += estimate_rows({k: values[k] for k in ("donor_answer", "donor_margin_shift")}, sources_a, fact="target")
-    broken, owners, rate, denominator = non_target_breaks(model, items_a, [StateSwap([component], target.boundary)])
+    [(broken, owners, rate, denominator)] = non_target_breaks(model, items_a,
+                                                              [[StateSwap([component], target.boundary)]])
     rows.append({"fact": "non-target", "metric": "break_rate", **bootstrap(broken.cpu().numpy(), owners).as_dict(),
                  "denominator": denominator})
     rows += frobenius_split(model, items_a, items_b, component)
@@ -288,29 +290,36 @@ def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Compo
                                        "break_denominator": denominator}, plots.four_facts(rows))
 
 
-def non_target_breaks(model: nn.Module, items: Sequence[Item], edits: list):
-    """Ask every non-target binding of ``items`` with and without ``edits`` (applied on the target's donor).
+def non_target_breaks(model: nn.Module, items: Sequence[Item], edit_sets: list[list]) -> list[tuple]:
+    """Ask every non-target binding of ``items`` unedited and under each of ``edit_sets`` (applied on the target's
+    donor). The prompts of all bindings share their prefix (facts and filler), so its runs are made once.
 
-    Returns ``(broken [n], sources, rate, denominator)``: ``broken`` is 1 / 0 for queries right before the edit
-    and NaN for the others (so a bootstrap over it is the break rate with its denominator as ``n``).
+    Returns per edit set ``(broken [n], sources, rate, denominator)``: ``broken`` is 1 / 0 for queries right before
+    the edit and NaN for the others (so a bootstrap over it is the break rate with its denominator as ``n``).
     """
-    clean_right, edited_right, owners = [], [], []
+    sets = [[], *edit_sets]
+    as_ids = lambda rows: torch.tensor(rows, dtype=torch.long)  # noqa: E731
+    prefix = shared_prefix(model, as_ids([it.recipient for it in items]), as_ids([it.donor for it in items]), sets)
+    clean_right, edited_right, owners = [], [[] for _ in edit_sets], []
     for j in range(len(items[0].queries)):
-        keep = [it for it in items if it.target != j]
+        keep = [i for i, it in enumerate(items) if it.target != j]
         if not keep:
             continue
-        sub = make_batch(keep, binding=j)
-        choice = candidate_logits(model, sub, [[], edits])
-        m = compare(choice[0], choice[1], sub.answer)
-        clean_right.append(m["clean_correct"])
-        edited_right.append(m["edited_correct"])
+        sub = make_batch([items[i] for i in keep], binding=j)
+        choice = candidate_logits(model, sub, sets, prefix=prefix.select(keep))
+        for n, right in enumerate(edited_right):
+            right.append(compare(choice[0], choice[n + 1], sub.answer)["edited_correct"])
+        clean_right.append(compare(choice[0], choice[0], sub.answer)["clean_correct"])
         owners += sub.sources
     if not owners:  # one binding: no other fact to break
-        return torch.zeros(0, dtype=torch.float64), [], float("nan"), 0
-    clean_right, edited_right = torch.cat(clean_right), torch.cat(edited_right)
-    broken = torch.where(clean_right.bool(), 1.0 - edited_right, torch.full_like(edited_right, float("nan")))
-    rate, denominator = break_rate(clean_right, edited_right)
-    return broken, owners, rate, denominator
+        return [(torch.zeros(0, dtype=torch.float64), [], float("nan"), 0) for _ in edit_sets]
+    clean = torch.cat(clean_right)
+    out = []
+    for right in edited_right:
+        edited = torch.cat(right)
+        broken = torch.where(clean.bool(), 1.0 - edited, torch.full_like(edited, float("nan")))
+        out.append((broken, owners, *break_rate(clean, edited)))
+    return out
 
 
 def frobenius_split(model, items_a: list[Item], items_b: list[Item], component: Component, seed: int = 0):
@@ -439,13 +448,14 @@ def sweep(model: nn.Module, tokenizer, sources, component: Component, base: Task
         choice = candidate_logits(model, batch, [[], [StateSwap([component], at)],
                                                  [StateSwap([component], at, control="random")]])
         point = len(rows)
+        breaks = non_target_breaks(model, batch.items, [[StateSwap([component], at, control)]
+                                                        for control in ("donor", "random")])
         for i, kind in ((1, "chosen"), (2, "random")):
             m = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
             rows += estimate_rows({"clean_correct": m["clean_correct"], "donor_margin_shift":
                                    m["donor_margin_shift"], "donor_answer": m["donor_answer"]},
                                   batch.sources, **{field_name: value}, edit=kind)
-            control = "random" if kind == "random" else "donor"
-            broken, owners, _, _ = non_target_breaks(model, batch.items, [StateSwap([component], at, control)])
+            broken, owners, _, _ = breaks[i - 1]
             if owners:
                 rows.append({field_name: value, "edit": kind, "metric": "break_rate",
                              **bootstrap(broken.cpu().numpy(), owners).as_dict()})

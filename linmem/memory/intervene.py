@@ -15,6 +15,7 @@ Nothing is written to the model or to the caller's tensors; hooks are removed wh
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ def validate(model: nn.Module, edit_sets: Sequence[Sequence[Edit]], length: int)
 @torch.no_grad()
 def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
              edit_sets: Sequence[Sequence[Edit]] = ((),), logits_at: Sequence[int] | None = None,
-             chunk: int | None = None) -> torch.Tensor:
+             chunk: int | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
     """Logits of the recipient under each edit set, in batched runs that share the prefix.
 
     Args:
@@ -124,6 +125,8 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
         logits_at: the positions to return logits for (default: all ``T``).
         chunk: edit sets per batched forward (default: all ``N`` at once); the unedited prefix and the donor's
             cache are computed once for all chunks.
+        prefix: the prefix runs made beforehand (``shared_prefix``, rows picked with ``SharedPrefix.select``) for
+            prompts whose tokens before the cache edits' ``at`` are these; by default made here.
     Returns:
         ``[N, B, P, vocab]``.
     """
@@ -140,7 +143,13 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
     sources = Sources(model, recipient_ids, donor_ids)
     sources.prepare(edit_sets)
     at = split_point(edit_sets)
-    shared = SharedPrefix(model, recipient_ids, donor_ids, edit_sets, at)
+    if prefix is None:
+        shared = SharedPrefix(model, recipient_ids, donor_ids, edit_sets, at)
+    elif (prefix.at, prefix.rows) != (at, batch):
+        raise ValueError(f"the shared prefix is of {prefix.rows} prompts split at {prefix.at}; this call has {batch} "
+                         f"split at {at}")
+    else:
+        shared = prefix
     step = chunk or max(1, len(edit_sets))
     out = []
     starts = range(0, len(edit_sets), step)
@@ -175,12 +184,39 @@ def run(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor |
     return run_many(model, recipient_ids, donor_ids, [list(edits)])[0]
 
 
+def shared_prefix(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None,
+                  edit_sets: Sequence[Sequence[Edit]]) -> SharedPrefix:
+    """The prefix runs ``run_many`` makes for these edit sets, made once for several calls whose prompts share
+    their tokens before the cache edits' ``at`` (the same passages asked about different facts): pass
+    ``.select(rows)`` as each call's ``prefix``. ``recipient_ids, donor_ids``: ``[B, ≥ at]``."""
+    recipient_ids = on_model(model, recipient_ids)
+    donor_ids = None if donor_ids is None else on_model(model, donor_ids)
+    edit_sets = [list(edits) for edits in edit_sets]
+    return SharedPrefix(model, recipient_ids, donor_ids, edit_sets, split_point(edit_sets))
+
+
+def _map_cache(config, cache: LinMemCache | None, fn) -> LinMemCache | None:
+    """A new cache holding ``fn`` of every tensor of ``cache`` (``fn`` maps the batch dimension, dim 0)."""
+    if cache is None:
+        return None
+    out = LinMemCache.from_config(config)
+    for new, old in zip(out.layers, cache.layers):
+        if isinstance(old, AttentionLayerCache):
+            new.keys, new.values = fn(old.keys), fn(old.values)
+        else:
+            new.base_state, new.residual_state = fn(old.base_state), fn(old.residual_state)
+            new.conv_states = {name: fn(state) for name, state in old.conv_states.items()}
+            new.seen_tokens = old.seen_tokens
+    return out
+
+
 class SharedPrefix:
     """What every chunk of a split run shares: the donor's prefix cache and, when no edit touches the prefix, the
     recipient's prefix cache and hidden states (computed once, copied per chunk)."""
 
     def __init__(self, model, recipient_ids, donor_ids, edit_sets, at: int | None):
         self.model, self.cache, self.hidden, self.donor = model, None, None, None
+        self.at, self.rows = at, recipient_ids.shape[0]
         if at is None:
             return
         if any(e.needs_donor_cache for edits in edit_sets for e in edits):
@@ -194,16 +230,19 @@ class SharedPrefix:
 
     def tiled(self, times: int) -> tuple[LinMemCache, torch.Tensor]:
         """A fresh copy of the recipient's prefix cache and hidden states, repeated ``times`` along the batch."""
-        cache = LinMemCache.from_config(self.model.config)
         repeat = lambda t: None if t is None else t.repeat(times, *([1] * (t.dim() - 1)))  # noqa: E731
-        for new, old in zip(cache.layers, self.cache.layers):
-            if isinstance(old, AttentionLayerCache):
-                new.keys, new.values = repeat(old.keys), repeat(old.values)
-            else:
-                new.base_state, new.residual_state = repeat(old.base_state), repeat(old.residual_state)
-                new.conv_states = {name: repeat(state) for name, state in old.conv_states.items()}
-                new.seen_tokens = old.seen_tokens
-        return cache, repeat(self.hidden)
+        return _map_cache(self.model.config, self.cache, repeat), repeat(self.hidden)
+
+    def select(self, rows: Sequence[int]) -> SharedPrefix:
+        """The prefix runs of these prompts (indices into this one's ``B``), in this order."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        take = lambda t: None if t is None else t.index_select(0, index.to(t.device))  # noqa: E731
+        out = copy.copy(self)
+        out.rows = len(index)
+        out.cache = _map_cache(self.model.config, self.cache, take)
+        out.donor = _map_cache(self.model.config, self.donor, take)
+        out.hidden = take(self.hidden)
+        return out
 
 
 def _split_run(model, recipient_ids, edit_sets, plan, at, positions, sources, shared: SharedPrefix) -> torch.Tensor:
