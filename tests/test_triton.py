@@ -237,6 +237,19 @@ def test_per_key_decay_value_blocks(monkeypatch):
     assert counted["forward_kernel"].grids[0][0] == 3
 
 
+def test_per_key_decay_wide_launch(monkeypatch):
+    """From WIDE_KEYS on, a program holds a larger tile on fewer warps (FLA's K = 128 heads): all value rows of a
+    small head in one program, against float64."""
+    from linmem.ops.triton import per_key_decay
+
+    assert per_key_decay.tiling(128, 256) == (128, 32, 8, 1) and per_key_decay.tiling(64, 64)[3] == 4
+    monkeypatch.setattr(per_key_decay, "WIDE_KEYS", 16)
+    assert per_key_decay.tiling(16, 40) == (16, 64, 1, 1)
+    counted = _gla_launches(monkeypatch)
+    compare(per_key_inputs(2, 20, 2, 16, 40, seed=18), False, rule="additive")
+    assert counted["forward_kernel"].grids[0][0] == 1
+
+
 def test_per_key_decay_values_wider_than_the_chunk_kernels_take(monkeypatch):
     """GLA's memory with V = 300 (over MAX_WIDTH; FLA's GLA-1.3B has V = 512) runs on its own kernels, in value
     blocks, against float64; a key width over MAX_WIDTH still runs on the chunk backend."""
