@@ -5,8 +5,9 @@ in float32 elements and the warps of each program. The table behind ``NARROW_LAU
     python scripts/kernels/gla_launch_sweep.py [--settings 1024:4,4096:1,...] [--budget 300]
 
 Per shape (FLA's head, K = V = 128, H = 16, 131,072 tokens of T = 2,048; the zoo's head, K = 32, V = 64, H = 8,
-32 x 512 tokens; bf16 q, k, v) and launch: forward and forward+backward medians (``triton.testing.do_bench``), and
-a float32 check of the output and every input gradient against the ``chunk`` backend on fresh inputs.
+32 x 512 tokens) and launch: forward and forward+backward medians on ``linmem.bench.kernels``' inputs (bf16 q, k,
+v, per-key decays with a few channels reset) and timing, and that module's float64 check of the output, final
+state and every input gradient (B = 2, T = 300, H = 3, K = V = 128, fresh inputs per launch).
 """
 
 from __future__ import annotations
@@ -17,47 +18,26 @@ import time
 import torch
 import triton
 
-from linmem.ops import linear_memory
-from linmem.ops.triton import per_key_decay
+from linmem.bench import kernels
+from linmem.ops.triton import layout, per_key_decay
 
 SHAPES = {"K=V=128": (64, 2048, 16, 128, 128), "zoo K=32 V=64": (32, 512, 8, 32, 64)}
 SETTINGS = "512:2,512:4,1024:1,1024:2,1024:4,2048:1,2048:2,2048:4,2048:8,4096:1,4096:2,4096:4,4096:8,8192:1,8192:2," \
            "8192:4,8192:8,16384:4,16384:8"
+CHECK_CASE = dict(rule="additive", residual=False, dtype="float32", B=2, T=300, H=3, K=128, V=128, decay="per_key")
 
 
-def inputs(B, T, H, K, V, dtype, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    draw = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
-    return dict(q=draw(B, T, H, K).to(dtype), k=torch.nn.functional.normalize(draw(B, T, H, K), dim=-1).to(dtype),
-                v=draw(B, T, H, V).to(dtype), g=-0.1 * torch.rand(B, T, H, K, device="cuda", generator=gen),
-                beta=torch.rand(B, T, H, device="cuda", generator=gen))
+def inputs(B, T, H, K, V) -> dict:
+    x = kernels.random_inputs(B, T, H, K, V, torch.bfloat16, kernels.DEVICE, seed=0, decay="per_key")
+    x["g_key"] = x.pop("g")  # the name the "linmem GLA" method reads
+    return x
 
 
-def gla(x, backend):
-    return linear_memory(x["q"], x["k"], x["v"], x["g"], x["beta"], None, rule="additive", residual=False,
-                         backend=backend)[0]
-
-
-def check(seed) -> float:
-    """Worst relative error of the output and the input gradients, triton against chunk, float32."""
-    x = inputs(2, 200, 3, 128, 128, torch.float32, seed)
-    results = []
-    for backend in ("triton", "chunk"):
-        leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
-        o = gla(leaves, backend)
-        o.backward(torch.ones_like(o))
-        results.append([o.detach()] + [leaves[n].grad for n in leaves])
-    return max(float((a - b).norm() / b.norm()) for a, b in zip(*results))
-
-
-def time_ms(x, backward: bool) -> float:
-    leaves = {n: t.detach().requires_grad_(backward) for n, t in x.items()}
-    if not backward:
-        with torch.no_grad():
-            return triton.testing.do_bench(lambda: gla(leaves, "triton"), warmup=3, rep=15)
-    d_o = torch.randn_like(gla(leaves, "triton"))
-    return triton.testing.do_bench(lambda: gla(leaves, "triton").backward(d_o), warmup=3, rep=15,
-                                   grad_to_none=list(leaves.values()))
+def check(seed: int) -> float:
+    """The worst relative error against float64 (``kernels.run_check``, which NaN-fills new kernel buffers)."""
+    worst = kernels.run_check(dict(CHECK_CASE, seed=seed))["worst"]
+    layout.POISON_BUFFERS = False  # the timed runs take buffers as the library does
+    return worst
 
 
 def main() -> None:
@@ -66,19 +46,20 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds; settings past it are skipped")
     args = parser.parse_args()
     settings = [tuple(int(n) for n in s.split(":")) for s in args.settings.split(",")]
+    gla = kernels.METHODS["linmem GLA"]
     start = time.time()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print("| shape | elements | warps | BV | fwd ms | fwd+bwd ms | check |\n|---|---|---|---|---|---|---|")
     for label, shape in SHAPES.items():
-        x = inputs(*shape, torch.bfloat16, seed=0)
+        x = inputs(*shape)
         for seed, (elements, warps) in enumerate(settings, start=1):
             if time.time() - start > args.budget:
                 print(f"| {label} | {elements} | {warps} | skipped: budget spent | | | |")
                 continue
             per_key_decay.NARROW_LAUNCH = per_key_decay.WIDE_LAUNCH = (elements, warps)
             bv = per_key_decay.tiling(shape[3], shape[4])[1]
-            print(f"| {label} | {elements} | {warps} | {bv} | {time_ms(x, False):.2f} | {time_ms(x, True):.2f} | "
-                  f"{check(seed):.1e} |", flush=True)
+            print(f"| {label} | {elements} | {warps} | {bv} | {kernels.time_method(gla, x, False):.2f} | "
+                  f"{kernels.time_method(gla, x, True):.2f} | {check(seed):.1e} |", flush=True)
 
 
 if __name__ == "__main__":
