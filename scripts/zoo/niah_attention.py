@@ -29,10 +29,10 @@ def sublist_at(ids: list[int], part: list[int]) -> int:
     return -1
 
 
-def last_position_weights(model) -> list[torch.Tensor]:
+def query_weights(model, query: dict) -> list[torch.Tensor]:
     """Forward hooks on every attention layer's ``hook_q`` and ``hook_k``: after a forward pass of one sequence, the
-    returned list holds, per layer, the attention weights of the last query position, ``[H, T]`` (with full causal
-    attention, as in the zoo, it sees every key: no mask is needed)."""
+    returned list holds, per layer, the attention weights ``[H, at + 1]`` of query position ``at = query["at"]``
+    over the keys it sees (with full causal attention, as in the zoo, every key up to it: no other mask)."""
     rows, seen = [], {}
     for layer in model.model.layers:
         attn = layer.attn
@@ -43,8 +43,9 @@ def last_position_weights(model) -> list[torch.Tensor]:
             seen["q"] = q
 
         def weights(module, args, k, attn=attn):
-            q = seen.pop("q")[0, -1]  # [H, d]
-            k = k[0].repeat_interleave(attn.num_heads // attn.num_kv_heads, dim=1)  # [T, H, d]
+            at = query["at"]
+            q = seen.pop("q")[0, at]  # [H, d]
+            k = k[0, :at + 1].repeat_interleave(attn.num_heads // attn.num_kv_heads, dim=1)  # [at + 1, H, d]
             rows.append(torch.einsum("hd,thd->ht", q, k).mul(attn.head_dim ** -0.5).softmax(-1))
 
         attn.hook_q.register_forward_hook(keep_q)
@@ -64,7 +65,8 @@ def main() -> None:
         model = em.model
         if not model.config.attn_layers:
             raise SystemExit(f"{name} has no attention layers")
-        rows = last_position_weights(model)
+        query = {}
+        rows = query_weights(model, query)
         hay = haystack_tokens(open_heldout(em, args.data, "test"))
         rng = np.random.default_rng(0)
         shares, first_right, all_right = [], 0, 0
@@ -77,11 +79,11 @@ def main() -> None:
                 number = len(trial.needle) - len(trial.answer) - 1
             span = slice(needle_at + number, needle_at + number + len(trial.answer))
             rows.clear()
+            query["at"] = len(ids) - 1  # the context's last position: it predicts the first answer token
             with torch.no_grad():
-                model(torch.tensor([ids]))  # the hooks keep the attention of the context's last position
-                shares.append([row[:, span].sum(-1).tolist() for row in rows])
                 # the context and the answer but its last token: every answer token's prediction, teacher-forced
                 picked = model(torch.tensor([ids + trial.answer[:-1]])).logits[0, len(ids) - 1:].argmax(-1).tolist()
+            shares.append([row[:, span].sum(-1).tolist() for row in rows])
             first_right += int(picked[0] == trial.answer[0])
             all_right += int(picked == trial.answer)
         mean = np.array(shares).mean(0)
