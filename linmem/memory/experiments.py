@@ -27,7 +27,7 @@ from linmem.memory.edits import (
     WriteBlock,
 )
 from linmem.memory.evaluate import Batch, candidate_logits, make_batch, per_item
-from linmem.memory.intervene import shared_prefix
+from linmem.memory.intervene import SharedPrefix, shared_prefix
 from linmem.memory.metrics import break_rate, choice_logits, compare, donor_margin
 from linmem.memory.recording import backbone, on_model
 from linmem.memory.stats import bootstrap, bootstrap_ratio, source_means
@@ -277,12 +277,12 @@ def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Compo
     items_a, items_b = fact_pairs(builder, sources, seed, split)
     rows, sources_a = [], [it.source_id for it in items_a]
     target = make_batch(items_a)
-    edit = [[], [StateSwap([component], target.boundary)]]
-    choice = candidate_logits(model, target, edit)
+    edits = [[StateSwap([component], target.boundary)]]
+    prefix = shared_prefix(model, target.recipient, target.donor, [[], *edits])  # the target's and the others'
+    choice = candidate_logits(model, target, [[], *edits], prefix=prefix)
     values = compare(choice[0], choice[1], target.answer, target.donor_answer)
     rows += estimate_rows({k: values[k] for k in ("donor_answer", "donor_margin_shift")}, sources_a, fact="target")
-    [(broken, owners, rate, denominator)] = non_target_breaks(model, items_a,
-                                                              [[StateSwap([component], target.boundary)]])
+    [(broken, owners, rate, denominator)] = non_target_breaks(model, items_a, edits, prefix)
     rows.append({"fact": "non-target", "metric": "break_rate", **bootstrap(broken.cpu().numpy(), owners).as_dict(),
                  "denominator": denominator})
     rows += frobenius_split(model, items_a, items_b, component)
@@ -290,16 +290,20 @@ def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Compo
                                        "break_denominator": denominator}, plots.four_facts(rows))
 
 
-def non_target_breaks(model: nn.Module, items: Sequence[Item], edit_sets: list[list]) -> list[tuple]:
+def non_target_breaks(model: nn.Module, items: Sequence[Item], edit_sets: list[list],
+                      prefix: SharedPrefix | None = None) -> list[tuple]:
     """Ask every non-target binding of ``items`` unedited and under each of ``edit_sets`` (applied on the target's
-    donor). The prompts of all bindings share their prefix (facts and filler), so its runs are made once.
+    donor). The prompts of all bindings share their prefix (facts and filler), so its runs are made once, or taken
+    from ``prefix`` (``shared_prefix`` of these items in this order, made for ``[[], *edit_sets]``).
 
     Returns per edit set ``(broken [n], sources, rate, denominator)``: ``broken`` is 1 / 0 for queries right before
     the edit and NaN for the others (so a bootstrap over it is the break rate with its denominator as ``n``).
     """
     sets = [[], *edit_sets]
-    as_ids = lambda rows: torch.tensor(rows, dtype=torch.long)  # noqa: E731
-    prefix = shared_prefix(model, as_ids([it.recipient for it in items]), as_ids([it.donor for it in items]), sets)
+    if prefix is None:
+        as_ids = lambda rows: torch.tensor(rows, dtype=torch.long)  # noqa: E731
+        prefix = shared_prefix(model, as_ids([it.recipient for it in items]), as_ids([it.donor for it in items]),
+                               sets)
     clean_right, edited_right, owners = [], [[] for _ in edit_sets], []
     for j in range(len(items[0].queries)):
         keep = [i for i, it in enumerate(items) if it.target != j]
@@ -307,9 +311,10 @@ def non_target_breaks(model: nn.Module, items: Sequence[Item], edit_sets: list[l
             continue
         sub = make_batch([items[i] for i in keep], binding=j)
         choice = candidate_logits(model, sub, sets, prefix=prefix.select(keep))
-        for n, right in enumerate(edited_right):
-            right.append(compare(choice[0], choice[n + 1], sub.answer)["edited_correct"])
-        clean_right.append(compare(choice[0], choice[0], sub.answer)["clean_correct"])
+        marks = [compare(choice[0], edited, sub.answer) for edited in choice[1:]]
+        clean_right.append(marks[0]["clean_correct"])
+        for right, m in zip(edited_right, marks):
+            right.append(m["edited_correct"])
         owners += sub.sources
     if not owners:  # one binding: no other fact to break
         return [(torch.zeros(0, dtype=torch.float64), [], float("nan"), 0) for _ in edit_sets]
@@ -445,11 +450,11 @@ def sweep(model: nn.Module, tokenizer, sources, component: Component, base: Task
     for value, spec in zip(values, sweep_specs(tokenizer, base, field_name, values, fixed_length)):
         batch = make_batch(build_items(TaskBuilder(tokenizer, spec), sources, seed=seed, split=split))
         at = batch.boundary
-        choice = candidate_logits(model, batch, [[], [StateSwap([component], at)],
-                                                 [StateSwap([component], at, control="random")]])
+        edits = [[StateSwap([component], at, control)] for control in ("donor", "random")]
+        prefix = shared_prefix(model, batch.recipient, batch.donor, [[], *edits])  # the target's and the others'
+        choice = candidate_logits(model, batch, [[], *edits], prefix=prefix)
         point = len(rows)
-        breaks = non_target_breaks(model, batch.items, [[StateSwap([component], at, control)]
-                                                        for control in ("donor", "random")])
+        breaks = non_target_breaks(model, batch.items, edits, prefix)
         for i, kind in ((1, "chosen"), (2, "random")):
             m = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
             rows += estimate_rows({"clean_correct": m["clean_correct"], "donor_margin_shift":
