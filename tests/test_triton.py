@@ -7,6 +7,7 @@ output buffer is filled with NaN first (``layout.POISON_BUFFERS``), so an elemen
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -303,6 +304,31 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
     table = (tmp_path / "kernels.md").read_text().split("## fwd+bwd")[1].strip().splitlines()
     assert table[0].startswith("| T | linmem sGLA | FLA sGLA 2V | RDN / GDN | RLA / sGLA |")
+
+
+def test_kernel_benchmark_killed_inside_a_method_keeps_the_methods_before(tmp_path, monkeypatch):
+    """A run stopped while it times a method (on the GPU: an FLA autotune outlasting the command's time limit)
+    leaves kernels.json and kernels.md with every method timed before it."""
+    from linmem.bench import kernels
+
+    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
+    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
+    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
+    timed = kernels.time_method
+
+    def killed_at_gdn(fn, x, backward):
+        if fn is kernels.METHODS["linmem GDN"]:
+            raise KeyboardInterrupt  # what a kill does to the run, without the kill
+        return timed(fn, x, backward)
+
+    monkeypatch.setattr(kernels, "time_method", killed_at_gdn)
+    with pytest.raises(KeyboardInterrupt):
+        kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
+                      "--methods", "linmem sGLA,linmem GDN", "--workers", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert [(r["method"], r["mode"]) for r in report["results"]] == [("linmem sGLA", "fwd"), ("linmem sGLA", "fwd+bwd")]
+    assert all(r["ms"] > 0 for r in report["results"])
+    assert "linmem sGLA" in (tmp_path / "kernels.md").read_text()
 
 
 def test_kernel_report_compares_with_fla_at_twice_the_value_width():

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from linmem.bench import environment
+from linmem.io.atomic import atomic_write
 
 HEADS, HEAD_DIM = 16, 128
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
@@ -772,8 +773,11 @@ def _set_shape(heads: int, head_dim: int) -> None:
 
 def _write(report: dict, out: Path, with_plot: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "kernels.md").write_text(markdown(report))
+    # whole files or the previous ones: the run may be killed while it writes
+    with atomic_write(out / "kernels.json", "w") as f:
+        f.write(json.dumps(report, indent=1, default=str))
+    with atomic_write(out / "kernels.md", "w") as f:
+        f.write(markdown(report))
     if with_plot:
         plot(report, out / "kernels.png")
 
@@ -869,8 +873,10 @@ def main(argv=None) -> None:
                     torch.cuda.empty_cache()
             print(f"T={T:6d} {name:16s} " + "  ".join(
                 f"{r['mode']} {r['ms']:.2f} ms" for r in report["results"][-2:] if r["ms"] is not None), flush=True)
+            # after every method: a run killed inside the next one (an FLA autotune that outlasts the command's
+            # time limit) keeps what it measured
+            _write(report, Path(args.out), with_plot=False)
         del x
-        _write(report, Path(args.out), with_plot=False)  # partial results survive a run cut short
     _write(report, Path(args.out), with_plot=bool(report["results"]))
     print(markdown(report))
     print(f"total {time.time() - start:.0f} s")
