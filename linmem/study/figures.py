@@ -112,33 +112,50 @@ def curve_panel(tables: dict[str, Any], prefix: str, keys: list, xlabel: str, pa
 
 
 def loss_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
-    """Training loss against tokens: per model the mean over its finished seeds (their range shaded)."""
+    """Loss against training tokens, on one scale: the training loss (moving mean) on the left, the validation loss
+    of each evaluation on the right, where a model that overfits its data turns upward; per model the mean over its
+    finished seeds, their range shaded."""
     plt = _pyplot()
-    fig, ax, drawn = None, None, False
-    for model, entry in tables["models"].items():
+    fig, axes, drawn = None, None, False
+    # a colour per model: the default cycle repeats after 10, a study of 15 models needs tab20's 20
+    colours = (plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(tables["models"]) <= 10
+               else plt.get_cmap("tab20").colors)
+    for i, (model, entry) in enumerate(tables["models"].items()):
         logs = [training_log(run_dir(out, model, s)) for s in entry["seeds"]]
-        logs = [[r for r in log if r.get("loss") is not None] for log in logs]
-        logs = [log for log in logs if log]
-        if not logs:
+        train = [[r for r in log if r.get("loss") is not None] for log in logs]
+        train = [log for log in train if log]
+        if not train:
             continue
         if fig is None:
-            fig, ax = plt.subplots(figsize=(6, 3.8))
-        length = min(len(log) for log in logs)
-        tokens = np.array([r["tokens"] for r in logs[0][:length]], dtype=float)
-        losses = np.array([[r["loss"] for r in log[:length]] for log in logs])
+            fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.8), sharey=True)
+        colour = colours[i % len(colours)]
+        label = f"{model} ({len(train)} seed{'s' if len(train) > 1 else ''})"
+        length = min(len(log) for log in train)
+        tokens = np.array([r["tokens"] for r in train[0][:length]], dtype=float) / 1e6
+        losses = np.array([[r["loss"] for r in log[:length]] for log in train])
         window = max(1, length // 50)
         kernel = np.ones(window) / window
         smooth = np.stack([np.convolve(row, kernel, mode="valid") for row in losses])
         x = tokens[window - 1:]
-        ax.plot(x, smooth.mean(0), label=f"{model} ({len(logs)} seeds)")
-        ax.fill_between(x, smooth.min(0), smooth.max(0), alpha=0.15)
+        axes[0].plot(x, smooth.mean(0), color=colour, label=label)
+        axes[0].fill_between(x, smooth.min(0), smooth.max(0), color=colour, alpha=0.15)
+        val = [{r["tokens"]: r["val_loss"] for r in log if r.get("val_loss") is not None} for log in logs]
+        val = [v for v in val if v]
+        if val:
+            common = sorted(set.intersection(*(set(v) for v in val)))
+            values = np.array([[v[t] for t in common] for v in val])
+            vx = np.asarray(common, dtype=float) / 1e6
+            axes[1].plot(vx, values.mean(0), "o-", color=colour, markersize=2, label=label)
+            axes[1].fill_between(vx, values.min(0), values.max(0), color=colour, alpha=0.15)
         drawn = True
     if not drawn:
         return None
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("training loss (moving mean)")
-    ax.set_title("training loss (seed range shaded)", fontsize=9)
-    ax.legend(fontsize=7)
+    for ax, title in zip(axes, ("training loss (moving mean)", "validation loss (each evaluation)")):
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_xlim(left=0)
+        ax.set_title(f"{title}, seed range shaded", fontsize=9)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    axes[0].set_ylabel("loss (nats/token)")
     return _save(plt, fig, path)
 
 
