@@ -331,6 +331,57 @@ def test_kernel_benchmark_killed_inside_a_method_keeps_the_methods_before(tmp_pa
     assert "linmem sGLA" in (tmp_path / "kernels.md").read_text()
 
 
+def test_time_limit_stops_a_long_call_through_broad_excepts():
+    """``time_limit`` stops code that runs past it, even inside an ``except Exception`` (as an autotuner has), and
+    leaves no timer behind."""
+    import time
+
+    from linmem.bench import kernels
+
+    def autotune_forever():
+        while True:
+            try:
+                time.sleep(0.01)  # one "compile"
+            except Exception:  # noqa: BLE001 (what the limit must get through)
+                pass
+
+    start = time.perf_counter()
+    with pytest.raises(kernels.OverBudget), kernels.time_limit(0.2):
+        autotune_forever()
+    assert 0.15 < time.perf_counter() - start < 2.0
+    with kernels.time_limit(5.0):
+        time.sleep(0.01)
+    time.sleep(0.05)  # a timer left running would raise here
+
+
+def test_kernel_benchmark_method_over_budget_is_skipped_and_the_rest_timed(tmp_path, monkeypatch):
+    """A method stopped by the budget is recorded as skipped (its table cell a dash), and the methods after it
+    are still timed."""
+    from linmem.bench import kernels
+
+    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
+    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
+    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
+    timed = kernels.time_method
+
+    def gdn_over_budget(fn, x, backward):
+        if fn is kernels.METHODS["linmem GDN"]:
+            raise kernels.OverBudget("stopped after 20 s: the time budget is spent")  # what the alarm raises
+        return timed(fn, x, backward)
+
+    monkeypatch.setattr(kernels, "time_method", gdn_over_budget)
+    kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
+                  "--methods", "linmem GDN,linmem sGLA", "--workers", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert [(r["method"], r["mode"]) for r in report["results"]] == [("linmem sGLA", "fwd"), ("linmem sGLA", "fwd+bwd")]
+    assert any(s.startswith("linmem GDN T=64 from fwd (stopped after 20 s") for s in report["skipped"])
+    table = (tmp_path / "kernels.md").read_text().split("## fwd+bwd")[1].strip().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    row = [c.strip() for c in table[2].strip("|").split("|")]
+    assert "linmem sGLA" in header and float(row[header.index("linmem sGLA")]) > 0
+    assert "linmem GDN" not in header or row[header.index("linmem GDN")] in ("–", "-", "")
+
+
 def test_kernel_report_compares_with_fla_at_twice_the_value_width():
     """The report's tables hold the methods a run timed, and, when FLA was timed at twice the value width, the
     ratios against it; an unknown method is refused before anything runs."""

@@ -21,8 +21,10 @@ One run does five things, so that one GPU session answers both "is it right" and
    and ends its output with a short table: RDN / FLA GDN and RLA / FLA sGLA at every length, against the 1.5x goal.
 
 ``--budget`` (seconds, default 480) bounds the whole run: the sweep is skipped and lengths are dropped (2K and 128K
-first) when time runs short; whatever was measured is written. Without CUDA it runs in Triton's CPU interpreter at
-the shapes given (``--lengths 128 --tokens 256 --heads 2 --head-dim 32``): a dry run of the whole flow.
+first) when time runs short, and a method's timing, its compiles and autotune included, is stopped when the budget
+is spent (it gets at least ``MIN_METHOD_SECONDS``); whatever was measured is written after every method. Without
+CUDA it runs in Triton's CPU interpreter at the shapes given (``--lengths 128 --tokens 256 --heads 2 --head-dim
+32``): a dry run of the whole flow.
 
 FLA 0.6.0 refuses its gated backward on Triton < 3.7.1 on Hopper (its issue #640); for timing only, this script sets
 ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True``. linmem's own kernels are checked on the Triton that runs here.
@@ -36,9 +38,12 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -47,6 +52,7 @@ from linmem.bench import environment
 from linmem.io.atomic import atomic_write
 
 HEADS, HEAD_DIM = 16, 128
+MIN_METHOD_SECONDS = 20.0  # a method timed when the budget is nearly spent still gets this long
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
 TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
 # With the clip target, a prediction error within rounding distance of ±clip flips ρ' between 0 and 1 for that
@@ -343,6 +349,32 @@ def _median_ms(fn, grad_to_none=None) -> float:
         fn()
         times.append(1000 * (time.perf_counter() - start))
     return sorted(times)[1]
+
+
+class OverBudget(BaseException):
+    """Raised into a method's timing when the run's budget is spent. A ``BaseException``, as ``KeyboardInterrupt``
+    is, so that no ``except Exception`` inside an autotuner swallows it."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ``OverBudget`` in the code inside after ``seconds`` (a ``SIGALRM`` timer). Python runs the handler
+    between bytecodes, so a long compile or autotune (many short calls into Triton) is stopped within about one
+    of its compiles. Without ``setitimer`` or off the main thread, no limit."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise OverBudget(f"stopped after {seconds:.0f} s: the time budget is spent")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def time_method(fn, x, backward: bool) -> float:
@@ -858,13 +890,20 @@ def main(argv=None) -> None:
         B = max(1, args.tokens // T)
         x = bench_inputs(B, T, wide=any(name.endswith(" 2V") for name in args.methods.split(",")))
         for name in args.methods.split(","):
-            if left() < 0:  # one slow method (a compile, FLA's autotune) must not carry the run far past its budget
+            if left() < 0:
                 report["skipped"].append(f"{name} T={T}")
                 print(f"{name} T={T} skipped: {left():.0f} s of the budget left", flush=True)
                 continue
             for mode in ("fwd", "fwd+bwd"):
                 try:
-                    ms = time_method(METHODS[name], x, mode == "fwd+bwd")
+                    # a method's first timing may compile and autotune for minutes (FLA's chunk_gla does): it
+                    # gets what is left of the budget, at least MIN_METHOD_SECONDS
+                    with time_limit(max(left(), MIN_METHOD_SECONDS)):
+                        ms = time_method(METHODS[name], x, mode == "fwd+bwd")
+                except OverBudget as exc:  # its other mode would only compile on: the method is done
+                    report["skipped"].append(f"{name} T={T} from {mode} ({exc})")
+                    print(f"{name} {mode} T={T}: {exc}", flush=True)
+                    break
                 except Exception as exc:  # noqa: BLE001 (recorded, the table shows a dash)
                     ms = None
                     print(f"{name} {mode} T={T}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -872,9 +911,10 @@ def main(argv=None) -> None:
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
             print(f"T={T:6d} {name:16s} " + "  ".join(
-                f"{r['mode']} {r['ms']:.2f} ms" for r in report["results"][-2:] if r["ms"] is not None), flush=True)
-            # after every method: a run killed inside the next one (an FLA autotune that outlasts the command's
-            # time limit) keeps what it measured
+                f"{r['mode']} {r['ms']:.2f} ms" for r in report["results"]
+                if r["method"] == name and r["T"] == T and r["ms"] is not None), flush=True)
+            # after every method: a run killed inside the next one (by a command's time limit) keeps what it
+            # measured
             _write(report, Path(args.out), with_plot=False)
         del x
     _write(report, Path(args.out), with_plot=bool(report["results"]))
