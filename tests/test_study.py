@@ -20,10 +20,11 @@ import yaml
 
 from linmem.cli import main
 from linmem.io.folders import prepare_output_folder
+from linmem.memory.experiment_names import CLEAN_RECALL_GATE
 from linmem.study.definition import MIN_SEEDS, load_study, resolve_model
 from linmem.study.estimates import ItemSet, item_estimate, paired_difference, seed_estimate
 from linmem.study.runs import run_dir
-from linmem.study.tables import decide
+from linmem.study.tables import _verdict, decide
 from linmem.train.trainer import train
 from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
 
@@ -190,6 +191,16 @@ def test_a_comparison_is_decided_only_over_enough_seeds():
 # ---------------------------------------------------------------- end to end
 
 
+def test_a_recall_lead_below_the_labs_gate_says_so():
+    """A resolved lead in the lab's recall between two models that both stay below its clean-recall gate is named
+    as such; other verdicts read as before."""
+    resolved = {"a": "gdn", "b": "gla", **decide(0.004, 0.065, 0.03, 3, True)}
+    assert _verdict(resolved) == "gdn better"
+    marked = _verdict({**resolved, "below_gate": CLEAN_RECALL_GATE})
+    assert marked == "gdn better (both below the lab's 0.5 recall gate)"
+    assert _verdict({"a": "gdn", "b": "gla", **decide(-0.01, 0.05, 0.02, 3, True), "below_gate": 0.5}) == "not resolved"
+
+
 def test_tiny_study_end_to_end(dataset, configs, tmp_path):
     path = write_study(tmp_path, dataset, two_models(configs))
     out = tmp_path / "out"
@@ -227,6 +238,12 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
         assert 0 <= logged <= 1 and entry["metrics"][name]["seeds"][str(seed)]["mean"] == pytest.approx(logged)
     markdown = (out / "tables" / "results.md").read_text()
     assert "| rla | gdn | test_loss |" in markdown
+    # a comparison of the lab's recall between two models both below its clean-recall gate is marked
+    recall = [c for c in tables["comparisons"] if c["metric"].startswith(("lab_recall", "recall@", "val_lab_recall"))]
+    assert recall
+    for c in tables["comparisons"]:
+        means = [tables["models"][m]["metrics"][c["metric"]]["seed_bootstrap"]["mean"] for m in (c["a"], c["b"])]
+        assert ("below_gate" in c) == (c in recall and max(means) < CLEAN_RECALL_GATE), c
 
     before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/items.json")}
     saved = {name: (out / "tables" / name).read_bytes() for name in ("results.json", "results.md")}

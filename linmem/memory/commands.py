@@ -10,7 +10,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-from linmem.memory.experiment_names import EXPERIMENTS
+from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 
 DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
 
@@ -54,7 +54,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "or a file, as --values); default: tested on --values facts too")
     parser.add_argument("--component", default=None,
                         help="use this component (like L3H1S or L3H1R) instead of the head scan's choice")
-    parser.add_argument("--min-clean-recall", type=float, default=0.5,
+    parser.add_argument("--min-clean-recall", type=float, default=CLEAN_RECALL_GATE,
                         help="attribute only if clean recall (4 candidates, chance 0.25) reaches this on both source "
                              "sets; below it the report says so and skips the attributions (0: no gate)")
     parser.set_defaults(func=main)

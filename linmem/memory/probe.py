@@ -15,7 +15,7 @@ from linmem.data.sources import Document
 from linmem.memory import experiments as ex
 from linmem.memory.components import Component, attention_layers, check_component
 from linmem.memory.corrector import corrector
-from linmem.memory.experiment_names import EXPERIMENTS
+from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 from linmem.memory.report import write_report
 from linmem.memory.subspace import subspace_transfer
 from linmem.memory.tasks import (
@@ -62,7 +62,7 @@ class ProbeOptions:
     keys: str | None = None
     values: str | None = None
     transfer_values: str | None = None
-    min_clean_recall: float = 0.5
+    min_clean_recall: float = CLEAN_RECALL_GATE
     time_limit_s: float | None = None
     cost_estimates: dict[str, float] = field(default_factory=dict)
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from linmem.io.atomic import atomic_write, write_json_atomic
+from linmem.memory.experiment_names import CLEAN_RECALL_GATE
 from linmem.study.definition import MIN_SEEDS, WHOLE_SPLIT, Study
 from linmem.study.estimates import ItemSet, Measurement, identity, item_estimate, paired_difference, seed_estimate
 from linmem.study.figures import draw_figures
@@ -35,6 +36,7 @@ class Metric:
     higher: bool
     transform: Callable[[np.ndarray], np.ndarray] = identity
     bounded: bool = False  # an accuracy in [0, 1]
+    gate: float | None = None  # the memory lab's clean-recall gate, for the lab's recall metrics
 
 
 def _items(task: str, keep: Callable[[dict[str, Any]], bool] | None = None):
@@ -118,14 +120,14 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
     if "recall" in tasks:
         fmt = f"template {o.recall_template}, keys {o.recall_keys}, values {o.recall_values}"
         out.append(Metric("lab_recall", f"the memory lab's clean recall (4-choice; {fmt}), mean over loads",
-                          _recall, True, bounded=True))
+                          _recall, True, bounded=True, gate=CLEAN_RECALL_GATE))
         out += [Metric(f"recall@{k}", f"the memory lab's clean recall (4-choice; {fmt}), {k} facts",
-                       _items("recall", lambda r, k=k: r["bindings"] == k), True, bounded=True)
-                for k in o.recall_bindings]
+                       _items("recall", lambda r, k=k: r["bindings"] == k), True, bounded=True,
+                       gate=CLEAN_RECALL_GATE) for k in o.recall_bindings]
     for entry in parse_entries(study.recipe_config.train.eval_lab_recall, str(study.path)):
         out += [Metric(entry.metric(k), f"the memory lab's clean recall at the last evaluation of training "
                        f"({entry.label}, {k} facts; validation documents)", _final_logged(entry.metric(k)), True,
-                       bounded=True) for k in entry.loads]
+                       bounded=True, gate=CLEAN_RECALL_GATE) for k in entry.loads]
     if "stability" in tasks:
         out.append(Metric("norm", "largest per-layer mean mixer-output norm", _eval_metric(
             "stability", "max_layer_output_norm"), False))
@@ -184,8 +186,12 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
             if not (set(va) & set(vb)):
                 continue
             diff = paired_difference(va, vb, metric.transform)
-            comparisons.append({"a": a, "b": b, "metric": metric.name, "difference": _estimate(diff),
-                                **decide(diff.low, diff.high, diff.mean, diff.n, metric.higher)})
+            comparison = {"a": a, "b": b, "metric": metric.name, "difference": _estimate(diff),
+                          **decide(diff.low, diff.high, diff.mean, diff.n, metric.higher)}
+            means = [models[m]["metrics"][metric.name]["seed_bootstrap"]["mean"] for m in (a, b)]
+            if metric.gate is not None and all(mean < metric.gate for mean in means):
+                comparison["below_gate"] = metric.gate  # a lead between two models the lab attributes nothing in
+            comparisons.append(comparison)
     return {"study": study.name, "description": study.description, "seeds": study.seeds,
             "tasks": study.tasks, "eval": study.eval_record(),
             "metrics": {m.name: {"label": m.label, "higher_is_better": m.higher, "bounded": m.bounded}
@@ -206,7 +212,8 @@ def decide(low: float, high: float, mean: float, seeds: int, higher: bool) -> di
 
 def _verdict(c: dict[str, Any]) -> str:
     if c["resolved"]:
-        return f"{c['a'] if c['a_better'] else c['b']} better"
+        better = f"{c['a'] if c['a_better'] else c['b']} better"
+        return better + (f" (both below the lab's {c['below_gate']:g} recall gate)" if "below_gate" in c else "")
     if not c["enough_seeds"]:
         return f"not decided (fewer than {MIN_SEEDS} seeds)"
     return "not resolved"
@@ -254,7 +261,9 @@ def markdown(tables: dict[str, Any]) -> str:
     if tables["comparisons"]:
         lines += ["## Paired comparisons", "", "A - B over the seeds both have, two-level bootstrap 95% CI (seeds "
                   "paired, test items paired). Resolved: the interval excludes 0 over at least "
-                  f"{MIN_SEEDS} seeds.", "",
+                  f"{MIN_SEEDS} seeds." + (" A recall lead between two models whose means are both below the memory "
+                  f"lab's clean-recall gate ({CLEAN_RECALL_GATE:g}; chance 0.25) says so: the lab attributes nothing "
+                  "in either." if any("below_gate" in c for c in tables["comparisons"]) else ""), "",
                   "| A | B | metric | A - B [CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
         for c in tables["comparisons"]:
             verdict = _verdict(c)
