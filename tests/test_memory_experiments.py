@@ -39,16 +39,23 @@ def lab():
     return docs, tokenizer, TaskBuilder(tokenizer, SPEC), sources
 
 
-def tiny(tokenizer, **settings) -> torch.nn.Module:
-    torch.manual_seed(0)
+def tiny_model(vocab_size: int, seed: int = 0, **settings) -> torch.nn.Module:
+    """A two-layer model (float32, CPU) whose projections are larger than the 0.02 init, so that edits of its
+    memory move the logits; ``settings`` override the config (``mixer``, ``backend``, ...)."""
+    torch.manual_seed(seed)
     sizes = dict(hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8, expand_v=2.0, hidden_ratio=2)
-    config = LinMemConfig(vocab_size=tokenizer.get_vocab_size(), **{**sizes, **settings})
+    config = LinMemConfig(vocab_size=vocab_size, **{**sizes, **settings})
     model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # larger projections than the 0.02 init, so edits move the logits
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")):
                 p.normal_(0, 0.3)
-    return model.to(torch.float64).eval()
+    return model
+
+
+def tiny(tokenizer, **settings) -> torch.nn.Module:
+    """``tiny_model`` for this tokenizer, in float64, in eval mode."""
+    return tiny_model(tokenizer.get_vocab_size(), **settings).to(torch.float64).eval()
 
 
 def rows_of(result, **match) -> list[dict]:

@@ -526,23 +526,13 @@ def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
     """A GLA model on backend='triton' (its per-key-decay walk) against the same weights on 'chunk': logits, every
     parameter's gradient, and the memory lab's edits (state swap, donor write, write block), which split the
     sequence at the edit and hand states across."""
-    from transformers import AutoModelForCausalLM
 
-    import linmem  # noqa: F401
     import linmem.memory as mm
-    from linmem.models import LinMemConfig
+    from tests.test_memory_experiments import tiny_model
 
     def build(backend):
-        config = LinMemConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8,
-                              expand_v=2.0, hidden_ratio=2, pad_token_id=0, eos_token_id=None, bos_token_id=None,
-                              mixer="gla", backend=backend)
-        torch.manual_seed(21)
-        model = AutoModelForCausalLM.from_config(config)
-        with torch.no_grad():  # weights large enough that the memory and its edits matter
-            for name, p in model.named_parameters():
-                if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")):
-                    p.normal_(0, 0.3)
-        return model.to(DEVICE).float()
+        return tiny_model(40, seed=21, pad_token_id=0, eos_token_id=None, bos_token_id=None, mixer="gla",
+                          backend=backend).to(DEVICE)
 
     chunk, kernels = build("chunk"), build("triton")
     kernels.load_state_dict(chunk.state_dict())
