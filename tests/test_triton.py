@@ -306,9 +306,8 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     assert table[0].startswith("| T | linmem sGLA | FLA sGLA 2V | RDN / GDN | RLA / sGLA |")
 
 
-def test_kernel_benchmark_killed_inside_a_method_keeps_the_methods_before(tmp_path, monkeypatch):
-    """A run stopped while it times a method (on the GPU: an FLA autotune outlasting the command's time limit)
-    leaves kernels.json and kernels.md with every method timed before it."""
+def _bench_with_gdn_raising(monkeypatch, error: BaseException):
+    """``linmem.bench.kernels`` for a CPU dry run in which timing linmem GDN raises ``error``."""
     from linmem.bench import kernels
 
     monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
@@ -316,15 +315,25 @@ def test_kernel_benchmark_killed_inside_a_method_keeps_the_methods_before(tmp_pa
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     timed = kernels.time_method
 
-    def killed_at_gdn(fn, x, backward):
+    def raising(fn, x, backward):
         if fn is kernels.METHODS["linmem GDN"]:
-            raise KeyboardInterrupt  # what a kill does to the run, without the kill
+            raise error
         return timed(fn, x, backward)
 
-    monkeypatch.setattr(kernels, "time_method", killed_at_gdn)
+    monkeypatch.setattr(kernels, "time_method", raising)
+    return kernels
+
+
+BENCH_DRY_RUN = ["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16", "--workers",
+                 "1"]
+
+
+def test_kernel_benchmark_killed_inside_a_method_keeps_the_methods_before(tmp_path, monkeypatch):
+    """A run stopped while it times a method (on the GPU: an FLA autotune outlasting the command's time limit)
+    leaves kernels.json and kernels.md with every method timed before it."""
+    kernels = _bench_with_gdn_raising(monkeypatch, KeyboardInterrupt())  # what a kill does, without the kill
     with pytest.raises(KeyboardInterrupt):
-        kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
-                      "--methods", "linmem sGLA,linmem GDN", "--workers", "1", "--out", str(tmp_path)])
+        kernels.main([*BENCH_DRY_RUN, "--methods", "linmem sGLA,linmem GDN", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "kernels.json").read_text())
     assert [(r["method"], r["mode"]) for r in report["results"]] == [("linmem sGLA", "fwd"), ("linmem sGLA", "fwd+bwd")]
     assert all(r["ms"] > 0 for r in report["results"])
@@ -357,21 +366,11 @@ def test_time_limit_stops_a_long_call_through_broad_excepts():
 def test_kernel_benchmark_method_over_budget_is_skipped_and_the_rest_timed(tmp_path, monkeypatch):
     """A method stopped by the budget is recorded as skipped (its table cell a dash), and the methods after it
     are still timed."""
-    from linmem.bench import kernels
+    from linmem.bench.kernels import OverBudget
 
-    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
-    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
-    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
-    timed = kernels.time_method
-
-    def gdn_over_budget(fn, x, backward):
-        if fn is kernels.METHODS["linmem GDN"]:
-            raise kernels.OverBudget("stopped after 20 s: the time budget is spent")  # what the alarm raises
-        return timed(fn, x, backward)
-
-    monkeypatch.setattr(kernels, "time_method", gdn_over_budget)
-    kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
-                  "--methods", "linmem GDN,linmem sGLA", "--workers", "1", "--out", str(tmp_path)])
+    stopped = OverBudget("stopped after 20 s: the time budget is spent")  # what the alarm raises
+    kernels = _bench_with_gdn_raising(monkeypatch, stopped)
+    kernels.main([*BENCH_DRY_RUN, "--methods", "linmem GDN,linmem sGLA", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "kernels.json").read_text())
     assert [(r["method"], r["mode"]) for r in report["results"]] == [("linmem sGLA", "fwd"), ("linmem sGLA", "fwd+bwd")]
     assert any(s.startswith("linmem GDN T=64 from fwd (stopped after 20 s") for s in report["skipped"])
