@@ -481,19 +481,21 @@ def test_gcide_entries_cleaned_and_packed_into_documents(tmp_path):
                     "      [1913 Webster]\n\n   2. To use ill; to {maltreat}.\n      [1913 Webster]\n"),
         (["Crinite", "crinite"], 'Crinite (kr?"n?t), a. Having the appearance of a tuft of hair. [R.]\n'
                                   "      [Webster 1913 Suppl.]\n"),
+        (["Abbot"], 'Abbot \\Ab"bot\\, n. [AS. abbod, fr. L. abbas.] The head of an abbey.\n   [1913 Webster + AS]\n'),
         (["Zebra"], 'Zebra \\Ze"bra\\, n. (Zool.) A striped horse of Africa.\n   [1913 Webster]\n'),
     ])
     entries = builtin.dictd_entries(folder / "gcide.index", folder / "gcide.dict.dz")
-    assert [head for head, _ in entries] == ["Abuse", "Crinite", "Zebra"]
+    assert [head for head, _ in entries] == ["Abuse", "Crinite", "Abbot", "Zebra"]
     assert [builtin.clean_entry(text) for _, text in entries] == [
         "Abuse, v. t. To put to a wrong use; as, to abuse inherited gold.\n2. To use ill; to maltreat.",
         "Crinite, a. Having the appearance of a tuft of hair. [R.]",
+        "Abbot, n. [AS. abbod, fr. L. abbas.] The head of an abbey.",  # an etymology is not an edition tag
         "Zebra, n. (Zool.) A striped horse of Africa.",
     ]
     whole = list(builtin.GCIDE(folder).documents())
-    assert [d.source_id for d in whole] == ["gcide:Abuse:1"] and whole[0].text.count("\n") == 3
+    assert [d.source_id for d in whole] == ["gcide:Abuse:1"] and whole[0].text.count("\n") == 4
     one_each = list(builtin.GCIDE(folder, doc_chars=10).documents())
-    assert [d.source_id for d in one_each] == ["gcide:Abuse:1", "gcide:Crinite:2", "gcide:Zebra:3"]
+    assert [d.source_id for d in one_each] == ["gcide:Abuse:1", "gcide:Crinite:2", "gcide:Abbot:3", "gcide:Zebra:4"]
     assert "\n".join(d.text for d in one_each) == whole[0].text  # entries are never cut
     with pytest.raises(SourceUnavailable, match="apt-get install -y dict-gcide"):
         list(builtin.GCIDE(tmp_path / "nowhere").documents())

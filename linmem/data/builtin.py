@@ -34,9 +34,11 @@ GCIDE_DOC_CHARS = 20_000  # a document: a few thousand tokens, so the 2% splits 
 # pronunciations: \Co"ra\ in most entries, (kr?n`?-k?l"t?r-al; 135) in some (the data's "?" stands for
 # letters with diacritics; the number points to the dictionary's pronunciation guide)
 _PRONUNCIATION = re.compile(r" ?\\[^\\\n]*\\| ?\((?:[^()\n]*[?`][^()\n]*|[^()\n]*; \d+(?:, \d+)*)\)")
-# which edition or editor an entry's text comes from: "[1913 Webster]", "[WordNet 1.5 +PJC]", ... (content markers
-# such as "[Obs.]" and etymologies such as "[L. crinis hair.]" stay)
-_SOURCE_TAG = re.compile(r"\[[^\]\n]*(?:Webster|WordNet|PJC|Century Dict|RDH|\bAS\b|MW10|\bJC\b)[^\]\n]*\]")
+# which edition or editor an entry's text comes from: "[1913 Webster]", "[WordNet 1.5 +PJC]", ... Only brackets that
+# hold nothing else: content markers ("[Obs.]") and etymologies ("[AS. abbod, fr. L. abbas]") stay.
+_EDITION = (r"1913 Webster|Webster 1913(?: Suppl\.)?|WordNet(?: \d\.\d| sense \d+)?|PJC\.?|AS|RDH|JC|MW10"
+            r"|Century Dict\. 1906")
+_SOURCE_TAG = re.compile(rf"\[(?:\s*\+?\s*(?:{_EDITION}))+\s*\]")
 _ACT_HEADING = re.compile(r"^ACT\b", re.MULTILINE)
 
 
