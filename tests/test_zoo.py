@@ -270,5 +270,3 @@ def test_shipped_package_models_load(name):
     assert zoo.folder_bytes(zoo.path(name, zoo.PACKAGE_DIR)) <= zoo.SIZE_LIMIT
     record = zoo.eval_record(name, zoo.PACKAGE_DIR)
     assert record["name"] == name and set(record["eval"]["tasks"]) >= {"ppl", "mqar", "niah", "recall"}
-
-

@@ -170,8 +170,8 @@ def data_lines(record: dict[str, Any]) -> list[str]:
              f"{record['data']['vocab_size']:,} tokens, trained on the training split; documents split into "
              f"train / validation / test by a hash of their id."]
     if names:
-        described = {n: DESCRIPTIONS.get(n, (n, "see the source")) for n in names}
-        rows = [[n, described[n][0], by_source.get(n), described[n][1] if n in DESCRIPTIONS else "–"] for n in names]
+        rows = [[n, DESCRIPTIONS.get(n, (n, "see the source"))[0], by_source.get(n),
+                 DESCRIPTIONS.get(n, ("", "–"))[1]] for n in names]
         lines += ["", *table(["source", "what", "tokens (all splits)", "licence"], rows)]
     split_tokens = card.get("tokens", {}).get("by_split", {})
     if split_tokens:
