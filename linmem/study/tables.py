@@ -188,8 +188,8 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
             diff = paired_difference(va, vb, metric.transform)
             comparison = {"a": a, "b": b, "metric": metric.name, "difference": _estimate(diff),
                           **decide(diff.low, diff.high, diff.mean, diff.n, metric.higher)}
-            means = [models[m]["metrics"][metric.name]["seed_bootstrap"]["mean"] for m in (a, b)]
-            if metric.gate is not None and all(mean < metric.gate for mean in means):
+            if metric.gate is not None and all(models[m]["metrics"][metric.name]["seed_bootstrap"]["mean"]
+                                               < metric.gate for m in (a, b)):
                 comparison["below_gate"] = metric.gate  # a lead between two models the lab attributes nothing in
             comparisons.append(comparison)
     return {"study": study.name, "description": study.description, "seeds": study.seeds,
