@@ -299,11 +299,13 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
                   "--methods", "linmem sGLA,FLA sGLA 2V", "--workers", "1", "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1].startswith("| 64 | ")  # the summary row (FLA absent on the CPU)
+    out = capsys.readouterr().out.rstrip().splitlines()
+    # no linmem / FLA pair was asked for: the summary holds the times (FLA absent on the CPU: a dash)
+    assert out[-3] == "| T | linmem sGLA | FLA sGLA 2V |" and out[-1].startswith("| 64 | ")
+    assert float(out[-1].split("|")[2]) > 0 and out[-1].split("|")[3].strip() == "–"
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
     table = (tmp_path / "kernels.md").read_text().split("## fwd+bwd")[1].strip().splitlines()
-    assert table[0].startswith("| T | linmem sGLA | FLA sGLA 2V | RDN / GDN | RLA / sGLA |")
+    assert table[0] == "| T | linmem sGLA | FLA sGLA 2V |"
 
 
 def _bench_with_gdn_raising(monkeypatch, error: BaseException):
@@ -386,9 +388,7 @@ def test_kernel_report_compares_with_fla_at_twice_the_value_width():
     ratios against it; an unknown method is refused before anything runs."""
     from linmem.bench import kernels
 
-    ms = {"linmem RDN": 22.0, "FLA GDN": 13.0, "FLA GDN 2V": 20.0, "linmem RLA": 19.0, "FLA sGLA": 8.0}
-    results = [dict(method=m, mode=mode, T=2048, B=64, ms=t) for m, t in ms.items() for mode in ("fwd", "fwd+bwd")]
-    report = dict(env=dict(gpu="GPU", torch="t", triton="tr", fla="f", cuda="c"), tokens=131072, results=results)
+    report = _report({"linmem RDN": 22.0, "FLA GDN": 13.0, "FLA GDN 2V": 20.0, "linmem RLA": 19.0, "FLA sGLA": 8.0})
     table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header == ["T", "linmem RLA", "linmem RDN", "FLA sGLA", "FLA GDN", "FLA GDN 2V", "RDN / GDN", "RLA / sGLA",
@@ -396,6 +396,64 @@ def test_kernel_report_compares_with_fla_at_twice_the_value_width():
     assert table[2] == "| 2048 | 19.00 | 22.00 | 8.00 | 13.00 | 20.00 | 1.69x | 2.38x | 1.10x |"
     with pytest.raises(SystemExit):
         kernels.main(["--methods", "linmem RDN,FLA GDN 3V"])
+
+
+def _report(ms: dict[str, float], lengths=(2048,)) -> dict:
+    """A kernel benchmark report with ``ms`` as every length's forward and forward+backward times."""
+    results = [dict(method=m, mode=mode, T=T, B=131072 // T, ms=t) for T in lengths for m, t in ms.items()
+               for mode in ("fwd", "fwd+bwd")]
+    return dict(env=dict(gpu="GPU", torch="t", triton="tr", fla="f", cuda="c"), tokens=131072, results=results)
+
+
+def test_kernel_report_ratios_are_the_pairs_timed():
+    """Each linmem / FLA pair timed in one run gets its ratio column (GLA's among them), no column is left for a
+    pair not timed, and the closing summary gives each pair's two times and their ratio."""
+    from linmem.bench import kernels
+
+    report = _report({"linmem GLA": 51.6, "FLA GLA": 23.0, "linmem RDN": 22.0}, lengths=(2048, 8192))
+    table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
+    assert table[0] == "| T | linmem RDN | linmem GLA | FLA GLA | GLA / FLA GLA |"
+    assert table[2] == "| 2048 | 22.00 | 51.60 | 23.00 | 2.24x |" and table[3].startswith("| 8192 |")
+    summary = kernels.summary(report).splitlines()
+    assert summary[-4:] == ["| T | GLA / FLA GLA |", "|---|---|", "| 2048 | 51.60 / 23.00 ms = 2.24x |",
+                            "| 8192 | 51.60 / 23.00 ms = 2.24x |"]
+    # the chunked kernels' launch options are listed where a method ran on them; GLA's kernels have their own
+    assert "Launch options of linmem's chunked kernels" in kernels.markdown(dict(report, kernel_options={"a": {}}))
+    gla_only = _report({"linmem GLA": 51.6, "FLA GLA": 23.0})
+    assert "Launch options" not in kernels.markdown(dict(gla_only, kernel_options={"a": {}}))
+
+
+def test_kernel_report_renders_again_from_its_json(tmp_path, capsys):
+    """``--render`` rewrites kernels.md and kernels.png from a run's kernels.json, with the shape it recorded,
+    and refuses a folder without one."""
+    from linmem.bench import kernels
+
+    report = dict(_report({"linmem RLA": 19.0, "FLA sGLA": 8.0}, lengths=(2048, 8192)), heads=4, head_dim=64)
+    (tmp_path / "kernels.json").write_text(json.dumps(report))
+    kernels.main(["--render", "--out", str(tmp_path)])
+    page = (tmp_path / "kernels.md").read_text()
+    assert "H = 4, head dim 64" in page and "| 2048 | 19.00 | 8.00 | 2.38x |" in page
+    assert (tmp_path / "kernels.png").stat().st_size > 0
+    assert capsys.readouterr().out.rstrip().endswith("| 8192 | 19.00 / 8.00 ms = 2.38x |")
+    with pytest.raises(SystemExit, match="no kernels.json"):
+        kernels.main(["--render", "--out", str(tmp_path / "empty")])
+
+
+def test_kernel_benchmark_warms_only_what_it_times():
+    """The compile tasks before the timings warm the methods asked for: linmem's, and each FLA kernel an FLA method
+    runs (the three-call compositions run FLA's sGLA and GDN), once; a sweep adds RDN and RLA under its variants."""
+    from linmem.bench import kernels
+
+    def warmed(methods, variants=()):
+        return [(task["method"], task.get("kernel_options"), task.get("T"))
+                for _, task in kernels.warm_tasks(methods, list(variants))]
+
+    assert warmed(["linmem GLA", "FLA GLA"]) == [("linmem GLA", None, None), ("FLA GLA", None, 8192)]
+    assert warmed(["FLA 3-call RDN", "FLA GDN", "SDPA flash"]) == [("FLA GDN", None, 8192)]
+    variant = {"scores": {"num_warps": 8}}
+    assert warmed(["linmem GDN"], [variant]) == [("linmem RLA", None, None), ("linmem RLA", variant, None),
+                                                  ("linmem RDN", None, None), ("linmem RDN", variant, None),
+                                                  ("linmem GDN", None, None)]
 
 
 def test_kernel_benchmark_checks_given_launch_options(monkeypatch):

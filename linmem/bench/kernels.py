@@ -4,8 +4,9 @@
 
 One run does five things, so that one GPU session answers both "is it right" and "is it fast":
 
-1. compiles in parallel worker processes (one task per process: a CUDA fault must not poison later tasks) and, in
-   those workers, checks linmem's Triton backend against the float64 reference on fresh random inputs: outputs,
+1. compiles the kernels of the methods asked for (``--methods``) in parallel worker processes (one task per
+   process: a CUDA fault must not poison later tasks) and, in those workers, checks linmem's Triton backend
+   against the float64 reference on fresh random inputs: outputs,
    final states and every gradient, with every kernel output buffer NaN-poisoned first; one task also runs RDN at
    614K tokens (per-chunk state tensors of more than 2^31 elements) and checks that the last sequence's results
    equal those of the same sequence run alone (64-bit addressing);
@@ -17,8 +18,11 @@ One run does five things, so that one GPU session answers both "is it right" and
    ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash attention, and RLA/RDN composed from three FLA
    calls (queries shifted one step give ``S_{t−1}k_t`` and ``S_{t−1}q_t``; a third call runs the residual memory); on
    request (``--methods``) FLA's sGLA and GDN at twice the value width, the state work of two memories;
-5. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions,
-   and ends its output with a short table: RDN / FLA GDN and RLA / FLA sGLA at every length, against the 1.5x goal.
+5. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions
+   and the ratios of the linmem / FLA pairs it timed (``RATIOS``), and ends its output with a short table of those
+   ratios at every length (RDN / FLA GDN and RLA / FLA sGLA against the 1.5x goal).
+
+``--render`` writes kernels.md and kernels.png again from an existing kernels.json, on any machine.
 
 ``--budget`` (seconds, default 480) bounds the whole run: the sweep is skipped and lengths are dropped (2K and 128K
 first) when time runs short, and a method's timing, its compiles and autotune included, is stopped when the budget
@@ -51,7 +55,8 @@ import torch
 from linmem.bench import environment
 from linmem.io.atomic import atomic_write
 
-HEADS, HEAD_DIM = 16, 128
+DEFAULT_SHAPE = (16, 128)  # heads, head dim: FLA's 340M-1.3B models' heads
+HEADS, HEAD_DIM = DEFAULT_SHAPE
 MIN_METHOD_SECONDS = 20.0  # a method timed when the budget is nearly spent still gets this long
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
 TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
@@ -313,6 +318,17 @@ METHODS = {
     "FLA GDN 2V": fla_method("gdn", "v_wide"),
 }
 DEFAULT_METHODS = [name for name in METHODS if not name.endswith(" 2V")]
+# linmem's methods on the chunked kernels (``linmem.ops.triton.function``; GLA's per-key decay has its own kernels)
+CHUNKED_METHODS = ["linmem RLA", "linmem RDN", "linmem sGLA", "linmem GDN"]
+# (label, A, B): the report's A / B columns, each shown when a run timed both methods
+RATIOS = [("RDN / GDN", "linmem RDN", "FLA GDN"), ("RLA / sGLA", "linmem RLA", "FLA sGLA"),
+          ("GLA / FLA GLA", "linmem GLA", "FLA GLA"),
+          ("RDN / GDN 2V", "linmem RDN", "FLA GDN 2V"), ("RLA / sGLA 2V", "linmem RLA", "FLA sGLA 2V")]
+# the summary's further pairs: linmem's two-memory ops against the same op composed from three FLA calls
+THREE_CALL_RATIOS = [("RDN / 3-call", "linmem RDN", "FLA 3-call RDN"), ("RLA / 3-call", "linmem RLA", "FLA 3-call RLA")]
+# the FLA kernels each FLA method runs: warming a method compiles and autotunes these
+FLA_KERNELS_OF = {"FLA sGLA": ["FLA sGLA"], "FLA GDN": ["FLA GDN"], "FLA GLA": ["FLA GLA"],
+                  "FLA 3-call RLA": ["FLA sGLA"], "FLA 3-call RDN": ["FLA GDN"]}
 
 
 def bench_inputs(B, T, seed=0, wide=False):
@@ -492,6 +508,22 @@ def _run_task(kind, task):
         return kind, failed
 
 
+def warm_tasks(methods: list[str], sweep_variants: list[dict]) -> list[tuple[str, dict]]:
+    """The compile tasks that warm Triton's cache for ``methods`` before they are timed: linmem's Triton methods
+    (RDN's and RLA's under every sweep variant as well, when there is a sweep, which times them whatever is asked),
+    and each FLA kernel an FLA method runs, at B = 2, T = 8K, for its autotune's candidates (FLA's autotune keys do
+    not hold the length; the results are not kept, the compiled candidates are)."""
+    tasks = []
+    tuned = ["linmem RDN", "linmem RLA"] if sweep_variants else []
+    for method in [m for m in METHODS if m.startswith("linmem ") and (m in methods or m in tuned)]:
+        tasks.append(("compile", dict(method=method)))
+        if method in tuned:
+            tasks += [("compile", dict(method=method, kernel_options=variant)) for variant in sweep_variants]
+    kernels = {kernel for method in methods for kernel in FLA_KERNELS_OF.get(method, [])}
+    tasks += [("compile", dict(method=kernel, B=2, T=8192)) for kernel in FLA_KERNELS_OF if kernel in kernels]
+    return tasks
+
+
 def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tuple[str, dict]]:
     """The float64 checks, the 64-bit offsets check and the finiteness check at the longest length."""
     tasks = [("check", c) for c in check_cases(quick)]
@@ -506,22 +538,17 @@ def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tupl
 
 def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool = False,
                    lengths: tuple[int, ...] = (131072,), tokens: int = 131072, deadline: float | None = None,
-                   kernel_options: dict | None = None):
-    """Run the correctness tasks (first) and compile every kernel configuration in parallel processes, until
-    ``deadline`` (``time.time()``); return the correctness results (checks, offsets, finite, what did not finish)
-    and the compile failures. With ``kernel_options`` (kernel name → launch options, e.g. a sweep's winners): only
-    the correctness tasks, run with those options instead of the defaults."""
+                   kernel_options: dict | None = None, methods: list[str] | None = None):
+    """Run the correctness tasks (first) and compile the kernels of ``methods`` (default: every default method;
+    with ``sweep_variants``, RDN's and RLA's under each variant too) in parallel processes, until ``deadline``
+    (``time.time()``); return the correctness results (checks, offsets, finite, what did not finish) and the
+    compile failures. With ``kernel_options`` (kernel name → launch options, e.g. a sweep's winners): only the
+    correctness tasks, run with those options instead of the defaults."""
     tasks = [] if skip_check else correctness_tasks(quick, list(lengths), tokens)
     if kernel_options:
         tasks = [(kind, dict(payload, kernel_options=kernel_options)) for kind, payload in tasks]
-    for method in ("linmem RDN", "linmem RLA", "linmem GDN", "linmem sGLA") if DEVICE == "cuda" and not kernel_options \
-            else ():
-        tasks.append(("compile", dict(method=method)))
-        if method in ("linmem RDN", "linmem RLA"):  # the tuned methods; the others compile on demand
-            for variant in sweep_variants:
-                tasks.append(("compile", dict(method=method, kernel_options=variant)))
-    for method in ("FLA sGLA", "FLA GDN", "FLA GLA") if DEVICE == "cuda" and not kernel_options else ():
-        tasks.append(("compile", dict(method=method, B=2, T=8192)))  # FLA's autotune candidates (results not kept)
+    if DEVICE == "cuda" and not kernel_options:
+        tasks += warm_tasks(DEFAULT_METHODS if methods is None else methods, sweep_variants)
     ctx = mp.get_context("spawn")
     results = dict(checks=[], offsets=None, finite=None, unfinished=[])
     failures = []
@@ -664,25 +691,22 @@ def run_environment() -> dict:
 
 def markdown(report: dict) -> str:
     results = report["results"]
-    names = [n for n in METHODS if any(r["method"] == n for r in results)]  # the methods this run timed
-    wide = [("RDN / GDN 2V", "linmem RDN", "FLA GDN 2V"), ("RLA / sGLA 2V", "linmem RLA", "FLA sGLA 2V")]
-    wide = [w for w in wide if w[2] in names]
+    names = _timed(report)
+    ratios = [pair for pair in RATIOS if pair[1] in names and pair[2] in names]
     lengths = sorted({r["T"] for r in results})
+    heads, head_dim = _shape(report)
     lines = [f"# Kernel benchmark: {report['env']['gpu']}", "",
              f"torch {report['env']['torch']}, triton {report['env']['triton']}, FLA {report['env']['fla']}, "
-             f"CUDA {report['env']['cuda']}. bf16, H = {HEADS}, head dim {HEAD_DIM}, {report['tokens']} tokens per "
-             "batch (B = tokens / T), `triton.testing.do_bench` medians in ms. Command: "
-             "`python -m linmem.bench.kernels`.", ""]
+             f"CUDA {report['env']['cuda']}. bf16, H = {heads}, head dim {head_dim}, {report['tokens']} tokens per "
+             "batch (B = tokens / T), `triton.testing.do_bench` medians in ms; A / B: the two methods' times, "
+             "measured side by side in this run. Command: `python -m linmem.bench.kernels`.", ""]
     for mode in ("fwd+bwd", "fwd"):
-        lines += [f"## {mode}", "", "| T | " + " | ".join(names + ["RDN / GDN", "RLA / sGLA"]
-                                                          + [w[0] for w in wide]) + " |",
-                  "|---" * (len(names) + 3 + len(wide)) + "|"]
+        lines += [f"## {mode}", "", "| T | " + " | ".join(names + [label for label, _, _ in ratios]) + " |",
+                  "|---" * (len(names) + 1 + len(ratios)) + "|"]
         for T in lengths:
             ms = {r["method"]: r["ms"] for r in results if r["T"] == T and r["mode"] == mode}
-            cells = [_ms(ms, n) for n in names]
-            ratio = [_ratio(ms, "linmem RDN", "FLA GDN"), _ratio(ms, "linmem RLA", "FLA sGLA")]
-            ratio += [_ratio(ms, a, b) for _, a, b in wide]
-            lines.append(f"| {T} | " + " | ".join(cells + ratio) + " |")
+            cells = [_ms(ms, n) for n in names] + [_ratio(ms, a, b) for _, a, b in ratios]
+            lines.append(f"| {T} | " + " | ".join(cells) + " |")
         lines.append("")
     checks = report.get("checks") or []
     if checks:
@@ -716,8 +740,9 @@ def markdown(report: dict) -> str:
                   + (f"; not finished: {', '.join(tuned['unfinished'])}" if tuned["unfinished"] else "") + ".", ""]
     if report.get("skipped"):
         lines += ["Not run or not measured within the time budget: " + ", ".join(report["skipped"]), ""]
-    if report.get("kernel_options"):
-        lines += ["Launch options used: `" + json.dumps(report["kernel_options"]) + "`", ""]
+    if report.get("kernel_options") and set(names) & set(CHUNKED_METHODS):
+        lines += ["Launch options of linmem's chunked kernels (" + ", ".join(CHUNKED_METHODS) + "): `"
+                  + json.dumps(report["kernel_options"]) + "`", ""]
     return "\n".join(lines)
 
 
@@ -738,17 +763,32 @@ def summary(report: dict) -> str:
     unfinished = [s for s in report.get("skipped", []) if not s.startswith("T=")]
     if unfinished:
         verdicts.append(f"{len(unfinished)} correctness/compile tasks not finished")
-    lines = ["", f"Summary: forward+backward ms, bf16, H = {HEADS}, d = {HEAD_DIM}, {report['tokens']} tokens per "
-             f"batch (goal: ratio <= {GOAL}); " + ", ".join(verdicts),
-             "| T | RDN | FLA GDN | RDN/GDN | RLA | FLA sGLA | RLA/sGLA | RDN/3-call | RLA/3-call |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    names = _timed(report)
+    pairs = [pair for pair in RATIOS + THREE_CALL_RATIOS if pair[1] in names and pair[2] in names]
+    heads, head_dim = _shape(report)
+    lines = ["", f"Summary: forward+backward, bf16, H = {heads}, d = {head_dim}, {report['tokens']} tokens per batch"
+             f" (goal for RDN / GDN and RLA / sGLA: <= {GOAL}); " + ", ".join(verdicts)]
+    if pairs:  # each cell "A ms / B ms = A / B"
+        lines += ["| T | " + " | ".join(label for label, _, _ in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
+    else:  # no pair of linmem and FLA methods timed: the times alone
+        lines += ["| T | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for T in sorted({r["T"] for r in report["results"]}):
         ms = {r["method"]: r["ms"] for r in report["results"] if r["T"] == T and r["mode"] == "fwd+bwd"}
-        cells = [_ms(ms, "linmem RDN"), _ms(ms, "FLA GDN"), _ratio(ms, "linmem RDN", "FLA GDN"), _ms(ms, "linmem RLA"),
-                 _ms(ms, "FLA sGLA"), _ratio(ms, "linmem RLA", "FLA sGLA"), _ratio(ms, "linmem RDN", "FLA 3-call RDN"),
-                 _ratio(ms, "linmem RLA", "FLA 3-call RLA")]
+        cells = ([f"{_ms(ms, a)} / {_ms(ms, b)} ms = {_ratio(ms, a, b)}" for _, a, b in pairs] if pairs
+                 else [_ms(ms, name) for name in names])
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _timed(report: dict) -> list[str]:
+    """The methods ``report`` holds results of (timed, or tried and failed), in ``METHODS`` order."""
+    return [name for name in METHODS if any(r["method"] == name for r in report["results"])]
+
+
+def _shape(report: dict) -> tuple[int, int]:
+    """``(heads, head_dim)`` the report's timings used (reports written before they were recorded: the defaults,
+    which those runs used)."""
+    return report.get("heads", DEFAULT_SHAPE[0]), report.get("head_dim", DEFAULT_SHAPE[1])
 
 
 def _ms(ms, name):
@@ -767,6 +807,12 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    heads, head_dim = _shape(report)
+    title = f"{report['env']['gpu']}: bf16, H={heads}, d={head_dim}, {report['tokens']} tokens per batch"
+    lengths = sorted({r["T"] for r in report["results"]})
+    if len(lengths) == 1:  # one length: bars from zero, not points on log axes
+        _plot_one_length(report, path, title.replace(": ", "\n", 1) + f", T = {lengths[0]}")
+        return
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     for col, mode in enumerate(("fwd", "fwd+bwd")):
         for name in METHODS:
@@ -789,7 +835,29 @@ def plot(report: dict, path: Path) -> None:
             ax.set_xticklabels([f"{t // 1024}K" for t in sorted({r["T"] for r in report["results"]})])
             ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"{report['env']['gpu']}: bf16, H={HEADS}, d={HEAD_DIM}, {report['tokens']} tokens per batch")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _plot_one_length(report: dict, path: Path, title: str) -> None:
+    """Time per method, forward and forward+backward side by side, as bars on one axis from zero."""
+    import matplotlib.pyplot as plt
+
+    names = [n for n in _timed(report) if any(r["method"] == n and r["ms"] is not None for r in report["results"])]
+    ms = {(r["method"], r["mode"]): r["ms"] for r in report["results"] if r["ms"] is not None}
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(names) + 2), 4.5))
+    width = 0.38
+    for offset, mode in ((-width / 2, "fwd"), (width / 2, "fwd+bwd")):
+        heights = [ms.get((name, mode), 0.0) for name in names]
+        bars = ax.bar([i + offset for i in range(len(names))], heights, width, label=mode)
+        ax.bar_label(bars, labels=[f"{h:.1f}" if h else "–" for h in heights], fontsize=8, padding=2)
+    ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel("ms (median)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -814,6 +882,17 @@ def _write(report: dict, out: Path, with_plot: bool) -> None:
         plot(report, out / "kernels.png")
 
 
+def render(out: Path) -> None:
+    """Rewrite ``out``'s kernels.md and kernels.png from its kernels.json (a report's tables after a change to how
+    they are laid out), and print the summary."""
+    source = out / "kernels.json"
+    if not source.is_file():
+        raise SystemExit(f"--render: no kernels.json in {out}")
+    report = json.loads(source.read_text())
+    _write(report, out, with_plot=bool(report["results"]))
+    print(f"wrote {out / 'kernels.md'} and {out / 'kernels.png'}" + summary(report))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/benchmarks")
@@ -829,7 +908,12 @@ def main(argv=None) -> None:
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    parser.add_argument("--render", action="store_true",
+                        help="write kernels.md and kernels.png again from the kernels.json in --out; times nothing")
     args = parser.parse_args(argv)
+    if args.render:
+        render(Path(args.out))
+        return
     unknown = [name for name in args.methods.split(",") if name not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {', '.join(map(repr, unknown))}; known: {', '.join(METHODS)}")
@@ -852,14 +936,15 @@ def main(argv=None) -> None:
     lengths = [int(t) for t in args.lengths.split(",")]
     variants = sweep_variants() if args.sweep else []
     correctness, failures = warm_and_check(variants, args.workers, args.skip_check, args.quick_check, lengths,
-                                           args.tokens, deadline=start + 0.6 * args.budget)
+                                           args.tokens, deadline=start + 0.6 * args.budget,
+                                           methods=args.methods.split(","))
     checks = correctness["checks"]
     print(f"compile + checks: {time.time() - start:.0f} s; {sum(c['passed'] for c in checks)} of {len(checks)} "
           "checks passed", flush=True)
 
-    report = dict(env=run_environment(), tokens=args.tokens, checks=checks, offsets=correctness["offsets"],
-                  finite=correctness["finite"], results=[], skipped=list(correctness["unfinished"]),
-                  compile_failures=[f["task"] for f in failures])
+    report = dict(env=run_environment(), tokens=args.tokens, heads=args.heads, head_dim=args.head_dim, checks=checks,
+                  offsets=correctness["offsets"], finite=correctness["finite"], results=[],
+                  skipped=list(correctness["unfinished"]), compile_failures=[f["task"] for f in failures])
     from linmem.ops.triton import function
 
     if args.sweep and left() > 0.3 * args.budget:
