@@ -303,7 +303,8 @@ def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe(
     assert wide.eval_record() == small.eval_record()
     assert {m.name for m in wide.models} == {m.name for m in small.models}
     assert {resolve_model(wide, m, 0).model["hidden_size"] for m in wide.models} == {512}
-    # the dictionary study: remember-wide's GDN and RDN and recipe, with the dictionary added to the text
+    # the dictionary study: remember-wide's GDN and RDN and recipe, with the dictionary added to the text, and the
+    # remember study's GDN and RDN at the zoo's size beside them
     more_text = studies["remember-dictionary"]
     recipe, base = more_text.recipe_config.to_dict(), wide.recipe_config.to_dict()
     assert recipe["data"]["sources"] == base["data"]["sources"] + ["gcide"]
@@ -313,8 +314,10 @@ def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe(
         assert same == {k: v for k, v in base[section].items() if k not in ("dir", "sources", "tokenizer")}
     assert more_text.eval_record() == wide.eval_record()
     for model in more_text.models:
-        mine, theirs = resolve_model(more_text, model, 0), resolve_model(wide, wide.model(model.name), 0)
+        name, size = model.name.removesuffix("-small"), small if model.name.endswith("-small") else wide
+        mine, theirs = resolve_model(more_text, model, 0), resolve_model(size, size.model(name), 0)
         assert mine.model == theirs.model and mine.optim == theirs.optim
+    assert {m.name for m in more_text.models} == {"gdn", "rdn", "gdn-small", "rdn-small"}
 
 
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
