@@ -55,7 +55,7 @@ import torch
 from linmem.bench import environment
 from linmem.io.atomic import atomic_write
 
-DEFAULT_SHAPE = (16, 128)  # heads, head dim: FLA's 340M-1.3B models' heads
+DEFAULT_SHAPE = (16, 128)  # heads, head dim timed unless --heads / --head-dim say otherwise
 HEADS, HEAD_DIM = DEFAULT_SHAPE
 MIN_METHOD_SECONDS = 20.0  # a method timed when the budget is nearly spent still gets this long
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
