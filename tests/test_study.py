@@ -320,6 +320,40 @@ def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe(
     assert {m.name for m in more_text.models} == {"gdn", "rdn", "gdn-small", "rdn-small"}
 
 
+def test_detached_pieces_carry_weights_larger_than_a_command_returns(tmp_path):
+    """scripts/study/detached.sh pieces / join: a run's weights cut into pieces over several commands come back
+    byte for byte; a missing or altered piece is refused and leaves no file."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "study" / "detached.sh"
+    weights = np.random.default_rng().integers(0, 256, 1000, dtype=np.uint8).tobytes()  # fresh bytes each run
+    model_dir = tmp_path / "remote" / "study-x" / "runs" / "gdn" / "seed-2" / "model"
+    model_dir.mkdir(parents=True)
+    (model_dir / "model.safetensors").write_bytes(weights)
+    env = {**os.environ, "PIECE_BYTES": "300"}
+    run = functools.partial(subprocess.run, capture_output=True, text=True, env=env)
+    out = str(tmp_path / "remote" / "study-x")
+    first = run(["bash", str(script), "pieces", str(tmp_path / "call1"), out, "gdn:2", "1", "2"], check=True)
+    assert "4 pieces of 300 bytes; wrote pieces 1 to 2" in first.stdout
+    run(["bash", str(script), "pieces", str(tmp_path / "call2"), out, "gdn:2", "3", "4"], check=True)
+    names = sorted(p.name for p in (tmp_path / "call2").iterdir())
+    assert names == ["study-x-gdn-seed-2.safetensors.003-of-004", "study-x-gdn-seed-2.safetensors.004-of-004",
+                     "study-x-gdn-seed-2.safetensors.sha256"]
+    files = sorted(map(str, [*(tmp_path / "call2").iterdir(), *(tmp_path / "call1").iterdir()]))  # any order
+    here = tmp_path / "here" / "model"
+    missing = run(["bash", str(script), "join", str(here), *[f for f in files if "003-of" not in f]])
+    assert missing.returncode != 0 and "piece 3 of 004 is missing" in missing.stderr
+    assert not (here / "model.safetensors").exists()
+    joined = run(["bash", str(script), "join", str(here), *files], check=True)
+    assert "joined 4 pieces" in joined.stdout and (here / "model.safetensors").read_bytes() == weights
+    piece = tmp_path / "call1" / "study-x-gdn-seed-2.safetensors.002-of-004"
+    altered = bytearray(piece.read_bytes())
+    altered[7] ^= 1
+    piece.write_bytes(bytes(altered))
+    (here / "model.safetensors").unlink()
+    refused = run(["bash", str(script), "join", str(here), *files])
+    assert refused.returncode != 0 and "is not the recorded" in refused.stderr
+    assert list(here.iterdir()) == []
+
+
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
     """scripts/study/detached.sh: a queue that outlives its command, a watch that waits for it, and a pack of the
     evaluated runs (no checkpoints) that rebuilds the same tables in another folder."""

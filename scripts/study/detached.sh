@@ -11,13 +11,21 @@
 #   bash scripts/study/detached.sh pack [--no-weights] DEST OUT [OUT ...]
 #       one tar per evaluated run, DEST/STUDY-MODEL-seed-S.tar (config, metrics, eval JSON, items and, unless
 #       --no-weights, the model's weights; never checkpoints), and DEST/STUDY-logs.tar (study.json, the logs)
+#   bash scripts/study/detached.sh pieces DEST OUT MODEL:SEED [FIRST [COUNT]]
+#       weights larger than a command may return: the run's model/model.safetensors cut into pieces of PIECE_BYTES
+#       (16,000,000: a lent machine returns at most 16 MiB a file and 64 MiB a command), pieces FIRST (1) to
+#       FIRST + COUNT - 1 (4) written to DEST as STUDY-MODEL-seed-S.safetensors.NNN-of-MMM, with the whole file's
+#       sha256 beside them; prints how many pieces there are, for the commands that fetch the rest
+#   bash scripts/study/detached.sh join MODEL_DIR FILE [FILE ...]
+#       the pieces and their .sha256 (from any folders) put together as MODEL_DIR/model.safetensors, refused
+#       unless every piece is there and the sha256 matches
 #
 # A command on the lent machine is then `watch 500 OUT; pack $OUT_DIR OUT`, repeated until the queue is done;
 # `tar xf` of the tars beside the local study folder merges the runs, and `linmem study STUDY.yaml --out OUT
 # --report-only` rebuilds the tables.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { sed -n 6,13p "$0" >&2; exit 2; }
+usage() { sed -n 6,21p "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 verb=$1; shift
 
@@ -81,6 +89,51 @@ case $verb in
       [ ${#records[@]} -gt 0 ] && tar cf "$dest/$name-logs.tar" -C "$parent" "${records[@]}"
     done
     echo "packed $runs evaluated run(s) into $dest"
+    ;;
+  pieces)
+    [ $# -ge 3 ] || usage
+    dest=$(realpath -m "$1") out=$2 model=${3%%:*} seed=${3##*:} first=${4:-1} count=${5:-4}
+    size=${PIECE_BYTES:-16000000}
+    file="$out/runs/$model/seed-$seed/model/model.safetensors"
+    [ -f "$file" ] || { echo "no weights at $file" >&2; exit 1; }
+    base="$(basename "$out")-$model-seed-$seed.safetensors"
+    total=$(( ($(stat -c %s "$file") + size - 1) / size ))
+    mkdir -p "$dest"
+    (cd "$(dirname "$file")" && sha256sum model.safetensors) > "$dest/$base.sha256"
+    last=$(( first + count - 1 < total ? first + count - 1 : total ))
+    for ((i = first; i <= last; i++)); do
+      piece=$(printf "%s.%03d-of-%03d" "$base" "$i" "$total")
+      dd if="$file" of="$dest/$piece" bs="$size" skip=$((i - 1)) count=1 status=none || exit 1
+    done
+    echo "$base: $total pieces of $size bytes; wrote pieces $first to $last into $dest"
+    ;;
+  join)
+    [ $# -ge 2 ] || usage
+    target=$1; shift
+    sums=() pieces=()
+    for f in "$@"; do
+      case $f in *.sha256) sums+=("$f") ;; *) pieces+=("$f") ;; esac
+    done
+    [ ${#sums[@]} -ge 1 ] || { echo "join: no .sha256 among the files" >&2; exit 1; }
+    [ ${#pieces[@]} -ge 1 ] || { echo "join: no pieces among the files" >&2; exit 1; }
+    want=$(awk '{print $1}' "${sums[0]}")
+    total=${pieces[0]##*-of-}
+    declare -A by_index=()
+    for f in "${pieces[@]}"; do
+      suffix=${f##*.safetensors.} index=$((10#${suffix%%-of-*}))
+      [ "${suffix##*-of-}" = "$total" ] || { echo "join: $f belongs to a cut into ${suffix##*-of-} pieces, not $total" >&2; exit 1; }
+      by_index[$index]=$f
+    done
+    mkdir -p "$target"
+    tmp=$(mktemp "$target/.model.safetensors.XXXXXX")
+    for ((i = 1; i <= 10#$total; i++)); do
+      [ -n "${by_index[$i]:-}" ] || { rm -f "$tmp"; echo "join: piece $i of $total is missing" >&2; exit 1; }
+      cat "${by_index[$i]}" >> "$tmp"
+    done
+    got=$(sha256sum "$tmp" | awk '{print $1}')
+    [ "$got" = "$want" ] || { rm -f "$tmp"; echo "join: sha256 $got is not the recorded $want" >&2; exit 1; }
+    mv "$tmp" "$target/model.safetensors"
+    echo "joined $((10#$total)) pieces into $target/model.safetensors (sha256 checked)"
     ;;
   *) usage ;;
 esac
