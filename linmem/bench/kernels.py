@@ -889,8 +889,10 @@ def render(out: Path) -> None:
     if not source.is_file():
         raise SystemExit(f"--render: no kernels.json in {out}")
     report = json.loads(source.read_text())
-    _write(report, out, with_plot=bool(report["results"]))
-    print(f"wrote {out / 'kernels.md'} and {out / 'kernels.png'}" + summary(report))
+    with_plot = bool(report["results"])
+    _write(report, out, with_plot=with_plot)
+    print(f"wrote {out / 'kernels.md'}" + (f" and {out / 'kernels.png'}" if with_plot else " (no timings: no plot)")
+          + summary(report))
 
 
 def main(argv=None) -> None:
