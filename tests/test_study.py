@@ -390,3 +390,27 @@ def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs
     assert main(["study", str(path), "--out", str(out), "--report-only", "--seeds", "0", "--no-progress"]) == 0
     assert (here / "tiny-study" / "tables" / "results.json").read_text() == \
         (out / "tables" / "results.json").read_text()
+
+    # the analyses that need the weights, where the weights are: a second recall format under the study's own
+    # recall settings, the value prior, the probe; one tar per run, each step logged
+    analyses = script.parent / "device_analyses.sh"
+    env.update(DEVICE="cpu", FORMAT="code/letters/colors", PROBE_OPTIONS="--keys letters --loads 1 --filler 40")
+    done = run(["bash", str(analyses), str(tmp_path / "analyses"), str(out), "gdn:0", "rla:2"])
+    assert "rla seed 2: not evaluated, skipped" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "analyses").iterdir()) == ["tiny-study-gdn-seed-0-analyses.tar"]
+    with tarfile.open(tmp_path / "analyses" / "tiny-study-gdn-seed-0-analyses.tar") as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    log = (tmp_path / "unpacked" / "steps.log").read_text()
+    assert log.count(": rc ") == 3 and log.count(": rc 0") == 3, log  # every step ran, and finished
+    recall = json.loads((tmp_path / "unpacked" / "recall-code-letters-colors" / "results.json").read_text())
+    # the study records no recall settings, so they are linmem eval's defaults, in the format asked for
+    from linmem.eval.runner import EvalOptions
+
+    defaults, used = EvalOptions(), recall["options"]
+    assert (used["recall_template"], used["recall_keys"], used["recall_values"]) == ("code", "letters", "colors")
+    assert [used[k] for k in ("recall_items", "recall_filler", "batch_size", "split")] == \
+        [defaults.recall_items, defaults.recall_filler, 16, "test"]  # the study's batch size, its split
+    assert list(used["recall_bindings"]) == list(defaults.recall_bindings)
+    prior = json.loads((tmp_path / "unpacked" / "prior.json").read_text())
+    assert [key.split()[-1] for key in prior] == ["code/names/colors", "code/letters/colors"]  # test format first
+    assert (tmp_path / "unpacked" / "probe" / "results.json").is_file()
