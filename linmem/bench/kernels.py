@@ -820,10 +820,10 @@ def plot(report: dict, path: Path) -> None:
                           if r["method"] == name and r["mode"] == mode and r["ms"] is not None)
             if not rows:
                 continue
-            lengths, ms = zip(*rows)
+            timed_lengths, ms = zip(*rows)
             style = "-" if name.startswith("linmem") else "--"
-            axes[0, col].plot(lengths, ms, style, marker="o", label=name)
-            axes[1, col].plot(lengths, [report["tokens"] / (t / 1000) / 1e6 for t in ms], style, marker="o",
+            axes[0, col].plot(timed_lengths, ms, style, marker="o", label=name)
+            axes[1, col].plot(timed_lengths, [report["tokens"] / (t / 1000) / 1e6 for t in ms], style, marker="o",
                               label=name)
         axes[0, col].set(title=f"{mode}: time", xscale="log", yscale="log", xlabel="sequence length T",
                          ylabel="ms")
@@ -831,8 +831,8 @@ def plot(report: dict, path: Path) -> None:
                          ylabel="million tokens / s")
         axes[1, col].set_ylim(bottom=0)  # throughputs are compared as sizes
         for ax in axes[:, col]:
-            ax.set_xticks(sorted({r["T"] for r in report["results"]}))
-            ax.set_xticklabels([f"{t // 1024}K" for t in sorted({r["T"] for r in report["results"]})])
+            ax.set_xticks(lengths)
+            ax.set_xticklabels([f"{t // 1024}K" for t in lengths])
             ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(title)
