@@ -164,7 +164,7 @@ def dictd_entries(index: Path, data: Path) -> list[tuple[str, str]]:
     """``[(headword, text)]`` of a dictd dictionary (``.index`` and ``.dict`` or dictzip ``.dict.dz``), one per
     stored entry in the data file's order (headwords that share an entry give it once, under the first); the
     ``00-...`` entries (the dictionary's own description) are left out."""
-    raw = gzip.open(data, "rb").read() if data.suffix == ".dz" else data.read_bytes()
+    raw = gzip.decompress(data.read_bytes()) if data.suffix == ".dz" else data.read_bytes()  # dictzip is gzip
     spans: dict[tuple[int, int], str] = {}
     for line in index.read_text(encoding="utf-8", errors="replace").splitlines():
         fields = line.split("\t")
