@@ -289,16 +289,25 @@ def test_chunk_fallbacks(options):
     compare(inputs, True, tol=max(TOL, 1e-5), rule="additive", **options)
 
 
-def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
-    """``python -m linmem.bench.kernels`` end to end on the CPU (interpreter, tiny shapes): options, timing, the
-    report files and the summary table the GPU run ends with."""
+def _bench(monkeypatch):
+    """``linmem.bench.kernels``, with the shape a run sets (``--heads``, ``--head-dim``) put back after the test."""
     from linmem.bench import kernels
 
     monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
     monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
-    kernels.main(["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16",
-                  "--methods", "linmem sGLA,FLA sGLA 2V", "--workers", "1", "--out", str(tmp_path)])
+    return kernels
+
+
+BENCH_DRY_RUN = ["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16", "--workers",
+                 "1"]
+
+
+def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
+    """``python -m linmem.bench.kernels`` end to end on the CPU (interpreter, tiny shapes): options, timing, the
+    report files and the summary table the GPU run ends with."""
+    kernels = _bench(monkeypatch)
+    kernels.main([*BENCH_DRY_RUN, "--methods", "linmem sGLA,FLA sGLA 2V", "--out", str(tmp_path)])
     out = capsys.readouterr().out.rstrip().splitlines()
     # no linmem / FLA pair was asked for: the summary holds the times (FLA absent on the CPU: a dash)
     assert out[-3] == "| T | linmem sGLA | FLA sGLA 2V |" and out[-1].startswith("| 64 | ")
@@ -310,11 +319,7 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
 
 def _bench_with_gdn_raising(monkeypatch, error: BaseException):
     """``linmem.bench.kernels`` for a CPU dry run in which timing linmem GDN raises ``error``."""
-    from linmem.bench import kernels
-
-    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
-    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
-    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
+    kernels = _bench(monkeypatch)
     timed = kernels.time_method
 
     def raising(fn, x, backward):
@@ -324,10 +329,6 @@ def _bench_with_gdn_raising(monkeypatch, error: BaseException):
 
     monkeypatch.setattr(kernels, "time_method", raising)
     return kernels
-
-
-BENCH_DRY_RUN = ["--skip-check", "--lengths", "64", "--tokens", "64", "--heads", "1", "--head-dim", "16", "--workers",
-                 "1"]
 
 
 def test_kernel_benchmark_killed_inside_a_method_keeps_the_methods_before(tmp_path, monkeypatch):
@@ -459,11 +460,7 @@ def test_kernel_benchmark_warms_only_what_it_times():
 def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     """The benchmark's float64 checks run with other launch options when given them (a sweep's winners, before
     they are timed): every worker applies them and reports what it ran with."""
-    from linmem.bench import kernels
-
-    monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
-    monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
-    monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
+    kernels = _bench(monkeypatch)
     kernels._set_shape(1, 16)
     # This test is about the options reaching every worker, not about bf16 rounding: the cases' inputs get fixed
     # seeds, so the verdict does not depend on the draw (fresh bf16 draws at these tiny shapes land near the 1e-2
