@@ -31,6 +31,9 @@ from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+STUDY_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "study"
+
+
 def write_model_config(folder: Path, name: str, mixer: str, **sections) -> Path:
     """A tiny training config of ``mixer`` (``TINY``'s model; the study's recipe supplies data, optim, train)."""
     config = {"name": name, "model": {**copy.deepcopy(TINY["model"]), "mixer": mixer},
@@ -268,7 +271,7 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
 
 
 def label_window_sources():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "study" / "label_window_sources.py"
+    path = STUDY_SCRIPTS / "label_window_sources.py"
     spec = importlib.util.spec_from_file_location("label_window_sources", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -323,7 +326,7 @@ def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe(
 def test_detached_pieces_carry_weights_larger_than_a_command_returns(tmp_path):
     """scripts/study/detached.sh pieces / join: a run's weights cut into pieces over several commands come back
     byte for byte; a missing or altered piece is refused and leaves no file."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "study" / "detached.sh"
+    script = STUDY_SCRIPTS / "detached.sh"
     weights = np.random.default_rng().integers(0, 256, 1000, dtype=np.uint8).tobytes()  # fresh bytes each run
     model_dir = tmp_path / "remote" / "study-x" / "runs" / "gdn" / "seed-2" / "model"
     model_dir.mkdir(parents=True)
@@ -357,7 +360,7 @@ def test_detached_pieces_carry_weights_larger_than_a_command_returns(tmp_path):
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
     """scripts/study/detached.sh: a queue that outlives its command, a watch that waits for it, and a pack of the
     evaluated runs (no checkpoints) that rebuilds the same tables in another folder."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "study" / "detached.sh"
+    script = STUDY_SCRIPTS / "detached.sh"
     path = write_study(tmp_path, dataset, two_models(configs))
     out = tmp_path / "remote" / "tiny-study"
     env = {**os.environ, "PYTHON": sys.executable, "WATCH_INTERVAL": "1"}
