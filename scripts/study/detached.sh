@@ -7,7 +7,8 @@
 #       the queue of scripts/study/side_by_side.sh, in a new process session (setsid); returns at once
 #   bash scripts/study/detached.sh watch SECONDS OUT [OUT ...]
 #       every 60 s (WATCH_INTERVAL): each run's last update (metrics.jsonl), whether it is evaluated (items.json),
-#       the GPU's load; returns when every queue under the OUTs is done or SECONDS have passed
+#       the GPU's load; returns when every queue under the OUTs is done or SECONDS have passed, and fails at once
+#       for an OUT whose queue was not started on this machine
 #   bash scripts/study/detached.sh pack [--no-weights] DEST OUT [OUT ...]
 #       one tar per evaluated run, DEST/STUDY-MODEL-seed-S.tar (config, metrics, eval JSON, items and, unless
 #       --no-weights, the model's weights; never checkpoints), and DEST/STUDY-logs.tar (study.json, the logs)
@@ -25,7 +26,7 @@
 # --report-only` rebuilds the tables.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { sed -n 6,21p "$0" >&2; exit 2; }
+usage() { sed -n 6,22p "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 verb=$1; shift
 
@@ -50,6 +51,14 @@ case $verb in
   watch)
     [ $# -ge 2 ] || usage
     seconds=$1; shift
+    for out in "$@"; do
+      # a queue that was never started here (a fresh machine, after the last one was given back with its runs)
+      # is said at once, not watched for SECONDS
+      [ -f "$out-queue.out" ] || [ -f "$out-logs/queue.log" ] || {
+        echo "no queue for $out on this machine: none was started here (a new machine loses the runs of the last)" >&2
+        exit 1
+      }
+    done
     end=$(( $(date +%s) + seconds ))
     while :; do
       echo "$(date -u +%T)"
@@ -75,6 +84,7 @@ case $verb in
     mkdir -p "$dest"
     runs=0
     for out in "$@"; do
+      [ -d "$out" ] || { echo "no study folder $out on this machine: nothing to pack" >&2; exit 1; }
       parent=$(realpath "$(dirname "$out")") name=$(basename "$out")
       excludes=(--exclude=checkpoints)
       [ $weights = 0 ] && excludes+=(--exclude='*.safetensors')
