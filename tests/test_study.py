@@ -365,6 +365,12 @@ def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs
     out = tmp_path / "remote" / "tiny-study"
     env = {**os.environ, "PYTHON": sys.executable, "WATCH_INTERVAL": "1"}
     run = functools.partial(subprocess.run, capture_output=True, text=True, env=env, check=True)
+    nothing = subprocess.run(["bash", str(script), "watch", "300", str(out)], capture_output=True, text=True,
+                             env=env, timeout=30)  # no queue here: said at once, not watched for 300 s
+    assert nothing.returncode == 1 and "no queue for" in nothing.stderr
+    empty = subprocess.run(["bash", str(script), "pack", str(tmp_path / "none"), str(out)], capture_output=True,
+                           text=True, env=env)
+    assert empty.returncode == 1 and "no study folder" in empty.stderr
     started = run(["bash", str(script), "start", str(path), str(out), "2", "gdn:0", "rla:0"])
     assert "queue started" in started.stdout  # returns before the runs finish
     watched = run(["bash", str(script), "watch", "300", str(out)])
@@ -417,3 +423,31 @@ def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs
     prior = json.loads((tmp_path / "unpacked" / "prior.json").read_text())
     assert [key.split()[-1] for key in prior] == ["code/names/colors", "code/letters/colors"]  # test format first
     assert (tmp_path / "unpacked" / "probe" / "results.json").is_file()
+
+    # the two formats side by side, read from the tar and the study's own evaluation; this study evaluated no
+    # recall, which is said, and then its run gets the recall evaluation a study with recall in its tasks makes
+    table = tmp_path / "formats" / "formats.md"
+    tabulate = [sys.executable, str(script.parent / "format_table.py"), str(table), "--study", str(out),
+                str(tmp_path / "analyses" / "tiny-study-gdn-seed-0-analyses.tar"), "--plot", str(tmp_path / "f.png")]
+    no_recall = subprocess.run(tabulate, capture_output=True, text=True, env=env)
+    assert no_recall.returncode != 0 and "has no recall task" in no_recall.stderr
+    assert main(["eval", str(run_dir(out, "gdn", 0) / "model"), "--tasks", "recall", "--device", "cpu",
+                 "--out", str(run_dir(out, "gdn", 0) / "eval"), "--overwrite"]) == 0
+    run(tabulate)
+    rows = json.loads(table.with_suffix(".json").read_text())
+    own = json.loads((run_dir(out, "gdn", 0) / "eval" / "results.json").read_text())["tasks"]["recall"]
+    assert [r["measured_by"] for r in rows] == ["study", "analyses"]
+    for row, results in zip(rows, (own, recall["tasks"]["recall"])):
+        m = results["metrics"]
+        assert row["format"] == f"{m['template']}/{m['keys']}/{m['values']}"
+        assert row["accuracy"] == [m["accuracy"], m["ci_low"], m["ci_high"]]
+        assert row["prior"]["entropy_fraction"] == next(v["entropy_fraction"] for k, v in prior.items()
+                                                         if k.endswith(row["format"]))
+    assert rows[1]["by_load"] == {str(t["num_bindings"]): [t["accuracy"], t["ci_low"], t["ci_high"]]
+                                  for t in recall["tasks"]["recall"]["table"]}
+    assert "| gdn | 0 | code/letters/colors |" in table.read_text() and (tmp_path / "f.png").stat().st_size > 0
+    misnamed = tmp_path / "other-gdn-seed-0-analyses.tar"
+    misnamed.write_bytes((tmp_path / "analyses" / "tiny-study-gdn-seed-0-analyses.tar").read_bytes())
+    refused = subprocess.run([sys.executable, str(script.parent / "format_table.py"), str(table), "--study",
+                              str(out), str(misnamed)], capture_output=True, text=True, env=env)
+    assert refused.returncode != 0 and "not named tiny-study-MODEL-seed-S-analyses" in refused.stderr
