@@ -12,10 +12,15 @@ SCRIPT = ROOT / "scripts" / "probes" / "probe_table.py"
 PROBES = ROOT / "docs" / "study" / "probes"
 # the table of docs/results.md's section on unraced seeds, as that section's command makes it
 DOCUMENTED = [
-    "GDN seed 0=remember/gdn-seed-0.json", "GDN seed 2=remember/gdn-seed-2.json",
-    "RDN seed 0=remember/rdn-seed-0.json", "RDN seed 1=remember/rdn-seed-1.json",
-    "GDN-small seed 0=dictionary/gdn-small-seed-0.json", "GDN-small seed 1=dictionary/gdn-small-seed-1.json",
-    "RDN-small seed 0=dictionary/rdn-small-seed-0.json", "RDN-small seed 1=dictionary/rdn-small-seed-1.json",
+    "GDN seed 0=remember/gdn-seed-0.json",
+    "GDN seed 2=remember/gdn-seed-2.json",
+    "RDN seed 0=remember/rdn-seed-0.json",
+    "RDN seed 1=remember/rdn-seed-1.json",
+    "GDN-small seed 0=dictionary/gdn-small-seed-0.json",
+    "GDN-small seed 1=dictionary/gdn-small-seed-1.json",
+    "GDN-small seed 2=dictionary/gdn-small-seed-2.json",
+    "RDN-small seed 0=dictionary/rdn-small-seed-0.json",
+    "RDN-small seed 1=dictionary/rdn-small-seed-1.json",
 ]
 
 
