@@ -21,6 +21,7 @@ DOCUMENTED = [
     "GDN-small seed 2=dictionary/gdn-small-seed-2.json",
     "RDN-small seed 0=dictionary/rdn-small-seed-0.json",
     "RDN-small seed 1=dictionary/rdn-small-seed-1.json",
+    "RDN-small seed 2=dictionary/rdn-small-seed-2.json",
 ]
 
 
