@@ -102,7 +102,9 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.plot(loads, [a[0] for a in acc], "o-", color=color, ms=3, label=name if first_seed else None)
             ax.fill_between(loads, [a[1] for a in acc], [a[2] for a in acc], color=color, alpha=0.12)
         ax.axhline(rows[0]["chance"], color="gray", ls="--", lw=1, label="chance")
-        ax.set(xscale="log", title=model, xlabel="facts in context", ylim=(0, 1))
+        seeds = sorted({r["seed"] for r in rows if r["model"] == model})
+        title = f"{model} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+        ax.set(xscale="log", title=title, xlabel="facts in context", ylim=(0, 1))
         ax.set_xticks(loads, [str(k) for k in loads])
     axes[0][0].set_ylabel("clean recall (test items)")
     axes[0][0].legend(fontsize=8)
