@@ -423,6 +423,12 @@ def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs
     prior = json.loads((tmp_path / "unpacked" / "prior.json").read_text())
     assert [key.split()[-1] for key in prior] == ["code/names/colors", "code/letters/colors"]  # test format first
     assert (tmp_path / "unpacked" / "probe" / "results.json").is_file()
+    # a probe filler that cannot be read on this machine stops the script before any step, not after the others
+    missing = tmp_path / "no-such-text"
+    stopped = subprocess.run(["bash", str(analyses), str(tmp_path / "stopped"), str(out), "gdn:0"], capture_output=True,
+                             text=True, env={**env, "PROBE_OPTIONS": f"--keys letters --sources {missing}"})
+    assert stopped.returncode != 0 and "the probe's filler text cannot be read here" in stopped.stderr
+    assert str(missing) in stopped.stderr and not (tmp_path / "stopped").exists()
 
     # the two formats side by side, read from the tar and the study's own evaluation; this study evaluated no
     # recall, which is said, and then its run gets the recall evaluation a study with recall in its tasks makes

@@ -8,7 +8,8 @@
 #   prior.json       scripts/recall/value_prior.py: the language's guess at both formats' values, no fact in context
 #   probe/           `linmem probe` with PROBE_OPTIONS (default: --keys roles --sources shakespeare)
 # each step's output in steps.log; one tar per run, DEST/STUDY-MODEL-seed-S-analyses.tar. A step that fails or
-# runs past STEP_SECONDS (default 300) is logged and the next one runs.
+# runs past STEP_SECONDS (default 300) is logged and the next one runs. The probe's filler text is read first: a
+# machine that cannot read it stops before any step.
 #
 #   bash scripts/study/device_analyses.sh DEST OUT MODEL:SEED [MODEL:SEED ...]
 #   DEVICE (default cuda), FORMAT, PROBE_OPTIONS, STEP_SECONDS, PYTHON (default python3) may be set.
@@ -32,6 +33,23 @@ print(o["split"], o["batch_size"], o["recall_items"], o["recall_filler"], ",".jo
 EOF
 )
 [ -n "${test_format:-}" ] || { echo "no recall settings in $out/study.json" >&2; exit 1; }
+# the probe's filler text, read once before any step: a machine that lacks it (a built-in source's pip package, a
+# path) says so now, not after the recall and prior steps of every run
+# shellcheck disable=SC2086  # PROBE_OPTIONS holds several words on purpose
+"$python" - $probe_options <<'EOF' || exit 1
+import sys
+from linmem.cli import build_parser
+from linmem.data.builtin import open_source
+from linmem.memory.commands import documents_and_label
+args = build_parser("probe").parse_args(["probe", "MODEL_DIR", *sys.argv[1:]])
+try:
+    for spec in args.sources or []:
+        next(iter(open_source(spec).documents()), None)
+    if not args.sources:
+        documents_and_label(None)
+except (OSError, ValueError) as e:
+    sys.exit(f"the probe's filler text cannot be read here (PROBE_OPTIONS: {' '.join(sys.argv[1:])}): {e}")
+EOF
 mkdir -p "$dest"
 name=$(basename "$out")
 
