@@ -18,6 +18,7 @@ from linmem.cli import main
 from linmem.data.sources import Document
 from linmem.data.tokenizer import save_tokenizer, train_tokenizer
 from linmem.memory import experiments as ex
+from linmem.memory import metrics
 from linmem.memory.components import mixer
 from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
@@ -80,6 +81,7 @@ def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
         ex.neutral_suppression(model, build_items(TaskBuilder(tokenizer, replace(SPEC, variant="neutral")),
                                                   sources), chosen),
         ex.joint_topk(model, items, items, ks=(1, 2)), ex.write_read_spearman(model, items[:3], draws=20),
+        ex.write_reach(model, items[:3], chosen),
     ]
     for result in results:
         assert result.rows and result.figure is not None, result.name
@@ -212,6 +214,9 @@ def test_probe_runs_single_experiments(model_dir):
     assert probe(model_dir, "--only", "overlap") == 0  # needs a component: the head scan runs first
     payload = json.loads((model_dir / "out" / "results.json").read_text())
     assert set(payload["experiments"]) == {"clean_recall", "head_scan", "overlap"}
+    assert probe(model_dir, "--only", "write_reach", "--component", "L1H0S") == 0
+    payload = json.loads((model_dir / "out" / "results.json").read_text())
+    assert set(payload["experiments"]) == {"clean_recall", "write_reach"}
     assert probe(model_dir, "--only", "lifecycle", "--component", "L1H0S") == 0
     payload = json.loads((model_dir / "out" / "results.json").read_text())
     assert set(payload["experiments"]) == {"clean_recall", "lifecycle"} and payload["header"]["chosen"] == "L1H0S"
@@ -236,6 +241,43 @@ def test_benchmark_scans_agree(lab):
     fast, slow = suffix_only(model, batch, components, chunk=3), full_reruns(model, batch, components)
     assert fast.shape == slow.shape == (len(components), 3, tokenizer.get_vocab_size())
     assert (fast - slow).abs().max() < 1e-9
+
+
+def test_write_reach_widens_the_lifecycles_write_block_through_the_short_convolutions(lab):
+    """``d`` = 0 is the lifecycle's write block (the same numbers by another code path); the row at each ``d``
+    blocks the fact's spans and the ``d`` tokens after them (recomputed here from hand-widened spans, on the
+    chosen and the control head); the offsets run 0..W for short convolutions of width W, and 0..1 without them."""
+    _, tokenizer, builder, sources = lab
+    items = build_items(builder, sources, per_source=4)
+    chosen, control = mm.Component(1, 0, "S"), mm.Component(0, 1, "S")
+    model = tiny(tokenizer, mixer="gdn", use_short_conv=True, conv_size=3)
+    result = ex.write_reach(model, items, chosen, control)
+    assert result.summary["conv_width"] == 3 and result.figure is not None
+    assert sorted({r["tokens_after"] for r in result.rows}) == [0, 1, 2, 3]
+    life = ex.lifecycle(model, items, chosen, control)
+    for metric in ("edited_correct", "target_margin_change"):
+        ours = rows_of(result, target="chosen", tokens_after=0, metric=metric)[0]
+        theirs = rows_of(life, intervention="write block", target="chosen", metric=metric)[0]
+        assert ours["mean"] == pytest.approx(theirs["mean"], abs=1e-12), metric
+    batch = make_batch(items)
+    for target, comp in (("chosen", chosen), ("control head", control)):
+        for d in (1, 2, 3):
+            margins = []
+            for b, item in enumerate(items):
+                block = [mm.WriteBlock([comp], (start, min(end + d, item.boundary)))
+                         for start, end in item.target_writes]
+                clean, edited = candidate_logits(model, batch.subset([b]), [[], block])[:, 0]
+                margins.append(float(metrics.target_margin(edited[None], batch.answer[b:b + 1])
+                                     - metrics.target_margin(clean[None], batch.answer[b:b + 1])))
+            row = rows_of(result, target=target, tokens_after=d, metric="target_margin_change")[0]
+            assert row["mean"] == pytest.approx(float(np.mean(margins)), abs=1e-9), (target, d)
+    # widening moves the chosen head's margin: the rows are not the same edit four times
+    shifts = [rows_of(result, target="chosen", tokens_after=d, metric="target_margin_change")[0]["mean"]
+              for d in range(4)]
+    assert max(shifts) - min(shifts) > 1e-6
+    plain = ex.write_reach(tiny(tokenizer, mixer="gdn", use_short_conv=False), items[:3], chosen, control)
+    assert plain.summary["conv_width"] == 1 and sorted({r["tokens_after"] for r in plain.rows}) == [0, 1]
+    assert plain.summary["blocked_through_conv_reach"] == plain.summary["blocked_fact_tokens"]
 
 
 def test_qualified_donor_rate_counts_only_items_both_prompts_answer(lab):

@@ -66,3 +66,42 @@ def documented_records(results: str) -> list[str]:
 def test_the_documented_table_is_what_the_records_give():
     results = (ROOT / "docs" / "results.md").read_text()
     assert table(*documented_records(results)) in results
+
+
+def test_a_column_joins_records_of_one_model_and_refuses_any_other(tmp_path):
+    """A later `--only write_reach` record beside the full one fills the widened write-block row; a record of
+    another model, or an experiment both records hold, is refused."""
+    full = PROBES / "remember" / "gdn-seed-2.json"
+    base = json.loads(full.read_text())
+    assert cells(table(f"GDN={full}"), "1, widened") == ["not measured"]
+
+    def row(target: str, d: int, mean: float, metric: str = "edited_correct") -> dict:
+        return {"target": target, "tokens_after": d, "metric": metric, "mean": mean,
+                "low": mean - 0.1, "high": mean + 0.1, "n": 16, "sources": 16}
+
+    chosen, control = [0.75, 0.25, 0.31], [0.70, 0.69, 0.72]
+    margins = {"chosen": [-0.05, -1.5, -1.4], "control head": [0.0, -0.02, 0.03]}
+    later = {"header": dict(base["header"]),
+             "experiments": {"clean_recall": base["experiments"]["clean_recall"],
+                             "write_reach": {"summary": {"conv_width": 2},
+                                             "rows": [row("chosen", d, m) for d, m in enumerate(chosen)]
+                                             + [row("control head", d, m) for d, m in enumerate(control)]
+                                             + [row(t, d, m, "target_margin_change") for t, ms in margins.items()
+                                                for d, m in enumerate(ms)]}}}
+    path = tmp_path / "reach.json"
+    path.write_text(json.dumps(later))
+    joined = table(f"GDN={full}+{path}")
+    assert cells(joined, "1, widened") == [
+        "recall at d = 0-2: 0.75 / 0.25 / 0.31; margin change at d = 0 -0.05 [-0.15, 0.05], at d = 1 "
+        "-1.50 [-1.60, -1.40] (-0.02 [-0.12, 0.08])"]
+    assert cells(joined, "4:") == cells(table(f"GDN={full}"), "4:")  # the full record's rows are kept as they were
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**later, "header": {**later["header"], "model": "zoo:gla"}}))
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({**later, "experiments": {**later["experiments"],
+                                                          "lifecycle": base["experiments"]["lifecycle"]}}))
+    for wrong, message in ((other, "a column joins records of one model and task"),
+                           (twice, "lifecycle is in an earlier record of this column")):
+        done = subprocess.run([sys.executable, str(SCRIPT), f"GDN={full}+{wrong}"], capture_output=True, text=True)
+        assert done.returncode != 0 and message in done.stderr

@@ -35,7 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gaps", type=int, nargs="+", default=[0, 128, 256], help="query gaps (tokens) to sweep")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the load and gap sweeps")
     parser.add_argument("--no-extras", action="store_true",
-                        help="skip write-key overlap, logit lens, neutral suppression, joint top-k, write/read scans")
+                        help="skip write reach, write-key overlap, logit lens, neutral suppression, joint top-k, "
+                             "write/read scans")
     parser.add_argument("--only", nargs="+", default=(), metavar="EXPERIMENT", choices=EXPERIMENTS,
                         help=f"run only these experiments (one of: {', '.join(EXPERIMENTS)}); the head scan "
                              f"runs too when one needs the frozen component and --component is not given")

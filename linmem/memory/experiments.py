@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from linmem.memory import plots
-from linmem.memory.components import Component, attention_layers, heads, mixer, recurrent_layers
+from linmem.memory.components import Component, attention_layers, conv_width, heads, mixer, recurrent_layers
 from linmem.memory.edits import (
     CacheSwap,
     DonorWrite,
@@ -192,6 +192,42 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
                "edits_of_first_item": {name: [repr(e) for e in edits] for name, edits in first.items()}}
     summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
     return Result("lifecycle", rows, summary, plots.lifecycle(rows))
+
+
+def write_reach(model: nn.Module, items: Sequence[Item], component: Component,
+                control: Component | None = None) -> Result:
+    """Where the fact's write lands: the lifecycle's write block widened past the fact. The component's writes are
+    blocked over every presentation of the target fact and the ``d`` tokens after it, for ``d`` = 0 (the fact's own
+    tokens: the lifecycle's write block) to W, W the width of the model's short convolutions (1 without them), on
+    the chosen and on a control head. The keys and values written at the W − 1 tokens after a fact are
+    convolutions that still hold the fact's tokens, so a model may write the binding there; a block over the
+    fact's tokens alone then leaves recall as it was. ``d`` = W is one token past that reach. Rows: accuracy and
+    target-margin change per (target, ``tokens_after``); summary: W and the chosen head's accuracy at ``d`` = 0 and
+    ``d`` = W − 1. Figure: accuracy by ``d``, both heads on one axis with chance."""
+    batch = make_batch(items)
+    control = control or control_component(model, component)
+    width = conv_width(model)
+    offsets = list(range(width + 1))
+    targets = (("chosen", component), ("control head", control))
+
+    def edits(item: Item):
+        widened = lambda comp, d: [WriteBlock([comp], (start, min(end + d, item.boundary)))  # noqa: E731
+                                   for start, end in item.target_writes]
+        return [[]] + [widened(comp, d) for _, comp in targets for d in offsets]
+
+    choice = per_item(model, batch, edits)
+    rows, at = [], {}
+    for i, ((target, comp), d) in enumerate(((t, d) for t in targets for d in offsets), start=1):
+        m = compare(choice[0], choice[i], batch.answer)
+        rows += estimate_rows({k: m[k] for k in ("edited_correct", "target_margin_change")}, batch.sources,
+                              target=target, component=str(comp), tokens_after=d)
+        at[target, d] = rows[-2]
+    clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
+    summary = {"component": str(component), "control": str(control), "conv_width": width,
+               "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
+               "blocked_fact_tokens": {k: at["chosen", 0][k] for k in ("mean", "low", "high")},
+               "blocked_through_conv_reach": {k: at["chosen", width - 1][k] for k in ("mean", "low", "high")}}
+    return Result("write_reach", rows, summary, plots.write_reach(rows, width))
 
 
 def ranking_of(model: nn.Module, dev_items: Sequence[Item], ranking: Sequence[Component] | None) -> list[Component]:

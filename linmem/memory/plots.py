@@ -127,6 +127,24 @@ def sweep(rows: list[dict], field_name: str):
     return fig
 
 
+def write_reach(rows: list[dict], width: int):
+    """Recall accuracy with the head's writes blocked over the fact and the d tokens after it, chosen vs control
+    head on one axis; the short convolutions' reach (d = W − 1) marked."""
+    fig, ax = _subplots(figsize=(6, 3.8))
+    for target, marker, nudge in (("chosen", "o", -0.04), ("control head", "s", 0.04)):  # nudged: bars apart
+        sub = [r for r in rows if r["metric"] == "edited_correct" and r["target"] == target]
+        ax.errorbar([r["tokens_after"] + nudge for r in sub], [r["mean"] for r in sub], yerr=_errors(sub),
+                    marker=marker, capsize=3, label=f"{target} ({sub[0]['component']})")
+    ax.axhline(0.25, color="gray", ls="--", lw=0.8, label="chance")
+    if width > 1:
+        ax.axvline(width - 1, color="gray", ls=":", lw=0.8, label=f"short-conv reach (W − 1 = {width - 1})")
+    ax.set(xlabel="tokens after the fact also blocked (0: the fact's own tokens)",
+           ylabel="recall accuracy, writes blocked", ylim=(0, 1.05), xticks=range(width + 1))
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)  # above the data
+    fig.tight_layout()
+    return fig
+
+
 def overlap(rows: list[dict], label_keys: tuple[str, ...] = ("edit",)):
     """Target-margin change when later write keys are aligned with / orthogonalized to the target's key (one row
     per ``label_keys`` value, e.g. load and edit for the overlap sweep)."""

@@ -131,11 +131,11 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
 
 
 SWEEPS = ("sweep_num_bindings", "sweep_gap", "overlap_sweep")
-EXTRAS = ("overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk", "write_read_spearman",
-          "corrector", "subspace_transfer")
+EXTRAS = ("write_reach", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
+          "write_read_spearman", "corrector", "subspace_transfer")
 NOT_ATTRIBUTING = ("logit_lens",)  # reads the clean run only: meaningful at any recall
-NEEDS_COMPONENT = ("lifecycle", "head_interaction", "four_facts", "sweep_num_bindings", "sweep_gap", "overlap",
-                   "overlap_sweep", "neutral_suppression", "corrector", "subspace_transfer")
+NEEDS_COMPONENT = ("lifecycle", "write_reach", "head_interaction", "four_facts", "sweep_num_bindings", "sweep_gap",
+                   "overlap", "overlap_sweep", "neutral_suppression", "corrector", "subspace_transfer")
 
 
 def selected(options: ProbeOptions) -> list[str]:
@@ -194,6 +194,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     runs = {
         "lifecycle": lambda: ex.lifecycle(model, confirm_items, chosen, seed=options.seed,
                                           min_clean_recall=gated),
+        "write_reach": lambda: ex.write_reach(model, confirm_items, chosen),
         "head_interaction": lambda: ex.head_interaction(model, dev_items, confirm_items, chosen, ranking=ranking,
                                                         min_clean_recall=gated),
         "four_facts": lambda: ex.four_facts(model, builder, confirm, chosen, seed=options.seed),

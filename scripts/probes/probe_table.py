@@ -1,13 +1,15 @@
 """The second paper's rows for several models side by side, read from their `linmem probe` records.
 
-    python scripts/probes/probe_table.py LABEL=RESULTS.json [LABEL=RESULTS.json ...] [--out TABLE.md]
+    python scripts/probes/probe_table.py LABEL=RESULTS.json[+MORE.json] [LABEL=...] [--out TABLE.md]
 
-One column per record, one row per claim of "How Linear Attention Remembers" that the probe measures (the row
-numbers of docs/results.md): the chosen head, write block, donor write, state swap, output patch and restore, head
-interaction, four-fact edits, the load and gap sweeps, key overlap, write/read Spearman, logit lens, neutral
-suppression, joint top-k, the corrector, the subspace transfer and, for RLA/RDN, the split between the base (S) and
-residual (R) memory. Values are the records' own: means with their source-bootstrap 95% intervals, margins in
-logits. A record whose model fails the probe's clean-recall gate gets a line under the table instead of a column.
+One column per model, one row per claim of "How Linear Attention Remembers" that the probe measures (the row
+numbers of docs/results.md): the chosen head, write block (and the write block widened past the fact), donor write,
+state swap, output patch and restore, head interaction, four-fact edits, the load and gap sweeps, key overlap,
+write/read Spearman, logit lens, neutral suppression, joint top-k, the corrector, the subspace transfer and, for
+RLA/RDN, the split between the base (S) and residual (R) memory. A column may join several records of one model
+and task (`A.json+B.json`: a later `linmem probe --only ...` run beside the full one); an experiment in two of them
+is refused. Values are the records' own: means with their source-bootstrap 95% intervals, margins in logits. A
+model that fails the probe's clean-recall gate gets a line under the table instead of a column.
 """
 
 from __future__ import annotations
@@ -35,12 +37,23 @@ def small(x: float) -> str:
 
 
 class Record:
-    """One probe record's experiments, looked up by their row fields."""
+    """One model's probe experiments, from one record or several of the same model and task (the first gives the
+    header), looked up by their row fields."""
 
-    def __init__(self, path: Path):
-        self.data = json.loads(path.read_text(encoding="utf-8"))
-        self.header = self.data["header"]
-        self.experiments = self.data["experiments"]
+    def __init__(self, *paths: Path):
+        first, *more = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+        self.header, self.experiments = first["header"], dict(first["experiments"])
+        for path, data in zip(paths[1:], more):
+            for key in ("model", "task"):
+                if data["header"].get(key) != self.header.get(key):
+                    raise ValueError(f"{path}: its {key} {data['header'].get(key)!r} is not {paths[0]}'s "
+                                     f"{self.header.get(key)!r}; a column joins records of one model and task")
+            for name, experiment in data["experiments"].items():
+                if name == "clean_recall":
+                    continue  # each run measures it; the first record's is the column's
+                if name in self.experiments:
+                    raise ValueError(f"{path}: {name} is in an earlier record of this column as well")
+                self.experiments[name] = experiment
 
     def rows(self, experiment: str) -> list[dict]:
         return self.experiments.get(experiment, {}).get("rows", [])
@@ -172,9 +185,25 @@ def s_vs_r(r: Record) -> str:
     return f"base S {ci(share['S'])}, residual R {ci(share['R'])}"
 
 
+def write_reach(r: Record) -> str:
+    width = r.summary("write_reach")["conv_width"]
+
+    def at(target: str, d: int, metric: str) -> dict:
+        return r.row("write_reach", target=target, tokens_after=d, metric=metric)
+
+    by_d = " / ".join(f"{at('chosen', d, 'edited_correct')['mean']:.2f}" for d in range(width + 1))
+    reach = width - 1
+    return (f"recall at d = 0-{width}: {by_d}; margin change at d = 0 "
+            f"{signed(at('chosen', 0, 'target_margin_change'))}, at d = {reach} "
+            f"{signed(at('chosen', reach, 'target_margin_change'))} "
+            f"({signed(at('control head', reach, 'target_margin_change'))})")
+
+
 ROWS = [
     ("3: chosen head, first on held-out sources", head_scan),
     ("1: write block (control head)", write_block),
+    ("1, widened: write block over the fact and the d tokens after it, d = W - 1 the short convolutions' reach "
+     "(control head)", write_reach),
     ("2: donor write, donor answers (random write)", donor_write),
     ("4: state swap, margin shift (random swap); qualified donor rate", state_swap),
     ("5: output patch vs state swap", output_patch),
@@ -227,7 +256,7 @@ def main() -> None:
         label, sep, path = item.partition("=")
         if not sep or not label:
             parser.error(f"expected LABEL=RESULTS.json; got {item!r}")
-        columns.append((label, Record(Path(path))))
+        columns.append((label, Record(*(Path(p) for p in path.split("+")))))
     text = table(columns)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
