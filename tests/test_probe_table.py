@@ -101,7 +101,10 @@ def test_a_column_joins_records_of_one_model_and_refuses_any_other(tmp_path):
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps({**later, "experiments": {**later["experiments"],
                                                           "lifecycle": base["experiments"]["lifecycle"]}}))
-    for wrong, message in ((other, "a column joins records of one model and task"),
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({**later, "header": {**later["header"], "chosen": "L0H0S"}}))
+    for wrong, message in ((other, "a column joins records of one model, task and chosen head"),
+                           (elsewhere, "its chosen 'L0H0S'"),
                            (twice, "lifecycle is in an earlier record of this column")):
         done = subprocess.run([sys.executable, str(SCRIPT), f"GDN={full}+{wrong}"], capture_output=True, text=True)
         assert done.returncode != 0 and message in done.stderr

@@ -221,7 +221,7 @@ def write_reach(model: nn.Module, items: Sequence[Item], component: Component,
         m = compare(choice[0], choice[i], batch.answer)
         rows += estimate_rows({k: m[k] for k in ("edited_correct", "target_margin_change")}, batch.sources,
                               target=target, component=str(comp), tokens_after=d)
-        at[target, d] = rows[-2]
+        at[target, d] = next(r for r in rows[-2:] if r["metric"] == "edited_correct")
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
     summary = {"component": str(component), "control": str(control), "conv_width": width,
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),

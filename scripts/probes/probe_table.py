@@ -7,9 +7,10 @@ numbers of docs/results.md): the chosen head, write block (and the write block w
 state swap, output patch and restore, head interaction, four-fact edits, the load and gap sweeps, key overlap,
 write/read Spearman, logit lens, neutral suppression, joint top-k, the corrector, the subspace transfer and, for
 RLA/RDN, the split between the base (S) and residual (R) memory. A column may join several records of one model
-and task (`A.json+B.json`: a later `linmem probe --only ...` run beside the full one); an experiment in two of them
-is refused. Values are the records' own: means with their source-bootstrap 95% intervals, margins in logits. A
-model that fails the probe's clean-recall gate gets a line under the table instead of a column.
+and task with the same chosen head (`A.json+B.json`: a later `linmem probe --only ... --component HEAD` run beside
+the full one); an experiment in two of them is refused. Values are the records' own: means with their
+source-bootstrap 95% intervals, margins in logits. A model that fails the probe's clean-recall gate gets a line
+under the table instead of a column.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ class Record:
         first, *more = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
         self.header, self.experiments = first["header"], dict(first["experiments"])
         for path, data in zip(paths[1:], more):
-            for key in ("model", "task"):
+            for key in ("model", "task", "chosen"):
                 if data["header"].get(key) != self.header.get(key):
                     raise ValueError(f"{path}: its {key} {data['header'].get(key)!r} is not {paths[0]}'s "
-                                     f"{self.header.get(key)!r}; a column joins records of one model and task")
+                                     f"{self.header.get(key)!r}; a column joins records of one model, task and "
+                                     "chosen head")
             for name, experiment in data["experiments"].items():
                 if name == "clean_recall":
                     continue  # each run measures it; the first record's is the column's
@@ -256,7 +258,10 @@ def main() -> None:
         label, sep, path = item.partition("=")
         if not sep or not label:
             parser.error(f"expected LABEL=RESULTS.json; got {item!r}")
-        columns.append((label, Record(*(Path(p) for p in path.split("+")))))
+        try:
+            columns.append((label, Record(*(Path(p) for p in path.split("+")))))
+        except ValueError as e:
+            parser.error(str(e))
     text = table(columns)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
