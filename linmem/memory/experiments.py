@@ -207,26 +207,28 @@ def write_reach(model: nn.Module, items: Sequence[Item], component: Component,
     batch = make_batch(items)
     control = control or control_component(model, component)
     width = conv_width(model)
-    offsets = list(range(width + 1))
-    targets = (("chosen", component), ("control head", control))
+    cases = [(target, comp, d) for target, comp in (("chosen", component), ("control head", control))
+             for d in range(width + 1)]  # one edit set per case, in this order
 
     def edits(item: Item):
-        widened = lambda comp, d: [WriteBlock([comp], (start, min(end + d, item.boundary)))  # noqa: E731
-                                   for start, end in item.target_writes]
-        return [[]] + [widened(comp, d) for _, comp in targets for d in offsets]
+        return [[]] + [[WriteBlock([comp], (start, min(end + d, item.boundary))) for start, end in item.target_writes]
+                       for _, comp, d in cases]
 
     choice = per_item(model, batch, edits)
-    rows, at = [], {}
-    for i, ((target, comp), d) in enumerate(((t, d) for t in targets for d in offsets), start=1):
+    rows = []
+    for i, (target, comp, d) in enumerate(cases, start=1):
         m = compare(choice[0], choice[i], batch.answer)
         rows += estimate_rows({k: m[k] for k in ("edited_correct", "target_margin_change")}, batch.sources,
                               target=target, component=str(comp), tokens_after=d)
-        at[target, d] = next(r for r in rows[-2:] if r["metric"] == "edited_correct")
+
+    def chosen_accuracy(d: int) -> dict:
+        row = next(r for r in rows if (r["target"], r["tokens_after"], r["metric"]) == ("chosen", d, "edited_correct"))
+        return {k: row[k] for k in ("mean", "low", "high")}
+
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
     summary = {"component": str(component), "control": str(control), "conv_width": width,
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
-               "blocked_fact_tokens": {k: at["chosen", 0][k] for k in ("mean", "low", "high")},
-               "blocked_through_conv_reach": {k: at["chosen", width - 1][k] for k in ("mean", "low", "high")}}
+               "blocked_fact_tokens": chosen_accuracy(0), "blocked_through_conv_reach": chosen_accuracy(width - 1)}
     return Result("write_reach", rows, summary, plots.write_reach(rows, width))
 
 

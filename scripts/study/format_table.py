@@ -93,16 +93,16 @@ def plot(rows: list[dict], path: Path) -> None:
     formats = list(dict.fromkeys(row["format"] for row in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), sharey=True, squeeze=False)
     for ax, model in zip(axes[0], models):
+        seeds = sorted({r["seed"] for r in rows if r["model"] == model})
         for row in (r for r in rows if r["model"] == model):
             loads = sorted(row["by_load"])
             acc = [row["by_load"][k] for k in loads]
             color = f"C{formats.index(row['format'])}"
-            first_seed = row["seed"] == min(r["seed"] for r in rows if r["model"] == model)
+            first_seed = row["seed"] == seeds[0]
             name = row["format"] + (" (the study's test format)" if row["measured_by"] == "study" else "")
             ax.plot(loads, [a[0] for a in acc], "o-", color=color, ms=3, label=name if first_seed else None)
             ax.fill_between(loads, [a[1] for a in acc], [a[2] for a in acc], color=color, alpha=0.12)
         ax.axhline(rows[0]["chance"], color="gray", ls="--", lw=1, label="chance")
-        seeds = sorted({r["seed"] for r in rows if r["model"] == model})
         title = f"{model} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
         ax.set(xscale="log", title=title, xlabel="facts in context", ylim=(0, 1))
         ax.set_xticks(loads, [str(k) for k in loads])
