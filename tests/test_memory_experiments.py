@@ -243,10 +243,11 @@ def test_benchmark_scans_agree(lab):
     assert (fast - slow).abs().max() < 1e-9
 
 
-def test_write_reach_widens_the_lifecycles_write_block_through_the_short_convolutions(lab):
-    """``d`` = 0 is the lifecycle's write block (the same numbers by another code path); the row at each ``d``
-    blocks the fact's spans and the ``d`` tokens after them (recomputed here from hand-widened spans, on the
-    chosen and the control head); the offsets run 0..W for short convolutions of width W, and 0..1 without them."""
+def test_write_reach_widens_the_lifecycles_write_edits_through_the_short_convolutions(lab):
+    """``d`` = 0 is the lifecycle's write block and donor write (the same numbers by another code path); the row at
+    each ``d`` edits the fact's spans and the ``d`` tokens after them (recomputed here from hand-widened spans, on
+    the chosen and the control head); the offsets run 0..W for short convolutions of width W, and 0..1 without
+    them."""
     _, tokenizer, builder, sources = lab
     items = build_items(builder, sources, per_source=4)
     chosen, control = mm.Component(1, 0, "S"), mm.Component(0, 1, "S")
@@ -255,29 +256,39 @@ def test_write_reach_widens_the_lifecycles_write_block_through_the_short_convolu
     assert result.summary["conv_width"] == 3 and result.figure is not None
     assert sorted({r["tokens_after"] for r in result.rows}) == [0, 1, 2, 3]
     life = ex.lifecycle(model, items, chosen, control)
-    for metric in ("edited_correct", "target_margin_change"):
-        ours = rows_of(result, target="chosen", tokens_after=0, metric=metric)[0]
-        theirs = rows_of(life, intervention="write block", target="chosen", metric=metric)[0]
-        assert ours["mean"] == pytest.approx(theirs["mean"], abs=1e-12), metric
+    measured = {"write block": ("edited_correct", "target_margin_change"),
+                "donor write": ("donor_answer", "donor_margin_shift")}
+    for intervention, names in measured.items():
+        assert {r["metric"] for r in result.rows if r["intervention"] == intervention} == set(names)
+        for metric in names:
+            ours = rows_of(result, intervention=intervention, target="chosen", tokens_after=0, metric=metric)[0]
+            theirs = rows_of(life, intervention=intervention, target="chosen", metric=metric)[0]
+            assert ours["mean"] == pytest.approx(theirs["mean"], abs=1e-12), (intervention, metric)
     batch = make_batch(items)
-    for target, comp in (("chosen", chosen), ("control head", control)):
-        for d in (1, 2, 3):
-            margins = []
-            for b, item in enumerate(items):
-                block = [mm.WriteBlock([comp], (start, min(end + d, item.boundary)))
-                         for start, end in item.target_writes]
-                clean, edited = candidate_logits(model, batch.subset([b]), [[], block])[:, 0]
-                margins.append(float(metrics.target_margin(edited[None], batch.answer[b:b + 1])
-                                     - metrics.target_margin(clean[None], batch.answer[b:b + 1])))
-            row = rows_of(result, target=target, tokens_after=d, metric="target_margin_change")[0]
-            assert row["mean"] == pytest.approx(float(np.mean(margins)), abs=1e-9), (target, d)
-    # widening moves the chosen head's margin: the rows are not the same edit four times
-    shifts = [rows_of(result, target="chosen", tokens_after=d, metric="target_margin_change")[0]["mean"]
-              for d in range(4)]
-    assert max(shifts) - min(shifts) > 1e-6
+    edit = {"write block": lambda comp, span: mm.WriteBlock([comp], span),
+            "donor write": lambda comp, span: mm.DonorWrite([comp], span)}
+    margin = {"write block": lambda logits, b: metrics.target_margin(logits[None], batch.answer[b:b + 1]),
+              "donor write": lambda logits, b: metrics.donor_margin(logits[None], batch.answer[b:b + 1],
+                                                                    batch.donor_answer[b:b + 1])}
+    for intervention, metric in (("write block", "target_margin_change"), ("donor write", "donor_margin_shift")):
+        for target, comp in (("chosen", chosen), ("control head", control)):
+            for d in (1, 2, 3):
+                changes = []
+                for b, item in enumerate(items):
+                    edits = [edit[intervention](comp, (start, min(end + d, item.boundary)))
+                             for start, end in item.target_writes]
+                    clean, edited = candidate_logits(model, batch.subset([b]), [[], edits])[:, 0]
+                    changes.append(float(margin[intervention](edited, b) - margin[intervention](clean, b)))
+                row = rows_of(result, intervention=intervention, target=target, tokens_after=d, metric=metric)[0]
+                assert row["mean"] == pytest.approx(float(np.mean(changes)), abs=1e-9), (intervention, target, d)
+        # widening moves the chosen head's margin: the rows are not the same edit four times
+        by_d = [rows_of(result, intervention=intervention, target="chosen", tokens_after=d, metric=metric)[0]["mean"]
+                for d in range(4)]
+        assert max(by_d) - min(by_d) > 1e-6, intervention
     plain = ex.write_reach(tiny(tokenizer, mixer="gdn", use_short_conv=False), items[:3], chosen, control)
     assert plain.summary["conv_width"] == 1 and sorted({r["tokens_after"] for r in plain.rows}) == [0, 1]
     assert plain.summary["blocked_through_conv_reach"] == plain.summary["blocked_fact_tokens"]
+    assert plain.summary["donor_through_conv_reach"] == plain.summary["donor_fact_tokens"]
 
 
 def test_qualified_donor_rate_counts_only_items_both_prompts_answer(lab):

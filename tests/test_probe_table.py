@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 import subprocess
@@ -95,6 +96,15 @@ def test_a_column_joins_records_of_one_model_and_refuses_any_other(tmp_path):
         "recall at d = 0-2: 0.75 / 0.25 / 0.31; margin change at d = 0 -0.05 [-0.15, 0.05], at d = 1 "
         "-1.50 [-1.60, -1.40] (-0.02 [-0.12, 0.08])"]
     assert cells(joined, "4:") == cells(table(f"GDN={full}"), "4:")  # the full record's rows are kept as they were
+    assert cells(joined, "2, widened") == ["not measured"]  # a write_reach record without the donor arm
+    donors = {"chosen": [0.0, 0.62, 0.56], "control head": [0.0, 0.0, 0.06]}
+    with_donors = copy.deepcopy(later)
+    with_donors["experiments"]["write_reach"]["rows"] += [
+        {**row(t, d, m, "donor_answer"), "intervention": "donor write"} for t, ms in donors.items()
+        for d, m in enumerate(ms)]
+    (tmp_path / "donors.json").write_text(json.dumps(with_donors))
+    assert cells(table(f"GDN={full}+{tmp_path / 'donors.json'}"), "2, widened") == [
+        "donor answers at d = 0-2: 0.00 / 0.62 / 0.56; at d = 1 0.62 [0.52, 0.72] (0.00)"]
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**later, "header": {**later["header"], "model": "zoo:gla"}}))

@@ -196,39 +196,49 @@ def lifecycle(model: nn.Module, items: Sequence[Item], component: Component,
 
 def write_reach(model: nn.Module, items: Sequence[Item], component: Component,
                 control: Component | None = None) -> Result:
-    """Where the fact's write lands: the lifecycle's write block widened past the fact. The component's writes are
-    blocked over every presentation of the target fact and the ``d`` tokens after it, for ``d`` = 0 (the fact's own
-    tokens: the lifecycle's write block) to W, W the width of the model's short convolutions (1 without them), on
-    the chosen and on a control head. The keys and values written at the W − 1 tokens after a fact are
-    convolutions that still hold the fact's tokens, so a model may write the binding there; a block over the
-    fact's tokens alone then leaves recall as it was. ``d`` = W is one token past that reach. Rows: accuracy and
-    target-margin change per (target, ``tokens_after``); summary: W and the chosen head's accuracy at ``d`` = 0 and
-    ``d`` = W − 1. Figure: accuracy by ``d``, both heads on one axis with chance."""
+    """Where the fact's write lands: the lifecycle's write block and donor write widened past the fact. Over every
+    presentation of the target fact and the ``d`` tokens after it, for ``d`` = 0 (the fact's own tokens: the
+    lifecycle's spans) to W, W the width of the model's short convolutions (1 without them), the component's writes
+    are blocked (is the write there needed?) or taken from the donor prompt (is it enough to carry the donor's
+    value?), on the chosen and on a control head. The keys and values written at the W − 1 tokens after a fact are
+    convolutions that still hold the fact's tokens, so a model may write the binding there; edits over the fact's
+    tokens alone then leave recall as it was. ``d`` = W is one token past that reach. Rows (``intervention``,
+    ``target``, ``tokens_after``): accuracy and target-margin change for the block, donor-answer rate and
+    donor-margin shift for the donor write; summary: W and the chosen head's block accuracy and donor-answer rate
+    at ``d`` = 0 and ``d`` = W − 1. Figure: the two by ``d``, both heads on one scale with chance."""
     batch = make_batch(items)
     control = control or control_component(model, component)
     width = conv_width(model)
-    cases = [(target, comp, d) for target, comp in (("chosen", component), ("control head", control))
+    edit = {"write block": lambda comp, span: WriteBlock([comp], span),
+            "donor write": lambda comp, span: DonorWrite([comp], span)}
+    measured = {"write block": ("edited_correct", "target_margin_change"),
+                "donor write": ("donor_answer", "donor_margin_shift")}
+    cases = [(intervention, target, comp, d) for intervention in edit
+             for target, comp in (("chosen", component), ("control head", control))
              for d in range(width + 1)]  # one edit set per case, in this order
 
     def edits(item: Item):
-        return [[]] + [[WriteBlock([comp], (start, min(end + d, item.boundary))) for start, end in item.target_writes]
-                       for _, comp, d in cases]
+        return [[]] + [[edit[intervention](comp, (start, min(end + d, item.boundary)))
+                        for start, end in item.target_writes] for intervention, _, comp, d in cases]
 
     choice = per_item(model, batch, edits)
     rows = []
-    for i, (target, comp, d) in enumerate(cases, start=1):
-        m = compare(choice[0], choice[i], batch.answer)
-        rows += estimate_rows({k: m[k] for k in ("edited_correct", "target_margin_change")}, batch.sources,
-                              target=target, component=str(comp), tokens_after=d)
+    for i, (intervention, target, comp, d) in enumerate(cases, start=1):
+        m = compare(choice[0], choice[i], batch.answer, batch.donor_answer)
+        rows += estimate_rows({k: m[k] for k in measured[intervention]}, batch.sources,
+                              intervention=intervention, target=target, component=str(comp), tokens_after=d)
 
-    def chosen_accuracy(d: int) -> dict:
-        row = next(r for r in rows if (r["target"], r["tokens_after"], r["metric"]) == ("chosen", d, "edited_correct"))
+    def chosen(metric: str, d: int) -> dict:
+        row = next(r for r in rows if (r["target"], r["tokens_after"], r["metric"]) == ("chosen", d, metric))
         return {k: row[k] for k in ("mean", "low", "high")}
 
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
     summary = {"component": str(component), "control": str(control), "conv_width": width,
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict(),
-               "blocked_fact_tokens": chosen_accuracy(0), "blocked_through_conv_reach": chosen_accuracy(width - 1)}
+               "blocked_fact_tokens": chosen("edited_correct", 0),
+               "blocked_through_conv_reach": chosen("edited_correct", width - 1),
+               "donor_fact_tokens": chosen("donor_answer", 0),
+               "donor_through_conv_reach": chosen("donor_answer", width - 1)}
     return Result("write_reach", rows, summary, plots.write_reach(rows, width))
 
 

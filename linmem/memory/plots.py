@@ -128,20 +128,25 @@ def sweep(rows: list[dict], field_name: str):
 
 
 def write_reach(rows: list[dict], width: int):
-    """Recall accuracy with the head's writes blocked over the fact and the d tokens after it, chosen vs control
-    head on one axis; the short convolutions' reach (d = W − 1) marked."""
-    fig, ax = _subplots(figsize=(6, 3.8))
-    for target, marker, nudge in (("chosen", "o", -0.04), ("control head", "s", 0.04)):  # nudged: bars apart
-        sub = [r for r in rows if r["metric"] == "edited_correct" and r["target"] == target]
-        ax.errorbar([r["tokens_after"] + nudge for r in sub], [r["mean"] for r in sub], yerr=_errors(sub),
-                    marker=marker, capsize=3, label=f"{target} ({sub[0]['component']})")
-    ax.axhline(0.25, color="gray", ls="--", lw=0.8, label="chance")
-    if width > 1:
-        ax.axvline(width - 1, color="gray", ls=":", lw=0.8, label=f"short-conv reach (W − 1 = {width - 1})")
-    ax.set(xlabel="tokens after the fact also blocked (0: the fact's own tokens)",
-           ylabel="recall accuracy, writes blocked", ylim=(0, 1.05), xticks=range(width + 1))
-    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)  # above the data
-    fig.tight_layout()
+    """By d, the tokens after the fact also edited: recall accuracy with the head's writes blocked (left) and the
+    donor-answer rate with the donor's writes patched in (right), chosen vs control head, both panels on one 0-1
+    scale; chance (1 of 4 candidates) dashed, the short convolutions' reach (d = W − 1) dotted."""
+    panels = (("write block", "edited_correct", "recall accuracy"),
+              ("donor write", "donor_answer", "donor-answer rate"))
+    fig, axes = _subplots(1, 2, figsize=(9, 4), layout="constrained", sharey=True)
+    for ax, (intervention, metric, ylabel) in zip(axes, panels):
+        for target, marker, nudge in (("chosen", "o", -0.04), ("control head", "s", 0.04)):  # nudged: bars apart
+            sub = [r for r in rows if (r.get("intervention", "write block"), r["metric"], r["target"])
+                   == (intervention, metric, target)]
+            if sub:
+                ax.errorbar([r["tokens_after"] + nudge for r in sub], [r["mean"] for r in sub],
+                            yerr=_errors(sub), marker=marker, capsize=3, label=f"{target} ({sub[0]['component']})")
+        ax.axhline(0.25, color="gray", ls="--", lw=0.8, label="chance (1 of 4)")
+        if width > 1:
+            ax.axvline(width - 1, color="gray", ls=":", lw=0.8, label=f"short-conv reach (W − 1 = {width - 1})")
+        ax.set(title=f"{intervention}: {ylabel}", ylabel=ylabel, ylim=(0, 1.05), xticks=range(width + 1))
+    fig.supxlabel("tokens after the fact also edited (0: the fact's own tokens)", fontsize=10)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncol=4, fontsize=8, frameon=False)
     return fig
 
 

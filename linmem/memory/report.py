@@ -29,11 +29,12 @@ READING = {
     "four_facts": "Left: share of target queries answered with the donor value after the state swap, and share of "
                   "non-target queries that were right and broke. Right: fact B's margin change when Δ_A (or its "
                   "part parallel / orthogonal to Δ_B) is added, against equal-norm Gaussians.",
-    "write_reach": "Held-out sources, frozen component: recall with its writes blocked over the fact and the d "
-                   "tokens after it (d = 0: the lifecycle's write block), against a control head. With short "
+    "write_reach": "Held-out sources, frozen component: left, recall with its writes blocked over the fact and the "
+                   "d tokens after it; right, the donor-answer rate with the donor prompt's writes put there instead "
+                   "(d = 0: the lifecycle's write block and donor write); against a control head. With short "
                    "convolutions of width W, the keys and values written at the W − 1 tokens after the fact still "
-                   "hold its tokens (dotted line): recall that falls only once d reaches them means the binding "
-                   "is written just after the fact, not on its tokens.",
+                   "hold its tokens (dotted line): recall that falls, or donor answers that rise, only once d "
+                   "reaches them mean the binding is written just after the fact, not on its tokens.",
     "hybrid_attribution": "Donor-margin shift of swapping only the recurrent (state + conv) caches or only the "
                           "attention KV caches, as a share of swapping both (1 = all of the effect; a ratio of "
                           "source means).",

@@ -201,12 +201,24 @@ def write_reach(r: Record) -> str:
             f"({signed(at('control head', reach, 'target_margin_change'))})")
 
 
+def donor_reach(r: Record) -> str:
+    width = r.summary("write_reach")["conv_width"]
+
+    def at(target: str, d: int) -> dict:
+        return r.row("write_reach", target=target, tokens_after=d, metric="donor_answer")
+
+    by_d = " / ".join(f"{at('chosen', d)['mean']:.2f}" for d in range(width + 1))
+    return f"donor answers at d = 0-{width}: {by_d}; at d = {width - 1} {ci(at('chosen', width - 1))} " \
+           f"({at('control head', width - 1)['mean']:.2f})"
+
+
 ROWS = [
     ("3: chosen head, first on held-out sources", head_scan),
     ("1: write block (control head)", write_block),
     ("1, widened: write block over the fact and the d tokens after it, d = W - 1 the short convolutions' reach "
      "(control head)", write_reach),
     ("2: donor write, donor answers (random write)", donor_write),
+    ("2, widened: donor write over the fact and the d tokens after it (control head)", donor_reach),
     ("4: state swap, margin shift (random swap); qualified donor rate", state_swap),
     ("5: output patch vs state swap", output_patch),
     ("6: swap, then restore the head's output (the control head's)", output_restore),
