@@ -223,6 +223,41 @@ def test_probe_runs_single_experiments(model_dir):
     assert isinstance(payload["header"]["confirmed_on_held_out"], bool)
 
 
+def test_probe_widens_the_write_edits_it_is_asked_to(model_dir, capsys):
+    """``--write-tokens-after D``: the lifecycle's write block and donor write cover the fact and the D tokens after
+    it, the numbers write_reach gives at d = D by its own path; the other edits, and write_reach itself (always
+    from the fact's own tokens), are as without the option; the header records D and the notes say it; a negative D
+    is refused before anything runs."""
+    def run(*extra) -> dict:
+        assert probe(model_dir, "--only", "lifecycle", "write_reach", "--component", "L1H0S", *extra) == 0
+        return json.loads((model_dir / "out" / "results.json").read_text())
+
+    plain, wide = run(), run("--write-tokens-after", "2")
+    assert (plain["header"]["write_tokens_after"], wide["header"]["write_tokens_after"]) == (0, 2)
+    assert any("the 2 token(s) after it" in note for note in wide["header"]["notes"])
+    assert not any("token(s) after it" in note for note in plain["header"]["notes"])
+    rows = lambda record, name: record["experiments"][name]["rows"]  # noqa: E731
+    assert rows(plain, "write_reach") == rows(wide, "write_reach")
+    for intervention, metrics_ in (("write block", ("edited_correct", "target_margin_change")),
+                                   ("donor write", ("donor_answer", "donor_margin_shift"))):
+        for target in ("chosen", "control head"):
+            for metric in metrics_:
+                pick = dict(intervention=intervention, target=target, metric=metric)
+                reach = [r for r in rows(plain, "write_reach") if r["tokens_after"] == 2
+                         and all(r[k] == v for k, v in pick.items())]
+                life = [r for r in rows(wide, "lifecycle") if all(r[k] == v for k, v in pick.items())]
+                assert len(reach) == len(life) == 1
+                assert life[0]["mean"] == pytest.approx(reach[0]["mean"], rel=1e-4, abs=1e-7), pick  # float32
+    block = lambda record: next(r["mean"] for r in rows(record, "lifecycle") if (  # noqa: E731
+        r["intervention"], r["target"], r["metric"]) == ("write block", "chosen", "target_margin_change"))
+    assert abs(block(wide) - block(plain)) > 1e-3 * abs(block(plain))  # the widening changed the lifecycle
+    unwidened = [r for r in rows(plain, "lifecycle") if r["intervention"] not in ("write block", "donor write")]
+    assert unwidened == [r for r in rows(wide, "lifecycle") if r["intervention"] not in ("write block", "donor write")]
+    with pytest.raises(SystemExit):
+        probe(model_dir, "--only", "lifecycle", "--component", "L1H0S", "--write-tokens-after", "-1")
+    assert "must be >= 0" in capsys.readouterr().err
+
+
 def test_probe_reports_bad_options_before_running(model_dir, capsys):
     assert probe(model_dir, "--only", "lifecycle", "--component", "L0H5S") == 2
     assert "head must be in [0, 2)" in capsys.readouterr().err

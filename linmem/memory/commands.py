@@ -15,6 +15,14 @@ from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
 
 
+def tokens_after(text: str) -> int:
+    """``--write-tokens-after``'s value: a whole number >= 0 (argparse says the error)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0; got {value}")
+    return value
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
     parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe; required for zoo:NAME)")
@@ -55,6 +63,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "or a file, as --values); default: tested on --values facts too")
     parser.add_argument("--component", default=None,
                         help="use this component (like L3H1S or L3H1R) instead of the head scan's choice")
+    parser.add_argument("--write-tokens-after", type=tokens_after, default=0, metavar="D",
+                        help="the lifecycle's write block and donor write, the head interaction's blocks and the "
+                             "write/read Spearman's writes cover each fact and the D tokens after it (default 0: "
+                             "the fact's own tokens, as in the paper); for a model whose write_reach shows it "
+                             "writes a fact just after it")
     parser.add_argument("--min-clean-recall", type=float, default=CLEAN_RECALL_GATE,
                         help="attribute only if clean recall (4 candidates, chance 0.25) reaches this on both source "
                              "sets; below it the report says so and skips the attributions (0: no gate)")
@@ -115,7 +128,8 @@ def main(args: argparse.Namespace) -> int:
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
                            min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
-                           values=args.values, transfer_values=args.transfer_values)
+                           values=args.values, transfer_values=args.transfer_values,
+                           write_tokens_after=args.write_tokens_after)
     print(f"filler text: {filler}")
     summary = run_protocol(model, tokenizer, docs, options, out,
                            header={"model": str(args.model_dir), "device": str(next(model.parameters()).device),

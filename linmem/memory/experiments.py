@@ -218,8 +218,8 @@ def write_reach(model: nn.Module, items: Sequence[Item], component: Component,
              for d in range(width + 1)]  # one edit set per case, in this order
 
     def edits(item: Item):
-        return [[]] + [[edit[intervention](comp, (start, min(end + d, item.boundary)))
-                        for start, end in item.target_writes] for intervention, _, comp, d in cases]
+        return [[]] + [[edit[intervention](comp, span) for span in item.writes_widened(d).target_writes]
+                       for intervention, _, comp, d in cases]
 
     choice = per_item(model, batch, edits)
     rows = []

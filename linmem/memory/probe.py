@@ -44,7 +44,10 @@ class ProbeOptions:
     below it on the development or the confirmation sources only the experiments that attribute nothing
     (``NOT_ATTRIBUTING``) run, and the report says why; 0 turns the gate off. ``time_limit_s``: an experiment is
     not started once the seconds spent plus its ``cost_estimates`` entry (0 if none) would pass the limit; the
-    report lists the ones left out."""
+    report lists the ones left out. ``write_tokens_after``: the write edits of the lifecycle, the head interaction
+    and the write/read Spearman cover each presentation of the fact and this many tokens after it (0: the fact's
+    own tokens, as in the paper); for a model that writes a fact just after it, inside its short convolutions'
+    reach (``write_reach`` finds that). ``write_reach`` itself always starts from the fact's own tokens."""
 
     dev_sources: int = 16
     confirm_sources: int = 16
@@ -65,6 +68,7 @@ class ProbeOptions:
     min_clean_recall: float = CLEAN_RECALL_GATE
     time_limit_s: float | None = None
     cost_estimates: dict[str, float] = field(default_factory=dict)
+    write_tokens_after: int = 0
 
 
 def pick_spec(tokenizer, spec: TaskSpec, notes: list[str] | None = None, keep: Iterable[str] = ()) -> TaskBuilder:
@@ -162,7 +166,12 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     """
     if not 0 <= options.min_clean_recall <= 1:
         raise ValueError(f"min_clean_recall must be in [0, 1]; got {options.min_clean_recall}")
+    if options.write_tokens_after < 0:
+        raise ValueError(f"write_tokens_after must be >= 0; got {options.write_tokens_after}")
     notes: list[str] = []
+    if options.write_tokens_after:
+        notes.append(f"write edits (lifecycle, head interaction, write/read Spearman) cover each fact and the "
+                     f"{options.write_tokens_after} token(s) after it, not the fact's own tokens only")
     builder = task_builder(tokenizer, options, notes)
     names = selected(options)
     loads = [k for k in options.loads if k <= len(builder.keys)]
@@ -181,6 +190,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
+    widened = lambda items: [item.writes_widened(options.write_tokens_after) for item in items]  # noqa: E731
     recall = [ex.clean_recall(model, dev_items, "development"), ex.clean_recall(model, confirm_items, "confirmation")]
     gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall)
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
@@ -192,11 +202,11 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     transfer_items = lambda: (confirm_items if transfer is builder  # noqa: E731
                               else build_items(transfer, confirm, seed=options.seed))
     runs = {
-        "lifecycle": lambda: ex.lifecycle(model, confirm_items, chosen, seed=options.seed,
+        "lifecycle": lambda: ex.lifecycle(model, widened(confirm_items), chosen, seed=options.seed,
                                           min_clean_recall=gated),
         "write_reach": lambda: ex.write_reach(model, confirm_items, chosen),
-        "head_interaction": lambda: ex.head_interaction(model, dev_items, confirm_items, chosen, ranking=ranking,
-                                                        min_clean_recall=gated),
+        "head_interaction": lambda: ex.head_interaction(model, dev_items, widened(confirm_items), chosen,
+                                                        ranking=ranking, min_clean_recall=gated),
         "four_facts": lambda: ex.four_facts(model, builder, confirm, chosen, seed=options.seed),
         "hybrid_attribution": lambda: ex.hybrid_attribution(model, confirm_items),
         "s_vs_r": lambda: ex.s_vs_r(model, confirm_items),
@@ -211,7 +221,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "neutral_suppression": lambda: ex.neutral_suppression(model, build_items(
             TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed), chosen),
         "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
-        "write_read_spearman": lambda: ex.write_read_spearman(model, confirm_items),
+        "write_read_spearman": lambda: ex.write_read_spearman(model, widened(confirm_items)),
         "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
         "subspace_transfer": lambda: subspace_transfer(
             model, dev_items, transfer_items(), chosen, seed=options.seed,
@@ -245,6 +255,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "loads": loads if {"sweep_num_bindings", "overlap_sweep"} & set(names) else None,
               "gaps": gaps if "sweep_gap" in names else None,
               "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
+              "write_tokens_after": options.write_tokens_after,
               "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}
     write_report(results, out_dir, header, warning=None if gate["passed"] else gate["message"])
     summaries: dict[str, dict] = {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -318,6 +318,15 @@ class Item:
     def boundary(self) -> int:
         """The first query token: states at this point are the "pre-query" states."""
         return len(self.recipient)
+
+    def writes_widened(self, tokens_after: int) -> Item:
+        """This item with each of its ``target_writes`` spans extended over the ``tokens_after`` tokens after it
+        (never into the query): the write edits then also reach writes that short convolutions make from the
+        fact's tokens just after them."""
+        if tokens_after < 0:
+            raise ValueError(f"tokens_after must be >= 0; got {tokens_after}")
+        return replace(self, target_writes=[(start, min(end + tokens_after, self.boundary))
+                                            for start, end in self.target_writes])
 
 
 def passages(documents: Iterable[Document], tokenize: Tokenize, min_tokens: int,
