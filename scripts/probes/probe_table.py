@@ -72,6 +72,12 @@ class Record:
     def has(self, experiment: str) -> bool:
         return bool(self.rows(experiment))
 
+    def measured(self, experiment: str) -> list[dict]:
+        """The experiment's rows; ``KeyError`` (the cell says "not measured") when the record has none."""
+        if not self.has(experiment):
+            raise KeyError(experiment)
+        return self.rows(experiment)
+
 
 def head_scan(r: Record) -> str:
     s = r.summary("head_scan")
@@ -130,7 +136,7 @@ def four_facts(r: Record) -> str:
 
 
 def sweep(r: Record, experiment: str, field: str) -> str:
-    rows = sorted((x for x in r.rows(experiment) if x["edit"] == "chosen" and x["metric"] == "clean_correct"),
+    rows = sorted((x for x in r.measured(experiment) if x["edit"] == "chosen" and x["metric"] == "clean_correct"),
                   key=lambda x: x[field])
     text = ", ".join(f"{x['mean']:.2f}" for x in rows)
     below = r.summary(experiment).get("below_clean_recall") or []
@@ -150,7 +156,7 @@ def spearman(r: Record) -> str:
 def logit_lens(r: Record) -> str:
     layer = int(r.header["chosen"][1:].split("H")[0])
     values = [f"**{x['mean']:.2f}**" if x["layer"] == layer else f"{x['mean']:.2f}"
-              for x in sorted(r.rows("logit_lens"), key=lambda x: x["layer"])]
+              for x in sorted(r.measured("logit_lens"), key=lambda x: x["layer"])]
     return ", ".join(values) + f" (L{layer})"
 
 
