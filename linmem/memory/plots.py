@@ -136,11 +136,9 @@ def write_reach(rows: list[dict], width: int):
     fig, axes = _subplots(1, 2, figsize=(9, 4), layout="constrained", sharey=True)
     for ax, (intervention, metric, ylabel) in zip(axes, panels):
         for target, marker, nudge in (("chosen", "o", -0.04), ("control head", "s", 0.04)):  # nudged: bars apart
-            sub = [r for r in rows if (r.get("intervention", "write block"), r["metric"], r["target"])
-                   == (intervention, metric, target)]
-            if sub:
-                ax.errorbar([r["tokens_after"] + nudge for r in sub], [r["mean"] for r in sub],
-                            yerr=_errors(sub), marker=marker, capsize=3, label=f"{target} ({sub[0]['component']})")
+            sub = [r for r in rows if (r["intervention"], r["metric"], r["target"]) == (intervention, metric, target)]
+            ax.errorbar([r["tokens_after"] + nudge for r in sub], [r["mean"] for r in sub], yerr=_errors(sub),
+                        marker=marker, capsize=3, label=f"{target} ({sub[0]['component']})")
         ax.axhline(0.25, color="gray", ls="--", lw=0.8, label="chance (1 of 4)")
         if width > 1:
             ax.axvline(width - 1, color="gray", ls=":", lw=0.8, label=f"short-conv reach (W − 1 = {width - 1})")

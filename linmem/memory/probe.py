@@ -190,7 +190,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
-    widened = lambda items: [item.writes_widened(options.write_tokens_after) for item in items]  # noqa: E731
+    write_items = [item.writes_widened(options.write_tokens_after) for item in confirm_items]  # the write edits' spans
     recall = [ex.clean_recall(model, dev_items, "development"), ex.clean_recall(model, confirm_items, "confirmation")]
     gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall)
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
@@ -202,10 +202,10 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     transfer_items = lambda: (confirm_items if transfer is builder  # noqa: E731
                               else build_items(transfer, confirm, seed=options.seed))
     runs = {
-        "lifecycle": lambda: ex.lifecycle(model, widened(confirm_items), chosen, seed=options.seed,
+        "lifecycle": lambda: ex.lifecycle(model, write_items, chosen, seed=options.seed,
                                           min_clean_recall=gated),
         "write_reach": lambda: ex.write_reach(model, confirm_items, chosen),
-        "head_interaction": lambda: ex.head_interaction(model, dev_items, widened(confirm_items), chosen,
+        "head_interaction": lambda: ex.head_interaction(model, dev_items, write_items, chosen,
                                                         ranking=ranking, min_clean_recall=gated),
         "four_facts": lambda: ex.four_facts(model, builder, confirm, chosen, seed=options.seed),
         "hybrid_attribution": lambda: ex.hybrid_attribution(model, confirm_items),
@@ -221,7 +221,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         "neutral_suppression": lambda: ex.neutral_suppression(model, build_items(
             TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed), chosen),
         "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
-        "write_read_spearman": lambda: ex.write_read_spearman(model, widened(confirm_items)),
+        "write_read_spearman": lambda: ex.write_read_spearman(model, write_items),
         "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
         "subspace_transfer": lambda: subspace_transfer(
             model, dev_items, transfer_items(), chosen, seed=options.seed,
