@@ -219,7 +219,7 @@ def donor_reach(r: Record) -> str:
 
 
 ROWS = [
-    ("3: chosen head, first on held-out sources", head_scan),
+    ("3: chosen head, first on development sources", head_scan),
     ("1: write block (control head)", write_block),
     ("1, widened: write block over the fact and the d tokens after it, d = W - 1 the short convolutions' reach "
      "(control head)", write_reach),
