@@ -371,6 +371,31 @@ def test_detached_pieces_carry_weights_larger_than_a_command_returns(tmp_path):
     assert list(here.iterdir()) == []
 
 
+def test_detached_watch_says_how_long_each_run_has_left(tmp_path):
+    """The watch reads each run's last update, its total (the run's config) and its last speed: the seconds to the
+    last update while it trains, "evaluating" after it, "evaluated" once its items are written."""
+    script = STUDY_SCRIPTS / "detached.sh"
+    out = tmp_path / "study"
+    (tmp_path / "study-logs").mkdir()
+    (tmp_path / "study-logs" / "queue.log").write_text("2026-12-03T00:00:00Z start a seed 0\n")
+    config = "model:\n  hidden_size: 8\noptim:\n  warmup_steps: 10\ntrain:\n  steps: 300\n  batch_size: 2\nname: a\n"
+    lines = {"a/seed-0": [{"step": 1, "tokens": 10, "tokens_per_s": 5.0},
+                          {"step": 100, "tokens": 1000, "tokens_per_s": 50.0}],  # 10 tokens an update, 5 a second
+             "a/seed-1": [{"step": 300, "tokens": 3000, "tokens_per_s": 50.0}],
+             "b/seed-0": [{"step": 300, "tokens": 3000, "tokens_per_s": 50.0}]}
+    for name, rows in lines.items():
+        run = out / "runs" / name
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(config)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "runs" / "b" / "seed-0" / "items.json").write_text("{}")
+    watched = subprocess.run(["bash", str(script), "watch", "1", str(out)], capture_output=True, text=True,
+                             env={**os.environ, "WATCH_INTERVAL": "1"}, timeout=30, check=True).stdout
+    assert "  a/seed-0: update 100 of 300, about 40 s to the last update" in watched  # 200 updates x 10 / 50
+    assert "  a/seed-1: update 300 of 300, evaluating" in watched
+    assert "  b/seed-0: evaluated" in watched
+
+
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
     """scripts/study/detached.sh: a queue that outlives its command, a watch that waits for it, and a pack of the
     evaluated runs (no checkpoints) that rebuilds the same tables in another folder."""

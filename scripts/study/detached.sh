@@ -6,7 +6,8 @@
 #   bash scripts/study/detached.sh start STUDY.yaml OUT JOBS MODEL:SEED [MODEL:SEED ...]
 #       the queue of scripts/study/side_by_side.sh, in a new process session (setsid); returns at once
 #   bash scripts/study/detached.sh watch SECONDS OUT [OUT ...]
-#       every 60 s (WATCH_INTERVAL): each run's last update (metrics.jsonl), whether it is evaluated (items.json),
+#       every 60 s (WATCH_INTERVAL): each run's last update of its total (metrics.jsonl, config.yaml) with, while it
+#       trains, about how many seconds to its last update at its last speed, whether it is evaluated (items.json),
 #       the GPU's load; returns when every queue under the OUTs is done or SECONDS have passed, and fails at once
 #       for an OUT whose queue was not started on this machine
 #   bash scripts/study/detached.sh pack [--no-weights] DEST OUT [OUT ...]
@@ -23,19 +24,38 @@
 #
 # A command on the lent machine is then `watch 500 OUT; pack $OUT_DIR OUT`, repeated until the queue is done;
 # `tar xf` of the tars beside the local study folder merges the runs, and `linmem study STUDY.yaml --out OUT
-# --report-only` rebuilds the tables.
+# --report-only` rebuilds the tables. A machine given back between two commands loses every run not yet packed, so
+# size a queue for its runs to be evaluated inside a command that packs them (the watch's times to the last update,
+# plus the evaluation, are the guide).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 usage() { sed -n 6,22p "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 verb=$1; shift
 
-progress() {  # OUT: one line per run folder
-  local run step
+field() {  # NAME LINE: a number from a metrics.jsonl line
+  grep -o "\"$1\": [0-9.e+-]*" <<< "$2" | grep -o '[^ ]*$'
+}
+
+progress() {  # OUT: one line per run folder; while a run trains, the time to its last update at its last speed
+  local run last step total tokens speed state
   for run in "$1"/runs/*/seed-*; do
     [ -d "$run" ] || continue
-    step=$(tail -n 1 "$run/metrics.jsonl" 2>/dev/null | grep -o '"step": [0-9]*' | grep -o '[0-9]*$')
-    if [ -f "$run/items.json" ]; then state=evaluated; else state="update ${step:-0}"; fi
+    last=$(tail -n 1 "$run/metrics.jsonl" 2>/dev/null)
+    step=$(field step "$last")
+    total=$(awk '/^train:/ {t = 1; next} /^[^ ]/ {t = 0} t && /^  steps:/ {print $2; exit}' "$run/config.yaml" \
+            2>/dev/null)
+    tokens=$(field tokens "$last") speed=$(field tokens_per_s "$last")
+    if [ -f "$run/items.json" ]; then
+      state=evaluated
+    elif [ -n "$step" ] && [ -n "$total" ] && [ "$step" -ge "$total" ]; then
+      state="update $step of $total, evaluating"
+    elif [ -n "$step" ] && [ -n "$total" ] && [ -n "$tokens" ] && [ -n "$speed" ]; then
+      state="update $step of $total, about $(awk -v s="$step" -v n="$total" -v t="$tokens" -v v="$speed" \
+              'BEGIN {printf "%d", (n - s) * t / s / v + 0.5}') s to the last update"
+    else
+      state="update ${step:-0}${total:+ of $total}"
+    fi
     echo "  ${run#"$1"/runs/}: $state"
   done
 }
