@@ -21,6 +21,7 @@ from linmem.memory import experiments as ex
 from linmem.memory import metrics
 from linmem.memory.components import mixer
 from linmem.memory.evaluate import candidate_logits, make_batch
+from linmem.memory.stats import bootstrap
 from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
 from linmem.models import LinMemConfig
 
@@ -373,3 +374,61 @@ def test_non_target_breaks_share_the_prefix_runs_and_match_running_each_binding_
     broken, owners, rate, denominator = ex.non_target_breaks(model, items, sets[1:2])[0]
     assert len(owners) == len(broken) == sum(it.target != j for it in items for j in range(SPEC.num_bindings))
     assert denominator == int((~torch.isnan(broken)).sum()) and rate == pytest.approx(float(np.nanmean(broken)))
+
+
+def test_load_vs_gap_pairs_each_sources_drops_and_equals_the_sweeps_clean_recall(lab):
+    """Each condition's clean recall is the sweep's at that point (same items); each drop and the difference of the
+    drops are recomputed from per-item values of independently built items, paired by source."""
+    _, tokenizer, _, sources = lab
+    model = tiny(tokenizer, mixer="gdn")
+    sources = sources[:6]
+    result = ex.load_vs_gap(model, tokenizer, sources, SPEC, [2, 1], [8, 0])  # ends taken whatever the order
+    assert result.figure is not None and result.summary["loads"] == [1, 2] and result.summary["gaps"] == [0, 8]
+    chosen = mm.Component(0, 0, "S")
+    for field_name, swept in (("num_bindings", [1, 2]), ("gap", [0, 8])):
+        sweep = ex.sweep(model, tokenizer, sources, chosen, SPEC, field_name, swept)
+        condition = "load" if field_name == "num_bindings" else "gap"
+        for value in swept:
+            mine = rows_of(result, condition=condition, value=value, metric="clean_correct")[0]
+            theirs = rows_of(sweep, **{field_name: value}, edit="chosen", metric="clean_correct")[0]
+            assert mine["mean"] == pytest.approx(theirs["mean"]) and mine["low"] == pytest.approx(theirs["low"])
+
+    def per_source(spec: TaskSpec) -> dict[str, tuple[float, float]]:
+        items = build_items(TaskBuilder(tokenizer, spec), sources)
+        batch = make_batch(items)
+        clean = candidate_logits(model, batch, [[]])[0]
+        margin = metrics.target_margin(clean, batch.answer)
+        correct = (clean.argmax(-1) == batch.answer).double()
+        return {s: (float(c), float(m)) for s, c, m in zip(batch.sources, correct, margin)}
+
+    few, many = (per_source(s) for s in ex.sweep_specs(tokenizer, SPEC, "num_bindings", [1, 2]))
+    short, long_ = per_source(replace(SPEC, gap=0)), per_source(replace(SPEC, gap=8))
+    for k, metric in enumerate(("clean_correct", "target_margin")):
+        drops = {"load drop": [few[s][k] - many[s][k] for s in few],
+                 "gap drop": [short[s][k] - long_[s][k] for s in few]}
+        drops["load drop − gap drop"] = [a - b for a, b in zip(drops["load drop"], drops["gap drop"])]
+        for name, values in drops.items():
+            row = rows_of(result, comparison=name, metric=metric)[0]
+            expected = bootstrap(values, list(few))
+            assert (row["mean"], row["low"], row["high"]) == pytest.approx(
+                (expected.mean, expected.low, expected.high)), (name, metric)
+    margin = rows_of(result, comparison="load drop − gap drop", metric="target_margin")[0]
+    assert result.summary["margin_difference"] == {k: margin[k] for k in ("mean", "low", "high")}
+    assert result.summary["more_facts_hurt_more_margin"] == (margin["low"] > 0)
+    with pytest.raises(ValueError, match="two loads and two gaps"):
+        ex.load_vs_gap(model, tokenizer, sources, SPEC, [1, 1], [0, 8])
+
+
+def test_probe_runs_load_vs_gap_only_where_two_loads_and_two_gaps_fit(model_dir, capsys):
+    assert probe(model_dir, "--only", "load_vs_gap", "--loads", "1", "2", "--gaps", "0", "8") == 0
+    payload = json.loads((model_dir / "out" / "results.json").read_text())
+    assert set(payload["experiments"]) == {"clean_recall", "load_vs_gap"} and payload["header"]["chosen"] is None
+    assert payload["header"]["loads"] == [1, 2] and payload["header"]["gaps"] == [0, 8]
+    assert probe(model_dir, "--only", "load_vs_gap", "--loads", "1", "--gaps", "0", "8") == 2  # asked for: refused
+    assert "load_vs_gap compares two loads and two gaps" in capsys.readouterr().err
+    # in the whole protocol it is left out, and the report says so
+    assert probe(model_dir, "--no-extras", "--component", "L1H0S", "--loads", "1", "--gaps", "0", "8") == 0
+    payload = json.loads((model_dir / "out" / "results.json").read_text())
+    assert "load_vs_gap" not in payload["experiments"] and "sweep_gap" in payload["experiments"]
+    assert any(note.startswith("load_vs_gap compares two loads and two gaps") and note.endswith("not run")
+               for note in payload["header"]["notes"])

@@ -127,6 +127,27 @@ def sweep(rows: list[dict], field_name: str):
     return fig
 
 
+def load_vs_gap(rows: list[dict]):
+    """Left: clean recall at the fewest / most facts and the shortest / longest gap (0-1, chance dashed). Middle and
+    right: each drop, in recall and in the answer's margin, and the difference of the two drops, zero marked."""
+    fig, (left, middle, right) = _subplots(1, 3, figsize=(15, 3.6))
+    points = [r for r in rows if r.get("condition") and r["metric"] == "clean_correct"]
+    labels = [(f"{r['value']} fact{'s' * (r['value'] != 1)}" if r["condition"] == "load" else f"gap {r['value']}")
+              for r in points]
+    x = np.arange(len(points))
+    left.bar(x, [r["mean"] for r in points], yerr=_errors(points), capsize=3,
+             color=["C0" if r["condition"] == "load" else "C1" for r in points])
+    left.axhline(0.25, color="gray", ls="--", lw=0.8)
+    left.set_xticks(x, labels)
+    left.set(ylim=(0, 1.05), ylabel="clean recall")
+    for ax, metric, unit in ((middle, "clean_correct", "clean recall"), (right, "target_margin", "margin (logit)")):
+        drops = [r for r in rows if r.get("comparison") and r["metric"] == metric]
+        _dot_rows(ax, drops, ("comparison",), f"drop in {unit}, first point − last")
+    right.set_yticks([])
+    fig.tight_layout()
+    return fig
+
+
 def write_reach(rows: list[dict], width: int):
     """By d, the tokens after the fact also edited: recall accuracy with the head's writes blocked (left) and the
     donor-answer rate with the donor's writes patched in (right), chosen vs control head, both panels on one 0-1

@@ -134,7 +134,7 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
     return dev, confirm
 
 
-SWEEPS = ("sweep_num_bindings", "sweep_gap", "overlap_sweep")
+SWEEPS = ("sweep_num_bindings", "sweep_gap", "load_vs_gap", "overlap_sweep")
 EXTRAS = ("write_reach", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
           "write_read_spearman", "corrector", "subspace_transfer")
 NOT_ATTRIBUTING = ("logit_lens",)  # reads the clean run only: meaningful at any recall
@@ -176,12 +176,19 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     names = selected(options)
     loads = [k for k in options.loads if k <= len(builder.keys)]
     gaps = [g for g in options.gaps if g <= options.filler_tokens]
-    if {"sweep_num_bindings", "overlap_sweep"} & set(names):
+    if "load_vs_gap" in names and (len(set(loads)) < 2 or len(set(gaps)) < 2):
+        why = (f"load_vs_gap compares two loads and two gaps; the loads that fit are {loads} and the gaps "
+               f"{gaps} (of --loads {list(options.loads)}, --gaps {list(options.gaps)})")
+        if options.only and "load_vs_gap" in options.only:
+            raise ValueError(why)
+        names.remove("load_vs_gap")
+        notes.append(f"{why}: not run")
+    if {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"} & set(names):
         notes += shortened(options.loads, loads, "load", f"keys {label(builder.spec.keys)!r} have "
                            f"{len(builder.keys)} single-token words with this tokenizer")
-    if "sweep_gap" in names:
+    if {"sweep_gap", "load_vs_gap"} & set(names):
         notes += shortened(options.gaps, gaps, "gap", f"a gap cannot exceed the {options.filler_tokens} filler tokens")
-    if {"sweep_num_bindings", "overlap_sweep"} & set(names):  # a load that does not fit fails now, not later
+    if {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"} & set(names):  # a load that does not fit fails now
         ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
     transfer = transfer_builder(tokenizer, builder, options.transfer_values)
     chosen = None if options.component is None else Component.parse(options.component)
@@ -214,6 +221,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
                                                loads, options.seed, min_clean_recall=gated),
         "sweep_gap": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed,
                                       min_clean_recall=gated),
+        "load_vs_gap": lambda: ex.load_vs_gap(model, tokenizer, confirm, builder.spec, loads, gaps, options.seed),
         "overlap": lambda: ex.overlap(model, confirm_items, chosen),
         "overlap_sweep": lambda: ex.overlap_sweep(model, tokenizer, confirm, chosen, builder.spec, loads,
                                                   options.seed),
@@ -252,8 +260,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),
               "chosen_by": "option" if options.component else "head scan on development sources",
               "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
-              "loads": loads if {"sweep_num_bindings", "overlap_sweep"} & set(names) else None,
-              "gaps": gaps if "sweep_gap" in names else None,
+              "loads": loads if {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"} & set(names) else None,
+              "gaps": gaps if {"sweep_gap", "load_vs_gap"} & set(names) else None,
               "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
               "write_tokens_after": options.write_tokens_after,
               "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}

@@ -4,7 +4,8 @@
 
 One column per model, one row per claim of "How Linear Attention Remembers" that the probe measures (the row
 numbers of docs/results.md): the chosen head, write block (and the write block widened past the fact), donor write,
-state swap, output patch and restore, head interaction, four-fact edits, the load and gap sweeps, key overlap,
+state swap, output patch and restore, head interaction, four-fact edits, the load and gap sweeps and their
+paired comparison, key overlap,
 write/read Spearman, logit lens, neutral suppression, joint top-k, the corrector, the subspace transfer and, for
 RLA/RDN, the split between the base (S) and residual (R) memory. A column may join several records of one model
 and task with the same chosen head (`A.json+B.json`: a later `linmem probe --only ... --component HEAD` run beside
@@ -143,6 +144,19 @@ def sweep(r: Record, experiment: str, field: str) -> str:
     return text + (f" ({', '.join(map(str, below))} below the gate)" if below else "")
 
 
+def load_vs_gap(r: Record) -> str:
+    s = r.summary("load_vs_gap")
+    if not s:
+        raise KeyError("load_vs_gap")
+
+    def drops(metric: str) -> str:
+        return " / ".join(ci(r.row("load_vs_gap", comparison=c, metric=metric))
+                          for c in ("load drop", "gap drop", "load drop − gap drop"))
+
+    return (f"K {s['loads'][0]} -> {s['loads'][1]} / gap {s['gaps'][0]} -> {s['gaps'][1]} / difference: recall "
+            f"{drops('clean_correct')}; margin {drops('target_margin')}")
+
+
 def overlap(r: Record) -> str:
     return " / ".join(ci(r.row("overlap", edit=e, metric="target_margin_change"))
                       for e in ("align", "orthogonal", "align, control head"))
@@ -232,6 +246,7 @@ ROWS = [
     ("8: four-fact edit, target donor answers; non-target break rate", four_facts),
     ("12: clean recall at K = 1, 2, 4, 8", lambda r: sweep(r, "sweep_num_bindings", "num_bindings")),
     ("13: clean recall at gap 0, 128, 256 (K = 4)", lambda r: sweep(r, "sweep_gap", "gap")),
+    ("13, paired: drop with more facts / with a longer gap (K = 4) / their difference, per source", load_vs_gap),
     ("14: aligned keys / orthogonalised / aligned at a control head", overlap),
     ("17: write/read Spearman over heads", spearman),
     ("18: logit lens by layer (chosen head's layer)", logit_lens),

@@ -17,8 +17,7 @@ interval (as the record holds it) and a verdict over the seeds:
 Each claim's rule is printed beside it. Where the paper compares an edit with its control, the rule compares the
 two intervals (they must not overlap), which asks more than a test of the paired difference would. Left out: the
 hybrid's KV-vs-recurrent split and the pure model's recurrent share (rows 10-11: a hybrid, or the
-`hybrid_attribution` experiment, is needed), "more facts hurt more than a longer gap" (row 13: the records hold no
-interval of the difference of the two drops), the load-32 and edit-strength claims (rows 15-16: the sweeps stop at
+`hybrid_attribution` experiment, is needed), the load-32 and edit-strength claims (rows 15-16: the sweeps stop at
 K = 8), the subspace's transfer to another vocabulary (row 20's second half: another record) and natural-sentence
 retrieval (row 23: scripts/recall/natural_sentence.py).
 
@@ -155,6 +154,12 @@ def load(r: Record) -> Reading:
     return Reading(f"K = {min(clean)} {ci(fewest)}, K = {max(clean)} {ci(most)}", above(fewest, most))
 
 
+def load_vs_gap(r: Record) -> Reading:
+    recall = r.row("load_vs_gap", comparison="load drop − gap drop", metric="clean_correct")
+    margin = r.row("load_vs_gap", comparison="load drop − gap drop", metric="target_margin")
+    return Reading(f"margin {ci(margin)}, recall {ci(recall)}", sign_side(margin, +1))
+
+
 def overlap(r: Record) -> Reading:
     return margin(r.row("overlap", edit="align", metric="target_margin_change"), -1,
                   r.row("overlap", edit="orthogonal", metric="target_margin_change"), "orthogonalised")
@@ -233,6 +238,9 @@ CLAIMS = [
     Claim("9", "edits are coupled: A's part parallel to B lowers B's margin, the orthogonal part raises it",
           "parallel < 0 and orthogonal > 0 (logits)", coupling),
     Claim("12", "more facts hurt recall", "clean recall at the fewest facts above that at the most", load),
+    Claim("13", "more facts hurt recall more than a longer gap",
+          "the drop in the answer's margin from the fewest to the most facts, less its drop from the shortest to "
+          "the longest gap, > 0 (logits, sources paired)", load_vs_gap),
     Claim("14", "keys aligned to the fact's key lower its margin", "the margin change < 0 (logits)", overlap),
     Claim("17", "write and read importance correlate only weakly", f"Spearman's interval below {WEAK:g}",
           spearman),
@@ -252,7 +260,7 @@ def verdict(readings: list[Reading | None], gate_passed: int) -> str:
     if gate_passed < MIN_SEEDS:
         return f"not resolved ({gate_passed} of {len(readings)} seeds pass the gate)"
     if len(sides) < MIN_SEEDS:
-        return f"not resolved ({len(sides)} seeds measured)"
+        return f"not resolved (measured on {len(sides)} of {len(readings)} seeds)"
     if all(s == PAPER for s in sides):
         return "agrees"
     if all(s == OTHER for s in sides):
