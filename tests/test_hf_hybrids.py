@@ -41,12 +41,25 @@ COMMON = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_ke
 LAYERS = ["linear_attention", "full_attention", "linear_attention"]
 
 
+def torch_body(decorated):
+    """The PyTorch function under transformers' kernel decorator: the decorator's wrapper keeps it as
+    ``__wrapped__`` (functools.wraps); with the ``kernels`` package installed that wrapper is itself held by an
+    ``nn.Module`` whose ``forward`` calls it."""
+    if isinstance(decorated, torch.nn.Module):
+        held = [cell.cell_contents for cell in type(decorated).forward.__closure__ or ()
+                if hasattr(cell.cell_contents, "__wrapped__")]
+        if len(held) != 1:
+            raise RuntimeError(f"cannot find the function that {type(decorated)} calls")
+        decorated = held[0]
+    return decorated.__wrapped__
+
+
 @pytest.fixture(autouse=True)
 def _torch_gdn_paths(monkeypatch):
     """Run transformers' PyTorch GDN functions (not FLA's Triton kernels, which need a GPU here)."""
     for module in (modeling_qwen3_next, modeling_qwen3_5, modeling_qwen3_5_moe, modeling_olmo_hybrid):
         for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-            monkeypatch.setattr(module, name, getattr(module, name).__wrapped__)
+            monkeypatch.setattr(module, name, torch_body(getattr(module, name)))
 
 
 def hf_config(family: str, vocab_size: int = 64, layer_types=None):

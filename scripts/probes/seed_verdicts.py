@@ -298,6 +298,11 @@ def group_table(label: str, seeds: list[tuple[str, Record]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SHORT = {"1": "write block\n(paper: < 0)", "2": "donor write\n(paper: > 0)", "4": "state swap\n(paper: > 0)",
+         "5": "output patch\n(paper: > 0)", "6": "swap, then restore\n(paper: near 0)",
+         "14": "aligned keys\n(paper: < 0)"}
+
+
 def plot(groups: list[tuple[str, list[tuple[str, Record]]]], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -328,11 +333,6 @@ def plot(groups: list[tuple[str, list[tuple[str, Record]]]], path: Path) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-SHORT = {"1": "write block\n(paper: < 0)", "2": "donor write\n(paper: > 0)", "4": "state swap\n(paper: > 0)",
-         "5": "output patch\n(paper: > 0)", "6": "swap, then restore\n(paper: near 0)",
-         "14": "aligned keys\n(paper: < 0)"}
 
 
 def parse_group(item: str) -> tuple[str, list[tuple[str, Record]]]:
