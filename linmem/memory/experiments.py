@@ -538,14 +538,13 @@ def load_vs_gap(model: nn.Module, tokenizer, sources, base: TaskSpec, loads: Seq
     fewest, most, shortest, longest = min(loads), max(loads), min(gaps), max(gaps)
     if fewest == most or shortest == longest:
         raise ValueError(f"load_vs_gap needs two loads and two gaps; got loads {list(loads)}, gaps {list(gaps)}")
-    specs = {("load", fewest): None, ("load", most): None, ("gap", shortest): None, ("gap", longest): None}
-    for (field_name, _), spec in zip(list(specs)[:2], sweep_specs(tokenizer, base, "num_bindings", [fewest, most])):
-        specs[(field_name, spec.num_bindings)] = spec
-    for (field_name, _), spec in zip(list(specs)[2:], sweep_specs(tokenizer, base, "gap", [shortest, longest])):
-        specs[(field_name, spec.gap)] = spec
+    by_load = sweep_specs(tokenizer, base, "num_bindings", [fewest, most])
+    by_gap = sweep_specs(tokenizer, base, "gap", [shortest, longest])
+    conditions = [("load", fewest, by_load[0]), ("load", most, by_load[1]),
+                  ("gap", shortest, by_gap[0]), ("gap", longest, by_gap[1])]
     per_source: dict[tuple[str, int], dict[str, np.ndarray]] = {}
     rows, names = [], None
-    for (field_name, value), spec in specs.items():
+    for field_name, value, spec in conditions:
         batch = make_batch(build_items(TaskBuilder(tokenizer, spec), sources, seed=seed, split=split))
         clean = candidate_logits(model, batch, [[]])[0]
         values = {"clean_correct": (clean.argmax(-1) == batch.answer.to(clean.device)).double(),
