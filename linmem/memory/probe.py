@@ -135,6 +135,8 @@ def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOption
 
 
 SWEEPS = ("sweep_num_bindings", "sweep_gap", "load_vs_gap", "overlap_sweep")
+USE_LOADS = {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"}  # the experiments that read --loads
+USE_GAPS = {"sweep_gap", "load_vs_gap"}  # and --gaps
 EXTRAS = ("write_reach", "overlap", "overlap_sweep", "logit_lens", "neutral_suppression", "joint_topk",
           "write_read_spearman", "corrector", "subspace_transfer")
 NOT_ATTRIBUTING = ("logit_lens",)  # reads the clean run only: meaningful at any recall
@@ -183,12 +185,12 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             raise ValueError(why)
         names.remove("load_vs_gap")
         notes.append(f"{why}: not run")
-    if {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"} & set(names):
+    if USE_LOADS & set(names):
         notes += shortened(options.loads, loads, "load", f"keys {label(builder.spec.keys)!r} have "
                            f"{len(builder.keys)} single-token words with this tokenizer")
-    if {"sweep_gap", "load_vs_gap"} & set(names):
+    if USE_GAPS & set(names):
         notes += shortened(options.gaps, gaps, "gap", f"a gap cannot exceed the {options.filler_tokens} filler tokens")
-    if {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"} & set(names):  # a load that does not fit fails now
+    if USE_LOADS & set(names):  # a load that does not fit fails now, not later
         ex.sweep_specs(tokenizer, builder.spec, "num_bindings", loads)
     transfer = transfer_builder(tokenizer, builder, options.transfer_values)
     chosen = None if options.component is None else Component.parse(options.component)
@@ -260,8 +262,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),
               "chosen_by": "option" if options.component else "head scan on development sources",
               "confirmed_on_held_out": confirmation(lifecycle[0].rows) if lifecycle else None,
-              "loads": loads if {"sweep_num_bindings", "load_vs_gap", "overlap_sweep"} & set(names) else None,
-              "gaps": gaps if {"sweep_gap", "load_vs_gap"} & set(names) else None,
+              "loads": loads if USE_LOADS & set(names) else None,
+              "gaps": gaps if USE_GAPS & set(names) else None,
               "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
               "write_tokens_after": options.write_tokens_after,
               "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}

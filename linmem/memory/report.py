@@ -57,8 +57,9 @@ READING = {
                            "(y); Spearman correlation across components with a source-bootstrap CI.",
     "sweep_gap": "As the sweep above, with the filler between the last fact and the query varied.",
     "load_vs_gap": "Held-out sources, clean runs: recall at the fewest and the most facts (prompts of one length) "
-                   "and at the shortest and the longest gap; right, each drop and the difference of the two drops "
-                   "(source-paired interval; > 0: more facts hurt more than a longer gap).",
+                   "and at the shortest and the longest gap; middle and right, each drop in recall and in the "
+                   "answer's margin, and the difference of the two drops (source-paired interval; > 0: more facts "
+                   "hurt more than a longer gap).",
     "corrector": "Held-out accuracy of the model alone, a linear corrector on the chosen component's query-aligned "
                  "state reads (trained on development sources), the model with the corrector (its logits as one "
                  "more feature) and the corrector trained on shuffled labels (should sit at chance, 0.25 dashed). "
