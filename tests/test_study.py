@@ -394,6 +394,9 @@ def test_detached_watch_says_how_long_each_run_has_left(tmp_path):
     assert "  a/seed-0: update 100 of 300, about 40 s to the last update" in watched  # 200 updates x 10 / 50
     assert "  a/seed-1: update 300 of 300, evaluating" in watched
     assert "  b/seed-0: evaluated" in watched
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)  # no verb: every verb's lines
+    assert usage.returncode == 2 and usage.stderr.startswith("#   bash scripts/study/detached.sh start")
+    assert usage.stderr.rstrip().endswith("unless every piece is there and the sha256 matches")
 
 
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):

@@ -29,7 +29,7 @@
 # plus the evaluation, are the guide).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { sed -n 6,22p "$0" >&2; exit 2; }
+usage() { sed -n '6,/^#$/p' "$0" | sed '$d' >&2; exit 2; }  # the verbs' lines: from line 6 to the first bare '#'
 [ $# -ge 1 ] || usage
 verb=$1; shift
 
