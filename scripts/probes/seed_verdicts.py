@@ -120,10 +120,9 @@ def interaction(r: Record) -> Reading:
     s = r.summary("head_interaction")
     if not s:
         raise KeyError("head_interaction")
-    row = {"mean": s["interaction"], "low": s["low"], "high": s["high"]}
     side = PAPER if s["low"] > 0 or s["high"] < 0 else UNDECIDED
     return Reading(f"{s['hub']} + {s['secondary']}: {s['interaction']:+.3f} [{s['low']:.3f}, {s['high']:.3f}]",
-                   side, (row["mean"], row["low"], row["high"]))
+                   side, (s["interaction"], s["low"], s["high"]))
 
 
 SELECTIVE = 0.1  # "the other facts stay": a non-target break rate below this (the paper's: 0.4-1.4 %)
@@ -156,8 +155,8 @@ def load(r: Record) -> Reading:
 
 def load_vs_gap(r: Record) -> Reading:
     recall = r.row("load_vs_gap", comparison="load drop − gap drop", metric="clean_correct")
-    margin = r.row("load_vs_gap", comparison="load drop − gap drop", metric="target_margin")
-    return Reading(f"margin {ci(margin)}, recall {ci(recall)}", sign_side(margin, +1))
+    in_logits = r.row("load_vs_gap", comparison="load drop − gap drop", metric="target_margin")
+    return Reading(f"margin {ci(in_logits)}, recall {ci(recall)}", sign_side(in_logits, +1))
 
 
 def overlap(r: Record) -> Reading:
@@ -284,23 +283,43 @@ def gate_text(record: Record) -> str:
             f"{recall.get('confirmation', float('nan')):.2f})")
 
 
-def group_table(label: str, seeds: list[tuple[str, Record]]) -> str:
+@dataclass(frozen=True)
+class Judged:
+    """One claim over a group's seeds: each seed's reading (None where not measured or below the gate) and the
+    verdict."""
+
+    claim: Claim
+    readings: list[Reading | None]
+    verdict: str
+
+
+def judge(seeds: list[tuple[str, Record]]) -> tuple[int, list[Judged]]:
+    """How many seeds pass the clean-recall gate, and every claim read and judged over the seeds."""
     passed = sum(bool(r.header.get("clean_recall_passed")) for _, r in seeds)
+    judged = []
+    for claim in CLAIMS:
+        readings = [read(r, claim) for _, r in seeds]
+        judged.append(Judged(claim, readings, verdict(readings, passed)))
+    return passed, judged
+
+
+def group_table(label: str, seeds: list[tuple[str, Record]]) -> str:
+    passed, judged = judge(seeds)
     lines = [f"**{label}** ({len(seeds)} seeds, {passed} at or above the clean-recall gate)", "",
              "| row | claim | rule (paper's side) | " + " | ".join(name for name, _ in seeds) + " | verdict |",
              "|---" * (len(seeds) + 4) + "|"]
-    for claim in CLAIMS:
-        readings = [read(r, claim) for _, r in seeds]
+    for j in judged:
         cells = [x.text if x is not None else gate_text(r) if not r.header.get("clean_recall_passed")
-                 else "not measured" for x, (_, r) in zip(readings, seeds)]
-        lines.append(f"| {claim.row} | {claim.claim} | {claim.rule} | " + " | ".join(cells) +
-                     f" | {verdict(readings, passed)} |")
+                 else "not measured" for x, (_, r) in zip(j.readings, seeds)]
+        lines.append(f"| {j.claim.row} | {j.claim.claim} | {j.claim.rule} | " + " | ".join(cells) +
+                     f" | {j.verdict} |")
     return "\n".join(lines) + "\n"
 
 
-SHORT = {"1": "write block\n(paper: < 0)", "2": "donor write\n(paper: > 0)", "4": "state swap\n(paper: > 0)",
-         "5": "output patch\n(paper: > 0)", "6": "swap, then restore\n(paper: near 0)",
-         "14": "aligned keys\n(paper: < 0)"}
+SHORT = {  # the claims the figure draws, all margin changes in logits
+    "1": "write block\n(paper: < 0)", "2": "donor write\n(paper: > 0)", "4": "state swap\n(paper: > 0)",
+    "5": "output patch\n(paper: > 0)", "6": "swap, then restore\n(paper: near 0)", "14": "aligned keys\n(paper: < 0)",
+}
 
 
 def plot(groups: list[tuple[str, list[tuple[str, Record]]]], path: Path) -> None:
@@ -308,24 +327,24 @@ def plot(groups: list[tuple[str, list[tuple[str, Record]]]], path: Path) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    in_logits = [c for c in CLAIMS if c.row in ("1", "2", "4", "5", "6", "14")]
     fig, axes = plt.subplots(len(groups), 1, figsize=(10, 3.2 * len(groups)), sharey=True, squeeze=False)
     for ax, (label, seeds) in zip(axes[:, 0], groups):
-        passed = sum(bool(r.header.get("clean_recall_passed")) for _, r in seeds)
+        passed, judged = judge(seeds)
+        in_logits = [j for j in judged if j.claim.row in SHORT]
         width = 0.8 / len(seeds)
-        for i, claim in enumerate(in_logits):
-            readings = [read(r, claim) for _, r in seeds]
-            for j, (reading, (name, _)) in enumerate(zip(readings, seeds)):
+        for i, judged_claim in enumerate(in_logits):
+            for j, (reading, (name, _)) in enumerate(zip(judged_claim.readings, seeds)):
                 if reading is None or reading.logits is None:
                     continue
                 mean, low, high = reading.logits
                 x = i - 0.4 + width * (j + 0.5)
                 ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="o", color=f"C{j}", capsize=3,
                             label=name if i == 0 else None)
-            ax.text(i, 1.0, verdict(readings, passed).split(" (")[0], transform=ax.get_xaxis_transform(),
+            ax.text(i, 1.0, judged_claim.verdict.split(" (")[0], transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=8)
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(in_logits)), [f"row {c.row}: {SHORT[c.row]}" for c in in_logits], fontsize=8)
+        ax.set_xticks(range(len(in_logits)), [f"row {c.claim.row}: {SHORT[c.claim.row]}" for c in in_logits],
+                      fontsize=8)
         ax.set_ylabel("margin change (logits)")
         ax.set_title(f"{label}: each seed's 95% interval over the confirmation sources "
                      f"({passed} of {len(seeds)} seeds pass the clean-recall gate)", fontsize=9, pad=14)
