@@ -64,7 +64,10 @@ case $verb in
   start)
     [ $# -ge 4 ] || usage
     out=$2
-    mkdir -p "$(dirname "$out")"
+    mkdir -p "$out-logs"
+    # said in the queue's log before the queue starts, so that a watch from now on does not take an earlier queue's
+    # "queue done" for this one's
+    echo "$(date -u +%FT%TZ) queued ${*:4}" >> "$out-logs/queue.log"
     setsid nohup bash "$here/side_by_side.sh" "$@" > "$out-queue.out" 2>&1 < /dev/null &
     echo "queue started (pid $!): $*"
     ;;
@@ -86,7 +89,8 @@ case $verb in
       for out in "$@"; do
         echo "$out"
         progress "$out"
-        grep -q "queue done" "$out-logs/queue.log" 2>/dev/null || all_done=0
+        # done when the log's last line says so: a folder's log holds every queue started on it, one after another
+        tail -n 1 "$out-logs/queue.log" 2>/dev/null | grep -q "queue done" || all_done=0
         grep -h " rc [1-9]" "$out-logs/queue.log" 2>/dev/null | sed 's/^/  failed: /'
       done
       command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
