@@ -323,18 +323,24 @@ def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe(
         assert mine.model == theirs.model and mine.optim == theirs.optim
     assert {m.name for m in more_text.models} == {"gdn", "rdn", "gdn-small", "rdn-small"}
     # the rate race of the dictionary study's wide models: the same recipe, evaluation and models, the peak rate
-    # and its floor halved and doubled
+    # and its floor halved, kept and doubled; the kept rate's runs are the dictionary study's own, copied, so their
+    # configs must be the same in every seed
     race = studies["remember-dictionary-lr"]
     assert race.recipe_config.to_dict() == more_text.recipe_config.to_dict()
     assert race.eval_record() == more_text.eval_record()
     for model in race.models:
-        name, factor = model.name.split("-")[0], {"half-lr": 0.5, "double-lr": 2.0}[model.name.split("-", 1)[1]]
+        name, factor = model.name.split("-")[0], {"half-lr": 0.5, "shared-lr": 1.0,
+                                                  "double-lr": 2.0}[model.name.split("-", 1)[1]]
         mine, theirs = resolve_model(race, model, 0), resolve_model(more_text, more_text.model(name), 0)
         assert mine.model == theirs.model
         assert dataclasses.replace(mine.optim, lr=theirs.optim.lr, min_lr=theirs.optim.min_lr) == theirs.optim
         assert (mine.optim.lr, mine.optim.min_lr) == pytest.approx((factor * theirs.optim.lr,
                                                                     factor * theirs.optim.min_lr))
-    assert len(race.models) == 4
+        if factor == 1.0:  # all but the run's name
+            for seed in race.seeds:
+                copied = resolve_model(more_text, more_text.model(name), seed).to_dict()
+                assert resolve_model(race, model, seed).to_dict() == {**copied, "name": model.name}
+    assert len(race.models) == 6 and race.compare[0] == ("rdn-half-lr", "gdn-shared-lr")
 
 
 def test_detached_pieces_carry_weights_larger_than_a_command_returns(tmp_path):
