@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -405,33 +406,42 @@ def test_detached_watch_says_how_long_each_run_has_left(tmp_path):
     assert usage.stderr.rstrip().endswith("unless every piece is there and the sha256 matches")
 
 
-def test_detached_watch_waits_for_a_second_queue_on_a_folder_whose_first_is_done(tmp_path):
-    """A folder's queue log keeps every queue started on it: the watch stops at the first "queue done" only while it
-    is the log's last line, and `start` says a new queue in the log before it returns, so a watch right after it
-    waits for the new queue rather than taking the old one's end for its own."""
+def test_detached_watch_waits_for_every_queue_started_on_a_folder(tmp_path):
+    """A folder's queue log keeps every queue started on it: `start` says a new queue in the log before it returns,
+    and the watch takes the folder for done only when the log ends in "queue done" and every queue said there has
+    ended, so neither an earlier queue's end nor that of a shorter queue started beside it stops the watch."""
     script = STUDY_SCRIPTS / "detached.sh"
     out = tmp_path / "study"
     log = tmp_path / "study-logs" / "queue.log"
     log.parent.mkdir()
     log.write_text("2026-12-03T00:00:00Z start a seed 0\n2026-12-03T00:01:00Z end a seed 0 rc 0\n"
                    "2026-12-03T00:01:00Z queue done\n")
-    slow = tmp_path / "slow-python"  # a run that takes 6 s and fails
-    slow.write_text("#!/bin/sh\nsleep 6\nexit 1\n")
-    slow.chmod(0o755)
-    env = {**os.environ, "WATCH_INTERVAL": "1", "PYTHON": str(slow)}
+    runs = tmp_path / "python"  # a run of model `quick` takes 1 s, any other 6 s, and each fails
+    runs.write_text('#!/bin/sh\ncase "$*" in *"--only quick "*) sleep 1 ;; *) sleep 6 ;; esac\nexit 1\n')
+    runs.chmod(0o755)
+    env = {**os.environ, "WATCH_INTERVAL": "1", "PYTHON": str(runs)}
 
-    def blocks(seconds):  # how many times the watch printed the runs: once if it took the queue for done
+    def blocks(seconds):  # how many times the watch printed the runs: once if it took the queues for done
         watched = subprocess.run(["bash", str(script), "watch", str(seconds), str(out)], capture_output=True,
                                  text=True, env=env, timeout=60, check=True).stdout
         return sum(line == str(out) for line in watched.splitlines()), watched
 
+    def start(pair):
+        subprocess.run(["bash", str(script), "start", "study.yaml", str(out), "1", pair], capture_output=True,
+                       env=env, timeout=30, check=True)
+
     assert blocks(3)[0] == 1
-    subprocess.run(["bash", str(script), "start", "study.yaml", str(out), "1", "b:0"], capture_output=True,
-                   env=env, timeout=30, check=True)
-    assert log.read_text().splitlines()[3].endswith(" queued b:0")
-    assert blocks(3)[0] >= 3  # the new queue is still running
-    count, watched = blocks(30)  # until it is done
-    assert count < 30 and "failed: " in watched and log.read_text().splitlines()[-1].endswith("queue done")
+    start("slow:0")
+    assert log.read_text().splitlines()[3].endswith(" queued slow:0")
+    assert blocks(2)[0] >= 2  # the new queue is still running
+    start("quick:0")
+    time.sleep(3)  # the quick queue has ended, the slow one has not
+    lines = log.read_text().splitlines()
+    assert lines[-1].endswith("queue done") and sum(line.endswith("queue done") for line in lines) == 2
+    assert blocks(2)[0] >= 2
+    count, watched = blocks(30)  # until the slow one is done too
+    assert count < 30 and watched.count("failed: ") >= 2
+    assert sum(line.endswith("queue done") for line in log.read_text().splitlines()) == 3
 
 
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):

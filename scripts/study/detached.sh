@@ -89,8 +89,10 @@ case $verb in
       for out in "$@"; do
         echo "$out"
         progress "$out"
-        # done when the log's last line says so: a folder's log holds every queue started on it, one after another
-        tail -n 1 "$out-logs/queue.log" 2>/dev/null | grep -q "queue done" || all_done=0
+        # a folder's log holds every queue started on it: done when its last line says so and, from the first
+        # queue `start` put in it on, as many queues have ended as were started (side by side, they end in turn)
+        tail -n 1 "$out-logs/queue.log" 2>/dev/null | grep -q "queue done" &&
+          awk '/ queued / {q++} q && / queue done$/ {d++} END {exit !(d >= q)}' "$out-logs/queue.log" || all_done=0
         grep -h " rc [1-9]" "$out-logs/queue.log" 2>/dev/null | sed 's/^/  failed: /'
       done
       command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
