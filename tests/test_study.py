@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -25,7 +26,7 @@ from linmem.io.folders import prepare_output_folder
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
 from linmem.study.definition import MIN_SEEDS, load_study, resolve_model
 from linmem.study.estimates import ItemSet, item_estimate, paired_difference, seed_estimate
-from linmem.study.runs import run_dir
+from linmem.study.runs import check_finished_runs, run_dir
 from linmem.study.tables import _verdict, decide
 from linmem.train.trainer import train
 from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
@@ -33,7 +34,8 @@ from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-STUDY_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "study"
+REPO = Path(__file__).resolve().parent.parent
+STUDY_SCRIPTS = REPO / "scripts" / "study"
 
 
 def write_model_config(folder: Path, name: str, mixer: str, **sections) -> Path:
@@ -206,7 +208,7 @@ def test_a_recall_lead_below_the_labs_gate_says_so():
     assert _verdict({"a": "gdn", "b": "gla", **decide(-0.01, 0.05, 0.02, 3, True), "below_gate": 0.5}) == "not resolved"
 
 
-def test_tiny_study_end_to_end(dataset, configs, tmp_path):
+def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
     path = write_study(tmp_path, dataset, two_models(configs))
     out = tmp_path / "out"
     study = load_study(path)
@@ -256,6 +258,25 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/items.json")} == before  # finished runs skipped
     assert main(["study", str(path), "--out", str(out), "--report-only", "--no-progress"]) == 0
     assert {name: (out / "tables" / name).read_bytes() for name in saved} == saved
+    # a run recorded before an option existed counts at that option's default
+    recorded = run_dir(out, "gdn", 2) / "config.yaml"
+    old = yaml.safe_load(recorded.read_text())
+    assert old["optim"].pop("fused") is False
+    recorded.write_text(yaml.safe_dump(old))
+    assert main(["study", str(path), "--out", str(out), "--report-only", "--no-progress"]) == 0
+    assert {name: (out / "tables" / name).read_bytes() for name in saved} == saved
+    # the study file edited after its runs: the report refuses the runs it no longer describes, naming what differs
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    models = [two_models(configs)[0], {**two_models(configs)[1], "set": {"optim.lr": 1e-3, "optim.min_lr": 1e-4}}]
+    capsys.readouterr()
+    assert main(["study", str(write_study(edited, dataset, models)), "--out", str(out), "--report-only"]) != 0
+    assert re.search(r"rla seed 0: .* another config than the study file gives it \(optim\.lr, optim\.min_lr "
+                     r"differ\)", capsys.readouterr().err)
+    assert main(["study", str(write_study(edited, dataset, two_models(configs), eval={
+        "tasks": ["ppl"], "options": {"max_tokens": "all"}})), "--out", str(out), "--report-only"]) != 0
+    assert re.search(r"gdn seed 0: .*evaluated with other settings", capsys.readouterr().err)
+    assert {name: (out / "tables" / name).read_bytes() for name in saved} == saved  # nothing rewritten
 
     # Perplexity per source of the windows: the tiny dataset has one source, so it is the whole split's.
     by_source = [name for name in entry["metrics"] if name.startswith("test_ppl@")]
@@ -294,6 +315,18 @@ def test_shipped_studies_hold_one_recipe(name):
         assert switches == {("fit_history", False), ("gamma", "tied"), ("output_gates", False),
                             ("residual_target", "identity"), ("residual_target", "tanh")}
         assert {c.model["mixer"] for c in configs.values()} == {"sgla", "gdn", "rla", "rdn"}
+
+
+@pytest.mark.parametrize("record", sorted(p.parent.name for p in (REPO / "docs" / "study").glob("*/runs.tar.xz")))
+def test_every_shipped_run_record_matches_its_study_file(record, tmp_path):
+    """The records that docs/results.md's study tables are rebuilt from were trained and evaluated as the study file
+    now says (what `linmem study --report-only` checks before it writes a table)."""
+    with tarfile.open(REPO / "docs" / "study" / record / "runs.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    study = load_study(REPO / "configs" / "study" / f"{record}.yaml")
+    finished = check_finished_runs(tmp_path / record, study)
+    tables = json.loads((REPO / "docs" / "study" / record / "results.json").read_text())
+    assert sorted(finished) == sorted((m, s) for m, e in tables["models"].items() for s in e["seeds"])
 
 
 def test_the_repositorys_studies_load_and_the_remember_studies_share_one_recipe():

@@ -2,7 +2,8 @@
 [--report-only]``.
 
 Trains and evaluates every (model, seed) of the study not yet finished in ``--out`` (an interrupted one resumes),
-then rebuilds ``--out/tables`` from the run folder; ``--report-only`` only rebuilds the tables.
+then rebuilds ``--out/tables`` from the run folder; ``--report-only`` only rebuilds the tables, after
+checking every finished run against the study file as it is now (config and evaluation settings).
 
 Only argparse and the standard library load with this module; ``run`` imports the study, so that the help and
 argument errors answer at once.
@@ -24,7 +25,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting that changes no update, for every run started (e.g. train.compile=true, "
                         "train.micro_batch_size=16); the recipe's own keys are refused")
-    parser.add_argument("--report-only", action="store_true", help="rebuild the tables from --out, run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the tables from --out, run nothing (every finished run is checked against the "
+                        "study file)")
     parser.add_argument("--no-figures", action="store_true", help="tables without figures")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
@@ -32,7 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from linmem.study.definition import check_settings, load_study
-    from linmem.study.runs import check_study_folder, parse_seeds, run_study
+    from linmem.study.runs import check_finished_runs, check_study_folder, parse_seeds, run_study, write_study_record
     from linmem.study.tables import write_tables
 
     study = load_study(args.config)
@@ -43,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         if not out.is_dir():
             raise FileNotFoundError(f"--report-only: no run folder at {out}")
         check_study_folder(out, study)
+        check_finished_runs(out, study)
+        write_study_record(out, study)  # the record states the file the tables were built from
     else:
         progress = run_study(study, out, seeds, args.only, args.device, not args.no_progress, args.settings)
         print(f"{len(progress.done)} run(s) trained and evaluated, {len(progress.skipped)} already finished")

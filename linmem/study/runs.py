@@ -32,8 +32,8 @@ from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import prepare_output_folder, read_marker
 from linmem.study.definition import Study, resolve_model
 from linmem.study.items import agreement, item_records
-from linmem.train.config import TrainConfig
-from linmem.train.trainer import METRICS, MODEL_DIR, check_same_run, train
+from linmem.train.config import TrainConfig, parse_config
+from linmem.train.trainer import METRICS, MODEL_DIR, changed_keys, train
 
 RUNS = "runs"
 ITEMS = "items.json"
@@ -106,12 +106,25 @@ def check_finished_run(out: Path, study: Study, model: str, seed: int, config: T
     """A finished run must have been trained with ``config`` and evaluated with the study's settings."""
     folder = run_dir(out, model, seed)
     where = f"{study.path}: {model} seed {seed}"
-    saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
-    check_same_run(saved, config.to_dict(), folder, where)
+    # read through the config parser, so that an option added after the run was trained counts at its default
+    saved = parse_config(yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")), where=str(folder))
+    differ = changed_keys(saved.to_dict(), config.to_dict())
+    if differ:
+        raise ValueError(f"{where}: {folder} was trained with another config than the study file gives it "
+                         f"({', '.join(differ)} differ); restore the file, or move that run away to redo it")
     recorded = read_items(out, model, seed).get("eval")
     if recorded != study.eval_record():
         raise ValueError(f"{where}: {folder / ITEMS} was evaluated with other settings ({recorded}) than the study's "
                          f"({study.eval_record()}); a study evaluates every run alike: move that run away to redo it")
+
+
+def check_finished_runs(out: Path, study: Study) -> list[tuple[str, int]]:
+    """Every finished (model, seed) in ``out`` checked against the study file as it is now (``check_finished_run``),
+    so that tables rebuilt from the folder never report a run under settings it was not trained or evaluated with."""
+    finished = [(m.name, s) for m in study.models for s in study.seeds if is_finished(out, m.name, s)]
+    for name, seed in finished:
+        check_finished_run(out, study, name, seed, resolve_model(study, study.model(name), seed))
+    return finished
 
 
 def train_one(out: Path, study: Study, config: TrainConfig, model: str, seed: int) -> bool:

@@ -382,8 +382,8 @@ RESUME_FREE_KEYS = {"train.eval_interval", "train.checkpoint_interval", "train.k
                     "train.eval_lab_recall", "name", "description"}
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
-    """A resumed run must have the config it was started with (up to ``RESUME_FREE_KEYS``)."""
+def changed_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The dotted keys (``optim.lr``) whose values differ between two config dicts, ``RESUME_FREE_KEYS`` aside."""
     def flat(d: dict, prefix: str = "") -> dict[str, Any]:
         items: dict[str, Any] = {}
         for k, v in d.items():
@@ -391,7 +391,12 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, w
         return items
 
     a, b = flat(saved), flat(current)
-    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUME_FREE_KEYS)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUME_FREE_KEYS)
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
+    """A resumed run must have the config it was started with (up to ``RESUME_FREE_KEYS``)."""
+    differ = changed_keys(saved, current)
     if differ:
         raise ValueError(f"{where}: --resume from {path} with a changed config: {', '.join(differ)} differ from "
                          f"the checkpoint's; restore them or start a new --out")
