@@ -91,8 +91,8 @@ case $verb in
         progress "$out"
         # a folder's log holds every queue started on it: done when its last line says so and, from the first
         # queue `start` put in it on, as many queues have ended as were started (side by side, they end in turn)
-        tail -n 1 "$out-logs/queue.log" 2>/dev/null | grep -q "queue done" &&
-          awk '/ queued / {q++} q && / queue done$/ {d++} END {exit !(d >= q)}' "$out-logs/queue.log" || all_done=0
+        awk '/ queued / {q++} q && / queue done$/ {d++} {last = $0}
+             END {exit !(last ~ / queue done$/ && d >= q)}' "$out-logs/queue.log" 2>/dev/null || all_done=0
         grep -h " rc [1-9]" "$out-logs/queue.log" 2>/dev/null | sed 's/^/  failed: /'
       done
       command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader

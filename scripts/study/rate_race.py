@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from linmem.study.definition import Study, load_study, resolve_model  # noqa: E402
+from linmem.study.definition import Study, flat_sections, load_study, resolve_model  # noqa: E402
 
 
 @dataclass
@@ -34,18 +34,6 @@ class Group:
     models: dict[float, str]
 
 
-def _without(config: dict, dotted_keys: list[str]) -> dict:
-    config = json.loads(json.dumps(config))
-    config.pop("name", None)
-    for dotted in dotted_keys:
-        *path, last = dotted.split(".")
-        node = config
-        for key in path:
-            node = node.get(key, {})
-        node.pop(last, None)
-    return config
-
-
 def rate_groups(study: Study, seed: int) -> list[Group]:
     """The study's models grouped by everything but the ``per_model`` keys, in the study's order; refused when a
     group holds two models at one rate (the race would not know which one it ran)."""
@@ -53,11 +41,12 @@ def rate_groups(study: Study, seed: int) -> list[Group]:
         raise SystemExit(f"{study.path}: the models do not differ in optim.lr (per_model: {study.per_model})")
     groups: list[tuple[dict, Group]] = []
     for model in study.models:
-        config = resolve_model(study, model, seed).to_dict()
-        rest, rate = _without(config, study.per_model), float(config["optim"]["lr"])
+        config = resolve_model(study, model, seed)
+        rest = {"model": config.model, **{k: v for k, v in flat_sections(config).items() if k not in study.per_model}}
+        rate = float(config.optim.lr)
         group = next((g for key, g in groups if key == rest), None)
         if group is None:
-            shape = config["model"]
+            shape = config.model
             label = f"{shape['mixer'].upper()} {shape['num_hidden_layers']} x {shape['hidden_size']}"
             group = Group(label, {})
             groups.append((rest, group))
