@@ -397,3 +397,21 @@ def test_lm_eval_harness_on_a_shipped_model(tmp_path, monkeypatch):
     tokens = sum(len(tokenizer.encode(t).ids) for t in texts)
     uniform = tokens * math.log2(tokenizer.get_vocab_size()) / sum(len(t.encode()) for t in texts)
     assert 0 < out["linmem_local_rolling"]["bits_per_byte,none"] < 0.6 * uniform
+
+
+def test_eval_cli_scores_the_whole_split_with_max_tokens_all(trained, tmp_path, capsys):
+    """``--max-tokens all`` counts every window of the split, as a study's ``max_tokens: all`` does; a count the
+    split holds fewer tokens than gives the same windows, and a count below 1 or a word is refused by name."""
+    reports = {}
+    for count in ("all", "64", str(10**9)):
+        out = tmp_path / f"ppl-{count}"
+        assert main(["eval", str(trained), "--tasks", "ppl", "--out", str(out), "--device", "cpu", "--seq-len",
+                     "64", "--max-tokens", count]) == 0
+        reports[count] = json.loads((out / "results.json").read_text())["tasks"]["ppl"]["metrics"]
+    assert reports["all"] == reports[str(10**9)]
+    assert reports["all"]["tokens"] > reports["64"]["tokens"]
+    capsys.readouterr()
+    for bad in ("0", "-5", "lots"):
+        with pytest.raises(SystemExit):
+            main(["eval", str(trained), "--tasks", "ppl", "--max-tokens", bad])
+        assert f"max_tokens must be a whole number >= 1 or all; got '{bad}'" in capsys.readouterr().err

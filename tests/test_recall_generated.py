@@ -31,7 +31,9 @@ from linmem.memory.tasks import (
     TaskBuilder,
     TaskSpec,
     Tokenize,
+    format_ids,
     format_words,
+    held_out_tokens,
     load_template,
     load_vocabulary,
     punctuation_tokens,
@@ -332,6 +334,35 @@ def test_training_config_builds_text_templates(dataset):
         resolve_generator({**spec, "keys": "names"}, 0, TokenShards(dataset), "test", seq_len=128)
     with pytest.raises(ValueError, match=r"template 'text' is a training-only choice"):
         TaskSpec(template=TEXT)
+
+
+def test_word_pool_ids_draws_keys_and_values_from_every_token_but_the_held_out_ones(dataset):
+    """``word_pool: ids``: keys and values come from the whole vocabulary (subword pieces and marks too) except the
+    end-of-text token and every token of ``HELD_OUT``, whatever its case or spacing; the choice is recorded."""
+    shards = TokenShards(dataset)
+    tokenize = Tokenize(load_tokenizer(dataset))
+    spec = {"name": "kv-filler", "template": TEXT, "keys": GENERATED, "values": GENERATED, "num_bindings": 3,
+            "word_pool": "ids"}
+    g, _, resolved = resolve_generator(spec, 0, shards, "test", seq_len=128)
+    assert resolved == {**spec, "weight": 1.0, "repeats": 2}
+    banned_ids, banned_words = held_out_tokens(tokenize)
+    pool = set(format_ids(tokenize, shards.vocab_size, [shards.eos_id]))
+    assert set(g.free_words.tolist()) == pool - set(g.punctuation)  # the pool, less the generator's fixed marks
+    assert shards.eos_id not in pool and not pool & banned_ids
+    assert not {tokenize.decode([i]).strip().lower() for i in pool} & banned_words
+    assert len(pool) > 2 * len(format_words(tokenize, g.filler, 10**6))  # far more than the whole words
+    spelled = {i for i in range(shards.vocab_size) if tokenize.decode([i]).strip().lower() in banned_words}
+    assert spelled - banned_ids <= set(range(shards.vocab_size)) - pool  # other spellings of held-out words too
+    answers = set()
+    for seed in range(40):
+        sample = g.sample(np.random.default_rng(seed), 127)
+        check_sample(sample, 127)
+        answers |= set(sample.tokens[sample.loss_mask].tolist())
+    assert answers <= pool
+    words = set(format_words(tokenize, g.filler, 10**6))
+    assert answers - words  # tokens that are no whole word are asked for as well
+    with pytest.raises(ValueError, match=r"word_pool must be an integer >= 1 .* or 'ids'"):
+        resolve_generator({**spec, "word_pool": "every"}, 0, shards, "test", seq_len=128)
 
 
 def test_text_templates_are_drawn_however_rare_their_stretches(tokenize):

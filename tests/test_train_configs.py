@@ -83,17 +83,20 @@ def test_second_stage_continues_each_main_model_with_one_budget():
         assert budget(second) == reference, path.stem
 
 
-STAGE3 = sorted(p for p in (CONFIGS / "zoo" / "stage3").glob("*.yaml") if p.name != "base.yaml")
+THIRD_STAGES = {"stage3": "generated", "stage3-ids": "text"}  # folder: the template of the facts it adds
 
 
-def test_third_stage_adds_generated_facts_to_every_main_model_with_one_budget():
-    """configs/zoo/stage3: every main model, started from its shipped model, one budget for all, a seed no earlier
-    stage used, and the second stage's recall mix plus facts in generated formats (the held-out eval stays held
-    out: tests/test_memory_analyses.py checks configs/ against HELD_OUT)."""
-    assert {p.stem for p in STAGE3} == MAIN
+@pytest.mark.parametrize(("folder", "template"), THIRD_STAGES.items())
+def test_third_stages_add_facts_in_new_formats_to_every_main_model_with_one_budget(folder, template):
+    """configs/zoo/stage3 and stage3-ids: every main model, started from its shipped model, one budget for all, a
+    seed no earlier stage used, and the second stage's recall mix plus facts in generated formats (stage3) or in
+    text templates with keys and values drawn from every token id (stage3-ids); the held-out eval stays held out
+    (tests/test_memory_analyses.py checks configs/ against HELD_OUT)."""
+    stage = sorted(p for p in (CONFIGS / "zoo" / folder).glob("*.yaml") if p.name != "base.yaml")
+    assert {p.stem for p in stage} == MAIN
     second = load_config(STAGE2[0]).data.recall
     reference = None
-    for path in STAGE3:
+    for path in stage:
         third, first, earlier = load_config(path), load_config(CONFIGS / "zoo" / path.name), \
             load_config(CONFIGS / "zoo" / "stage2" / path.name)
         assert third.model == first.model and third.name == first.name == path.stem
@@ -103,9 +106,10 @@ def test_third_stage_adds_generated_facts_to_every_main_model_with_one_budget():
         budget = d["data"], d["optim"], {k: v for k, v in d["train"].items() if k not in ("init_from", "seed")}
         reference = reference or budget
         assert budget == reference, path.stem
-    recall = load_config(STAGE3[0]).data.recall
-    generated = [r for r in recall if r.get("template") == "generated"]
-    assert generated and all(r["keys"] == r["values"] == "generated" for r in generated)
+    recall = load_config(stage[0]).data.recall
+    added = [r for r in recall if r.get("template") == template]
+    assert added and all(r["keys"] == r["values"] == "generated" for r in added)
+    assert all(r.get("word_pool") == "ids" for r in added) == (template == "text")
     assert {r["name"] for r in recall} == {r["name"] for r in second}
 
 

@@ -8,11 +8,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from linmem.eval.task_names import TASKS, parse_tasks
+from linmem.eval.task_names import TASKS, parse_max_tokens, parse_tasks
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _token_count(text: str) -> int:
+    try:
+        return parse_max_tokens(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _floats(text: str) -> list[float]:
@@ -31,7 +38,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "kept)")
     parser.add_argument("--seq-len", type=int, default=None, help="window length (default: the training length)")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=262_144, help="held-out tokens for perplexity")
+    parser.add_argument("--max-tokens", type=_token_count, default=262_144,
+                        help="held-out tokens for perplexity, or all (the whole split)")
     parser.add_argument("--cloze-examples", type=int, default=500)
     parser.add_argument("--mqar-pairs", type=_ints, default=[2, 4, 8, 16, 32, 64])
     parser.add_argument("--mqar-samples", type=int, default=64)

@@ -1,9 +1,24 @@
-"""The names of ``linmem eval``'s tasks and the parsing of a ``--tasks`` list: standard library only, so that the
-command's help and argument errors need neither torch nor the tasks' modules."""
+"""The names of ``linmem eval``'s tasks and the parsing of a ``--tasks`` list and of ``max_tokens``: standard library
+only, so that the command's help and argument errors need neither torch nor the tasks' modules."""
 
 from __future__ import annotations
 
 TASKS = ("ppl", "cloze", "mqar", "niah", "recall", "stability")
+WHOLE_SPLIT = 2**62  # ``max_tokens: all`` (a study's eval options, ``linmem eval --max-tokens all``): every window
+
+
+def parse_max_tokens(text: str) -> int:
+    """``"all"`` → ``WHOLE_SPLIT``, ``"65536"`` → 65536; anything else, a count below 1 included, raises
+    ``ValueError``."""
+    if text.strip() == "all":
+        return WHOLE_SPLIT
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"max_tokens must be a whole number >= 1 or all; got {text!r}")
+    return count
 
 
 def parse_tasks(text: str) -> list[str]:

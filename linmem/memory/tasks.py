@@ -454,6 +454,9 @@ GENERATED_WORDS = {"before": (1, 4), "middle": (1, 2), "after": (0, 2)}
 GENERATED_TEMPLATE_MOST = sum(most for _, most in GENERATED_WORDS.values())  # the longest template's words
 PUNCTUATION = (".", ",", ";", ":", "!", "?")
 WORD_POOL = 1000  # how many of the training text's most frequent single-token words generated formats draw from
+# ``word_pool: ids``: generated parts draw from every token id instead (``format_ids``), subword pieces, marks and
+# digits included, so that a model copies whatever token a fact holds rather than the text's frequent words only.
+EVERY_ID = "ids"
 WHOLE_WORD_SHARE = 0.9  # a pool word ends a word in the training text at least this share of its occurrences
 
 
@@ -533,7 +536,8 @@ def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POO
     not taken for a word), leaving out every token and word of ``HELD_OUT`` in any case (``held_out_tokens``): the
     words generated formats draw from."""
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"word_pool must be an integer >= 1 (words generated formats draw from); got {size!r}")
+        raise ValueError(f"word_pool must be an integer >= 1 (words generated formats draw from) or {EVERY_ID!r} "
+                         f"(every token id); got {size!r}")
     banned_ids, banned_words = held_out_tokens(tokenize)
     stream = np.asarray(filler, dtype=np.int64)
     counts = np.bincount(stream)
@@ -549,6 +553,16 @@ def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POO
             continue
         words.append(token)
     return words
+
+
+def format_ids(tokenize: Tokenize, vocab_size: int, exclude: Sequence[int] = ()) -> list[int]:
+    """Every token id below ``vocab_size`` but ``exclude`` (the end-of-text token, say) and ``HELD_OUT``'s: the ids
+    of its pieces and words, and any token that spells a held-out word in another case or spacing (`` North``,
+    ``north``): the pool of ``word_pool: ids``."""
+    banned_ids, banned_words = held_out_tokens(tokenize)
+    banned_ids |= {int(t) for t in exclude}
+    return [i for i in range(vocab_size)
+            if i not in banned_ids and tokenize.decode([i]).strip().lower() not in banned_words]
 
 
 def punctuation_tokens(tokenize: Tokenize) -> list[int]:
@@ -737,9 +751,10 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     Options: ``template``, ``values``, ``keys`` (the lab's ``TaskSpec`` choices, or ``generated``: a fresh one for
     every sample, see ``KeyValueFiller``; the template may also be ``text``: cut from a stretch of the filler, with
     generated keys and values), ``num_bindings``, ``repeats``, and with a generated part ``word_pool``
-    (how many of the filler's most frequent single-token words formats draw from, ``format_words``; never a token
-    of ``HELD_OUT``). ``options`` is completed in place with the defaults used, so the model records them. A
-    generated template varies in length, so its longest sample is checked against ``seq_len`` here.
+    (how many of the filler's most frequent single-token words formats draw from, ``format_words``; or ``ids``:
+    every token id of the vocabulary but the end-of-text token, ``format_ids``; never a token of ``HELD_OUT``).
+    ``options`` is completed in place with the defaults used, so the model records them. A generated template varies
+    in length, so its longest sample is checked against ``seq_len`` here.
     """
     for name, default in KV_FILLER_DEFAULTS.items():
         options.setdefault(name, default)
@@ -764,8 +779,9 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     if "values" not in generated:
         parts["values"] = vocabulary_tokens(tokenize, options["values"], "values", 4)
     if generated:
-        parts.update(generated=generated, words=format_words(tokenize, filler, options["word_pool"]),
-                     punctuation=punctuation_tokens(tokenize))
+        words = (format_ids(tokenize, shards.vocab_size, [shards.eos_id]) if options["word_pool"] == EVERY_ID
+                 else format_words(tokenize, filler, options["word_pool"]))
+        parts.update(generated=generated, words=words, punctuation=punctuation_tokens(tokenize))
     generator_options = {k: v for k, v in options.items() if k not in (*FORMAT_PARTS, "word_pool")}
     generator = KeyValueFiller(filler, **parts, **generator_options)
     if (generated or text) and seq_len is not None and generator.longest() > seq_len:

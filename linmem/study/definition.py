@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from linmem.eval.runner import TASKS, EvalOptions
+from linmem.eval.task_names import WHOLE_SPLIT
 from linmem.train.config import TrainConfig, apply_overrides, parse_config, read_config_dict
 from linmem.train.trainer import RESUME_FREE_KEYS
 
@@ -49,7 +50,6 @@ UPDATE_NEUTRAL_KEYS = frozenset({k for k in RESUME_FREE_KEYS if k.split(".")[0] 
                                 | {"train.gradient_checkpointing", "train.loss_chunk_tokens"})
 RECIPE_SECTIONS = ("data", "optim", "train")
 MIN_SEEDS = 3
-WHOLE_SPLIT = 2**62  # ``max_tokens: all``: every window of the split
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 STUDY_KEYS = {"name", "description", "seeds", "recipe", "per_model", "eval", "models", "compare"}
 # eval options recorded only when a study sets them away from their defaults: the records of runs evaluated

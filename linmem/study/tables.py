@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from linmem.eval.task_names import WHOLE_SPLIT
 from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
-from linmem.study.definition import MIN_SEEDS, WHOLE_SPLIT, Study
+from linmem.study.definition import MIN_SEEDS, Study
 from linmem.study.estimates import ItemSet, Measurement, identity, item_estimate, paired_difference, seed_estimate
 from linmem.study.figures import draw_figures
 from linmem.study.runs import read_items, run_dir, training_log

@@ -1,7 +1,8 @@
-"""Held-out recall over fine-tuning, one panel per arm of scripts/recall/transfer.py, one line per held-out format.
+"""Held-out recall over fine-tuning, one panel per run of scripts/recall/transfer.py (arm and model), one line per
+held-out format; with --loss-out, the runs' test loss over fine-tuning on one axis (runs that recorded it).
 
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
-        --out docs/study/transfer/transfer.png [--facts 4]
+        --out docs/study/transfer/transfer.png [--facts 4] [--columns 5] [--loss-out LOSS.png]
 """
 
 from __future__ import annotations
@@ -22,7 +23,31 @@ LABELS = {"went/roles/directions": "new template and words (went: roles -> direc
 LOAD_INDEX = {1: 0, 4: 1, 8: 2}
 ARMS = {"text": "text templates", "gen": "generated templates", "text8": "text templates, 8 facts",
         "text-lm": "text templates + text (LM loss)", "mix": "text templates + MQAR + NIAH",
-        "wide": "text templates + MQAR, all ids but held-out", "oracle": "text templates + MQAR, all ids"}
+        "wide": "text templates + MQAR, all ids but held-out", "oracle": "text templates + MQAR, all ids",
+        "ids": "text templates, keys and values any id", "ids8": "any-id facts, 8 per sample",
+        "ids-lm": "any-id facts + text (LM loss)"}
+CHANCE = 0.25  # the lab's recall scores the value among 4 candidates
+
+
+def title(record: dict) -> str:
+    """A panel's title: the arm, and the model where the record names one (records before it was named: zoo:rdn)."""
+    return f"{record.get('model', 'zoo:rdn')}: {ARMS.get(record['arm'], record['arm'])}"
+
+
+def plot_loss(runs: list[list[dict]], out: Path) -> None:
+    """Each run's test loss (nats per token) against its updates, on one axis from zero."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, records in enumerate(r for r in runs if "test_loss" in r[0]):
+        ax.plot([r["step"] for r in records], [r["test_loss"] for r in records], marker="o", markersize=3,
+                color=f"C{i}", label=title(records[0]))
+    ax.set_xlabel("fine-tuning updates")
+    ax.set_ylabel("test loss (nats per token)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    print(out)
 
 
 def read(path: Path) -> list[dict]:
@@ -35,28 +60,38 @@ def main() -> None:
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--facts", type=int, default=4, choices=sorted(LOAD_INDEX))
+    parser.add_argument("--columns", type=int, default=None, help="panels per row (default: all in one row)")
+    parser.add_argument("--loss-out", type=Path, default=None, help="also plot the runs' test loss here")
     args = parser.parse_args()
     runs = [records for records in map(read, args.logs) if records]
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.4), sharex=True, sharey=True,
+    columns = min(args.columns or len(runs), len(runs))
+    rows = -(-len(runs) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.0 * rows + 0.5), sharex=True, sharey=True,
                              squeeze=False)
-    for ax, records in zip(axes[0], runs):
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax, records in zip(axes.flat, runs):
         steps = [r["step"] for r in records]
         for i, (name, label) in enumerate(LABELS.items()):
             if name in records[0] and len(records[0][name]) > LOAD_INDEX[args.facts]:
                 ax.plot(steps, [r[name][LOAD_INDEX[args.facts]] for r in records], marker="o", markersize=3,
                         color=f"C{i}", label=label)
-        ax.axhline(1 / args.facts if args.facts > 1 else 0, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(ARMS.get(records[0]["arm"], records[0]["arm"]), fontsize=9)
+        ax.axhline(CHANCE, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(title(records[0]), fontsize=8)
         ax.set_xlabel("fine-tuning updates")
         ax.set_ylim(0, 1.02)
         ax.set_xlim(left=0)
-    axes[0][0].set_ylabel(f"clean recall, {args.facts} facts (chance dotted)")
+    for row in axes:
+        row[0].set_ylabel(f"clean recall, {args.facts} facts")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.legend(handles + [plt.Line2D([], [], color="grey", linestyle=":")], labels + ["chance (4 candidates)"],
+               loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.5 / (3.0 * rows + 0.5) + 0.03, 1, 1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=130)
     print(args.out)
+    if args.loss_out:
+        plot_loss(runs, args.loss_out)
 
 
 if __name__ == "__main__":

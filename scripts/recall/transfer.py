@@ -14,8 +14,15 @@ Arms (what the fine-tuning batches hold; every arm keeps the zoo's own format, c
   mix      text templates, plus MQAR (4 pairs, ids 2-1025) and NIAH needles
   wide     text templates, plus MQAR with 4 and 8 pairs over every id but the lab's held-out words
   oracle   as wide, with the held-out words' ids drawn too (a diagnostic, not a recipe: is copying tied to ids?)
+  ids      text templates whose keys and values are drawn from every token id (subword pieces, marks and digits
+           too) but the held-out words' and end-of-text, instead of the text's 849 whole words: does copying
+           many more kinds of token in a sentence carry it to words never copied?
+  ids8     as ids, with 8 facts per sample (as text8)
+  ids-lm   as ids, plus as many windows of training text with the language-model loss (as text-lm)
 
-Each line printed is JSON: the arm, the update, seconds so far, and per held-out format the clean recall at 1, 4 and
+Each line printed is JSON: the arm, the model, the update, seconds so far, the language-model loss on 32 windows
+of 512 tokens of the test split (``test_loss``, nats per token; also over the positions within the fine-tuning
+samples' length and beyond it), and per held-out format the clean recall at 1, 4 and
 8 facts (1 and 4 for names: 7 are single tokens), --items per load (128), 128 filler tokens. Held-out formats
 (linmem.memory.tasks.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template and
 words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at 3e-4, no weight
@@ -25,6 +32,7 @@ decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -41,6 +49,8 @@ from linmem.train.data import resolve_generator
 
 TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bindings": 4, "weight": 3}
 ZOO_FORMAT = {"template": "code", "keys": "names", "values": "colors", "num_bindings": 4, "weight": 1}
+IDS_ARMS = ("ids", "ids8", "ids-lm")
+LM_ARMS = ("text-lm", "ids-lm")
 FORMATS = [("went", "roles", "directions"), ("keeps", "roles", "materials"), ("went", "names", "colors"),
            ("code", "roles", "directions")]
 
@@ -70,7 +80,7 @@ def generators(arm: str, shards: TokenShards, tokenizer) -> tuple[list, np.ndarr
     specs, seq_len = [dict(TEXT), dict(ZOO_FORMAT)], 160
     if arm == "gen":
         specs[0]["template"] = "generated"
-    if arm == "text8":
+    if arm in ("text8", "ids8"):
         specs[0]["num_bindings"], seq_len = 8, 288
     if arm == "mix":
         specs += [{"name": "mqar", "num_kv_pairs": 4, "vocab_range": [2, 1026], "weight": 1},
@@ -78,19 +88,36 @@ def generators(arm: str, shards: TokenShards, tokenizer) -> tuple[list, np.ndarr
     made = [resolve_generator({"name": "kv-filler", **s} if "name" not in s else s, i, shards, "transfer", seq_len)
             for i, s in enumerate(specs)]
     gens, weights = [m[0] for m in made], [m[1] for m in made]
-    if arm in ("wide", "oracle"):
+    if arm in ("wide", "oracle", *IDS_ARMS):
         held, _ = held_out_tokens(Tokenize(tokenizer))
         allowed = np.asarray([i for i in range(shards.vocab_size)
                               if i != shards.eos_id and (arm == "oracle" or i not in held)])
+    if arm in ("wide", "oracle"):
         gens += [WideMQAR(allowed, 4), WideMQAR(allowed, 8)]
         weights += [1, 1]
+    if arm in IDS_ARMS:
+        gens[0] = dataclasses.replace(gens[0], words=allowed)
     weights = np.asarray(weights, dtype=float)
     return gens, weights / weights.sum(), seq_len
 
 
-def held_out_recall(em, split, arm: str, step: int, seconds: float, items: int) -> dict:
+@torch.no_grad()
+def test_loss(em, windows: torch.Tensor, within: int) -> tuple[float, float]:
+    """The language-model loss (nats per token) on ``windows`` [n, T] of test text: over the first ``within``
+    positions of each window (the fine-tuning samples' length) and over the rest."""
+    losses = torch.stack([F.cross_entropy(em.model(input_ids=w[None, :-1]).logits.float()[0], w[1:],
+                                          reduction="none") for w in windows])
+    return float(losses[:, :within].mean()), float(losses[:, within:].mean())
+
+
+def held_out_recall(em, split, arm: str, model: str, step: int, seconds: float, items: int,
+                    windows: torch.Tensor, seq_len: int) -> dict:
     em.model.eval()
-    record = {"arm": arm, "step": step, "s": round(seconds)}
+    within, beyond = test_loss(em, windows, seq_len)
+    record = {"arm": arm, "model": model, "step": step, "s": round(seconds),
+              "test_loss": round((within * seq_len + beyond * (windows.shape[1] - 1 - seq_len)) /
+                                 (windows.shape[1] - 1), 4),
+              f"test_loss@<{seq_len}": round(within, 4), f"test_loss@>={seq_len}": round(beyond, 4)}
     for template, keys, values in FORMATS:
         loads = [1, 4] if keys == "names" else [1, 4, 8]
         metrics = memory_recall(em, split, items=items, filler_tokens=128, template=template, keys=keys,
@@ -102,7 +129,7 @@ def held_out_recall(em, split, arm: str, step: int, seconds: float, items: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("arm", choices=["text", "gen", "text8", "text-lm", "mix", "wide", "oracle"])
+    parser.add_argument("arm", choices=["text", "gen", "text8", "text-lm", "mix", "wide", "oracle", *IDS_ARMS])
     parser.add_argument("--model", default="zoo:rdn")
     parser.add_argument("--data", default="data/zoo-4k")
     parser.add_argument("--steps", type=int, default=3000)
@@ -120,10 +147,15 @@ def main() -> None:
     shards = TokenShards(args.data)
     gens, weights, seq_len = generators(args.arm, shards, em.tokenizer)
     text = np.concatenate([np.asarray(s[:400_000]) for s in shards.split("train").shards])
+    test = np.concatenate([np.asarray(s) for s in shards.split("test").shards])
+    test_starts = np.linspace(0, len(test) - 513, 32).astype(int)
+    test_windows = torch.tensor(np.stack([test[s:s + 513] for s in test_starts]).astype(np.int64),
+                                device=args.device)
     optimizer = torch.optim.AdamW(em.model.parameters(), lr=3e-4, weight_decay=0.0)
     cuda = args.device.startswith("cuda")
     start = time.time()
-    print(json.dumps(held_out_recall(em, split, args.arm, 0, 0.0, args.items)), flush=True)
+    first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len)
+    print(json.dumps(first), flush=True)
     em.model.train()
     for step in range(1, args.steps + 1):
         samples = [gens[rng.choice(len(gens), p=weights)].sample(rng, seq_len) for _ in range(args.batch)]
@@ -132,7 +164,7 @@ def main() -> None:
         with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda):
             logits = em.model(input_ids=tokens[:, :-1]).logits.float()
             loss = F.cross_entropy(logits[mask], tokens[:, 1:][mask])
-            if args.arm == "text-lm":
+            if args.arm in LM_ARMS:
                 starts = rng.integers(0, len(text) - seq_len, args.batch)
                 windows = torch.tensor(np.stack([text[s:s + seq_len] for s in starts]).astype(np.int64),
                                        device=args.device)
@@ -144,7 +176,8 @@ def main() -> None:
         optimizer.step()
         out_of_time = time.time() - start > args.seconds
         if step % args.every == 0 or out_of_time:
-            print(json.dumps(held_out_recall(em, split, args.arm, step, time.time() - start, args.items)), flush=True)
+            print(json.dumps(held_out_recall(em, split, args.arm, args.model, step, time.time() - start,
+                                             args.items, test_windows, seq_len)), flush=True)
         if out_of_time:
             break
 
