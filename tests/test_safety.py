@@ -247,6 +247,29 @@ def test_resume_counts_every_segment_and_needs_a_run(dataset, tmp_path, capsys):
     assert "does not exist" in one_error_line(capsys) and not (tmp_path / "nowhere").exists()
 
 
+def test_resume_takes_an_option_added_after_the_checkpoint_at_its_default(dataset, tmp_path, capsys):
+    """A checkpoint saved before an option existed (its config lacks ``optim.fused``) resumes under a config that
+    leaves the option at its default, and is refused, naming the key, when the option is set away from it or
+    another key changed."""
+    config = parse_config(tiny_config(dataset, train={**SHORT, "steps": 3}))
+    out = tmp_path / "run"
+    train(config, out, max_steps=2)
+    checkpoint = ckpt.latest_checkpoint(out / "checkpoints")
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    del state["config"]["optim"]["fused"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    write_manifest(checkpoint)
+    path = config_file(dataset, tmp_path, steps=3)
+    for key, value in (("fused", True), ("lr", 0.123)):
+        raw = yaml.safe_load(path.read_text())
+        raw["optim"][key] = value
+        changed = tmp_path / f"changed-{key}.yaml"
+        changed.write_text(yaml.safe_dump(raw))
+        assert main(["train", str(changed), "--out", str(out), "--resume", "--no-progress"]) == 2
+        assert f"optim.{key} differ" in one_error_line(capsys)
+    assert train(config, out, resume=True)["steps"] == 3
+
+
 def test_total_tokens_count_every_stage():
     from linmem.io.run_info import total_tokens
 

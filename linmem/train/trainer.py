@@ -48,7 +48,14 @@ from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens, write_model_config
 from linmem.train import checkpoint as ckpt
 from linmem.train.compile import compile_blocks, compile_mode
-from linmem.train.config import TrainConfig, build_model_config, check_config, loss_chunk_tokens, micro_batch_size
+from linmem.train.config import (
+    TrainConfig,
+    build_model_config,
+    check_config,
+    loss_chunk_tokens,
+    micro_batch_size,
+    parse_config,
+)
 from linmem.train.data import TrainData, eval_windows, open_train_data, recall_eval_batch
 from linmem.train.distributed import (
     Distributed,
@@ -395,7 +402,13 @@ def changed_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
-    """A resumed run must have the config it was started with (up to ``RESUME_FREE_KEYS``)."""
+    """A resumed run must have the config it was started with (up to ``RESUME_FREE_KEYS``). The checkpoint's config
+    is read through the config parser first, so an option added after it was saved counts at its default; one the
+    parser no longer knows is compared as saved, and so named among the differences."""
+    try:
+        saved = parse_config(saved, where=str(path)).to_dict()
+    except ValueError:
+        pass
     differ = changed_keys(saved, current)
     if differ:
         raise ValueError(f"{where}: --resume from {path} with a changed config: {', '.join(differ)} differ from "
