@@ -111,10 +111,10 @@ def test_loss(em, windows: torch.Tensor, within: int) -> tuple[float, float]:
 
 
 def held_out_recall(em, split, arm: str, model: str, step: int, seconds: float, items: int,
-                    windows: torch.Tensor, seq_len: int) -> dict:
+                    windows: torch.Tensor, seq_len: int, lm_weight: float | None) -> dict:
     em.model.eval()
     within, beyond = test_loss(em, windows, seq_len)
-    record = {"arm": arm, "model": model, "step": step, "s": round(seconds),
+    record = {"arm": arm, "model": model, "lm_weight": lm_weight, "step": step, "s": round(seconds),
               "test_loss": round((within * seq_len + beyond * (windows.shape[1] - 1 - seq_len)) /
                                  (windows.shape[1] - 1), 4),
               f"test_loss@<{seq_len}": round(within, 4), f"test_loss@>={seq_len}": round(beyond, 4)}
@@ -137,6 +137,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--items", type=int, default=128, help="held-out items per format and load")
     parser.add_argument("--seconds", type=float, default=float("inf"), help="stop (and measure) after this long")
+    parser.add_argument("--lm-weight", type=float, default=1.0,
+                        help="weight of the text's language-model loss beside the answers' (text-lm, ids-lm)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -154,7 +156,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(em.model.parameters(), lr=3e-4, weight_decay=0.0)
     cuda = args.device.startswith("cuda")
     start = time.time()
-    first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len)
+    lm_weight = args.lm_weight if args.arm in LM_ARMS else None
+    first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len, lm_weight)
     print(json.dumps(first), flush=True)
     em.model.train()
     for step in range(1, args.steps + 1):
@@ -169,7 +172,7 @@ def main() -> None:
                 windows = torch.tensor(np.stack([text[s:s + seq_len] for s in starts]).astype(np.int64),
                                        device=args.device)
                 text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
-                loss = loss + F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
+                loss = loss + args.lm_weight * F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(em.model.parameters(), 1.0)
@@ -177,7 +180,8 @@ def main() -> None:
         out_of_time = time.time() - start > args.seconds
         if step % args.every == 0 or out_of_time:
             print(json.dumps(held_out_recall(em, split, args.arm, args.model, step, time.time() - start,
-                                             args.items, test_windows, seq_len)), flush=True)
+                                             args.items, test_windows, seq_len,
+                                             lm_weight)), flush=True)
         if out_of_time:
             break
 
