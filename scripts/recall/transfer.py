@@ -2,7 +2,7 @@
 measure clean recall on the memory lab's held-out formats as training goes on.
 
     python scripts/recall/transfer.py ARM [--model zoo:rdn] [--steps 3000] [--every 500] [--batch 32]
-        [--seconds 320] [--device cuda] > ARM.jsonl
+        [--seconds 320] [--lm-weight 1] [--train-only .attn.] [--device cuda] > ARM.jsonl
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
         --out docs/study/transfer/transfer.png
 
@@ -14,19 +14,22 @@ Arms (what the fine-tuning batches hold; every arm keeps the zoo's own format, c
   mix      text templates, plus MQAR (4 pairs, ids 2-1025) and NIAH needles
   wide     text templates, plus MQAR with 4 and 8 pairs over every id but the lab's held-out words
   oracle   as wide, with the held-out words' ids drawn too (a diagnostic, not a recipe: is copying tied to ids?)
-  ids      text templates whose keys and values are drawn from every token id (subword pieces, marks and digits
-           too) but the held-out words' and end-of-text, instead of the text's 849 whole words: does copying
+  ids      text templates whose keys and values are drawn from every token id (subword pieces and digits too)
+           but the held-out tokens, the punctuation marks and end-of-text, instead of the text's 849 whole words
+           (4,017 ids; kv-filler's ``word_pool: ids`` leaves out other spellings of held-out words too): does copying
            many more kinds of token in a sentence carry it to words never copied?
   ids8     as ids, with 8 facts per sample (as text8)
   ids-lm   as ids, plus as many windows of training text with the language-model loss (as text-lm)
 
-Each line printed is JSON: the arm, the model, the update, seconds so far, the language-model loss on 32 windows
+Each line printed is JSON: the arm, the model, the text's loss weight (LM arms), the trained parameters
+(--train-only), the update, seconds so far, the language-model loss on 32 windows
 of 512 tokens of the test split (``test_loss``, nats per token; also over the positions within the fine-tuning
 samples' length and beyond it), and per held-out format the clean recall at 1, 4 and
 8 facts (1 and 4 for names: 7 are single tokens), --items per load (128), 128 filler tokens. Held-out formats
 (linmem.memory.tasks.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template and
 words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at 3e-4, no weight
-decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (and the text's, for text-lm).
+decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (plus --lm-weight times the
+text's, for text-lm and ids-lm).
 """
 
 from __future__ import annotations
@@ -111,10 +114,11 @@ def test_loss(em, windows: torch.Tensor, within: int) -> tuple[float, float]:
 
 
 def held_out_recall(em, split, arm: str, model: str, step: int, seconds: float, items: int,
-                    windows: torch.Tensor, seq_len: int, lm_weight: float | None) -> dict:
+                    windows: torch.Tensor, seq_len: int, lm_weight: float | None, train_only: str | None) -> dict:
     em.model.eval()
     within, beyond = test_loss(em, windows, seq_len)
-    record = {"arm": arm, "model": model, "lm_weight": lm_weight, "step": step, "s": round(seconds),
+    record = {"arm": arm, "model": model, "lm_weight": lm_weight, "train_only": train_only, "step": step,
+              "s": round(seconds),
               "test_loss": round((within * seq_len + beyond * (windows.shape[1] - 1 - seq_len)) /
                                  (windows.shape[1] - 1), 4),
               f"test_loss@<{seq_len}": round(within, 4), f"test_loss@>={seq_len}": round(beyond, 4)}
@@ -139,6 +143,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=float("inf"), help="stop (and measure) after this long")
     parser.add_argument("--lm-weight", type=float, default=1.0,
                         help="weight of the text's language-model loss beside the answers' (text-lm, ids-lm)")
+    parser.add_argument("--train-only", default=None,
+                        help="comma-separated pieces of parameter names (.attn., layers.): only parameters whose "
+                             "name holds one are trained, the rest frozen (default: all are trained)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -153,11 +160,18 @@ def main() -> None:
     test_starts = np.linspace(0, len(test) - 513, 32).astype(int)
     test_windows = torch.tensor(np.stack([test[s:s + 513] for s in test_starts]).astype(np.int64),
                                 device=args.device)
-    optimizer = torch.optim.AdamW(em.model.parameters(), lr=3e-4, weight_decay=0.0)
+    trained = [p for name, p in em.model.named_parameters()
+               if args.train_only is None or any(piece in name for piece in args.train_only.split(","))]
+    if not trained:
+        raise SystemExit(f"--train-only {args.train_only!r} matches no parameter name")
+    for p in em.model.parameters():
+        p.requires_grad_(any(p is q for q in trained))
+    optimizer = torch.optim.AdamW(trained, lr=3e-4, weight_decay=0.0)
     cuda = args.device.startswith("cuda")
     start = time.time()
     lm_weight = args.lm_weight if args.arm in LM_ARMS else None
-    first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len, lm_weight)
+    first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len, lm_weight,
+                            args.train_only)
     print(json.dumps(first), flush=True)
     em.model.train()
     for step in range(1, args.steps + 1):
@@ -175,13 +189,13 @@ def main() -> None:
                 loss = loss + args.lm_weight * F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(em.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         out_of_time = time.time() - start > args.seconds
         if step % args.every == 0 or out_of_time:
             print(json.dumps(held_out_recall(em, split, args.arm, args.model, step, time.time() - start,
-                                             args.items, test_windows, seq_len,
-                                             lm_weight)), flush=True)
+                                             args.items, test_windows, seq_len, lm_weight,
+                                             args.train_only)), flush=True)
         if out_of_time:
             break
 
