@@ -402,15 +402,18 @@ def test_lm_eval_harness_on_a_shipped_model(tmp_path, monkeypatch):
 def test_eval_cli_scores_the_whole_split_with_max_tokens_all(trained, tmp_path, capsys):
     """``--max-tokens all`` counts every window of the split, as a study's ``max_tokens: all`` does; a count the
     split holds fewer tokens than gives the same windows, and a count below 1 or a word is refused by name."""
-    reports = {}
+    reports, printed = {}, {}
     for count in ("all", "64", str(10**9)):
         out = tmp_path / f"ppl-{count}"
         assert main(["eval", str(trained), "--tasks", "ppl", "--out", str(out), "--device", "cpu", "--seq-len",
                      "64", "--max-tokens", count]) == 0
         reports[count] = json.loads((out / "results.json").read_text())["tasks"]["ppl"]["metrics"]
+        printed[count] = capsys.readouterr().out
     assert reports["all"] == reports[str(10**9)]
     assert reports["all"]["tokens"] > reports["64"]["tokens"]
-    capsys.readouterr()
+    assert reports["all"]["whole_split"] and not reports["64"]["whole_split"]
+    assert f"(the whole test split, {reports['all']['tokens']:,} tokens, 64-token windows)" in printed["all"]
+    assert f"(first {reports['64']['tokens']:,} test tokens, 64-token windows)" in printed["64"]
     for bad in ("0", "-5", "lots"):
         with pytest.raises(SystemExit):
             main(["eval", str(trained), "--tasks", "ppl", "--max-tokens", bad])

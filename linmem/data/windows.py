@@ -76,6 +76,11 @@ def sequential_windows(split: SplitTokens, seq_len: int) -> Iterator[torch.Tenso
             yield torch.from_numpy(np.asarray(shard[start:start + seq_len], dtype=np.int64))
 
 
+def count_sequential_windows(split: SplitTokens, seq_len: int) -> int:
+    """How many windows ``sequential_windows`` yields, without reading the tokens."""
+    return sum(len(_window_starts(len(shard), seq_len)) for shard in split.shards)
+
+
 def sequential_window_sources(split: SplitTokens, seq_len: int) -> list[str]:
     """The source of each ``sequential_windows`` window, in the same order: the source whose documents hold most of
     the window's ``seq_len - 1`` target tokens (EOS separators belong to no source; a tie goes to the source listed

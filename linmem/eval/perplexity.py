@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from linmem.data.shards import SplitTokens
-from linmem.data.windows import sequential_windows
+from linmem.data.windows import count_sequential_windows, sequential_windows
 from linmem.eval.loading import EvalModel
 from linmem.eval.scoring import window_losses
 
@@ -26,7 +26,8 @@ def leading_windows(split: SplitTokens, seq_len: int, max_tokens: int) -> list[t
 def perplexity(em: EvalModel, split: SplitTokens, seq_len: int, max_tokens: int = 262_144,
                batch_size: int = 8) -> dict[str, Any]:
     """Mean next-token loss and perplexity over the first windows ``[seq_len]`` of ``split`` that cover
-    ``max_tokens`` (``leading_windows``; the first token of a window is context only)."""
+    ``max_tokens`` (``leading_windows``; the first token of a window is context only); ``whole_split`` says whether
+    they are all of the split's windows."""
     windows = leading_windows(split, seq_len, max_tokens)
     if not windows:
         raise ValueError(f"split {split.name!r} has no window of {seq_len} tokens; use a smaller --seq-len")
@@ -37,4 +38,5 @@ def perplexity(em: EvalModel, split: SplitTokens, seq_len: int, max_tokens: int 
         count += losses.numel()
     loss = total / count
     return {"metrics": {"loss": loss, "ppl": math.exp(loss), "tokens": count, "windows": len(windows),
-                        "seq_len": seq_len, "split": split.name}}
+                        "seq_len": seq_len, "split": split.name,
+                        "whole_split": len(windows) == count_sequential_windows(split, seq_len)}}
