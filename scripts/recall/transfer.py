@@ -2,7 +2,7 @@
 measure clean recall on the memory lab's held-out formats as training goes on.
 
     python scripts/recall/transfer.py ARM [--model zoo:rdn] [--steps 3000] [--every 500] [--batch 32]
-        [--seconds 320] [--lm-weight 1] [--train-only .attn.] [--device cuda] > ARM.jsonl
+        [--seconds 320] [--lm-weight 1] [--train-only .attn.] [--then-text 0] [--device cuda] > ARM.jsonl
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
         --out docs/study/transfer/transfer.png
 
@@ -22,9 +22,9 @@ Arms (what the fine-tuning batches hold; every arm keeps the zoo's own format, c
   ids-lm   as ids, plus as many windows of training text with the language-model loss (as text-lm)
 
 Each line printed is JSON: the arm, the model, the text's loss weight (LM arms), the trained parameters
-(--train-only), the update, seconds so far, the language-model loss on 32 windows
-of 512 tokens of the test split (``test_loss``, nats per token; also over the positions within the fine-tuning
-samples' length and beyond it), and per held-out format the clean recall at 1, 4 and
+(--train-only), the phase (start, facts, or text after --then-text), the update, seconds so far, the
+language-model loss on 32 windows of 512 tokens of the test split (``test_loss``, nats per token; also over the
+positions within the fine-tuning samples' length and beyond it), and per held-out format the clean recall at 1, 4 and
 8 facts (1 and 4 for names: 7 are single tokens), --items per load (128), 128 filler tokens. Held-out formats
 (linmem.memory.tasks.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template and
 words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at 3e-4, no weight
@@ -54,6 +54,7 @@ TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bin
 ZOO_FORMAT = {"template": "code", "keys": "names", "values": "colors", "num_bindings": 4, "weight": 1}
 IDS_ARMS = ("ids", "ids8", "ids-lm")
 LM_ARMS = ("text-lm", "ids-lm")
+TEXT_WINDOW = 513  # --then-text: 512 inputs and their next tokens, the zoo's training length
 FORMATS = [("went", "roles", "directions"), ("keeps", "roles", "materials"), ("went", "names", "colors"),
            ("code", "roles", "directions")]
 
@@ -146,6 +147,9 @@ def main() -> None:
     parser.add_argument("--train-only", default=None,
                         help="comma-separated pieces of parameter names (.attn., layers.): only parameters whose "
                              "name holds one are trained, the rest frozen (default: all are trained)")
+    parser.add_argument("--then-text", type=int, default=0,
+                        help="after the facts, this many updates on training text alone (language-model loss, "
+                             "windows of 512 tokens): does the language model come back, and the recall stay?")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -172,8 +176,20 @@ def main() -> None:
     lm_weight = args.lm_weight if args.arm in LM_ARMS else None
     first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len, lm_weight,
                             args.train_only)
-    print(json.dumps(first), flush=True)
+    print(json.dumps({**first, "phase": "start"}), flush=True)
     em.model.train()
+
+    def update(loss: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        optimizer.step()
+
+    def report(step: int, phase: str) -> None:
+        record = held_out_recall(em, split, args.arm, args.model, step, time.time() - start, args.items,
+                                 test_windows, seq_len, lm_weight, args.train_only)
+        print(json.dumps({**record, "phase": phase}), flush=True)
+
     for step in range(1, args.steps + 1):
         samples = [gens[rng.choice(len(gens), p=weights)].sample(rng, seq_len) for _ in range(args.batch)]
         tokens = torch.tensor(np.stack([s.tokens for s in samples]), device=args.device)
@@ -187,18 +203,22 @@ def main() -> None:
                                        device=args.device)
                 text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
                 loss = loss + args.lm_weight * F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
+        update(loss)
         out_of_time = time.time() - start > args.seconds
         if step % args.every == 0 or out_of_time:
-            print(json.dumps(held_out_recall(em, split, args.arm, args.model, step, time.time() - start,
-                                             args.items, test_windows, seq_len, lm_weight,
-                                             args.train_only)), flush=True)
+            report(step, "facts")
         if out_of_time:
-            break
-
+            return
+    for step in range(args.steps + 1, args.steps + args.then_text + 1):
+        starts = rng.integers(0, len(text) - TEXT_WINDOW, args.batch)
+        windows = torch.tensor(np.stack([text[s:s + TEXT_WINDOW] for s in starts]).astype(np.int64),
+                               device=args.device)
+        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda):
+            text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
+            loss = F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
+        update(loss)
+        if (step - args.steps) % args.every == 0 or step == args.steps + args.then_text:
+            report(step, "text")
 
 if __name__ == "__main__":
     main()
