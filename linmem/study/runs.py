@@ -32,8 +32,8 @@ from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import prepare_output_folder, read_marker
 from linmem.study.definition import Study, resolve_model
 from linmem.study.items import agreement, item_records
-from linmem.train.config import TrainConfig, parse_config
-from linmem.train.trainer import METRICS, MODEL_DIR, changed_keys, train
+from linmem.train.config import TrainConfig
+from linmem.train.trainer import METRICS, MODEL_DIR, config_changes, train
 
 RUNS = "runs"
 ITEMS = "items.json"
@@ -106,9 +106,8 @@ def check_finished_run(out: Path, study: Study, model: str, seed: int, config: T
     """A finished run must have been trained with ``config`` and evaluated with the study's settings."""
     folder = run_dir(out, model, seed)
     where = f"{study.path}: {model} seed {seed}"
-    # read through the config parser, so that an option added after the run was trained counts at its default
-    saved = parse_config(yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")), where=str(folder))
-    differ = changed_keys(saved.to_dict(), config.to_dict())
+    saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    differ = config_changes(saved, config.to_dict())
     if differ:
         raise ValueError(f"{where}: {folder} was trained with another config than the study file gives it "
                          f"({', '.join(differ)} differ); restore the file, or move that run away to redo it")

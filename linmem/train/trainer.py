@@ -401,15 +401,21 @@ def changed_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUME_FREE_KEYS)
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
-    """A resumed run must have the config it was started with (up to ``RESUME_FREE_KEYS``). The checkpoint's config
-    is read through the config parser first, so an option added after it was saved counts at its default; one the
-    parser no longer knows is compared as saved, and so named among the differences."""
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``changed_keys`` between a saved config (a checkpoint's, a finished run's) and ``current``, the saved one read
+    through the config parser first, so that an option added after it was saved counts at its default; a saved
+    config the parser no longer reads is compared as saved, so its unknown keys are named among the differences."""
     try:
-        saved = parse_config(saved, where=str(path)).to_dict()
+        saved = parse_config(saved, where="saved config").to_dict()
     except ValueError:
         pass
-    differ = changed_keys(saved, current)
+    return changed_keys(saved, current)
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
+    """A resumed run must have the config it was started with (``config_changes``: up to ``RESUME_FREE_KEYS``, and
+    options added since at their defaults)."""
+    differ = config_changes(saved, current)
     if differ:
         raise ValueError(f"{where}: --resume from {path} with a changed config: {', '.join(differ)} differ from "
                          f"the checkpoint's; restore them or start a new --out")

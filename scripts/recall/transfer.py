@@ -54,7 +54,7 @@ TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bin
 ZOO_FORMAT = {"template": "code", "keys": "names", "values": "colors", "num_bindings": 4, "weight": 1}
 IDS_ARMS = ("ids", "ids8", "ids-lm")
 LM_ARMS = ("text-lm", "ids-lm")
-TEXT_WINDOW = 513  # --then-text: 512 inputs and their next tokens, the zoo's training length
+TEXT_WINDOW = 513  # test windows and --then-text's: 512 inputs and their next tokens, the zoo's training length
 FORMATS = [("went", "roles", "directions"), ("keeps", "roles", "materials"), ("went", "names", "colors"),
            ("code", "roles", "directions")]
 
@@ -114,13 +114,12 @@ def test_loss(em, windows: torch.Tensor, within: int) -> tuple[float, float]:
     return float(losses[:, :within].mean()), float(losses[:, within:].mean())
 
 
-def held_out_recall(em, split, arm: str, model: str, step: int, seconds: float, items: int,
-                    windows: torch.Tensor, seq_len: int, lm_weight: float | None, train_only: str | None) -> dict:
+def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) -> dict:
+    """The test loss on ``windows`` (all of it, within ``seq_len`` and beyond) and the clean recall in each of
+    ``FORMATS``."""
     em.model.eval()
     within, beyond = test_loss(em, windows, seq_len)
-    record = {"arm": arm, "model": model, "lm_weight": lm_weight, "train_only": train_only, "step": step,
-              "s": round(seconds),
-              "test_loss": round((within * seq_len + beyond * (windows.shape[1] - 1 - seq_len)) /
+    record = {"test_loss": round((within * seq_len + beyond * (windows.shape[1] - 1 - seq_len)) /
                                  (windows.shape[1] - 1), 4),
               f"test_loss@<{seq_len}": round(within, 4), f"test_loss@>={seq_len}": round(beyond, 4)}
     for template, keys, values in FORMATS:
@@ -161,8 +160,8 @@ def main() -> None:
     gens, weights, seq_len = generators(args.arm, shards, em.tokenizer)
     text = np.concatenate([np.asarray(s[:400_000]) for s in shards.split("train").shards])
     test = np.concatenate([np.asarray(s) for s in shards.split("test").shards])
-    test_starts = np.linspace(0, len(test) - 513, 32).astype(int)
-    test_windows = torch.tensor(np.stack([test[s:s + 513] for s in test_starts]).astype(np.int64),
+    test_starts = np.linspace(0, len(test) - TEXT_WINDOW, 32).astype(int)
+    test_windows = torch.tensor(np.stack([test[s:s + TEXT_WINDOW] for s in test_starts]).astype(np.int64),
                                 device=args.device)
     trained = [p for name, p in em.model.named_parameters()
                if args.train_only is None or any(piece in name for piece in args.train_only.split(","))]
@@ -172,12 +171,22 @@ def main() -> None:
         p.requires_grad_(any(p is q for q in trained))
     optimizer = torch.optim.AdamW(trained, lr=3e-4, weight_decay=0.0)
     cuda = args.device.startswith("cuda")
+    autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda)
     start = time.time()
-    lm_weight = args.lm_weight if args.arm in LM_ARMS else None
-    first = held_out_recall(em, split, args.arm, args.model, 0, 0.0, args.items, test_windows, seq_len, lm_weight,
-                            args.train_only)
-    print(json.dumps({**first, "phase": "start"}), flush=True)
-    em.model.train()
+
+    def report(step: int, phase: str) -> None:
+        record = {"arm": args.arm, "model": args.model,
+                  "lm_weight": args.lm_weight if args.arm in LM_ARMS else None, "train_only": args.train_only,
+                  "step": step, "s": round(time.time() - start),
+                  **held_out_recall(em, split, args.items, test_windows, seq_len), "phase": phase}
+        print(json.dumps(record), flush=True)
+
+    def text_loss(length: int) -> torch.Tensor:
+        """The language-model loss on ``args.batch`` windows of ``length`` tokens of the training text."""
+        starts = rng.integers(0, len(text) - length, args.batch)
+        windows = torch.tensor(np.stack([text[s:s + length] for s in starts]).astype(np.int64), device=args.device)
+        text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
+        return F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
 
     def update(loss: torch.Tensor) -> None:
         optimizer.zero_grad()
@@ -185,24 +194,16 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
 
-    def report(step: int, phase: str) -> None:
-        record = held_out_recall(em, split, args.arm, args.model, step, time.time() - start, args.items,
-                                 test_windows, seq_len, lm_weight, args.train_only)
-        print(json.dumps({**record, "phase": phase}), flush=True)
-
+    report(0, "start")
     for step in range(1, args.steps + 1):
         samples = [gens[rng.choice(len(gens), p=weights)].sample(rng, seq_len) for _ in range(args.batch)]
         tokens = torch.tensor(np.stack([s.tokens for s in samples]), device=args.device)
         mask = torch.tensor(np.stack([s.loss_mask for s in samples]), device=args.device)[:, 1:]
-        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda):
+        with autocast:
             logits = em.model(input_ids=tokens[:, :-1]).logits.float()
             loss = F.cross_entropy(logits[mask], tokens[:, 1:][mask])
             if args.arm in LM_ARMS:
-                starts = rng.integers(0, len(text) - seq_len, args.batch)
-                windows = torch.tensor(np.stack([text[s:s + seq_len] for s in starts]).astype(np.int64),
-                                       device=args.device)
-                text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
-                loss = loss + args.lm_weight * F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
+                loss = loss + args.lm_weight * text_loss(seq_len)
         update(loss)
         out_of_time = time.time() - start > args.seconds
         if step % args.every == 0 or out_of_time:
@@ -210,15 +211,12 @@ def main() -> None:
         if out_of_time:
             return
     for step in range(args.steps + 1, args.steps + args.then_text + 1):
-        starts = rng.integers(0, len(text) - TEXT_WINDOW, args.batch)
-        windows = torch.tensor(np.stack([text[s:s + TEXT_WINDOW] for s in starts]).astype(np.int64),
-                               device=args.device)
-        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda):
-            text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
-            loss = F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
+        with autocast:
+            loss = text_loss(TEXT_WINDOW)
         update(loss)
         if (step - args.steps) % args.every == 0 or step == args.steps + args.then_text:
             report(step, "text")
+
 
 if __name__ == "__main__":
     main()
