@@ -25,13 +25,22 @@ ARMS = {"text": "text templates", "gen": "generated templates", "text8": "text t
         "text-lm": "text templates + text (LM loss)", "mix": "text templates + MQAR + NIAH",
         "wide": "text templates + MQAR, all ids but held-out", "oracle": "text templates + MQAR, all ids",
         "ids": "text templates, keys and values any id", "ids8": "any-id facts, 8 per sample",
-        "ids-lm": "any-id facts + text (LM loss)"}
+        "ids-lm": "any-id facts + text (LM loss)", "lm": "text alone (LM loss)"}
+TEXT_ARMS = ("text-lm", "ids-lm", "lm")
+SLICE = 400_000  # tokens of text the arms with text drew from unless --text-tokens said otherwise
 CHANCE = 0.25  # the lab's recall scores the value among 4 candidates
 
 
 def title(record: dict) -> str:
-    """A panel's title: the arm, and the model where the record names one (records before it was named: zoo:rdn)."""
-    return f"{record.get('model', 'zoo:rdn')}: {ARMS.get(record['arm'], record['arm'])}"
+    """A panel's title: the arm, and the model where the record names one (records before it was named: zoo:rdn);
+    for the arms with text, its loss weight (other than 1) and whether it is the whole training split or the
+    400,000-token slice (records before they said which: the slice)."""
+    name = f"{record.get('model', 'zoo:rdn')}: {ARMS.get(record['arm'], record['arm'])}"
+    if record["arm"] in TEXT_ARMS:
+        if record.get("lm_weight") not in (None, 1.0):
+            name += f" x{record['lm_weight']:g}"
+        name += ", whole text" if record.get("text_tokens", SLICE) > SLICE else ", 400k-token text"
+    return name
 
 
 def plot_loss(runs: list[list[dict]], out: Path) -> None:
@@ -66,7 +75,7 @@ def main() -> None:
     runs = [records for records in map(read, args.logs) if records]
     columns = min(args.columns or len(runs), len(runs))
     rows = -(-len(runs) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.0 * rows + 0.5), sharex=True, sharey=True,
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * max(columns, 3), 3.0 * rows + 0.5), sharex=True, sharey=True,
                              squeeze=False)
     for ax in axes.flat[len(runs):]:
         ax.set_visible(False)

@@ -2,7 +2,8 @@
 measure clean recall on the memory lab's held-out formats as training goes on.
 
     python scripts/recall/transfer.py ARM [--model zoo:rdn] [--steps 3000] [--every 500] [--batch 32]
-        [--seconds 320] [--lm-weight 1] [--train-only .attn.] [--then-text 0] [--device cuda] > ARM.jsonl
+        [--seconds 320] [--lm-weight 1] [--text-tokens 400000] [--text-window 0] [--train-only .attn.]
+        [--then-text 0] [--device cuda] > ARM.jsonl
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
         --out docs/study/transfer/transfer.png
 
@@ -20,6 +21,8 @@ Arms (what the fine-tuning batches hold; every arm keeps the zoo's own format, c
            many more kinds of token in a sentence carry it to words never copied?
   ids8     as ids, with 8 facts per sample (as text8)
   ids-lm   as ids, plus as many windows of training text with the language-model loss (as text-lm)
+  lm       training text alone with the language-model loss, no facts: the control for what the text windows
+           (--text-tokens, --text-window) and the optimizer do to the test loss on their own
 
 Each line printed is JSON: the arm, the model, the text's loss weight (LM arms), the trained parameters
 (--train-only), the phase (start, facts, or text after --then-text), the update, seconds so far, the
@@ -53,7 +56,7 @@ from linmem.train.data import resolve_generator
 TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bindings": 4, "weight": 3}
 ZOO_FORMAT = {"template": "code", "keys": "names", "values": "colors", "num_bindings": 4, "weight": 1}
 IDS_ARMS = ("ids", "ids8", "ids-lm")
-LM_ARMS = ("text-lm", "ids-lm")
+LM_ARMS = ("text-lm", "ids-lm", "lm")
 TEXT_WINDOW = 513  # test windows and --then-text's: 512 inputs and their next tokens, the zoo's training length
 FORMATS = [("went", "roles", "directions"), ("keeps", "roles", "materials"), ("went", "names", "colors"),
            ("code", "roles", "directions")]
@@ -133,7 +136,7 @@ def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("arm", choices=["text", "gen", "text8", "text-lm", "mix", "wide", "oracle", *IDS_ARMS])
+    parser.add_argument("arm", choices=["text", "gen", "text8", "text-lm", "mix", "wide", "oracle", *IDS_ARMS, "lm"])
     parser.add_argument("--model", default="zoo:rdn")
     parser.add_argument("--data", default="data/zoo-4k")
     parser.add_argument("--steps", type=int, default=3000)
@@ -143,6 +146,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=float("inf"), help="stop (and measure) after this long")
     parser.add_argument("--lm-weight", type=float, default=1.0,
                         help="weight of the text's language-model loss beside the answers' (text-lm, ids-lm)")
+    parser.add_argument("--text-tokens", type=int, default=400_000,
+                        help="the LM arms' text: the first this many tokens of the training split (0: all of it)")
+    parser.add_argument("--text-window", type=int, default=0,
+                        help="tokens per text window of the LM arms (0: the fact samples' length)")
     parser.add_argument("--train-only", default=None,
                         help="comma-separated pieces of parameter names (.attn., layers.): only parameters whose "
                              "name holds one are trained, the rest frozen (default: all are trained)")
@@ -158,7 +165,8 @@ def main() -> None:
     split = open_heldout(em, None, "test")
     shards = TokenShards(args.data)
     gens, weights, seq_len = generators(args.arm, shards, em.tokenizer)
-    text = np.concatenate([np.asarray(s[:400_000]) for s in shards.split("train").shards])
+    text = np.concatenate([np.asarray(s[:args.text_tokens or None]) for s in shards.split("train").shards])
+    text_window = args.text_window + 1 if args.text_window else seq_len  # inputs and their next tokens
     test = np.concatenate([np.asarray(s) for s in shards.split("test").shards])
     test_starts = np.linspace(0, len(test) - TEXT_WINDOW, 32).astype(int)
     test_windows = torch.tensor(np.stack([test[s:s + TEXT_WINDOW] for s in test_starts]).astype(np.int64),
@@ -176,7 +184,9 @@ def main() -> None:
 
     def report(step: int, phase: str) -> None:
         record = {"arm": args.arm, "model": args.model,
-                  "lm_weight": args.lm_weight if args.arm in LM_ARMS else None, "train_only": args.train_only,
+                  "lm_weight": args.lm_weight if args.arm in LM_ARMS and args.arm != "lm" else None,
+                  "train_only": args.train_only,
+                  **({"text_tokens": len(text), "text_window": text_window} if args.arm in LM_ARMS else {}),
                   "step": step, "s": round(time.time() - start),
                   **held_out_recall(em, split, args.items, test_windows, seq_len), "phase": phase}
         print(json.dumps(record), flush=True)
@@ -195,15 +205,22 @@ def main() -> None:
         optimizer.step()
 
     report(0, "start")
-    for step in range(1, args.steps + 1):
+    def facts_loss() -> torch.Tensor:
+        """The answers' cross-entropy on ``args.batch`` fact samples of the arm."""
         samples = [gens[rng.choice(len(gens), p=weights)].sample(rng, seq_len) for _ in range(args.batch)]
         tokens = torch.tensor(np.stack([s.tokens for s in samples]), device=args.device)
         mask = torch.tensor(np.stack([s.loss_mask for s in samples]), device=args.device)[:, 1:]
+        logits = em.model(input_ids=tokens[:, :-1]).logits.float()
+        return F.cross_entropy(logits[mask], tokens[:, 1:][mask])
+
+    for step in range(1, args.steps + 1):
         with autocast:
-            logits = em.model(input_ids=tokens[:, :-1]).logits.float()
-            loss = F.cross_entropy(logits[mask], tokens[:, 1:][mask])
-            if args.arm in LM_ARMS:
-                loss = loss + args.lm_weight * text_loss(seq_len)
+            if args.arm == "lm":
+                loss = text_loss(text_window)
+            elif args.arm in LM_ARMS:
+                loss = facts_loss() + args.lm_weight * text_loss(text_window)
+            else:
+                loss = facts_loss()
         update(loss)
         out_of_time = time.time() - start > args.seconds
         if step % args.every == 0 or out_of_time:
