@@ -21,8 +21,8 @@ Arms (what the fine-tuning batches hold; every arm keeps the zoo's own format, c
            many more kinds of token in a sentence carry it to words never copied?
   ids8     as ids, with 8 facts per sample (as text8)
   ids-lm   as ids, plus as many windows of training text with the language-model loss (as text-lm)
-  lm       training text alone with the language-model loss, no facts: the control for what the text windows
-           (--text-tokens, --text-window) and the optimizer do to the test loss on their own
+  lm       training text alone with the language-model loss, no facts (not the zoo's format either): the control
+           for what the text (--text-tokens, --text-window) and the optimizer do to the test loss on their own
 
 Each line printed is JSON: the arm, the model, the text's loss weight (LM arms), the trained parameters
 (--train-only), the phase (start, facts, or text after --then-text), the update, seconds so far, the
@@ -56,7 +56,8 @@ from linmem.train.data import resolve_generator
 TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bindings": 4, "weight": 3}
 ZOO_FORMAT = {"template": "code", "keys": "names", "values": "colors", "num_bindings": 4, "weight": 1}
 IDS_ARMS = ("ids", "ids8", "ids-lm")
-LM_ARMS = ("text-lm", "ids-lm", "lm")
+LM_ARMS = ("text-lm", "ids-lm")  # facts and text, the text's loss weighted --lm-weight
+TEXT_ARMS = (*LM_ARMS, "lm")  # every arm that trains on text (--text-tokens, --text-window)
 TEXT_WINDOW = 513  # test windows and --then-text's: 512 inputs and their next tokens, the zoo's training length
 FORMATS = [("went", "roles", "directions"), ("keeps", "roles", "materials"), ("went", "names", "colors"),
            ("code", "roles", "directions")]
@@ -147,9 +148,10 @@ def main() -> None:
     parser.add_argument("--lm-weight", type=float, default=1.0,
                         help="weight of the text's language-model loss beside the answers' (text-lm, ids-lm)")
     parser.add_argument("--text-tokens", type=int, default=400_000,
-                        help="the LM arms' text: the first this many tokens of the training split (0: all of it)")
+                        help="the text of text-lm, ids-lm and lm: the first this many tokens of the training split "
+                             "(0: all of it)")
     parser.add_argument("--text-window", type=int, default=0,
-                        help="tokens per text window of the LM arms (0: the fact samples' length)")
+                        help="tokens per window of that text (0: the fact samples' length)")
     parser.add_argument("--train-only", default=None,
                         help="comma-separated pieces of parameter names (.attn., layers.): only parameters whose "
                              "name holds one are trained, the rest frozen (default: all are trained)")
@@ -184,9 +186,9 @@ def main() -> None:
 
     def report(step: int, phase: str) -> None:
         record = {"arm": args.arm, "model": args.model,
-                  "lm_weight": args.lm_weight if args.arm in LM_ARMS and args.arm != "lm" else None,
+                  "lm_weight": args.lm_weight if args.arm in LM_ARMS else None,
                   "train_only": args.train_only,
-                  **({"text_tokens": len(text), "text_window": text_window} if args.arm in LM_ARMS else {}),
+                  **({"text_tokens": len(text), "text_window": text_window} if args.arm in TEXT_ARMS else {}),
                   "step": step, "s": round(time.time() - start),
                   **held_out_recall(em, split, args.items, test_windows, seq_len), "phase": phase}
         print(json.dumps(record), flush=True)
@@ -198,13 +200,6 @@ def main() -> None:
         text_logits = em.model(input_ids=windows[:, :-1]).logits.float()
         return F.cross_entropy(text_logits.flatten(0, 1), windows[:, 1:].flatten())
 
-    def update(loss: torch.Tensor) -> None:
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
-
-    report(0, "start")
     def facts_loss() -> torch.Tensor:
         """The answers' cross-entropy on ``args.batch`` fact samples of the arm."""
         samples = [gens[rng.choice(len(gens), p=weights)].sample(rng, seq_len) for _ in range(args.batch)]
@@ -213,6 +208,13 @@ def main() -> None:
         logits = em.model(input_ids=tokens[:, :-1]).logits.float()
         return F.cross_entropy(logits[mask], tokens[:, 1:][mask])
 
+    def update(loss: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        optimizer.step()
+
+    report(0, "start")
     for step in range(1, args.steps + 1):
         with autocast:
             if args.arm == "lm":
