@@ -3,7 +3,7 @@ measure clean recall on the memory lab's held-out formats as training goes on.
 
     python scripts/recall/transfer.py ARM [--model zoo:rdn] [--steps 3000] [--every 500] [--batch 32]
         [--seconds 320] [--lm-weight 1] [--text-tokens 400000] [--text-window 0] [--train-only .attn.]
-        [--then-text 0] [--device cuda] > ARM.jsonl
+        [--facts-first 0] [--then-text 0] [--lr 3e-4] [--seed 0] [--device cuda] > ARM.jsonl
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
         --out docs/study/transfer/transfer.png
 
@@ -30,9 +30,10 @@ language-model loss on 32 windows of 512 tokens of the test split (``test_loss``
 positions within the fine-tuning samples' length and beyond it), and per held-out format the clean recall at 1, 4 and
 8 facts (1 and 4 for names: 7 are single tokens), --items per load (128), 128 filler tokens. Held-out formats
 (linmem.memory.tasks.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template and
-words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at 3e-4, no weight
-decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (plus --lm-weight times the
-text's, for text-lm and ids-lm).
+words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at --lr (3e-4), no
+weight decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (plus --lm-weight times
+the text's, for text-lm and ids-lm, after the first --facts-first updates). --seed draws the fine-tune's batches
+(facts and text windows); the held-out items are the lab's own whatever the seed.
 """
 
 from __future__ import annotations
@@ -155,14 +156,21 @@ def main() -> None:
     parser.add_argument("--train-only", default=None,
                         help="comma-separated pieces of parameter names (.attn., layers.): only parameters whose "
                              "name holds one are trained, the rest frozen (default: all are trained)")
+    parser.add_argument("--facts-first", type=int, default=0,
+                        help="text-lm and ids-lm: the first this many updates on the facts alone, then facts and text "
+                             "(does recall learned without the text's pull survive the language model's return?)")
     parser.add_argument("--then-text", type=int, default=0,
                         help="after the facts, this many updates on training text alone (language-model loss, "
                              "windows of 512 tokens): does the language model come back, and the recall stay?")
+    parser.add_argument("--lr", type=float, default=3e-4, help="AdamW's constant learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the batches (the held-out items are fixed)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
+    if args.facts_first and args.arm not in LM_ARMS:
+        parser.error(f"--facts-first applies to {' and '.join(LM_ARMS)} only")
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
     em = load_model(args.model, device=args.device)
     split = open_heldout(em, None, "test")
     shards = TokenShards(args.data)
@@ -179,7 +187,7 @@ def main() -> None:
         raise SystemExit(f"--train-only {args.train_only!r} matches no parameter name")
     for p in em.model.parameters():
         p.requires_grad_(any(p is q for q in trained))
-    optimizer = torch.optim.AdamW(trained, lr=3e-4, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     cuda = args.device.startswith("cuda")
     autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda)
     start = time.time()
@@ -187,7 +195,8 @@ def main() -> None:
     def report(step: int, phase: str) -> None:
         record = {"arm": args.arm, "model": args.model,
                   "lm_weight": args.lm_weight if args.arm in LM_ARMS else None,
-                  "train_only": args.train_only,
+                  "train_only": args.train_only, "lr": args.lr, "seed": args.seed,
+                  **({"facts_first": args.facts_first} if args.facts_first else {}),
                   **({"text_tokens": len(text), "text_window": text_window} if args.arm in TEXT_ARMS else {}),
                   "step": step, "s": round(time.time() - start),
                   **held_out_recall(em, split, args.items, test_windows, seq_len), "phase": phase}
@@ -219,7 +228,7 @@ def main() -> None:
         with autocast:
             if args.arm == "lm":
                 loss = text_loss(text_window)
-            elif args.arm in LM_ARMS:
+            elif args.arm in LM_ARMS and step > args.facts_first:
                 loss = facts_loss() + args.lm_weight * text_loss(text_window)
             else:
                 loss = facts_loss()
