@@ -3,6 +3,9 @@ held-out format; with --loss-out, the runs' test loss over fine-tuning on one ax
 
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
         --out docs/study/transfer/transfer.png [--facts 4] [--columns 5] [--loss-out LOSS.png]
+        [--one-format went/roles/directions]
+
+With --one-format, one axis instead: that held-out format's recall, one line per run.
 """
 
 from __future__ import annotations
@@ -34,13 +37,40 @@ CHANCE = 0.25  # the lab's recall scores the value among 4 candidates
 def title(record: dict) -> str:
     """A panel's title: the arm, and the model where the record names one (records before it was named: zoo:rdn);
     for the arms with text, its loss weight (other than 1) and whether it is the whole training split or the
-    400,000-token slice (records before they said which: the slice)."""
+    400,000-token slice (records before they said which: the slice); a learning rate other than 3e-4, a seed other
+    than 0 and updates on the facts alone first, where the record says so."""
     name = f"{record.get('model', 'zoo:rdn')}: {ARMS.get(record['arm'], record['arm'])}"
     if record["arm"] in TEXT_ARMS:
         if record.get("lm_weight") not in (None, 1.0):
             name += f" x{record['lm_weight']:g}"
         name += ", whole text" if record.get("text_tokens", SLICE) > SLICE else ", 400k-token text"
+    if record.get("facts_first"):
+        name += f", facts alone first {record['facts_first']:,}"
+    if record.get("lr", 3e-4) != 3e-4:
+        name += f", lr {record['lr']:g}"
+    if record.get("seed"):
+        name += f", seed {record['seed']}"
     return name
+
+
+def plot_one_format(runs: list[list[dict]], name: str, facts: int, out: Path) -> None:
+    """Format ``name``'s clean recall at ``facts`` facts against the updates, a line per run, on one axis."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    for i, records in enumerate(runs):
+        if name not in records[0]:
+            raise SystemExit(f"{records[0]['arm']} ({records[0].get('model')}) recorded no {name}")
+        ax.plot([r["step"] for r in records], [r[name][LOAD_INDEX[facts]] for r in records], marker="o",
+                markersize=3, color=f"C{i % 10}", linestyle="-" if i < 10 else "--", label=title(records[0]))
+    ax.axhline(CHANCE, color="grey", linestyle=":", linewidth=1, label="chance (4 candidates)")
+    ax.set_title(f"{LABELS.get(name, name)}, {facts} facts", fontsize=9)
+    ax.set_xlabel("fine-tuning updates")
+    ax.set_ylabel(f"clean recall, {facts} facts")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlim(left=0)
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    print(out)
 
 
 def plot_loss(runs: list[list[dict]], out: Path) -> None:
@@ -48,14 +78,13 @@ def plot_loss(runs: list[list[dict]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for i, records in enumerate(r for r in runs if "test_loss" in r[0]):
         ax.plot([r["step"] for r in records], [r["test_loss"] for r in records], marker="o", markersize=3,
-                color=f"C{i}", label=title(records[0]))
+                color=f"C{i % 10}", linestyle="-" if i < 10 else "--", label=title(records[0]))
     ax.set_xlabel("fine-tuning updates")
     ax.set_ylabel("test loss (nats per token)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=0)
-    ax.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: lines stay clear
+    fig.savefig(out, dpi=130, bbox_inches="tight")
     print(out)
 
 
@@ -71,8 +100,16 @@ def main() -> None:
     parser.add_argument("--facts", type=int, default=4, choices=sorted(LOAD_INDEX))
     parser.add_argument("--columns", type=int, default=None, help="panels per row (default: all in one row)")
     parser.add_argument("--loss-out", type=Path, default=None, help="also plot the runs' test loss here")
+    parser.add_argument("--one-format", default=None, choices=sorted(LABELS),
+                        help="one axis: this format's recall, a line per run (instead of a panel per run)")
     args = parser.parse_args()
     runs = [records for records in map(read, args.logs) if records]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.loss_out:
+        plot_loss(runs, args.loss_out)
+    if args.one_format:
+        plot_one_format(runs, args.one_format, args.facts, args.out)
+        return
     columns = min(args.columns or len(runs), len(runs))
     rows = -(-len(runs) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * max(columns, 3), 3.0 * rows + 0.5), sharex=True, sharey=True,
@@ -96,11 +133,8 @@ def main() -> None:
     fig.legend(handles + [plt.Line2D([], [], color="grey", linestyle=":")], labels + ["chance (4 candidates)"],
                loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.5 / (3.0 * rows + 0.5) + 0.03, 1, 1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=130)
     print(args.out)
-    if args.loss_out:
-        plot_loss(runs, args.loss_out)
 
 
 if __name__ == "__main__":
