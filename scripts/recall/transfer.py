@@ -3,7 +3,7 @@ measure clean recall on the memory lab's held-out formats as training goes on.
 
     python scripts/recall/transfer.py ARM [--model zoo:rdn] [--steps 3000] [--every 500] [--batch 32]
         [--seconds 320] [--lm-weight 1] [--text-tokens 400000] [--text-window 0] [--train-only .attn.]
-        [--facts-first 0] [--then-text 0] [--lr 3e-4] [--seed 0] [--device cuda] > ARM.jsonl
+        [--facts-first 0] [--then-text 0] [--lr 3e-4] [--seed 0] [--save DIR] [--device cuda] > ARM.jsonl
     python scripts/recall/plot_transfer.py docs/study/transfer/{text,gen,text8,text-lm,mix}.jsonl \
         --out docs/study/transfer/transfer.png
 
@@ -33,7 +33,9 @@ positions within the fine-tuning samples' length and beyond it), and per held-ou
 words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at --lr (3e-4), no
 weight decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (plus --lm-weight times
 the text's, for text-lm and ids-lm, after the first --facts-first updates). --seed draws the fine-tune's batches
-(facts and text windows); the held-out items are the lab's own whatever the seed.
+(facts and text windows); the held-out items are the lab's own whatever the seed. --save DIR writes the fine-tuned
+model there at the end (bfloat16 safetensors, the tokenizer, and a train_info.json that records this fine-tune on top
+of the source model's stages), a folder ``linmem eval`` and ``linmem probe`` open.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -51,7 +55,11 @@ from linmem.data.shards import TokenShards
 from linmem.data.synthetic import RecallSample, power_law
 from linmem.eval.loading import load_model, open_heldout
 from linmem.eval.memory_recall import memory_recall
+from linmem.io.atomic import write_json_atomic
+from linmem.io.folders import check_replaceable, mark_output_folder, replace_folder
+from linmem.io.run_info import TRAIN_INFO
 from linmem.memory.tasks import Tokenize, held_out_tokens
+from linmem.train.checkpoint import copy_tokenizer, write_model
 from linmem.train.data import resolve_generator
 
 TEXT = {"template": "text", "keys": "generated", "values": "generated", "num_bindings": 4, "weight": 3}
@@ -136,6 +144,27 @@ def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) 
     return record
 
 
+def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards) -> None:
+    """Write the fine-tuned ``em`` to ``out`` as a model folder (bfloat16 weights, tokenizer, ``train_info.json``
+    with the source model's stages under ``init_from``), built aside and renamed into place whole."""
+    tmp = out.with_name(f".tmp-{out.name}")
+    tmp.mkdir(parents=True, exist_ok=False)
+    mark_output_folder(tmp, "transfer")
+    write_model(tmp, em.model.state_dict(), em.model.config, torch.bfloat16)
+    copy_tokenizer(em.folder, tmp)
+    source = em.info
+    write_json_atomic(tmp / TRAIN_INFO, {
+        "name": f"{source.get('name', Path(str(em.folder)).name)}-{args.arm}",
+        "description": f"{args.model} fine-tuned by scripts/recall/transfer.py {args.arm}",
+        "steps": steps, "tokens": tokens, "parameters": sum(p.numel() for p in em.model.parameters()),
+        "dataset": os.path.relpath(Path(args.data).resolve(), out.resolve()), "tokenizer_hash": data.tokenizer_hash,
+        "init_from": {"source": args.model, **{k: source[k] for k in ("name", "steps", "tokens") if k in source},
+                      **({"init_from": source["init_from"]} if source.get("init_from") else {})},
+        "transfer": {k: (None if v == float("inf") else v) for k, v in vars(args).items()  # JSON has no inf
+                     if k not in ("device", "save")}})
+    replace_folder(tmp, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("arm", choices=["text", "gen", "text8", "text-lm", "mix", "wide", "oracle", *IDS_ARMS, "lm"])
@@ -164,11 +193,14 @@ def main() -> None:
                              "windows of 512 tokens): does the language model come back, and the recall stay?")
     parser.add_argument("--lr", type=float, default=3e-4, help="AdamW's constant learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the batches (the held-out items are fixed)")
+    parser.add_argument("--save", type=Path, default=None, help="write the fine-tuned model to this folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
     if args.facts_first and args.arm not in LM_ARMS:
         parser.error(f"--facts-first applies to {' and '.join(LM_ARMS)} only")
+    if args.save:
+        check_replaceable(args.save)  # refuse a folder of the user's files before the fine-tune, not after
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     em = load_model(args.model, device=args.device)
@@ -223,28 +255,38 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
 
-    report(0, "start")
-    for step in range(1, args.steps + 1):
-        with autocast:
-            if args.arm == "lm":
-                loss = text_loss(text_window)
-            elif args.arm in LM_ARMS and step > args.facts_first:
-                loss = facts_loss() + args.lm_weight * text_loss(text_window)
-            else:
-                loss = facts_loss()
-        update(loss)
-        out_of_time = time.time() - start > args.seconds
-        if step % args.every == 0 or out_of_time:
-            report(step, "facts")
-        if out_of_time:
-            return
-    for step in range(args.steps + 1, args.steps + args.then_text + 1):
-        with autocast:
-            loss = text_loss(TEXT_WINDOW)
-        update(loss)
-        if (step - args.steps) % args.every == 0 or step == args.steps + args.then_text:
-            report(step, "text")
+    def fine_tune() -> tuple[int, int]:
+        """The updates (facts, then --then-text's text); returns the last update and the input tokens seen."""
+        tokens = 0
+        report(0, "start")
+        for step in range(1, args.steps + 1):
+            with_text = args.arm == "lm" or (args.arm in LM_ARMS and step > args.facts_first)
+            with autocast:
+                if args.arm == "lm":
+                    loss = text_loss(text_window)
+                elif with_text:
+                    loss = facts_loss() + args.lm_weight * text_loss(text_window)
+                else:
+                    loss = facts_loss()
+            update(loss)
+            tokens += args.batch * ((seq_len - 1) * (args.arm != "lm") + (text_window - 1) * with_text)
+            out_of_time = time.time() - start > args.seconds
+            if step % args.every == 0 or out_of_time:
+                report(step, "facts")
+            if out_of_time:
+                return step, tokens
+        for step in range(args.steps + 1, args.steps + args.then_text + 1):
+            with autocast:
+                loss = text_loss(TEXT_WINDOW)
+            update(loss)
+            tokens += args.batch * (TEXT_WINDOW - 1)
+            if (step - args.steps) % args.every == 0 or step == args.steps + args.then_text:
+                report(step, "text")
+        return args.steps + args.then_text, tokens
 
+    steps, tokens = fine_tune()
+    if args.save:
+        save_model(em, args.save, args, steps, tokens, shards)
 
 if __name__ == "__main__":
     main()
