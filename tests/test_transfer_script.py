@@ -1,0 +1,98 @@
+"""scripts/recall/transfer.py on a shipped model: --save writes a folder linmem loads, with the fine-tune's weights,
+its options and the tokens it saw; --seed decides the weights; --facts-first holds the text back; a folder of the
+user's files is refused before any update."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from linmem.data.build import BuildOptions, build_dataset
+from linmem.data.sources import open_path
+from linmem.data.splits import SplitFractions
+from linmem.eval.loading import load_model
+from linmem.io.run_info import read_train_info
+from tests.test_train_support import one_thread, write_corpus  # noqa: F401  (fixture)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "recall" / "transfer.py"
+BATCH, STEPS, WINDOW = 2, 3, 24
+
+
+@pytest.fixture(scope="module")
+def script(one_thread):  # noqa: F811
+    spec = importlib.util.spec_from_file_location("transfer", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A dataset of the tiny corpus in the shipped models' tokenizer (their training text is not shipped)."""
+    root = tmp_path_factory.mktemp("transfer")
+    out = root / "data"
+    build_dataset([open_path(write_corpus(root / "corpus"))], out,
+                  BuildOptions(tokenizer="zoo:gdn", progress=False, fractions=SplitFractions(0.8, 0.1, 0.1)))
+    return out
+
+
+def run(script, monkeypatch, capsys, data: Path, *options: str) -> list[dict]:
+    """The script's main() on the CPU with ``options``; held-out recall is not measured (linmem's memory_recall,
+    tested on its own, would take most of the time); returns its records."""
+    monkeypatch.setattr(script, "held_out_recall", lambda *args: {})
+    monkeypatch.setattr(sys, "argv", ["transfer.py", "ids-lm", "--model", "zoo:gdn", "--data", str(data),
+                                      "--steps", str(STEPS), "--every", "1", "--batch", str(BATCH),
+                                      "--text-tokens", "0", "--text-window", str(WINDOW), "--device", "cpu",
+                                      *options])
+    script.main()
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+
+
+def test_save_writes_the_fine_tuned_model_and_seed_decides_it(script, data, tmp_path, monkeypatch, capsys):
+    records = run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "3", "--save",
+                  str(tmp_path / "a"))
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    assert {(r["seed"], r["facts_first"], r["lr"]) for r in records} == {(3, 1, 3e-4)}
+    run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "3", "--save", str(tmp_path / "b"))
+    run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "4", "--save", str(tmp_path / "c"))
+
+    em = load_model(tmp_path / "a", device="cpu")
+    shipped = load_model("zoo:gdn", device="cpu")
+    saved = {name: load_file(str(tmp_path / x / "model.safetensors")) for name, x in
+             (("a", "a"), ("b", "b"), ("c", "c"))}
+    changed = [k for k, v in saved["a"].items() if not torch.equal(v, shipped.model.state_dict()[k].bfloat16())]
+    assert changed, "the saved weights are the shipped model's: the fine-tune was not saved"
+    assert all(torch.equal(saved["a"][k], saved["b"][k]) for k in saved["a"]), "one seed, two fine-tunes"
+    assert any(not torch.equal(saved["a"][k], saved["c"][k]) for k in saved["a"]), "--seed changed nothing"
+    assert all(v.dtype == torch.bfloat16 for v in saved["a"].values() if v.is_floating_point())
+    assert em.tokenizer.to_str() == shipped.tokenizer.to_str()
+
+    info = read_train_info(tmp_path / "a")
+    fact_inputs = 159  # the fact samples' 160 tokens less the last
+    # update 1 on the facts alone (--facts-first 1), updates 2 and 3 on facts and text windows of WINDOW inputs
+    assert info["tokens"] == BATCH * (STEPS * fact_inputs + (STEPS - 1) * WINDOW)
+    assert info["steps"] == STEPS and info["transfer"]["seed"] == 3 and info["transfer"]["seconds"] is None
+    assert info["init_from"]["source"] == "zoo:gdn" and info["init_from"]["init_from"]["source"] == "zoo:gdn"
+    assert (tmp_path / "a" / info["dataset"]).resolve() == data.resolve()
+
+
+def test_save_refuses_a_folder_of_the_users_files_before_training(script, data, tmp_path, monkeypatch, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="did not write"):
+        run(script, monkeypatch, capsys, data, "--save", str(tmp_path / "mine"))
+    assert capsys.readouterr().out == ""  # refused before the first record
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_facts_first_is_refused_for_an_arm_without_text(script, data, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["transfer.py", "ids", "--facts-first", "2", "--data", str(data)])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert "--facts-first applies to" in capsys.readouterr().err
