@@ -55,8 +55,11 @@ def run(script, monkeypatch, capsys, data: Path, *options: str) -> list[dict]:
 
 
 def test_save_writes_the_fine_tuned_model_and_seed_decides_it(script, data, tmp_path, monkeypatch, capsys):
+    (tmp_path / ".tmp-a").mkdir()  # the leftover of an interrupted save
+    (tmp_path / ".tmp-a" / "model.safetensors").write_text("partial")
     records = run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "3", "--save",
                   str(tmp_path / "a"))
+    assert not (tmp_path / ".tmp-a").exists()
     assert [r["step"] for r in records] == list(range(STEPS + 1))
     assert {(r["seed"], r["facts_first"], r["lr"]) for r in records} == {(3, 1, 3e-4)}
     run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "3", "--save", str(tmp_path / "b"))
@@ -64,8 +67,7 @@ def test_save_writes_the_fine_tuned_model_and_seed_decides_it(script, data, tmp_
 
     em = load_model(tmp_path / "a", device="cpu")
     shipped = load_model("zoo:gdn", device="cpu")
-    saved = {name: load_file(str(tmp_path / x / "model.safetensors")) for name, x in
-             (("a", "a"), ("b", "b"), ("c", "c"))}
+    saved = {name: load_file(str(tmp_path / name / "model.safetensors")) for name in "abc"}
     changed = [k for k, v in saved["a"].items() if not torch.equal(v, shipped.model.state_dict()[k].bfloat16())]
     assert changed, "the saved weights are the shipped model's: the fine-tune was not saved"
     assert all(torch.equal(saved["a"][k], saved["b"][k]) for k in saved["a"]), "one seed, two fine-tunes"

@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -146,15 +147,17 @@ def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) 
 
 def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards) -> None:
     """Write the fine-tuned ``em`` to ``out`` as a model folder (bfloat16 weights, tokenizer, ``train_info.json``
-    with the source model's stages under ``init_from``), built aside and renamed into place whole."""
+    with the source model's stages under ``init_from``), built aside and renamed into place whole (a leftover of an
+    interrupted save is removed first, so it cannot fail the save after the fine-tune)."""
     tmp = out.with_name(f".tmp-{out.name}")
-    tmp.mkdir(parents=True, exist_ok=False)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     mark_output_folder(tmp, "transfer")
     write_model(tmp, em.model.state_dict(), em.model.config, torch.bfloat16)
     copy_tokenizer(em.folder, tmp)
     source = em.info
     write_json_atomic(tmp / TRAIN_INFO, {
-        "name": f"{source.get('name', Path(str(em.folder)).name)}-{args.arm}",
+        "name": f"{source.get('name', em.folder.name)}-{args.arm}",
         "description": f"{args.model} fine-tuned by scripts/recall/transfer.py {args.arm}",
         "steps": steps, "tokens": tokens, "parameters": sum(p.numel() for p in em.model.parameters()),
         "dataset": os.path.relpath(Path(args.data).resolve(), out.resolve()), "tokenizer_hash": data.tokenizer_hash,
@@ -287,6 +290,7 @@ def main() -> None:
     steps, tokens = fine_tune()
     if args.save:
         save_model(em, args.save, args, steps, tokens, shards)
+
 
 if __name__ == "__main__":
     main()
