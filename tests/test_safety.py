@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from linmem.cli import main
-from linmem.io.folders import MARKER, check_replaceable, prepare_output_folder, replace_folder
+from linmem.io.folders import MARKER, check_replaceable, prepare_output_folder, replace_folder, staged_folder
 from linmem.io.manifest import DamagedFileError, has_manifest, verify_manifest, write_manifest
 from linmem.train import checkpoint as ckpt
 from linmem.train.config import parse_config
@@ -137,6 +137,38 @@ def test_output_folder_rules(tmp_path):
         replace_folder(tmp, final)
     assert (final / "thesis.tex").read_text() == "mine"
     check_replaceable(tmp_path / "absent", ())
+
+
+def test_staged_folder_appears_whole_over_a_leftover(tmp_path):
+    final = tmp_path / "runs" / "model"
+    leftover = tmp_path / "runs" / ".tmp-model"
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_text("half")  # an interrupted earlier build
+    with staged_folder(final) as tmp:
+        assert tmp == leftover and not list(tmp.iterdir()) and not final.exists()
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_text("weights")
+    assert {p.name: p.read_text() for p in final.iterdir()} == {"config.json": "{}", "model.safetensors": "weights"}
+    assert sorted(p.name for p in final.parent.iterdir()) == ["model"]
+    with staged_folder(final) as tmp:  # a second build of the same files replaces the first
+        (tmp / "config.json").write_text("{2}")
+        (tmp / "model.safetensors").write_text("weights 2")
+    assert {p.name: p.read_text() for p in final.iterdir()} == {"config.json": "{2}", "model.safetensors": "weights 2"}
+
+
+def test_staged_folder_left_by_a_failed_build_is_removed_and_final_untouched(tmp_path):
+    final = tmp_path / "model"
+    final.mkdir()
+    (final / "config.json").write_text("old")
+    with pytest.raises(RuntimeError, match="build failed"), staged_folder(final) as tmp:
+        (tmp / "config.json").write_text("half")
+        raise RuntimeError("build failed")
+    assert {p.name: p.read_text() for p in final.iterdir()} == {"config.json": "old"}  # the older version stays
+    absent = tmp_path / "absent"
+    with pytest.raises(KeyboardInterrupt), staged_folder(absent) as tmp:
+        (tmp / "config.json").write_text("half")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no absent/, no staging folder
 
 
 # ---------------------------------------------------------------- 2. SHA-256 verification

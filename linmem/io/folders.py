@@ -9,7 +9,8 @@ there before are recorded in the marker as ``foreign`` and never deleted.
 
 Subfolders a command replaces as a whole (a run's ``model/``, a zoo model) go through ``replace_folder``, which
 removes the old folder only when everything in it is linmem's: files its manifest lists or that the new version
-also writes, and subfolders linmem made without foreign files.
+also writes, and subfolders linmem made without foreign files. ``staged_folder`` builds such a folder aside and
+hands it to ``replace_folder`` once complete.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,24 @@ def replace_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
     tmp, final = Path(tmp), Path(final)
     check_replaceable(final, (p.name for p in tmp.iterdir()))
     return swap_folder(tmp, final)
+
+
+@contextmanager
+def staged_folder(final: str | os.PathLike) -> Iterator[Path]:
+    """Build the folder ``final`` aside: yields an empty staging folder ``.tmp-NAME`` beside it to write into, and
+    when the block ends renames it onto ``final`` with ``replace_folder``, so that ``final`` appears whole or not at
+    all. A staging folder left by an interrupted earlier build is removed first, so it cannot fail this one. If the
+    block raises, the staging folder is removed and ``final`` is left as it was (absent, or the previous version)."""
+    final = Path(final)
+    tmp = final.with_name(f".tmp-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:  # an interrupt too: a half-written folder is of no use to the next build
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_folder(tmp, final)
 
 
 def swap_folder(tmp: Path, final: Path) -> Path:

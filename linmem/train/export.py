@@ -13,11 +13,10 @@ transformers when called, so that ``linmem export --help`` and its argument erro
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from linmem.io.folders import replace_folder
+from linmem.io.folders import staged_folder
 from linmem.io.manifest import write_manifest
 
 if TYPE_CHECKING:
@@ -55,13 +54,11 @@ def export_model(checkpoint: str | Path, out: str | Path, dtype: str | None = No
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     config = AutoConfig.from_pretrained(str(path))
     state = checkpoint_model_state(path)
-    tmp = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    ckpt.write_model(tmp, state, config, getattr(torch, dtype) if dtype else None)
-    ckpt.copy_tokenizer(path, tmp)
-    write_manifest(tmp)
-    return replace_folder(tmp, out)
+    with staged_folder(out) as tmp:
+        ckpt.write_model(tmp, state, config, getattr(torch, dtype) if dtype else None)
+        ckpt.copy_tokenizer(path, tmp)
+        write_manifest(tmp)
+    return out
 
 
 def register(parser: argparse.ArgumentParser) -> None:

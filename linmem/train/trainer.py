@@ -39,7 +39,7 @@ from linmem.io.folders import (
     mark_output_folder,
     prepare_output_folder,
     read_marker,
-    replace_folder,
+    staged_folder,
 )
 from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
 from linmem.io.run_info import TRAIN_INFO, total_tokens
@@ -77,7 +77,7 @@ from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
 MODEL_DIR = "model"
-TEMP_MODEL = f".tmp-{MODEL_DIR}"
+TEMP_MODEL = f".tmp-{MODEL_DIR}"  # where ``staged_folder`` builds OUT/model
 # What ``save_final_model`` writes into ``OUT/model`` (an old folder holding anything else is never replaced).
 MODEL_FILES = ("config.json", "model.safetensors", TRAIN_INFO, MANIFEST_NAME, *ckpt.TOKENIZER_FILES)
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -437,15 +437,14 @@ def save_final_model(run: Run, info: dict[str, Any]) -> Path | None:
         model_state = get_model_state_dict(run.model, options=FULL)
     if not run.state.is_main:
         return None
-    final, tmp = run.out / MODEL_DIR, run.out / TEMP_MODEL
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    final = run.out / MODEL_DIR
     dtype = torch.bfloat16 if run.config.train.save_dtype == "bfloat16" else None
-    ckpt.write_model(tmp, model_state, run.model_config, dtype)
-    ckpt.copy_tokenizer(run.data.folder, tmp)
-    write_json_atomic(tmp / TRAIN_INFO, info)
-    write_manifest(tmp)
-    return replace_folder(tmp, final)
+    with staged_folder(final) as tmp:
+        ckpt.write_model(tmp, model_state, run.model_config, dtype)
+        ckpt.copy_tokenizer(run.data.folder, tmp)
+        write_json_atomic(tmp / TRAIN_INFO, info)
+        write_manifest(tmp)
+    return final
 
 
 def finished_model_info(out: Path, step: int) -> dict[str, Any] | None:

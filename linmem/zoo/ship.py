@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.eval.runner import TASKS, EvalOptions, evaluate
 from linmem.io.atomic import atomic_write, write_json_atomic
-from linmem.io.folders import check_replaceable, prepare_output_folder, replace_folder
+from linmem.io.folders import check_replaceable, prepare_output_folder, staged_folder
 from linmem.io.manifest import MANIFEST_NAME, write_manifest
 from linmem.io.manifest import sha256_file as sha256
 from linmem.io.run_info import TRAIN_INFO
@@ -160,14 +160,12 @@ def find_dataset(run: Run, data: str | Path | None = None) -> Path:
 def stage_model(run: Run, dataset: Path) -> Path:
     """``RUN/zoo/model``: config, bfloat16 weights, tokenizer, ``train_info.json`` (dataset: ``dataset``)."""
     out = run.folder / STAGE / "model"
-    tmp = out.with_name(".tmp-model")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    config = declare_special_tokens(LinMemConfig.from_pretrained(str(run.model_dir)), run.model_dir)
-    write_model(tmp, load_file(str(run.model_dir / "model.safetensors")), config, torch.bfloat16)
-    copy_tokenizer(run.model_dir, tmp)
-    write_json_atomic(tmp / TRAIN_INFO, {**run.info, "dataset": str(dataset)})
-    return replace_folder(tmp, out)
+    with staged_folder(out) as tmp:
+        config = declare_special_tokens(LinMemConfig.from_pretrained(str(run.model_dir)), run.model_dir)
+        write_model(tmp, load_file(str(run.model_dir / "model.safetensors")), config, torch.bfloat16)
+        copy_tokenizer(run.model_dir, tmp)
+        write_json_atomic(tmp / TRAIN_INFO, {**run.info, "dataset": str(dataset)})
+    return out
 
 
 def options_dict(options: EvalOptions) -> dict[str, Any]:
@@ -231,23 +229,21 @@ def ship_heldout(dataset: Path, zoo_dir: Path, split: str = "test") -> Path:
     out = zoo_dir / HELDOUT_DIR / heldout_name(dataset, shards.tokenizer_hash)
     if (out / INDEX_NAME).is_file() and TokenShards(out).tokenizer_hash == shards.tokenizer_hash:
         return out
-    tmp = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     entries = shards.index["splits"][split]
-    for entry in entries:
-        shutil.copyfile(dataset / entry["file"], tmp / entry["file"])
-    for name in ("data_card.json",):
-        if (dataset / name).is_file():
-            shutil.copyfile(dataset / name, tmp / name)
-    write_json_atomic(tmp / INDEX_NAME, {**shards.index, "splits": {split: entries}})
     tokens = sum(e["num_tokens"] for e in entries)
-    (tmp / "README.md").write_text(
-        f"Held-out text of the `{dataset.name}` dataset: its `{split}` split only ({tokens:,} tokens), as token "
-        f"shards (`linmem.data.shards`), for `linmem eval` and `linmem demo` on the shipped models.\n"
-        f"Sources and licences: see the model cards (Python standard library docs: PSF License; Shakespeare and the "
-        f"King James Bible: public domain).\n", encoding="utf-8")
-    return replace_folder(tmp, out)
+    with staged_folder(out) as tmp:
+        for entry in entries:
+            shutil.copyfile(dataset / entry["file"], tmp / entry["file"])
+        for name in ("data_card.json",):
+            if (dataset / name).is_file():
+                shutil.copyfile(dataset / name, tmp / name)
+        write_json_atomic(tmp / INDEX_NAME, {**shards.index, "splits": {split: entries}})
+        (tmp / "README.md").write_text(
+            f"Held-out text of the `{dataset.name}` dataset: its `{split}` split only ({tokens:,} tokens), as token "
+            f"shards (`linmem.data.shards`), for `linmem eval` and `linmem demo` on the shipped models.\n"
+            f"Sources and licences: see the model cards (Python standard library docs: PSF License; Shakespeare and "
+            f"the King James Bible: public domain).\n", encoding="utf-8")
+    return out
 
 
 def compact_json(path: Path) -> None:
@@ -263,23 +259,21 @@ def ship_model(run: Run, record: dict[str, Any], zoo_dir: Path, card: str) -> Pa
     dataset = Path(json.loads((staged / TRAIN_INFO).read_text(encoding="utf-8"))["dataset"])
     heldout = ship_heldout(dataset, zoo_dir)
     out = zoo_dir / record["name"]
-    tmp = zoo_dir / f".tmp-{record['name']}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(staged, tmp)
     info = {**run.info, "dataset": f"../{HELDOUT_DIR}/{heldout.name}", "trained_on": run.info.get("dataset")}
-    write_json_atomic(tmp / TRAIN_INFO, info)
-    compact_json(tmp / "tokenizer.json")  # the same tokenizer (and hash) in about 60% of the bytes
-    write_json_atomic(tmp / RECORD, record)
-    (tmp / CARD).write_text(card, encoding="utf-8")
-    write_manifest(tmp)
-    for file in tmp.iterdir():
-        file.chmod(0o644)  # safetensors writes 0600; a package's data must be readable by every user
-    size = folder_bytes(tmp)
-    if size > SIZE_LIMIT:
-        shutil.rmtree(tmp)
-        raise ValueError(f"{record['name']}: the model folder would be {size / 1e6:.2f} MB, over the zoo's limit of "
-                         f"{SIZE_LIMIT / 1e6:.3g} MB; ship a smaller model")
-    return replace_folder(tmp, out)
+    with staged_folder(out) as tmp:
+        shutil.copytree(staged, tmp, dirs_exist_ok=True)  # also gives tmp the staged folder's mode
+        write_json_atomic(tmp / TRAIN_INFO, info)
+        compact_json(tmp / "tokenizer.json")  # the same tokenizer (and hash) in about 60% of the bytes
+        write_json_atomic(tmp / RECORD, record)
+        (tmp / CARD).write_text(card, encoding="utf-8")
+        write_manifest(tmp)
+        for file in tmp.iterdir():
+            file.chmod(0o644)  # safetensors writes 0600; a package's data must be readable by every user
+        size = folder_bytes(tmp)
+        if size > SIZE_LIMIT:  # raised inside the block: the staging folder goes, the shipped folder stays
+            raise ValueError(f"{record['name']}: the model folder would be {size / 1e6:.2f} MB, over the zoo's "
+                             f"limit of {SIZE_LIMIT / 1e6:.3g} MB; ship a smaller model")
+    return out
 
 
 def choose_shipped(runs: Sequence[Run], ship: Sequence[str] | None) -> list[str]:

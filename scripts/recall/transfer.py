@@ -44,7 +44,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -57,7 +56,7 @@ from linmem.data.synthetic import RecallSample, power_law
 from linmem.eval.loading import load_model, open_heldout
 from linmem.eval.memory_recall import memory_recall
 from linmem.io.atomic import write_json_atomic
-from linmem.io.folders import check_replaceable, mark_output_folder, replace_folder
+from linmem.io.folders import check_replaceable, mark_output_folder, staged_folder
 from linmem.io.run_info import TRAIN_INFO
 from linmem.memory.tasks import Tokenize, held_out_tokens
 from linmem.train.checkpoint import copy_tokenizer, write_model
@@ -147,25 +146,24 @@ def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) 
 
 def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards) -> None:
     """Write the fine-tuned ``em`` to ``out`` as a model folder (bfloat16 weights, tokenizer, ``train_info.json``
-    with the source model's stages under ``init_from``), built aside and renamed into place whole (a leftover of an
-    interrupted save is removed first, so it cannot fail the save after the fine-tune)."""
-    tmp = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    mark_output_folder(tmp, "transfer")
-    write_model(tmp, em.model.state_dict(), em.model.config, torch.bfloat16)
-    copy_tokenizer(em.folder, tmp)
+    with the source model's stages under ``init_from``), built aside and renamed into place whole
+    (``linmem.io.folders.staged_folder``: a leftover of an interrupted save cannot fail the save after the
+    fine-tune)."""
     source = em.info
-    write_json_atomic(tmp / TRAIN_INFO, {
-        "name": f"{source.get('name', em.folder.name)}-{args.arm}",
-        "description": f"{args.model} fine-tuned by scripts/recall/transfer.py {args.arm}",
-        "steps": steps, "tokens": tokens, "parameters": sum(p.numel() for p in em.model.parameters()),
-        "dataset": os.path.relpath(Path(args.data).resolve(), out.resolve()), "tokenizer_hash": data.tokenizer_hash,
-        "init_from": {"source": args.model, **{k: source[k] for k in ("name", "steps", "tokens") if k in source},
-                      **({"init_from": source["init_from"]} if source.get("init_from") else {})},
-        "transfer": {k: (None if v == float("inf") else v) for k, v in vars(args).items()  # JSON has no inf
-                     if k not in ("device", "save")}})
-    replace_folder(tmp, out)
+    with staged_folder(out) as tmp:
+        mark_output_folder(tmp, "transfer")
+        write_model(tmp, em.model.state_dict(), em.model.config, torch.bfloat16)
+        copy_tokenizer(em.folder, tmp)
+        write_json_atomic(tmp / TRAIN_INFO, {
+            "name": f"{source.get('name', em.folder.name)}-{args.arm}",
+            "description": f"{args.model} fine-tuned by scripts/recall/transfer.py {args.arm}",
+            "steps": steps, "tokens": tokens, "parameters": sum(p.numel() for p in em.model.parameters()),
+            "dataset": os.path.relpath(Path(args.data).resolve(), out.resolve()),
+            "tokenizer_hash": data.tokenizer_hash,
+            "init_from": {"source": args.model, **{k: source[k] for k in ("name", "steps", "tokens") if k in source},
+                          **({"init_from": source["init_from"]} if source.get("init_from") else {})},
+            "transfer": {k: (None if v == float("inf") else v) for k, v in vars(args).items()  # JSON has no inf
+                         if k not in ("device", "save")}})
 
 
 def main() -> None:
