@@ -82,6 +82,15 @@ def test_save_writes_the_fine_tuned_model_and_seed_decides_it(script, data, tmp_
     assert info["steps"] == STEPS and info["transfer"]["seed"] == 3 and info["transfer"]["seconds"] is None
     assert info["init_from"]["source"] == "zoo:gdn" and info["init_from"]["init_from"]["source"] == "zoo:gdn"
     assert (tmp_path / "a" / info["dataset"]).resolve() == data.resolve()
+    assert info["transfer_updates"] == STEPS and "prior_updates" not in records[0]
+
+    # the saved folder continues the fine-tune: its records count on from its updates, and so does its own save
+    chained = run(script, monkeypatch, capsys, data, "--model", str(tmp_path / "a"), "--seed", "5", "--save",
+                  str(tmp_path / "d"))  # the later --model wins
+    assert {r["prior_updates"] for r in chained} == {STEPS}
+    continued = read_train_info(tmp_path / "d")
+    assert continued["transfer_updates"] == 2 * STEPS and continued["name"] == info["name"]
+    assert continued["init_from"]["source"] == str(tmp_path / "a")
 
 
 def test_save_refuses_a_folder_of_the_users_files_before_training(script, data, tmp_path, monkeypatch, capsys):
@@ -98,3 +107,19 @@ def test_facts_first_is_refused_for_an_arm_without_text(script, data, monkeypatc
     with pytest.raises(SystemExit):
         script.main()
     assert "--facts-first applies to" in capsys.readouterr().err
+
+
+def test_plot_reads_a_chain_as_one_run_counting_on(tmp_path):
+    spec = importlib.util.spec_from_file_location("plot_transfer", SCRIPT.with_name("plot_transfer.py"))
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    first, then = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps({"arm": "ids-lm", "step": s, "phase": p}) + "\n"
+                             for s, p in [(0, "start"), (5, "facts"), (7, "facts")]))
+    then.write_text("progress line\n" + "".join(json.dumps({"arm": "ids-lm", "step": s, "phase": p, "prior_updates": 7})
+                                                + "\n" for s, p in [(0, "start"), (5, "facts")]))
+    records = plot.read_chain(f"{first}+{then}")
+    assert [r["step"] for r in records] == [0, 5, 7, 12] and records[0]["chained"] == 2
+    assert "2 fine-tunes chained" in plot.title(records[0])
+    with pytest.raises(SystemExit, match="does not continue"):
+        plot.read_chain(f"{then}+{first}")

@@ -5,7 +5,9 @@ held-out format; with --loss-out, the runs' test loss over fine-tuning on one ax
         --out docs/study/transfer/transfer.png [--facts 4] [--columns 5] [--loss-out LOSS.png]
         [--one-format went/roles/directions]
 
-With --one-format, one axis instead: that held-out format's recall, one line per run.
+With --one-format, one axis instead: that held-out format's recall, one line per run. A log written as
+``A.jsonl+B.jsonl`` is one fine-tune continued by another (transfer.py --save, then --model with the saved folder):
+B's updates are counted on from A's (its records' ``prior_updates``) and drawn as one line.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def title(record: dict) -> str:
         name += f", lr {record['lr']:g}"
     if record.get("seed"):
         name += f", seed {record['seed']}"
+    if record.get("chained", 1) > 1:
+        name += f", {record['chained']} fine-tunes chained"
     return name
 
 
@@ -93,9 +97,23 @@ def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
+def read_chain(logs: str) -> list[dict]:
+    """The records of ``A.jsonl+B.jsonl+...`` as one run: each continuation's steps moved on by the updates before
+    it (its ``prior_updates``) and its first evaluation, of the model the one before it saved, left out."""
+    records = read(Path(logs.split("+")[0]))
+    for path in logs.split("+")[1:]:
+        more = read(Path(path))
+        if not more or "prior_updates" not in more[0]:
+            raise SystemExit(f"{path} does not continue a saved fine-tune (its records say no prior_updates)")
+        records += [{**r, "step": r["step"] + r["prior_updates"]} for r in more if r["phase"] != "start"]
+    if records:
+        records[0] = {**records[0], "chained": logs.count("+") + 1}
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("logs", nargs="+", type=Path)
+    parser.add_argument("logs", nargs="+", help="transfer.py outputs (JSON lines); A.jsonl+B.jsonl: a chain")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--facts", type=int, default=4, choices=sorted(LOAD_INDEX))
     parser.add_argument("--columns", type=int, default=None, help="panels per row (default: all in one row)")
@@ -103,7 +121,7 @@ def main() -> None:
     parser.add_argument("--one-format", default=None, choices=sorted(LABELS),
                         help="one axis: this format's recall, a line per run (instead of a panel per run)")
     args = parser.parse_args()
-    runs = [records for records in map(read, args.logs) if records]
+    runs = [records for records in map(read_chain, args.logs) if records]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.loss_out:
         plot_loss(runs, args.loss_out)

@@ -35,7 +35,9 @@ weight decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' 
 the text's, for text-lm and ids-lm, after the first --facts-first updates). --seed draws the fine-tune's batches
 (facts and text windows); the held-out items are the lab's own whatever the seed. --save DIR writes the fine-tuned
 model there at the end (bfloat16 safetensors, the tokenizer, and a train_info.json that records this fine-tune on top
-of the source model's stages), a folder ``linmem eval`` and ``linmem probe`` open.
+of the source model's stages), a folder ``linmem eval`` and ``linmem probe`` open; given to --model, such a folder
+continues the fine-tune (a fresh optimizer; use another --seed for other batches), and the records then say how many
+updates came before (``prior_updates``), which plot_transfer.py adds to the steps of a chain ``A.jsonl+B.jsonl``.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) 
     return record
 
 
-def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards) -> None:
+def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards,
+               prior: int) -> None:
     """Write the fine-tuned ``em`` to ``out`` as a model folder (bfloat16 weights, tokenizer, ``train_info.json``
     with the source model's stages under ``init_from``), built aside and renamed into place whole
     (``linmem.io.folders.staged_folder``: a leftover of an interrupted save cannot fail the save after the
@@ -155,9 +158,10 @@ def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int,
         write_model(tmp, em.model.state_dict(), em.model.config, torch.bfloat16)
         copy_tokenizer(em.folder, tmp)
         write_json_atomic(tmp / TRAIN_INFO, {
-            "name": f"{source.get('name', em.folder.name)}-{args.arm}",
+            "name": source.get("name", em.folder.name) + ("" if prior else f"-{args.arm}"),  # a chain keeps its name
             "description": f"{args.model} fine-tuned by scripts/recall/transfer.py {args.arm}",
-            "steps": steps, "tokens": tokens, "parameters": sum(p.numel() for p in em.model.parameters()),
+            "steps": steps, "transfer_updates": prior + steps, "tokens": tokens,
+            "parameters": sum(p.numel() for p in em.model.parameters()),
             "dataset": os.path.relpath(Path(args.data).resolve(), out.resolve()),
             "tokenizer_hash": data.tokenizer_hash,
             "init_from": {"source": args.model, **{k: source[k] for k in ("name", "steps", "tokens") if k in source},
@@ -205,6 +209,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     em = load_model(args.model, device=args.device)
+    prior = em.info.get("transfer_updates", 0)  # a model saved by --save: the fine-tune continues its updates
     split = open_heldout(em, None, "test")
     shards = TokenShards(args.data)
     gens, weights, seq_len = generators(args.arm, shards, em.tokenizer)
@@ -231,7 +236,7 @@ def main() -> None:
                   "train_only": args.train_only, "lr": args.lr, "seed": args.seed,
                   **({"facts_first": args.facts_first} if args.facts_first else {}),
                   **({"text_tokens": len(text), "text_window": text_window} if args.arm in TEXT_ARMS else {}),
-                  "step": step, "s": round(time.time() - start),
+                  **({"prior_updates": prior} if prior else {}), "step": step, "s": round(time.time() - start),
                   **held_out_recall(em, split, args.items, test_windows, seq_len), "phase": phase}
         print(json.dumps(record), flush=True)
 
@@ -287,7 +292,7 @@ def main() -> None:
 
     steps, tokens = fine_tune()
     if args.save:
-        save_model(em, args.save, args, steps, tokens, shards)
+        save_model(em, args.save, args, steps, tokens, shards, prior)
 
 
 if __name__ == "__main__":
