@@ -85,9 +85,10 @@ def test_save_writes_the_fine_tuned_model_and_seed_decides_it(script, data, tmp_
     assert info["transfer_updates"] == STEPS and "prior_updates" not in records[0]
 
     # the saved folder continues the fine-tune: its records count on from its updates, and so does its own save
-    chained = run(script, monkeypatch, capsys, data, "--model", str(tmp_path / "a"), "--seed", "5", "--save",
-                  str(tmp_path / "d"))  # the later --model wins
+    chained = run(script, monkeypatch, capsys, data, "--model", str(tmp_path / "a"), "--seed", "5", "--every", "2",
+                  "--save", str(tmp_path / "d"))  # the later --model and --every win
     assert {r["prior_updates"] for r in chained} == {STEPS}
+    assert [r["step"] for r in chained] == [0, 2, STEPS]  # the last update is measured off the --every grid too
     continued = read_train_info(tmp_path / "d")
     assert continued["transfer_updates"] == 2 * STEPS and continued["name"] == info["name"]
     assert continued["init_from"]["source"] == str(tmp_path / "a")

@@ -277,7 +277,7 @@ def main() -> None:
             update(loss)
             tokens += args.batch * ((seq_len - 1) * (args.arm != "lm") + (text_window - 1) * with_text)
             out_of_time = time.time() - start > args.seconds
-            if step % args.every == 0 or out_of_time:
+            if step % args.every == 0 or out_of_time or step == args.steps:
                 report(step, "facts")
             if out_of_time:
                 return step, tokens
