@@ -61,7 +61,7 @@ def test_save_writes_the_fine_tuned_model_and_seed_decides_it(script, data, tmp_
                   str(tmp_path / "a"))
     assert not (tmp_path / ".tmp-a").exists()
     assert [r["step"] for r in records] == list(range(STEPS + 1))
-    assert {(r["seed"], r["facts_first"], r["lr"]) for r in records} == {(3, 1, 3e-4)}
+    assert {(r["seed"], r["facts_first"], r["lr"], r["batch"]) for r in records} == {(3, 1, 3e-4, BATCH)}
     run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "3", "--save", str(tmp_path / "b"))
     run(script, monkeypatch, capsys, data, "--facts-first", "1", "--seed", "4", "--save", str(tmp_path / "c"))
 

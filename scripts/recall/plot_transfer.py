@@ -52,19 +52,22 @@ def title(record: dict) -> str:
         name += f", lr {record['lr']:g}"
     if record.get("seed"):
         name += f", seed {record['seed']}"
+    if record.get("batch", 32) != 32:
+        name += f", batch {record['batch']}"
     if record.get("chained", 1) > 1:
         name += f", {record['chained']} fine-tunes chained"
     return name
 
 
-def plot_one_format(runs: list[list[dict]], name: str, facts: int, out: Path) -> None:
-    """Format ``name``'s clean recall at ``facts`` facts against the updates, a line per run, on one axis."""
+def plot_one_format(runs: list[list[dict]], name: str, facts: int, out: Path, labels: list[str]) -> None:
+    """Format ``name``'s clean recall at ``facts`` facts against the updates, a line per run (named ``labels``), on
+    one axis."""
     fig, ax = plt.subplots(figsize=(7.2, 4.2))
-    for i, records in enumerate(runs):
+    for i, (records, label) in enumerate(zip(runs, labels)):
         if name not in records[0]:
             raise SystemExit(f"{records[0]['arm']} ({records[0].get('model')}) recorded no {name}")
         ax.plot([r["step"] for r in records], [r[name][LOAD_INDEX[facts]] for r in records], marker="o",
-                markersize=3, color=f"C{i % 10}", linestyle="-" if i < 10 else "--", label=title(records[0]))
+                markersize=3, color=f"C{i % 10}", linestyle="-" if i < 10 else "--", label=label)
     ax.axhline(CHANCE, color="grey", linestyle=":", linewidth=1, label="chance (4 candidates)")
     ax.set_title(f"{LABELS.get(name, name)}, {facts} facts", fontsize=9)
     ax.set_xlabel("fine-tuning updates")
@@ -77,12 +80,12 @@ def plot_one_format(runs: list[list[dict]], name: str, facts: int, out: Path) ->
     print(out)
 
 
-def plot_loss(runs: list[list[dict]], out: Path) -> None:
+def plot_loss(runs: list[list[dict]], out: Path, labels: list[str]) -> None:
     """Each run's test loss (nats per token) against its updates, on one axis from zero."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, records in enumerate(r for r in runs if "test_loss" in r[0]):
+    for i, (records, label) in enumerate((r, n) for r, n in zip(runs, labels) if "test_loss" in r[0]):
         ax.plot([r["step"] for r in records], [r["test_loss"] for r in records], marker="o", markersize=3,
-                color=f"C{i % 10}", linestyle="-" if i < 10 else "--", label=title(records[0]))
+                color=f"C{i % 10}", linestyle="-" if i < 10 else "--", label=label)
     ax.set_xlabel("fine-tuning updates")
     ax.set_ylabel("test loss (nats per token)")
     ax.set_ylim(bottom=0)
@@ -120,13 +123,20 @@ def main() -> None:
     parser.add_argument("--loss-out", type=Path, default=None, help="also plot the runs' test loss here")
     parser.add_argument("--one-format", default=None, choices=sorted(LABELS),
                         help="one axis: this format's recall, a line per run (instead of a panel per run)")
+    parser.add_argument("--labels", nargs="+", default=None,
+                        help="a name per log for the legends (default: from the records: model, arm, options)")
     args = parser.parse_args()
-    runs = [records for records in map(read_chain, args.logs) if records]
+    if args.labels and len(args.labels) != len(args.logs):
+        parser.error(f"--labels names {len(args.labels)} runs, for {len(args.logs)} logs")
+    runs = [read_chain(logs) for logs in args.logs]
+    if empty := [logs for logs, records in zip(args.logs, runs) if not records]:
+        raise SystemExit(f"no records in {', '.join(empty)}")
+    labels = args.labels or [title(records[0]) for records in runs]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.loss_out:
-        plot_loss(runs, args.loss_out)
+        plot_loss(runs, args.loss_out, labels)
     if args.one_format:
-        plot_one_format(runs, args.one_format, args.facts, args.out)
+        plot_one_format(runs, args.one_format, args.facts, args.out, labels)
         return
     columns = min(args.columns or len(runs), len(runs))
     rows = -(-len(runs) // columns)
@@ -134,14 +144,14 @@ def main() -> None:
                              squeeze=False)
     for ax in axes.flat[len(runs):]:
         ax.set_visible(False)
-    for ax, records in zip(axes.flat, runs):
+    for ax, records, label in zip(axes.flat, runs, labels):
         steps = [r["step"] for r in records]
         for i, (name, label) in enumerate(LABELS.items()):
             if name in records[0] and len(records[0][name]) > LOAD_INDEX[args.facts]:
                 ax.plot(steps, [r[name][LOAD_INDEX[args.facts]] for r in records], marker="o", markersize=3,
                         color=f"C{i}", label=label)
         ax.axhline(CHANCE, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(title(records[0]), fontsize=8)
+        ax.set_title(label, fontsize=8)
         ax.set_xlabel("fine-tuning updates")
         ax.set_ylim(0, 1.02)
         ax.set_xlim(left=0)

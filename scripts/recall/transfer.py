@@ -233,7 +233,7 @@ def main() -> None:
     def report(step: int, phase: str) -> None:
         record = {"arm": args.arm, "model": args.model,
                   "lm_weight": args.lm_weight if args.arm in LM_ARMS else None,
-                  "train_only": args.train_only, "lr": args.lr, "seed": args.seed,
+                  "train_only": args.train_only, "lr": args.lr, "seed": args.seed, "batch": args.batch,
                   **({"facts_first": args.facts_first} if args.facts_first else {}),
                   **({"text_tokens": len(text), "text_window": text_window} if args.arm in TEXT_ARMS else {}),
                   **({"prior_updates": prior} if prior else {}), "step": step, "s": round(time.time() - start),
