@@ -124,3 +124,27 @@ def test_plot_reads_a_chain_as_one_run_counting_on(tmp_path):
     assert "2 fine-tunes chained" in plot.title(records[0])
     with pytest.raises(SystemExit, match="does not continue"):
         plot.read_chain(f"{then}+{first}")
+
+
+def test_plot_names_each_panel_by_its_label(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    spec = importlib.util.spec_from_file_location("plot_transfer", SCRIPT.with_name("plot_transfer.py"))
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    logs = []
+    for name in "ab":
+        logs.append(tmp_path / f"{name}.jsonl")
+        logs[-1].write_text("".join(json.dumps({"arm": "ids", "step": s, "phase": "facts",
+                                                "went/roles/directions": [0.3, 0.4, 0.5]}) + "\n" for s in (0, 5)))
+    titles = []
+    original = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda ax, text, *a, **k: titles.append(text) or original(ax, text, *a, **k))
+    monkeypatch.setattr(sys, "argv", ["plot_transfer.py", *map(str, logs), "--labels", "first", "second",
+                                      "--out", str(tmp_path / "p.png")])
+    plot.main()
+    assert titles == ["first", "second"] and (tmp_path / "p.png").is_file()
+    monkeypatch.setattr(sys, "argv", ["plot_transfer.py", *map(str, logs), "--labels", "one", "--out", "x.png"])
+    with pytest.raises(SystemExit):
+        plot.main()

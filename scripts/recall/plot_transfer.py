@@ -144,14 +144,14 @@ def main() -> None:
                              squeeze=False)
     for ax in axes.flat[len(runs):]:
         ax.set_visible(False)
-    for ax, records, label in zip(axes.flat, runs, labels):
+    for ax, records, run_label in zip(axes.flat, runs, labels):
         steps = [r["step"] for r in records]
         for i, (name, label) in enumerate(LABELS.items()):
             if name in records[0] and len(records[0][name]) > LOAD_INDEX[args.facts]:
                 ax.plot(steps, [r[name][LOAD_INDEX[args.facts]] for r in records], marker="o", markersize=3,
                         color=f"C{i}", label=label)
         ax.axhline(CHANCE, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(label, fontsize=8)
+        ax.set_title(run_label, fontsize=8)
         ax.set_xlabel("fine-tuning updates")
         ax.set_ylim(0, 1.02)
         ax.set_xlim(left=0)
