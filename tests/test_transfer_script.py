@@ -33,6 +33,14 @@ def script(one_thread):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
+def plot():
+    spec = importlib.util.spec_from_file_location("plot_transfer", SCRIPT.with_name("plot_transfer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A dataset of the tiny corpus in the shipped models' tokenizer (their training text is not shipped)."""
     root = tmp_path_factory.mktemp("transfer")
@@ -110,10 +118,7 @@ def test_facts_first_is_refused_for_an_arm_without_text(script, data, monkeypatc
     assert "--facts-first applies to" in capsys.readouterr().err
 
 
-def test_plot_reads_a_chain_as_one_run_counting_on(tmp_path):
-    spec = importlib.util.spec_from_file_location("plot_transfer", SCRIPT.with_name("plot_transfer.py"))
-    plot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot)
+def test_plot_reads_a_chain_as_one_run_counting_on(plot, tmp_path):
     first, then = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     first.write_text("".join(json.dumps({"arm": "ids-lm", "step": s, "phase": p}) + "\n"
                              for s, p in [(0, "start"), (5, "facts"), (7, "facts")]))
@@ -126,12 +131,9 @@ def test_plot_reads_a_chain_as_one_run_counting_on(tmp_path):
         plot.read_chain(f"{then}+{first}")
 
 
-def test_plot_names_each_panel_by_its_label(tmp_path, monkeypatch):
+def test_plot_names_each_panel_by_its_label(plot, tmp_path, monkeypatch):
     import matplotlib.axes
 
-    spec = importlib.util.spec_from_file_location("plot_transfer", SCRIPT.with_name("plot_transfer.py"))
-    plot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot)
     logs = []
     for name in "ab":
         logs.append(tmp_path / f"{name}.jsonl")
