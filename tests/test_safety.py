@@ -15,11 +15,18 @@ import torch
 import yaml
 
 from linmem.cli import main
-from linmem.io.folders import MARKER, check_replaceable, prepare_output_folder, replace_folder, staged_folder
+from linmem.io.folders import (
+    MARKER,
+    check_replaceable,
+    prepare_output_folder,
+    replace_folder,
+    staged_folder,
+    staging_path,
+)
 from linmem.io.manifest import DamagedFileError, has_manifest, verify_manifest, write_manifest
 from linmem.train import checkpoint as ckpt
 from linmem.train.config import parse_config
-from linmem.train.trainer import MODEL_DIR, TEMP_MODEL, TRAIN_INFO, train
+from linmem.train.trainer import MODEL_DIR, TRAIN_INFO, train
 from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -253,10 +260,11 @@ def test_resume_after_a_kill_while_writing_the_final_model(dataset, finished, tm
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     original = json.loads((run / MODEL_DIR / TRAIN_INFO).read_text())
-    os.rename(run / MODEL_DIR, run / TEMP_MODEL)  # killed before the rename: only the hidden folder is there
-    (run / TEMP_MODEL / "model.safetensors").write_bytes(b"half")
+    staging = staging_path(run / MODEL_DIR)
+    os.rename(run / MODEL_DIR, staging)  # killed before the rename: only the hidden folder is there
+    (staging / "model.safetensors").write_bytes(b"half")
     info = train(parse_config(tiny_config(dataset, train=SHORT)), run, resume=True)
-    assert not (run / TEMP_MODEL).exists()
+    assert not staging.exists()
     verify_manifest(run / MODEL_DIR)
     saved = json.loads((run / MODEL_DIR / TRAIN_INFO).read_text())
     assert saved == info and saved["final_metrics"] == original["final_metrics"] and saved["final_metrics"]

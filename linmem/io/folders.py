@@ -126,14 +126,19 @@ def replace_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
     return swap_folder(tmp, final)
 
 
+def staging_path(final: str | os.PathLike) -> Path:
+    """Where ``staged_folder`` builds ``final``: the hidden folder ``.tmp-NAME`` beside it."""
+    final = Path(final)
+    return final.with_name(f".tmp-{final.name}")
+
+
 @contextmanager
 def staged_folder(final: str | os.PathLike) -> Iterator[Path]:
     """Build the folder ``final`` aside: yields an empty staging folder ``.tmp-NAME`` beside it to write into, and
     when the block ends renames it onto ``final`` with ``replace_folder``, so that ``final`` appears whole or not at
     all. A staging folder left by an interrupted earlier build is removed first, so it cannot fail this one. If the
     block raises, the staging folder is removed and ``final`` is left as it was (absent, or the previous version)."""
-    final = Path(final)
-    tmp = final.with_name(f".tmp-{final.name}")
+    tmp = staging_path(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

@@ -40,6 +40,7 @@ from linmem.io.folders import (
     prepare_output_folder,
     read_marker,
     staged_folder,
+    staging_path,
 )
 from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
 from linmem.io.run_info import TRAIN_INFO, total_tokens
@@ -77,7 +78,6 @@ from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
 MODEL_DIR = "model"
-TEMP_MODEL = f".tmp-{MODEL_DIR}"  # where ``staged_folder`` builds OUT/model
 # What ``save_final_model`` writes into ``OUT/model`` (an old folder holding anything else is never replaced).
 MODEL_FILES = ("config.json", "model.safetensors", TRAIN_INFO, MANIFEST_NAME, *ckpt.TOKENIZER_FILES)
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -571,7 +571,7 @@ def prepare_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
             check_replaceable(out / MODEL_DIR, MODEL_FILES)
         prepare_output_folder(out, overwrite=overwrite, kind="train")
     ckpt.remove_stale_temp(out / "checkpoints")
-    shutil.rmtree(out / TEMP_MODEL, ignore_errors=True)
+    shutil.rmtree(staging_path(out / MODEL_DIR), ignore_errors=True)
     check_replaceable(out / MODEL_DIR, MODEL_FILES)
 
 
