@@ -146,13 +146,18 @@ def held_out_recall(em, split, items: int, windows: torch.Tensor, seq_len: int) 
     return record
 
 
-def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards,
-               prior: int) -> None:
+def prior_updates(info: dict) -> int:
+    """The updates of earlier fine-tunes in a chain: a model saved by --save records them (0 for any other model)."""
+    return info.get("transfer_updates", 0)
+
+
+def save_model(em, out: Path, args: argparse.Namespace, steps: int, tokens: int, data: TokenShards) -> None:
     """Write the fine-tuned ``em`` to ``out`` as a model folder (bfloat16 weights, tokenizer, ``train_info.json``
     with the source model's stages under ``init_from``), built aside and renamed into place whole
     (``linmem.io.folders.staged_folder``: a leftover of an interrupted save cannot fail the save after the
     fine-tune)."""
     source = em.info
+    prior = prior_updates(source)
     with staged_folder(out) as tmp:
         mark_output_folder(tmp, "transfer")
         write_model(tmp, em.model.state_dict(), em.model.config, torch.bfloat16)
@@ -209,7 +214,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     em = load_model(args.model, device=args.device)
-    prior = em.info.get("transfer_updates", 0)  # a model saved by --save: the fine-tune continues its updates
+    prior = prior_updates(em.info)
     split = open_heldout(em, None, "test")
     shards = TokenShards(args.data)
     gens, weights, seq_len = generators(args.arm, shards, em.tokenizer)
@@ -292,7 +297,7 @@ def main() -> None:
 
     steps, tokens = fine_tune()
     if args.save:
-        save_model(em, args.save, args, steps, tokens, shards, prior)
+        save_model(em, args.save, args, steps, tokens, shards)
 
 
 if __name__ == "__main__":
