@@ -4,6 +4,7 @@ task files (no downloads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -195,20 +196,27 @@ def test_stability_hooks_measure_each_layer(em):
 
 class RecallOracle(nn.Module):
     """Reads the prompt: the query ends ``key middle``; the answer is the token after the last earlier
-    ``key middle`` (the latest fact about the key). Clean memory-lab recall must be exactly 1."""
+    ``key middle`` (the latest fact about the key). Clean memory-lab recall must be exactly 1. A prompt without
+    such a fact gets the logits ``prior`` ``[V]`` (what a text prior would say), or no preference;
+    ``memory=False`` always answers from ``prior``, facts or not."""
 
-    def __init__(self, vocab_size: int, middle: list[int], distractor: int | None = None):
+    def __init__(self, vocab_size: int, middle: list[int], distractor: int | None = None,
+                 prior: torch.Tensor | None = None, memory: bool = True):
         super().__init__()
         self.config = types.SimpleNamespace(vocab_size=vocab_size, mixer="gdn")
         self.vocab_size, self.middle, self.distractor = vocab_size, middle, distractor
+        self.prior, self.memory = prior, memory
 
     def forward(self, input_ids, attention_mask=None, use_cache=False):
         logits = torch.zeros(*input_ids.shape, self.vocab_size)
         width = len(self.middle) + 1
         for b, row in enumerate(input_ids.tolist()):
             pattern = row[-width:]
-            starts = [t for t in range(len(row) - width) if row[t:t + width] == pattern]
-            logits[b, -1, row[starts[-1] + width]] = 10.0
+            starts = [t for t in range(len(row) - width) if row[t:t + width] == pattern] if self.memory else []
+            if starts:
+                logits[b, -1, row[starts[-1] + width]] = 10.0
+            elif self.prior is not None:
+                logits[b, -1] = self.prior
             if self.distractor is not None:  # a token that is no candidate outranks the answer
                 logits[b, -1, self.distractor] = 20.0
         return types.SimpleNamespace(logits=logits)
@@ -235,6 +243,37 @@ def test_memory_lab_recall_on_held_out_text(em):
                            em.folder, torch.device("cpu"), em.eos_id, em.info)
     only_four = memory_recall(distracted, split, items=8, num_bindings=2, filler_tokens=48)["metrics"]
     assert only_four["accuracy"] == 1.0 and only_four["top1"] == 0.0 and only_four["top1_high"] == 0.0
+
+
+def test_no_fact_control_separates_memory_from_the_texts_guess(em):
+    """The no-fact prompts hold no presentation of the asked fact: an oracle that reads facts and otherwise answers
+    from a fixed prior over the vocabulary scores there exactly the share of items whose answer is the prior's
+    first choice among the candidates, and all of the items it had to overturn; a model that only ever answers
+    from the prior scores that share with facts and without, and none of the items against it."""
+    from linmem.eval.memory_recall import RecallFormat, filler_passages
+    from linmem.memory.evaluate import make_batch
+    from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items
+
+    split = open_heldout(em, None, "test")
+    seed = int(np.random.default_rng().integers(1000))
+    fmt = RecallFormat(filler_tokens=48)
+    builder = TaskBuilder(em.tokenizer, TaskSpec(num_bindings=2, repeats=fmt.repeats, filler_tokens=48,
+                                                 template=fmt.template, keys=fmt.keys, values=fmt.values))
+    sources = filler_passages(em, split, 48)
+    batch = make_batch(build_items(builder, sources, per_source=-(-12 // len(sources)), seed=seed)[:12])
+    guessed = []
+    while not 0 < sum(guessed) < len(guessed):  # a prior that guesses some of the items, not all
+        prior = torch.randn(em.model.config.vocab_size)
+        guessed = (prior[batch.candidates].argmax(-1) == batch.answer).tolist()
+    share = sum(guessed) / len(guessed)
+    run = lambda **kw: memory_recall(  # noqa: E731
+        dataclasses.replace(em, model=RecallOracle(em.model.config.vocab_size, builder.middle, prior=prior, **kw)),
+        split, items=12, num_bindings=2, filler_tokens=48, seed=seed)["metrics"]
+    reader, guesser = run(), run(memory=False)
+    assert reader["accuracy"] == 1.0 and reader["no_fact"] == pytest.approx(share) and reader["against_text"] == 1.0
+    assert reader["against_text_n"] == len(guessed) - sum(guessed)
+    assert guesser["accuracy"] == pytest.approx(share) and guesser["no_fact@2"] == pytest.approx(share)
+    assert guesser["against_text@2"] == 0.0 and guesser["no_fact_low"] <= share <= guesser["no_fact_high"]
 
 
 def test_memory_recall_hand_off(em):

@@ -16,6 +16,9 @@ def test_gate_verdicts():
     failed = ex.recall_gate({"development": 0.75, "confirmation": 0.4375}, 0.5)
     assert not failed["passed"] and "too low" in failed["message"] and "0.438 on the confirmation" in failed["message"]
     assert not ex.recall_gate({"development": math.nan}, 0.0)["passed"]  # no items: nothing to attribute
+    controlled = ex.recall_gate({"development": 0.75}, 0.5, {"development": 0.625})
+    assert "the text alone picks the answer in 0.625" in controlled["message"]
+    assert controlled["no_fact"] == {"development": 0.625} and passed["no_fact"] == {}
     assert ex.recall_warning(0.3, 0.5)["clean_recall_warning"].startswith("clean recall 0.300 is below the gate")
     assert ex.recall_warning(0.3, None) == {} and ex.recall_warning(0.5, 0.5) == {}
 
@@ -34,7 +37,10 @@ def test_probe_of_a_random_model_reports_recall_too_low(model_dir, capsys):  # n
     assert set(payload["experiments"]) == {"clean_recall", "logit_lens"}
     assert {"head_scan", "lifecycle", "four_facts", "write_read_spearman"} <= set(header["skipped_by_gate"])
     rows = payload["experiments"]["clean_recall"]["rows"]
-    assert [r["split"] for r in rows] == ["development", "confirmation"]
-    assert [r["mean"] for r in rows] == [recall["development"], recall["confirmation"]]
+    assert [(r["split"], r["metric"]) for r in rows] == [(split, metric) for split in ("development", "confirmation")
+                                                          for metric in ("clean_correct", "no_fact_correct")]
+    assert [r["mean"] for r in rows[::2]] == [recall["development"], recall["confirmation"]]
+    assert header["clean_recall_no_fact"] == {r["split"]: r["mean"] for r in rows[1::2]}
+    assert "the text alone picks the answer" in header["clean_recall_gate"]
     page = (model_dir / "out" / "report.html").read_text()
     assert 'class="warning"' in page and "too low to attribute anything" in page

@@ -65,6 +65,57 @@ def test_variants(corpus):
     assert item.recipient[end - len(builder.after) - 1] in builder.values
 
 
+def presentations(prompt: list[int], fact_start: list[int], fact_length: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of every fact in ``prompt`` that begins with ``fact_start`` (the template's opening and a
+    key) and is ``fact_length`` tokens long."""
+    width = len(fact_start)
+    return [(t, t + fact_length) for t in range(len(prompt) - width + 1) if prompt[t:t + width] == fact_start]
+
+
+@pytest.mark.parametrize("variant", ["retrieval", "latest"])
+def test_no_fact_prompt_drops_every_presentation_of_the_asked_fact_and_nothing_else(corpus, variant):
+    docs, tokenizer, _ = corpus
+    spec = TaskSpec(num_bindings=3, repeats=3, filler_tokens=64, variant=variant)
+    builder = TaskBuilder(tokenizer, spec)
+    sources = passages(docs, Tokenize(tokenizer), 80)
+    fact_length = len(builder.fact(0, 0))
+    for item in build_items(builder, sources, seed=int(np.random.default_rng().integers(1000))):
+        assert len(item.no_fact) == len(item.recipient)
+        asked = item.queries[item.target].tokens  # the template's opening, the key and the middle
+        spans = presentations(item.recipient, asked, fact_length)
+        assert len(spans) == spec.repeats and not presentations(item.no_fact, asked, fact_length)
+        inside = {t for a, b in spans for t in range(a, b)}
+        assert all(item.no_fact[t] == item.recipient[t] for t in range(len(item.recipient)) if t not in inside)
+        for b, query in enumerate(item.queries):  # every other fact is still there, as often
+            if b != item.target:
+                assert (presentations(item.no_fact, query.tokens, fact_length)
+                        == presentations(item.recipient, query.tokens, fact_length))
+        facts = {t for q in item.queries for a, b in presentations(item.recipient, q.tokens, fact_length)
+                 for t in range(a, b)}
+        filler = [token for t, token in enumerate(item.recipient) if t not in facts]  # the passage's stretch
+        for a, b in spans:  # filler of the passage in the fact's place
+            stretch = item.no_fact[a:b]
+            assert any((filler * 2)[t:t + len(stretch)] == stretch for t in range(len(filler)))  # read on cyclically
+
+
+def test_no_fact_filler_draws_leave_the_items_as_they_were(corpus, monkeypatch):
+    """The no-fact prompt has a generator of its own: another seed for it changes that prompt and nothing else
+    of the item (the recall measured on the items stays comparable with and without the control)."""
+    import linmem.memory.tasks as tasks
+
+    docs, tokenizer, _ = corpus
+    builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=2, repeats=2, filler_tokens=64))
+    sources = passages(docs, Tokenize(tokenizer), 80)
+    seed = int(np.random.default_rng().integers(1000))
+    before = build_items(builder, sources, seed=seed)
+    monkeypatch.setattr(tasks, "NO_FACT_SALT", "another salt")
+    after = build_items(builder, sources, seed=seed)
+    for a, b in zip(before, after, strict=True):
+        assert (a.recipient, a.donor, a.queries, a.target, a.target_writes) == (
+            b.recipient, b.donor, b.queries, b.target, b.target_writes)
+    assert any(a.no_fact != b.no_fact for a, b in zip(before, after))
+
+
 def test_filler_sits_between_the_last_fact_and_the_query_by_default(corpus):
     """``gap=None``: the stretch before the query is a stretch like the others (K·R + 1 equal shares of the
     filler), not an empty one that puts the last fact right before the query."""

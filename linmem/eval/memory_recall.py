@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,14 +53,23 @@ class RecallFormat:
 @dataclass
 class LoadTrials:
     """The scored items of one load: ``correct`` (1.0 / 0.0 per item: the answer beats the other 3 candidates),
-    each item's source passage, the prompt length in tokens (every item of one load has the same length) and
-    ``top1`` (1.0 / 0.0 per item: the answer is the model's first choice over the whole vocabulary)."""
+    each item's source passage, the prompt length in tokens (every item of one load has the same length),
+    ``top1`` (1.0 / 0.0 per item: the answer is the model's first choice over the whole vocabulary) and
+    ``no_fact`` (1.0 / 0.0 per item: the answer still wins with the asked fact's presentations replaced by filler,
+    ``Item.no_fact``: the text alone guessed it; empty when not measured)."""
 
     num_bindings: int
     correct: list[float]
     sources: list[str]
     prompt_tokens: int
     top1: list[float]
+    no_fact: list[float] = field(default_factory=list)
+
+    def against_text(self) -> tuple[list[float], list[str]]:
+        """``correct`` and ``sources`` of the items whose no-fact prompt chooses a wrong candidate: there the fact
+        has to overturn what the text alone suggests."""
+        kept = [i for i, guessed in enumerate(self.no_fact) if not guessed]
+        return [self.correct[i] for i in kept], [self.sources[i] for i in kept]
 
 
 def check_loads(loads: Sequence[int], name: str = "loads") -> tuple[int, ...]:
@@ -77,16 +86,16 @@ def check_loads(loads: Sequence[int], name: str = "loads") -> tuple[int, ...]:
 
 def check_format(fmt: RecallFormat, where: str = "recall") -> None:
     """``ValueError`` naming the field for an unknown template or vocabulary (names, files or template texts)."""
-    for field, check in (("template", lambda v: tasks.load_template(v)),
+    for part, check in (("template", lambda v: tasks.load_template(v)),
                          ("keys", lambda v: tasks.load_vocabulary(v, "keys")),
                          ("values", lambda v: tasks.load_vocabulary(v, "values"))):
-        value = getattr(fmt, field)
+        value = getattr(fmt, part)
         if not isinstance(value, str):
-            raise ValueError(f"{where}_{field} must be a name or a file path; got {value!r}")
+            raise ValueError(f"{where}_{part} must be a name or a file path; got {value!r}")
         try:
             check(value)
         except ValueError as e:
-            raise ValueError(f"{where}_{field}: {e}") from None
+            raise ValueError(f"{where}_{part}: {e}") from None
 
 
 def builders(tokenizer, fmt: RecallFormat, loads: Sequence[int]) -> dict[int, tasks.TaskBuilder]:
@@ -133,11 +142,22 @@ def filler_passages(em: EvalModel, split: SplitTokens, filler_tokens: int) -> li
     return sources
 
 
+def last_logits(em: EvalModel, prompts: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``[B, V]`` float32 logits (on the CPU) at the last position of each of ``prompts`` ``[B, T]``, run
+    ``batch_size`` at a time."""
+    with torch.no_grad():
+        return torch.cat([em.model(input_ids=prompts[start:start + batch_size].to(em.device),
+                                   use_cache=False).logits[:, -1].float().cpu()
+                          for start in range(0, prompts.shape[0], batch_size)])
+
+
 def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: Sequence[int], items: int = 64,
-                  seed: int = 0, batch_size: int = 8, sources: list | None = None) -> list[LoadTrials]:
+                  seed: int = 0, batch_size: int = 8, sources: list | None = None,
+                  no_fact: bool = False) -> list[LoadTrials]:
     """``items`` scored items per load (in the order of ``loads``), built from the documents of ``split`` (or from
-    ``sources``, its ``filler_passages`` made once by a caller that scores it often); raises as ``builders``
-    does."""
+    ``sources``, its ``filler_passages`` made once by a caller that scores it often); with ``no_fact`` the same
+    items are also scored without the asked fact (``LoadTrials.no_fact``, twice the model runs); raises as
+    ``builders`` does."""
     by_load = builders(em.tokenizer, fmt, loads)
     if sources is None:
         sources = filler_passages(em, split, fmt.filler_tokens)
@@ -145,16 +165,16 @@ def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: S
     out = []
     for k, builder in by_load.items():
         batch = make_batch(tasks.build_items(builder, sources, per_source=per_source, seed=seed)[:items])
-        correct, top1 = [], []
         answer_ids = batch.candidates.gather(-1, batch.answer[:, None])[:, 0]
-        with torch.no_grad():
-            for start in range(0, batch.recipient.shape[0], batch_size):
-                ids = batch.recipient[start:start + batch_size].to(em.device)
-                last = em.model(input_ids=ids, use_cache=False).logits[:, -1].float().cpu()
-                choice = choice_logits(last, batch.candidates[start:start + batch_size])
-                correct += (choice.argmax(-1) == batch.answer[start:start + batch_size]).double().tolist()
-                top1 += (last.argmax(-1) == answer_ids[start:start + batch_size]).double().tolist()
-        out.append(LoadTrials(k, correct, list(batch.sources), batch.length, top1))
+        last = last_logits(em, batch.recipient, batch_size)
+        correct = (choice_logits(last, batch.candidates).argmax(-1) == batch.answer).double().tolist()
+        top1 = (last.argmax(-1) == answer_ids).double().tolist()
+        guessed = []
+        if no_fact:
+            prompts = torch.tensor([it.no_fact + it.queries[it.target].tokens for it in batch.items])
+            choice = choice_logits(last_logits(em, prompts, batch_size), batch.candidates)
+            guessed = (choice.argmax(-1) == batch.answer).double().tolist()
+        out.append(LoadTrials(k, correct, list(batch.sources), batch.length, top1, guessed))
     return out
 
 
@@ -173,8 +193,12 @@ def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num
     Metrics: ``accuracy``, ``ci_low``, ``ci_high``, ``n``, ``sources`` over every item of every load (the mean
     over loads: each has ``items`` items), ``accuracy@K`` / ``ci_low@K`` / ``ci_high@K`` per load, the same for
     ``top1`` (the answer is the model's first choice over the whole vocabulary, not only over the 4 candidates:
-    chance is near zero, and it is the paper's F.2 criterion), and the settings (``num_bindings``: the load, or
-    the list of loads). ``table``: one row per load.
+    chance is near zero, and it is the paper's F.2 criterion) and for ``no_fact`` (the no-fact control: the same
+    items with every presentation of the asked fact replaced by filler, so that only the text can suggest the
+    answer; near chance when the values are ones the text does not guess), ``against_text`` / ``against_text_n``
+    (the clean accuracy over the items, and their number, whose no-fact prompt chooses a wrong value: recall that
+    has to overturn the text's guess), and the settings (``num_bindings``: the load, or the list of loads).
+    ``table``: one row per load.
     """
     if loads is None:
         loads = DEFAULT_LOADS if num_bindings is None else (num_bindings,)
@@ -184,22 +208,33 @@ def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num
     fmt = RecallFormat(template, keys, values, repeats, filler_tokens)
     check_format(fmt)
     try:
-        trials = recall_trials(em, split, fmt, loads, items, seed, batch_size)
+        trials = recall_trials(em, split, fmt, loads, items, seed, batch_size, no_fact=True)
     except FormatUnavailable as e:
         return _not_available(f"the memory lab's task rules fail for this tokenizer ({e})")
     table = []
     for t in trials:
         e, first = bootstrap(t.correct, t.sources, seed=seed), bootstrap(t.top1, t.sources, seed=seed)
+        guessed, overturned = bootstrap(t.no_fact, t.sources, seed=seed), bootstrap(*t.against_text(), seed=seed)
         table.append({"num_bindings": t.num_bindings, "accuracy": e.mean, "ci_low": e.low, "ci_high": e.high,
                       "n": e.n, "sources": e.sources, "prompt_tokens": t.prompt_tokens, "top1": first.mean,
-                      "top1_low": first.low, "top1_high": first.high})
+                      "top1_low": first.low, "top1_high": first.high, "no_fact": guessed.mean,
+                      "no_fact_low": guessed.low, "no_fact_high": guessed.high, "against_text": overturned.mean,
+                      "against_text_n": overturned.n})
     all_sources = [s for t in trials for s in t.sources]
     pooled = bootstrap([c for t in trials for c in t.correct], all_sources, seed=seed)
     pooled_top1 = bootstrap([c for t in trials for c in t.top1], all_sources, seed=seed)
+    pooled_no_fact = bootstrap([c for t in trials for c in t.no_fact], all_sources, seed=seed)
+    overturned = [t.against_text() for t in trials]
+    pooled_against = bootstrap([c for values, _ in overturned for c in values],
+                               [s for _, names in overturned for s in names], seed=seed)
     per_load = {f"{key}@{row['num_bindings']}": row[key] for row in table
-                for key in ("accuracy", "ci_low", "ci_high", "top1", "top1_low", "top1_high")}
+                for key in ("accuracy", "ci_low", "ci_high", "top1", "top1_low", "top1_high", "no_fact",
+                            "no_fact_low", "no_fact_high", "against_text", "against_text_n")}
     metrics = {"accuracy": pooled.mean, "ci_low": pooled.low, "ci_high": pooled.high, "n": pooled.n,
                "top1": pooled_top1.mean, "top1_low": pooled_top1.low, "top1_high": pooled_top1.high,
+               "no_fact": pooled_no_fact.mean, "no_fact_low": pooled_no_fact.low,
+               "no_fact_high": pooled_no_fact.high, "against_text": pooled_against.mean,
+               "against_text_n": pooled_against.n,
                "sources": pooled.sources, "chance": CHANCE, "prompt_tokens": max(t.prompt_tokens for t in trials),
                "num_bindings": loads[0] if len(loads) == 1 else list(loads), "repeats": repeats,
                "template": template, "keys": keys, "values": values, **per_load}

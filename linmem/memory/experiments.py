@@ -66,19 +66,34 @@ def recall_warning(accuracy: float, min_clean_recall: float | None) -> dict:
 
 
 def clean_recall(model: nn.Module, items: Sequence[Item], split: str = "items") -> Result:
-    """Clean 4-choice accuracy of the unedited model on ``items``: one row with its source-bootstrap CI (the input
-    of the probe's clean-recall gate)."""
+    """Clean 4-choice accuracy of the unedited model on ``items``: a row with its source-bootstrap CI (the input
+    of the probe's clean-recall gate) and, for items built with their no-fact prompts (``Item.no_fact``), a row of
+    the no-fact control: the accuracy with the asked fact's presentations replaced by filler, what the text alone
+    guesses (summary ``{split}_no_fact``)."""
     batch = make_batch(items)
     correct = (candidate_logits(model, batch, [[]])[0].argmax(-1) == batch.answer).double().numpy()
-    row = {"split": split, "metric": "clean_correct", **bootstrap(correct, batch.sources).as_dict()}
-    return Result("clean_recall", [row], {split: row["mean"], "chance": CHANCE})
+    rows = [{"split": split, "metric": "clean_correct", **bootstrap(correct, batch.sources).as_dict()}]
+    summary = {split: rows[0]["mean"], "chance": CHANCE}
+    if all(item.no_fact for item in items):
+        prompts = torch.tensor([item.no_fact + item.queries[item.target].tokens for item in items],
+                               device=batch.recipient.device)
+        without = replace(batch, recipient=prompts, donor=prompts)
+        guessed = (candidate_logits(model, without, [[]])[0].argmax(-1) == batch.answer).double().numpy()
+        rows.append({"split": split, "metric": "no_fact_correct", **bootstrap(guessed, batch.sources).as_dict()})
+        summary[f"{split}_no_fact"] = rows[1]["mean"]
+    return Result("clean_recall", rows, summary)
 
 
-def recall_gate(recalls: dict[str, float], min_clean_recall: float) -> dict:
+def recall_gate(recalls: dict[str, float], min_clean_recall: float, no_fact: dict[str, float] | None = None) -> dict:
     """The clean-recall gate over every split's accuracy (``{"development": 0.9, ...}``): ``passed`` when each is
-    at least ``min_clean_recall`` (a NaN never passes), with a plain ``message``."""
+    at least ``min_clean_recall`` (a NaN never passes), with a plain ``message`` that also gives the no-fact
+    control's accuracy per split (``no_fact``, from ``clean_recall``) when measured."""
     low = {split: value for split, value in recalls.items() if not value >= min_clean_recall}
     measured = " and ".join(f"{value:.3f} on the {split} sources" for split, value in recalls.items())
+    if no_fact:
+        guessed = " and ".join(f"{value:.3f}" for value in no_fact.values())
+        measured += (f" (with the asked fact replaced by filler, the text alone picks the answer in {guessed}: "
+                     f"recall near that is the text's guess, not a memory)")
     if low:
         message = (f"Clean recall is too low to attribute anything: {measured}, below the gate --min-clean-recall "
                    f"{min_clean_recall:g} (chance is {CHANCE:g} with 4 candidates). A model that does not recall "
@@ -87,7 +102,7 @@ def recall_gate(recalls: dict[str, float], min_clean_recall: float) -> dict:
     else:
         message = f"Clean recall {measured}: at or above the gate {min_clean_recall:g} (chance {CHANCE:g})."
     return {"min_clean_recall": min_clean_recall, "chance": CHANCE, "clean_recall": recalls, "passed": not low,
-            "message": message}
+            "message": message, "no_fact": no_fact or {}}
 
 
 def shifts(choice: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -201,7 +201,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     confirm_items = build_items(builder, confirm, seed=options.seed)
     write_items = [item.writes_widened(options.write_tokens_after) for item in confirm_items]  # the write edits' spans
     recall = [ex.clean_recall(model, dev_items, "development"), ex.clean_recall(model, confirm_items, "confirmation")]
-    gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall)
+    gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall,
+                          {r.rows[1]["split"]: r.rows[1]["mean"] for r in recall if len(r.rows) > 1})
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
     names = [n for n in names if n not in skipped]
     if skipped:
@@ -256,7 +257,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     results = [r for r in results if r.rows]
     lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
-              "clean_recall": gate["clean_recall"], "min_clean_recall": options.min_clean_recall,
+              "clean_recall": gate["clean_recall"], "clean_recall_no_fact": gate["no_fact"],
+              "min_clean_recall": options.min_clean_recall,
               "skipped_by_gate": skipped, "task": repr(builder.spec), "notes": notes,
               "dev_sources": [p[0] for p in dev],
               "confirm_sources": [p[0] for p in confirm], "chosen": None if chosen is None else str(chosen),

@@ -17,7 +17,9 @@ from linmem.memory.experiments import Result
 READING = {
     "clean_recall": "Clean 4-choice accuracy of the unedited model on the development and the confirmation sources "
                     "(chance 0.25). Every attribution is gated on it: a model that does not recall the facts holds "
-                    "no memory of them to locate.",
+                    "no memory of them to locate. The no_fact_correct rows are the control: the same items with "
+                    "every presentation of the asked fact replaced by filler, so only the text can suggest the "
+                    "answer; recall near them is the text's guess.",
     "head_scan": "Each cell: the mean donor-margin shift when only that component's pre-query state is swapped for "
                  "the donor's (development sources). Red = toward the donor. The frozen choice is the top cell.",
     "lifecycle": "Held-out sources, frozen component. Left: recall with the component's writes at the fact blocked "

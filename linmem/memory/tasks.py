@@ -71,6 +71,7 @@ TEMPLATES = {
 HELD_OUT = {"template": ("went", "keeps"), "keys": ("roles",), "values": ("directions", "materials")}
 VARIANTS = ("retrieval", "latest", "neutral")
 SPLIT_SALT = "linmem-memory-lab"
+NO_FACT_SALT = "linmem-no-fact"  # seeds the filler that replaces the target fact in an item's no-fact prompt
 # ``template`` / ``keys`` / ``values`` of the training generator ``kv-filler`` only: a fresh template or vocabulary
 # for every sample, drawn from frequent words of the training text (``KeyValueFiller``). The lab and the eval
 # measure recall in one fixed format, so they refuse it.
@@ -297,7 +298,9 @@ class Query:
 class Item:
     """One source passage's prompt pair. ``recipient`` / ``donor`` are the prefixes (facts and filler, same
     length); ``queries[target]`` asks the edited binding. ``target_writes``: ``(start, end)`` token spans of each
-    presentation of the target fact in the prefix (the value token is ``end − 2`` or earlier)."""
+    presentation of the target fact in the prefix (the value token is ``end − 2`` or earlier). ``no_fact``: the
+    recipient with every presentation of the target binding replaced by filler of the same length (the prompt of
+    the no-fact control: what the text alone suggests as the target's value; empty when not built)."""
 
     source_id: str
     recipient: list[int]
@@ -308,6 +311,7 @@ class Item:
     value_positions: list[int]
     split: str = "dev"
     extra: dict = field(default_factory=dict)
+    no_fact: list[int] = field(default_factory=list)
 
     def prompt(self, binding: int | None = None, donor: bool = False) -> list[int]:
         """The full prompt: prefix + the query of ``binding`` (default: the target)."""
@@ -378,7 +382,10 @@ class TaskBuilder:
         old_value = None
         if spec.variant == "latest":  # the target's first presentations carry an old value, the last the answer
             old_value = int(draw.choice([v for v in self.values if v not in (values[target], donor_value)]))
-        return self._assemble(source_id, split, filler, keys, values, target, donor_value, old_value, order, draw)
+        # the no-fact filler has a generator of its own, so that building it leaves every other draw as it was
+        own = np.random.default_rng(int(unit_hash(f"{source_id}:{start}:{keys}:{target}", NO_FACT_SALT) * 2**63))
+        return self._assemble(source_id, split, filler, keys, values, target, donor_value, old_value, order, draw,
+                              own)
 
     def _stretches(self, filler: list[int], slots: int) -> list[list[int]]:
         """The filler cut into ``slots`` stretches before the facts and a last one before the query: the ``gap``
@@ -391,12 +398,13 @@ class TaskBuilder:
         cuts = np.linspace(0, len(body), slots + 1).round().astype(int)
         return [body[a:b] for a, b in zip(cuts[:-1], cuts[1:])] + [filler[len(filler) - gap:]]
 
-    def _assemble(self, source_id, split, filler, keys, values, target, donor_value, old_value, order, rng) -> Item:
+    def _assemble(self, source_id, split, filler, keys, values, target, donor_value, old_value, order, rng,
+                  no_fact_rng) -> Item:
         stretches = self._stretches(filler, len(order))
-        recipient, donor, writes, value_positions = [], [], [], []
+        recipient, donor, no_fact, writes, value_positions = [], [], [], [], []
         last_target = max(i for i, (b, _) in enumerate(order) if b == target)
         for i, (stretch, (b, _)) in enumerate(zip(stretches, order)):
-            recipient, donor = recipient + stretch, donor + stretch
+            recipient, donor, no_fact = recipient + stretch, donor + stretch, no_fact + stretch
             value, donor_fact_value = values[b], values[b]
             if b == target:
                 old = old_value is not None and i != last_target  # latest-value: only the last one is the answer
@@ -404,6 +412,8 @@ class TaskBuilder:
                 donor_fact_value = value if old else donor_value
             start = len(recipient)
             recipient += self.fact(keys[b], value)
+            no_fact += (self._filler_stretch(filler, len(recipient) - start, no_fact_rng) if b == target
+                        else recipient[start:])
             if b == target and self.spec.variant == "neutral":
                 donor += self._neutral(filler, len(recipient) - start, rng)
             else:
@@ -411,14 +421,21 @@ class TaskBuilder:
             if b == target and value != old_value:
                 writes.append((start, len(recipient)))
                 value_positions.append(start + len(self.before) + 1 + len(self.middle))
-        recipient, donor = recipient + stretches[-1], donor + stretches[-1]
+        recipient, donor, no_fact = recipient + stretches[-1], donor + stretches[-1], no_fact + stretches[-1]
         queries = [self._query(b, keys, values, b == target and self.spec.variant != "neutral", donor_value,
                                old_value if b == target else None, rng) for b in range(len(keys))]
-        return Item(source_id, recipient, donor, queries, target, writes, value_positions, split)
+        return Item(source_id, recipient, donor, queries, target, writes, value_positions, split, no_fact=no_fact)
 
     def _neutral(self, filler: list[int], length: int, rng) -> list[int]:
         start = int(rng.integers(0, len(filler) - length + 1))
         return filler[start:start + length]
+
+    @staticmethod
+    def _filler_stretch(filler: list[int], length: int, rng: np.random.Generator) -> list[int]:
+        """``length`` tokens of ``filler`` from a random start, read on from its beginning past its end (a fact
+        may be longer than a short filler)."""
+        start = int(rng.integers(len(filler)))
+        return [filler[(start + i) % len(filler)] for i in range(length)]
 
     def _query(self, b, keys, values, is_donor_target, donor_value, old_value, rng) -> Query:
         """The 4 balanced candidates: the answer, the donor value (target) or a random value, and others; the
