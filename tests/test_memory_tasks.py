@@ -81,6 +81,9 @@ def test_no_fact_prompt_drops_every_presentation_of_the_asked_fact_and_nothing_e
     fact_length = len(builder.fact(0, 0))
     for item in build_items(builder, sources, seed=int(np.random.default_rng().integers(1000))):
         assert len(item.no_fact) == len(item.recipient)
+        assert item.prompt(no_fact=True) == item.no_fact + item.queries[item.target].tokens
+        with pytest.raises(ValueError, match="one prefix"):
+            item.prompt(donor=True, no_fact=True)
         asked = item.queries[item.target].tokens  # the template's opening, the key and the middle
         spans = presentations(item.recipient, asked, fact_length)
         assert len(spans) == spec.repeats and not presentations(item.no_fact, asked, fact_length)

@@ -171,7 +171,7 @@ def recall_trials(em: EvalModel, split: SplitTokens, fmt: RecallFormat, loads: S
         top1 = (last.argmax(-1) == answer_ids).double().tolist()
         guessed = []
         if no_fact:
-            prompts = torch.tensor([it.no_fact + it.queries[it.target].tokens for it in batch.items])
+            prompts = torch.tensor([it.prompt(no_fact=True) for it in batch.items])
             choice = choice_logits(last_logits(em, prompts, batch_size), batch.candidates)
             guessed = (choice.argmax(-1) == batch.answer).double().tolist()
         out.append(LoadTrials(k, correct, list(batch.sources), batch.length, top1, guessed))
@@ -214,12 +214,12 @@ def memory_recall(em: EvalModel, split: SplitTokens | None, items: int = 64, num
     table = []
     for t in trials:
         e, first = bootstrap(t.correct, t.sources, seed=seed), bootstrap(t.top1, t.sources, seed=seed)
-        guessed, overturned = bootstrap(t.no_fact, t.sources, seed=seed), bootstrap(*t.against_text(), seed=seed)
+        guessed, against = bootstrap(t.no_fact, t.sources, seed=seed), bootstrap(*t.against_text(), seed=seed)
         table.append({"num_bindings": t.num_bindings, "accuracy": e.mean, "ci_low": e.low, "ci_high": e.high,
                       "n": e.n, "sources": e.sources, "prompt_tokens": t.prompt_tokens, "top1": first.mean,
                       "top1_low": first.low, "top1_high": first.high, "no_fact": guessed.mean,
-                      "no_fact_low": guessed.low, "no_fact_high": guessed.high, "against_text": overturned.mean,
-                      "against_text_n": overturned.n})
+                      "no_fact_low": guessed.low, "no_fact_high": guessed.high, "against_text": against.mean,
+                      "against_text_n": against.n})
     all_sources = [s for t in trials for s in t.sources]
     pooled = bootstrap([c for t in trials for c in t.correct], all_sources, seed=seed)
     pooled_top1 = bootstrap([c for t in trials for c in t.top1], all_sources, seed=seed)

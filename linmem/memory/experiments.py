@@ -75,8 +75,7 @@ def clean_recall(model: nn.Module, items: Sequence[Item], split: str = "items") 
     rows = [{"split": split, "metric": "clean_correct", **bootstrap(correct, batch.sources).as_dict()}]
     summary = {split: rows[0]["mean"], "chance": CHANCE}
     if all(item.no_fact for item in items):
-        prompts = torch.tensor([item.no_fact + item.queries[item.target].tokens for item in items],
-                               device=batch.recipient.device)
+        prompts = torch.tensor([item.prompt(no_fact=True) for item in items], device=batch.recipient.device)
         without = replace(batch, recipient=prompts, donor=prompts)
         guessed = (candidate_logits(model, without, [[]])[0].argmax(-1) == batch.answer).double().numpy()
         rows.append({"split": split, "metric": "no_fact_correct", **bootstrap(guessed, batch.sources).as_dict()})

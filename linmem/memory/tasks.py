@@ -313,10 +313,13 @@ class Item:
     extra: dict = field(default_factory=dict)
     no_fact: list[int] = field(default_factory=list)
 
-    def prompt(self, binding: int | None = None, donor: bool = False) -> list[int]:
-        """The full prompt: prefix + the query of ``binding`` (default: the target)."""
+    def prompt(self, binding: int | None = None, donor: bool = False, no_fact: bool = False) -> list[int]:
+        """The full prompt: prefix (the recipient's, the donor's, or with ``no_fact`` the no-fact control's) + the
+        query of ``binding`` (default: the target)."""
+        if donor and no_fact:
+            raise ValueError("a prompt has one prefix: the donor's or the no-fact control's, not both")
         query = self.queries[self.target if binding is None else binding]
-        return (self.donor if donor else self.recipient) + query.tokens
+        return (self.no_fact if no_fact else self.donor if donor else self.recipient) + query.tokens
 
     @property
     def boundary(self) -> int:
