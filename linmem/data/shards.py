@@ -3,7 +3,8 @@
 A split is a list of shards; a shard is the token ids of whole documents, each followed by the end-of-text id
 (``doc_0 EOS doc_1 EOS ...``), as raw little-endian ``uint16`` (vocabularies up to 65,536) or ``uint32``. The
 index lists, per shard, its file, token count, SHA-256 and its documents (start, length without the EOS, source
-id, source), plus the dtype, vocabulary size, EOS id and the tokenizer's hash.
+id, source), plus the dtype, vocabulary size, EOS id and the tokenizer's hash. ``dataset_fingerprint`` hashes the
+shards' checksums from the index: a trainer compares it to tell a dataset rebuilt at the same path.
 
 Every shard is written whole and atomically, and ``index.json`` is written last: a folder without ``index.json``
 is not a dataset, and a shard whose size disagrees with the index is reported, never read.
@@ -92,6 +93,39 @@ def remove_shards(folder: Path, splits: tuple[str, ...] = SPLITS) -> None:
             path.unlink()
 
 
+def read_index(folder: Path) -> dict[str, Any]:
+    """The parsed ``index.json`` of a dataset folder; ``FileNotFoundError`` or ``ValueError`` (one line) if it is
+    missing or not a linmem token index."""
+    path = Path(folder) / INDEX_NAME
+    if not path.is_file():
+        hint = " (an interrupted build leaves no index: build again)" if any(Path(folder).glob("*.bin")) else ""
+        raise FileNotFoundError(f"{folder}: no {INDEX_NAME}; not a linmem token dataset{hint}")
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{path}: not valid JSON; not a linmem token dataset: build it again") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
+        found = index if isinstance(index, dict) else {}
+        raise ValueError(f"{path}: not a {FORMAT} v{VERSION} index (format {found.get('format')!r}, "
+                         f"version {found.get('version')!r})")
+    return index
+
+
+def index_fingerprint(index: dict[str, Any]) -> str:
+    """SHA-256 over the dtype, EOS id, tokenizer hash and every split's shard checksums and sizes, in order."""
+    content = {"dtype": index["dtype"], "eos_id": index["eos_id"], "tokenizer_hash": index["tokenizer_hash"],
+               "splits": {split: [[e["sha256"], e["num_tokens"]] for e in entries]
+                          for split, entries in sorted(index["splits"].items())}}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def dataset_fingerprint(data_dir: str | Path) -> str:
+    """The content hash of the dataset in ``data_dir``: equal for the same tokens (same tokenizer, same splits),
+    different once a rebuild changes any token. Read from ``index.json`` alone (its per-shard SHA-256s); no shard is
+    read."""
+    return index_fingerprint(read_index(Path(data_dir)))
+
+
 def write_index(folder: Path, meta: dict[str, Any], splits: dict[str, list[dict[str, Any]]]) -> Path:
     """Write ``index.json`` (atomically, last): ``meta`` (dtype, vocab_size, eos_id, tokenizer_hash, ...) and the
     shards of each split as ``ShardWriter.close`` returns them."""
@@ -145,14 +179,7 @@ class TokenShards:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        path = self.folder / INDEX_NAME
-        if not path.is_file():
-            hint = " (an interrupted build leaves no index: build again)" if any(self.folder.glob("*.bin")) else ""
-            raise FileNotFoundError(f"{self.folder}: no {INDEX_NAME}; not a linmem token dataset{hint}")
-        self.index = json.loads(path.read_text(encoding="utf-8"))
-        if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
-            raise ValueError(f"{path}: not a {FORMAT} v{VERSION} index (format {self.index.get('format')!r}, "
-                             f"version {self.index.get('version')!r})")
+        self.index = read_index(self.folder)
         self.dtype = np.dtype(self.index["dtype"])
         for entries in self.index["splits"].values():
             for entry in entries:
@@ -182,6 +209,11 @@ class TokenShards:
     @property
     def tokenizer_hash(self) -> str:
         return self.index["tokenizer_hash"]
+
+    @property
+    def fingerprint(self) -> str:
+        """``dataset_fingerprint`` of this folder."""
+        return index_fingerprint(self.index)
 
     def split(self, name: str) -> SplitTokens:
         """The memory-mapped shards of split ``name``."""
