@@ -26,13 +26,17 @@ def temp_path(path: Path) -> Path:
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary file for writing; on normal exit fsync it and rename it onto ``path``.
 
-    On an exception the temporary file is removed and ``path`` is left as it was.
+    On an exception the temporary file is removed and ``path`` is left as it was. A ``path`` that is a symbolic
+    link is refused (``ValueError``): the write would replace the link, and its target would not change.
     """
     path = Path(path)
+    if path.is_symlink():
+        raise ValueError(f"{path}: is a symbolic link; linmem does not write through links: remove it or write "
+                         f"elsewhere")
     tmp = temp_path(path)
     kwargs = {"encoding": "utf-8"} if "b" not in mode else {}
     try:
-        with open(tmp, mode, **kwargs) as f:
+        with open(tmp, mode, opener=create_new, **kwargs) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -41,6 +45,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def create_new(path: str, flags: int) -> int:
+    """``open``'s opener for a temporary file: a leftover of that name (a crashed writer's, or a link someone put
+    there) is removed, and the file is created anew, never followed through a link."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
 
 
 def fsync_dir(folder: Path) -> None:
