@@ -65,11 +65,18 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from linmem.eval.descriptions import describe_perplexity
-    from linmem.eval.runner import EvalOptions, evaluate
-    from linmem.io.folders import prepare_output_folder
+    from linmem.eval.plots import report_files
+    from linmem.io.folders import check_output_folder, output_folder
+    from linmem.io.models import default_output_folder, resolve_model_folder
 
     tasks = parse_tasks(args.tasks)
+    # before torch loads: a missing model folder or unknown zoo:NAME, and an output folder that would be refused
+    model = resolve_model_folder(args.model_dir)
+    out = args.out or (args.model_dir / "eval" if args.model_dir.is_dir() else default_output_folder(model, "eval"))
+    check_output_folder(out, overwrite=args.overwrite, kind="eval", files=report_files(tasks))
+    from linmem.eval.descriptions import describe_perplexity
+    from linmem.eval.runner import EvalOptions, evaluate
+
     options = EvalOptions(data=args.data, split=args.split, seq_len=args.seq_len, batch_size=args.batch_size,
                           max_tokens=args.max_tokens, cloze_examples=args.cloze_examples, mqar_pairs=args.mqar_pairs,
                           mqar_samples=args.mqar_samples, niah_lengths=args.niah_lengths,
@@ -78,12 +85,8 @@ def run(args: argparse.Namespace) -> int:
                           recall_filler=args.recall_filler, recall_template=args.recall_template,
                           recall_keys=args.recall_keys, recall_values=args.recall_values,
                           recall_bindings=args.recall_bindings, seed=args.seed, device=args.device)
-    # checked before any work; a model given by name (not a folder) without --out: the runner picks the folder
-    out = args.out or (args.model_dir / "eval" if args.model_dir.is_dir() else None)
-    if out is not None:
-        prepare_output_folder(out, overwrite=args.overwrite, kind="eval")
-    report = evaluate(args.model_dir, tasks, options, out)
-    out = out or Path(report["model"]) / "eval"
+    with output_folder(out, overwrite=args.overwrite, kind="eval"):  # a failed evaluation leaves no folder behind
+        report = evaluate(args.model_dir, tasks, options, out)
     for name, result in report["tasks"].items():
         if result.get("available") is False:
             print(f"{name}: {result['reason']}")

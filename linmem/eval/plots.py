@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from linmem.io.atomic import write_bytes_atomic
+
+FIGURE_FILES = {"niah": "niah.png", "stability": "stability.png", "mqar": "mqar.png"}  # task -> its figure's name
+
+
+def report_files(tasks: Iterable[str]) -> list[str]:
+    """The names an evaluation of ``tasks`` writes into its folder: ``results.json``, ``results.md`` and the
+    figures (checked before any work, ``linmem.io.folders.check_output_folder``)."""
+    return ["results.json", "results.md", *(FIGURE_FILES[task] for task in tasks if task in FIGURE_FILES)]
 
 
 def have_matplotlib() -> bool:
@@ -24,10 +36,13 @@ def _pyplot():
 
 
 def _save(plt, fig, path: Path) -> Path:
-    """Lay out, write as PNG and close ``fig``; returns ``path``."""
+    """Lay out, write as PNG and close ``fig``; returns ``path``. The bytes go through ``write_bytes_atomic``, which
+    never writes through a symbolic link (matplotlib's own ``savefig(path)`` would)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    write_bytes_atomic(path, buffer.getbuffer())
     return path
 
 

@@ -21,8 +21,8 @@ from linmem.eval.niah import niah
 from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
 from linmem.eval.task_names import TASKS  # noqa: F401 (re-exported: the tasks evaluate knows)
-from linmem.io.atomic import write_json_atomic
-from linmem.io.folders import prepare_output_folder
+from linmem.io.atomic import atomic_write, write_json_atomic
+from linmem.io.folders import check_output_folder, output_file, output_folder
 from linmem.io.models import default_output_folder
 from linmem.io.run_info import total_tokens
 
@@ -89,6 +89,7 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
     em = load_model(model_dir, o.device)
     # default MODEL_DIR/eval, refused for a model inside the installed package (a zoo model) or a read-only one
     out = Path(out_dir) if out_dir else default_output_folder(em.folder, "eval")
+    check_output_folder(out, overwrite=True, kind="eval", files=plots.report_files(tasks))  # a refusal costs no work
     split = open_heldout(em, o.data, o.split) if NEEDS_TEXT & set(tasks) else None  # fail before any work
     if "recall" in tasks:  # a load the tokenizer cannot supply is refused here, before any task runs
         check_recall_loads(em.tokenizer, o.recall_format(), o.recall_bindings)
@@ -107,12 +108,13 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:
-    """``results.json``, figures (if matplotlib is installed) and ``results.md``."""
-    prepare_output_folder(out, overwrite=True, kind="eval")  # marks it as linmem's; files of other names stay
-    figures = make_figures(report, out)
-    report["figures"] = figures
-    write_json_atomic(out / "results.json", report)
-    (out / "results.md").write_text(markdown(report), encoding="utf-8")
+    """``results.json``, figures (if matplotlib is installed) and ``results.md``. The folder is marked as
+    linmem's; files linmem did not write stay, and a write that would replace one (or follow a link) is refused."""
+    with output_folder(out, overwrite=True, kind="eval", files=plots.report_files(report["tasks"])):
+        report["figures"] = make_figures(report, out)
+        write_json_atomic(output_file(out, "results.json"), report)
+        with atomic_write(output_file(out, "results.md"), "w") as f:
+            f.write(markdown(report))
 
 
 def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
@@ -120,13 +122,18 @@ def make_figures(report: dict[str, Any], out: Path) -> dict[str, str]:
     if not plots.have_matplotlib():
         return {}
     if "niah" in tasks:
-        figures["niah"] = plots.niah_heatmap(tasks["niah"]["grid"], out / "niah.png", f"{name}: NIAH").name
+        figures["niah"] = plots.niah_heatmap(tasks["niah"]["grid"], figure_path(out, "niah"), f"{name}: NIAH").name
     if "stability" in tasks:
-        figures["stability"] = plots.stability_plot(tasks["stability"]["table"], out / "stability.png",
+        figures["stability"] = plots.stability_plot(tasks["stability"]["table"], figure_path(out, "stability"),
                                                     f"{name}: per-layer norms").name
     if "mqar" in tasks:
-        figures["mqar"] = plots.mqar_plot(tasks["mqar"]["table"], out / "mqar.png", f"{name}: MQAR").name
+        figures["mqar"] = plots.mqar_plot(tasks["mqar"]["table"], figure_path(out, "mqar"), f"{name}: MQAR").name
     return figures
+
+
+def figure_path(out: Path, task: str) -> Path:
+    """Where task ``task``'s figure goes in the report folder ``out`` (``linmem.io.folders.output_file``)."""
+    return output_file(out, plots.FIGURE_FILES[task])
 
 
 def _fmt(value: Any) -> str:

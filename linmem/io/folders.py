@@ -76,33 +76,46 @@ def prepare_output_folder(path: str | os.PathLike, *, overwrite: bool, kind: str
     by ``replace_folder``, never replaced by ``output_file``). ``files``: the names the command will write, each
     checked as ``output_file`` checks it, so that a refusal comes before any work. Never deletes anything."""
     folder = Path(path)
+    marker = planned_marker(folder, overwrite=overwrite, kind=kind, files=files)
+    folder.mkdir(parents=True, exist_ok=True)
+    if marker is not None:
+        mark_output_folder(folder, kind, *marker)
+    return folder
+
+
+def check_output_folder(path: str | os.PathLike, *, overwrite: bool, kind: str, files: Iterable[str] = ()) -> Path:
+    """``ValueError`` wherever ``prepare_output_folder`` would refuse, writing nothing: a command checks its output
+    folder with it before its slow imports and its work, and makes the folder only when it starts writing."""
+    folder = Path(path)
+    planned_marker(folder, overwrite=overwrite, kind=kind, files=files)
+    return folder
+
+
+def planned_marker(folder: Path, *, overwrite: bool, kind: str,
+                   files: Iterable[str]) -> tuple[list[str], set[str]] | None:
+    """The ``(foreign, written)`` names ``prepare_output_folder`` marks ``folder`` with (None: its marker stays as
+    it is), or its ``ValueError``."""
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder}: is a file, not a folder; choose another output folder")
     if not folder.exists():
-        folder.mkdir(parents=True)
-        mark_output_folder(folder, kind)
-        return folder
+        return [], set()
     marker = read_marker(folder)
     entries = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
     if marker is not None and marker["kind"] == kind:
         own = written_names(folder, marker)
         check_output_names(folder, files, own)
-        if "written" not in marker:
-            mark_output_folder(folder, kind, marker.get("foreign", []), own)
-        return folder
+        return None if "written" in marker else (marker.get("foreign", []), own)
     if not entries:
-        mark_output_folder(folder, kind, marker.get("foreign", []) if marker else [])
-        return folder
+        return (marker.get("foreign", []) if marker else []), set()
     if not overwrite:
         owner = (f"was written by linmem {marker['kind']}, not linmem {kind}" if marker is not None else
                  f"is not empty ({short_list(entries)}) and was not made by linmem (no {MARKER})")
         raise ValueError(f"{folder}: {owner}; choose a new or empty folder, or pass --overwrite to write "
                          f"linmem's files into it (other files are kept)")
-    foreign = set(marker.get("foreign", [])) if marker is not None else set(entries)
+    foreign = marker.get("foreign", []) if marker is not None else entries
     own = written_names(folder, marker) if marker is not None else set()
     check_output_names(folder, files, own)
-    mark_output_folder(folder, kind, foreign, own)
-    return folder
+    return foreign, own
 
 
 def output_file(folder: str | os.PathLike, name: str) -> Path:

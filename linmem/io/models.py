@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from linmem.io import zoo_dir
 from linmem.io.checkpoints import latest_checkpoint
 from linmem.io.zoo_dir import ZOO_PREFIX
+
+if TYPE_CHECKING:
+    import torch  # imported where a device is picked, so that resolving a path answers without torch
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the installed ``linmem`` package
 
 
 def pick_device(name: str | torch.device = "auto") -> torch.device:
     """``"auto"``: CUDA when available, else the CPU; any other name as ``torch.device``."""
+    import torch
+
     if isinstance(name, str) and name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

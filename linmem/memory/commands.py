@@ -13,6 +13,7 @@ from pathlib import Path
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 
 DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
+REPORT_FILES = ("report.html", "results.json")  # what the probe writes into its output folder
 
 
 def tokens_after(text: str) -> int:
@@ -114,26 +115,18 @@ def readable_documents(spec):
 
 
 def main(args: argparse.Namespace) -> int:
-    from linmem.io.folders import prepare_output_folder
+    from linmem.io.folders import check_output_folder, output_folder
     from linmem.io.models import default_output_folder, resolve_model_folder
-    from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
 
-    # before any work: MODEL_DIR/probe by default, refused for a shipped model (inside the package) without --out
-    out = (Path(args.out) if args.out
-           else default_output_folder(resolve_model_folder(args.model_dir), "probe"))
-    docs, filler = documents_and_label(args.sources)  # an unreadable filler source fails before anything is written
-    prepare_output_folder(out, overwrite=args.overwrite, kind="probe")
-    model, tokenizer = load_model_dir(args.model_dir, args.device)
-    options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
-                           args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
-                           extras=not args.no_extras, only=tuple(args.only), component=args.component,
-                           min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
-                           values=args.values, transfer_values=args.transfer_values,
-                           write_tokens_after=args.write_tokens_after)
-    print(f"filler text: {filler}")
-    summary = run_protocol(model, tokenizer, docs, options, out,
-                           header={"model": str(args.model_dir), "device": str(next(model.parameters()).device),
-                                   "filler_text": filler})
+    # before torch loads and before any work: an unreadable filler source, a missing model folder or unknown
+    # zoo:NAME, and an output folder that would be refused (MODEL_DIR/probe by default; for a shipped model, inside
+    # the package, --out is required)
+    docs, filler = documents_and_label(args.sources)
+    model_folder = resolve_model_folder(args.model_dir)
+    out = Path(args.out) if args.out else default_output_folder(model_folder, "probe")
+    check_output_folder(out, overwrite=args.overwrite, kind="probe", files=REPORT_FILES)
+    with output_folder(out, overwrite=args.overwrite, kind="probe"):  # a failed probe leaves no folder behind
+        summary = probe(args, docs, filler, out)
     recall = summary["clean_recall"]
     if any(not recall[split] >= args.min_clean_recall for split in ("development", "confirmation")):
         print(f"clean recall too low to attribute anything (development {recall['development']:.3f}, confirmation "
@@ -143,3 +136,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"component: {chosen}")
     print(f"wrote {out / 'report.html'} and {out / 'results.json'}")
     return 0
+
+
+def probe(args: argparse.Namespace, docs, filler: str, out: Path) -> dict:
+    """Load the model and run the protocol into ``out``; returns the protocol's summary."""
+    from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
+
+    model, tokenizer = load_model_dir(args.model_dir, args.device)
+    options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
+                           args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
+                           extras=not args.no_extras, only=tuple(args.only), component=args.component,
+                           min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
+                           values=args.values, transfer_values=args.transfer_values,
+                           write_tokens_after=args.write_tokens_after)
+    print(f"filler text: {filler}")
+    return run_protocol(model, tokenizer, docs, options, out,
+                        header={"model": str(args.model_dir), "device": str(next(model.parameters()).device),
+                                "filler_text": filler})

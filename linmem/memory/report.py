@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from linmem.io.atomic import write_bytes_atomic
-from linmem.io.folders import prepare_output_folder
+from linmem.io.folders import output_file, output_folder
+from linmem.memory.commands import REPORT_FILES
 from linmem.memory.experiments import Result
 
 READING = {
@@ -115,11 +116,18 @@ def _merge(results: Sequence[Result]) -> dict[str, dict]:
 def write_report(results: Sequence[Result], out_dir: str | Path, header: dict,
                  warning: str | None = None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``results.json`` into ``out_dir``; returns both paths. ``warning`` (e.g. the
-    clean-recall gate's verdict) opens the page and is stored as ``results.json``'s ``warning``."""
-    out = prepare_output_folder(out_dir, overwrite=True, kind="probe")  # marks it as linmem's; others' files stay
+    clean-recall gate's verdict) opens the page and is stored as ``results.json``'s ``warning``. The folder is
+    marked as linmem's; files linmem did not write stay, and a write that would replace one (or follow a link) is
+    refused."""
+    with output_folder(out_dir, overwrite=True, kind="probe", files=REPORT_FILES) as out:
+        return write_pages(results, out, header, warning)
+
+
+def write_pages(results: Sequence[Result], out: Path, header: dict, warning: str | None) -> tuple[Path, Path]:
+    """``write_report``'s two files, each at the path ``output_file`` gives in the prepared folder ``out``."""
     merged = _merge(results)
     payload = {"header": header, "warning": warning, "experiments": merged}
-    json_path = out / "results.json"
+    json_path = output_file(out, "results.json")
     write_bytes_atomic(json_path, json.dumps(payload, indent=1, default=str).encode("utf-8"))
     figures = {r.name: r.figure for r in results if r.figure is not None}
     sections = []
@@ -135,6 +143,6 @@ def write_report(results: Sequence[Result], out_dir: str | Path, header: dict,
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>linmem probe</title><style>{style}</style>"
             f"</head><body><h1>linmem memory probe</h1>{banner}{table_html(_flat(header))}{''.join(sections)}"
             f"</body></html>")
-    html_path = out / "report.html"
+    html_path = output_file(out, "report.html")
     write_bytes_atomic(html_path, page.encode("utf-8"))
     return html_path, json_path
