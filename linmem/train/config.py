@@ -325,8 +325,6 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
         raise ValueError(f"{where}: data.recall_loss_weight must be a positive number; got {d.recall_loss_weight}")
     if d.recall_fraction > 0 and not d.recall:
         raise ValueError(f"{where}: data.recall_fraction > 0 needs at least one generator in data.recall")
-    if d.dir is None and not d.sources:
-        raise ValueError(f"{where}: data.dir (a dataset folder) or data.sources (to build one) is required")
     for key, value, choices in (("train.dtype", t.dtype, DTYPES), ("train.parallel", t.parallel, PARALLEL),
                                 ("train.save_dtype", t.save_dtype, ("float32", "bfloat16"))):
         if value not in choices:

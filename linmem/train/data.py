@@ -52,15 +52,21 @@ class TrainData:
 
 
 def ensure_dataset(section: DataSection, state: Distributed, where: str = "config") -> Path:
-    """The dataset folder of ``section``: opened as is, or built by rank 0 from ``data.sources`` first."""
-    folder = Path(section.dir) if section.dir else None
-    if folder is not None and (folder / INDEX_NAME).is_file():
+    """The dataset folder of ``section``: opened as is, or built by rank 0 from ``data.sources`` first (saying
+    where, since a relative ``data.dir`` lands in the working directory)."""
+    if not section.dir:
+        raise ValueError(f"{where}: data.dir is required: the dataset folder to read, or to build from "
+                         "data.sources")
+    folder = Path(section.dir)
+    if (folder / INDEX_NAME).is_file():
         return folder
     if not section.sources:
         raise FileNotFoundError(f"{where}: data.dir {str(folder)!r} holds no dataset ({INDEX_NAME} missing) and "
                                 f"data.sources is empty: build one with `linmem data build` or list data.sources")
     error = None
     if state.is_main:
+        print(f"data.dir {str(folder)!r} holds no dataset: building it from data.sources "
+              f"({', '.join(section.sources)}) in {folder.resolve()}", flush=True)
         try:
             sources = [open_source(spec) for spec in section.sources]
             options = BuildOptions(tokenizer=section.tokenizer, vocab_size=section.vocab_size,

@@ -7,7 +7,8 @@ embeddings), the final norm and, for each kind of block (linear mixer / softmax 
 
 ``vocab_size: auto`` in a config means the dataset's vocabulary: the one of the dataset folder ``data.dir`` when it
 has been built, else ``data.vocab_size`` (what a tokenizer trained by ``linmem data build`` would have), rounded up
-to a multiple of 64 as the trainer does.
+to a multiple of 64 as the trainer does. A config without a ``data`` section counts with the default
+``data.vocab_size``: the count needs no dataset.
 
 Only argparse and the standard library load with this module; the functions that build a model or read a config
 import torch and the models when called, so that ``linmem params --help`` and its argument errors answer at once.
@@ -114,7 +115,8 @@ def resolve_vocab_size(config: TrainConfig) -> tuple[int, str]:
     index = Path(data.dir) / "index.json" if data.dir else None
     if index is not None and index.is_file():
         return int(json.loads(index.read_text(encoding="utf-8"))["vocab_size"]), f"the dataset {data.dir}"
-    return data.vocab_size, "data.vocab_size (no dataset built yet)"
+    missing = "no dataset built yet" if data.dir else "no data.dir"
+    return data.vocab_size, f"data.vocab_size ({missing})"
 
 
 def model_config_of(config: TrainConfig) -> tuple[LinMemConfig, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import time
@@ -37,6 +38,7 @@ from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.io.folders import (
     check_replaceable,
     mark_output_folder,
+    output_file,
     prepare_output_folder,
     read_marker,
     staged_folder,
@@ -74,9 +76,12 @@ from linmem.train.distributed import (
 from linmem.train.init_from import load_initial_weights, source_summary
 from linmem.train.lab_recall import LabRecall, parse_entries
 from linmem.train.memory_check import check_fits
+from linmem.train.run_lock import LOCK_NAME, RunFolderLock, warn
 from linmem.train.schedule import cosine_lr
 
 METRICS = "metrics.jsonl"
+CONFIG = "config.yaml"
+RUN_FILES = (METRICS, CONFIG)  # the run folder's own files, written through ``output_file``
 MODEL_DIR = "model"
 # What ``save_final_model`` writes into ``OUT/model`` (an old folder holding anything else is never replaced).
 MODEL_FILES = ("config.json", "model.safetensors", TRAIN_INFO, MANIFEST_NAME, *ckpt.TOKENIZER_FILES)
@@ -100,8 +105,14 @@ class Run:
     step: int = 0  # updates done
     tokens: int = 0  # input tokens consumed, all processes
     init_from: dict[str, Any] | None = None  # the model it started from (``init_from.source_summary``)
+    accept_changed_data: bool = False  # --resume may continue on a dataset whose fingerprint changed
     seconds_before: float = 0.0  # wall time of the earlier segments of a resumed run (up to its checkpoint)
     started: float = field(default_factory=time.perf_counter)  # when this segment's updates began
+
+    @property
+    def dataset_fingerprint(self) -> str:
+        """The content hash of the dataset this segment opened (``linmem.data.shards.dataset_fingerprint``)."""
+        return self.data.shards.fingerprint
 
     def train_seconds(self) -> float:
         """Wall time of the run so far, over every segment (``--resume`` adds to it)."""
@@ -310,7 +321,7 @@ def evaluate(run: Run, windows: torch.Tensor, recall: dict[str, torch.Tensor] | 
 def trainer_state(run: Run) -> dict[str, Any]:
     return {"step": run.step, "tokens": run.tokens, "next_data_step": run.step, "world_size": run.state.world_size,
             "train_seconds": round(run.train_seconds(), 2), "config": run.config.to_dict(),
-            "dataset": str(run.data.folder.resolve())}
+            "dataset": str(run.data.folder.resolve()), "dataset_fingerprint": run.dataset_fingerprint}
 
 
 def save_checkpoint(run: Run) -> Path | None:
@@ -352,7 +363,7 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
     each hashing its share of the files)."""
     if ckpt.is_sharded(path):
         saved_state = ckpt.read_trainer_state(path)
-        check_same_run(saved_state["config"], run.config.to_dict(), path, where)
+        check_resumable(saved_state, run, path, where)
         error = None
         try:
             ckpt.verify_checkpoint(path, (run.state.rank, run.state.world_size))
@@ -369,7 +380,7 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
     else:
         saved = ckpt.read_checkpoint(path)
         saved_state = saved.trainer_state
-        check_same_run(saved_state["config"], run.config.to_dict(), path, where)
+        check_resumable(saved_state, run, path, where)
         model_state = ckpt.with_tied_head(saved.model_state, run.model_config)
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(run.model, model_state, options=options)
@@ -410,6 +421,29 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     except ValueError:
         pass
     return changed_keys(saved, current)
+
+
+def check_resumable(saved_state: dict[str, Any], run: Run, path: Path, where: str) -> None:
+    """Checkpoint ``path`` (its ``trainer_state``: ``saved_state``) continues in ``run``: same config
+    (``check_same_run``) and same dataset content (``check_same_data``)."""
+    check_same_run(saved_state["config"], run.config.to_dict(), path, where)
+    check_same_data(saved_state.get("dataset_fingerprint"), run, path, where)
+
+
+def check_same_data(saved: str | None, run: Run, path: Path, where: str) -> None:
+    """The dataset must hold the tokens the run started on (its fingerprint at the start, ``saved``; a checkpoint
+    that predates fingerprints has none and is not checked), unless ``run.accept_changed_data``: then the change
+    is stated and the new fingerprint is recorded from here on."""
+    current = run.dataset_fingerprint
+    if saved is None or saved == current:
+        return
+    change = (f"the dataset {run.data.folder} changed since the run started (fingerprint {saved} in {path.name}, "
+              f"{current} now)")
+    if not run.accept_changed_data:
+        raise ValueError(f"{where}: --resume: {change}; rebuild it as it was, or pass --accept-changed-data to "
+                         "continue on the new data")
+    if run.state.is_main:
+        warn(f"{change}; continuing on it (--accept-changed-data)")
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], path: Path, where: str) -> None:
@@ -461,15 +495,43 @@ def logged_metrics(out: Path, step: int) -> dict[str, Any]:
     path = out / METRICS
     if not path.is_file():
         return {}
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return next((r for r in reversed(lines) if r.get("step") == step), {})
+    return next((r for r in reversed(read_metrics(path)) if r.get("step") == step), {})
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``. A last line that is not a JSON object was cut short by a crash while it
+    was written: it is dropped with a warning naming the file. Such a line anywhere else means the file was damaged
+    otherwise: ``ValueError`` naming the file and the line."""
+    lines = [(number, line) for number, line in
+             enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for number, line in lines:
+        record = metrics_record(line)
+        if record is not None:
+            records.append(record)
+        elif number == lines[-1][0]:
+            warn(f"{path}: dropping line {number}, cut short (the run stopped while writing it)")
+        else:
+            raise ValueError(f"{path}: line {number} is not a JSON record (damage inside the log, not a line cut "
+                             "short at its end); repair or delete that line, then --resume again")
+    return records
+
+
+def metrics_record(line: str) -> dict[str, Any] | None:
+    """One ``metrics.jsonl`` line as its record, or None when it is not a JSON object."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]:
     """What the model folder records about its training (read by ``linmem eval`` for defaults)."""
     return {"name": run.config.name, "description": run.config.description, "steps": run.step,
             "tokens": run.tokens, "parameters": count_parameters(unwrap(run.model)),
-            "dataset": str(run.data.folder.resolve()), "tokenizer_hash": run.data.shards.tokenizer_hash,
+            "dataset": str(run.data.folder.resolve()), "dataset_fingerprint": run.dataset_fingerprint,
+            "tokenizer_hash": run.data.shards.tokenizer_hash,
             "seq_len": run.config.data.seq_len, "recall_generators": run.data.generator_specs,
             "final_metrics": last, "world_size": run.state.world_size, "device": str(run.state.device),
             "train_seconds": round(seconds, 2),
@@ -516,22 +578,24 @@ class StopRequests:
 
 
 class MetricsLog:
-    """``metrics.jsonl`` on rank 0: one JSON object per line; on resume, lines after the checkpoint go."""
+    """``OUT/metrics.jsonl`` on rank 0: one JSON object per line; on resume, lines after the checkpoint go. Its path
+    comes from ``output_file`` and appends never follow a symbolic link."""
 
-    def __init__(self, path: Path, keep_until: int | None, enabled: bool):
-        self.path, self.enabled = path, enabled
+    def __init__(self, out: Path, keep_until: int | None, enabled: bool):
+        self.enabled = enabled
         if not enabled:
             return
+        self.path = path = output_file(out, METRICS)
         kept = []
         if keep_until is not None and path.is_file():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= keep_until]
+            kept = [record for record in read_metrics(path) if record.get("step", 0) <= keep_until]
         with atomic_write(path, "w") as f:  # a crash here keeps the old log whole
-            f.write("".join(line + "\n" for line in kept))
+            f.write("".join(json.dumps(record) + "\n" for record in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as f:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            with open(fd, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
 
@@ -553,10 +617,12 @@ def main_decides(state: Distributed, decide) -> None:
         raise ValueError("rank 0 refused the output folder (its error message says why)")
 
 
-def prepare_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
+def prepare_run_folder(out: Path, resume: bool, overwrite: bool, lock: RunFolderLock) -> None:
     """Rank 0's checks of ``out`` before anything is written: a new run takes a new, empty or own folder
-    (``prepare_output_folder``); ``--resume`` needs an existing run folder. Leftovers of interrupted writes go,
-    and an ``OUT/model`` that holds files linmem did not write is refused now rather than after training."""
+    (``prepare_output_folder``); ``--resume`` needs an existing run folder. Then ``lock`` takes the folder (a
+    folder another trainer writes is refused before its files are touched), the run's files and folders are
+    checked to lie inside it (``output_file``, ``check_run_folders``), leftovers of interrupted writes go, and an
+    ``OUT/model`` that holds files linmem did not write is refused now rather than after training."""
     if resume:
         if not out.is_dir():
             raise FileNotFoundError(f"--resume: {out} does not exist; drop --resume to start a new run there")
@@ -564,55 +630,76 @@ def prepare_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
         if marker is None and ckpt.latest_checkpoint(out / "checkpoints") is None:
             raise ValueError(f"--resume: {out} is not a linmem train run folder (no checkpoints, no "
                              f".linmem-output.json)")
-        if marker is None:
-            mark_output_folder(out, "train")  # a run folder of a linmem without markers: its files are linmem's
+        lock.acquire(out)
+        if marker is None:  # a run folder of a linmem without markers: its files are linmem's
+            mark_output_folder(out, "train", written=[p.name for p in out.iterdir() if p.name != LOCK_NAME])
     else:
         if overwrite:  # refused before the folder is adopted
             check_replaceable(out / MODEL_DIR, MODEL_FILES)
-        prepare_output_folder(out, overwrite=overwrite, kind="train")
+        prepare_output_folder(out, overwrite=overwrite, kind="train", files=RUN_FILES)
+        lock.acquire(out)
+    check_run_folders(out)
+    for name in RUN_FILES:
+        output_file(out, name)
     ckpt.remove_stale_temp(out / "checkpoints")
     shutil.rmtree(staging_path(out / MODEL_DIR), ignore_errors=True)
     check_replaceable(out / MODEL_DIR, MODEL_FILES)
 
 
-def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, where: str,
-              overwrite: bool = False) -> Run:
-    """Check the folder, set up, then resume from the newest complete checkpoint (``resume``) or refuse to
-    overwrite one."""
-    main_decides(state, lambda: prepare_run_folder(out, resume, overwrite))
+def check_run_folders(out: Path) -> None:
+    """``OUT/checkpoints`` and ``OUT/model`` (and its staging folder) must not be symbolic links: through one,
+    checkpoint writes and pruning, or the model's replacement, would act outside the run folder."""
+    for path in (out / "checkpoints", out / MODEL_DIR, staging_path(out / MODEL_DIR)):
+        if path.is_symlink():
+            raise ValueError(f"{path}: is a symbolic link; linmem train writes and deletes only inside its run "
+                             "folder: remove the link, or give --out on the disk where the run should go")
+
+
+def start_run(config: TrainConfig, out: Path, state: Distributed, resume: bool, where: str, lock: RunFolderLock,
+              overwrite: bool = False, accept_changed_data: bool = False) -> Run:
+    """Check and lock the folder (rank 0), set up, then resume from the newest complete checkpoint (``resume``) or
+    refuse to overwrite one."""
+    main_decides(state, lambda: prepare_run_folder(out, resume, overwrite, lock))
     barrier(state)
     latest = ckpt.latest_checkpoint(out / "checkpoints")
     if latest is not None and not resume:
         raise ValueError(f"{out} already has checkpoints (newest {latest.name}): pass --resume to continue, or "
                          f"choose another --out")
     run = setup(config, out, state, where)
+    run.accept_changed_data = accept_changed_data
     if resume and latest is not None:
         load_checkpoint(run, latest, where)
     if state.is_main:
-        with atomic_write(out / "config.yaml", "w") as f:
+        with atomic_write(output_file(out, CONFIG), "w") as f:
             f.write(yaml.safe_dump(config.to_dict(), sort_keys=False))
     return run
 
 
 def train(config: TrainConfig, out: str | Path, max_steps: int | None = None, resume: bool = False,
-          where: str = "config", overwrite: bool = False) -> dict[str, Any]:
+          where: str = "config", overwrite: bool = False, accept_changed_data: bool = False) -> dict[str, Any]:
     """Train ``config`` into ``out`` (see the module docstring); stops after update ``max_steps`` if given (the
     schedule still follows ``train.steps``). Returns the final model's ``train_info`` (rank 0) or ``{}``; after a
     SIGTERM / SIGINT (see ``StopRequests``), ``{"interrupted": True, "steps": n}`` once a checkpoint is written.
 
     ``out`` must be new, empty or a folder of an earlier ``linmem train``, unless ``overwrite``
     (``linmem.io.folders.prepare_output_folder``). ``resume`` on a run that already saved its final model at the
-    last update returns that model's ``train_info`` and changes nothing."""
+    last update returns that model's ``train_info`` and changes nothing. Rank 0 holds the run folder's lock
+    (``linmem.train.run_lock``) from the folder checks to the end, so a second trainer on ``out`` is refused.
+    ``resume`` refuses a dataset whose content changed since the run started (``check_same_data``) unless
+    ``accept_changed_data``."""
     state = init_distributed(config.train.device)
+    lock = RunFolderLock()
     try:
-        return _train(config, Path(out), state, max_steps, resume, where, overwrite)
+        return _train(config, Path(out), state, max_steps, resume, where, lock, overwrite, accept_changed_data)
     finally:
+        lock.release()
         shutdown(state)
 
 
 def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | None, resume: bool,
-           where: str, overwrite: bool = False) -> dict[str, Any]:
-    run = start_run(config, out, state, resume, where, overwrite)
+           where: str, lock: RunFolderLock, overwrite: bool = False, accept_changed_data: bool = False
+           ) -> dict[str, Any]:
+    run = start_run(config, out, state, resume, where, lock, overwrite, accept_changed_data)
     t = config.train
     stop = min(t.steps, max_steps) if max_steps is not None else t.steps
     if run.step >= stop:  # resumed at (or past) its end: the run is finished, or was killed writing its model
@@ -624,7 +711,7 @@ def _train(config: TrainConfig, out: Path, state: Distributed, max_steps: int | 
         return done if state.is_main else {}
     check_fits(lambda ids, labels: token_losses(run, ids, labels), run.model, run.micro_batch_size,
                config.data.seq_len, state.device, where)
-    log = MetricsLog(out / METRICS, run.step if resume else None, state.is_main)
+    log = MetricsLog(out, run.step if resume else None, state.is_main)
     windows = eval_windows(run.data.shards, config.data.eval_split, config.data.seq_len, t.eval_tokens)
     recall = None
     if run.data.recall is not None and t.eval_recall_samples:
