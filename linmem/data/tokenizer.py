@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from linmem.io.atomic import write_bytes_atomic
+from linmem.io.folders import output_file, read_marker
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -124,7 +128,8 @@ def save_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, eos_token: str = E
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``out_dir`` (``AutoTokenizer``-loadable).
 
     ``pad_token`` and ``bos_token`` are used only if they are in the vocabulary; the BOS defaults to the
-    end-of-text (documents start after it in linmem's training). Returns the path of ``tokenizer.json``.
+    end-of-text (documents start after it in linmem's training). Each file is written atomically, never through a
+    symbolic link (``ValueError``). Returns the path of ``tokenizer.json``.
     """
     from transformers import PreTrainedTokenizerFast
 
@@ -134,8 +139,17 @@ def save_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, eos_token: str = E
     bos = bos_token if bos_token and tokenizer.token_to_id(bos_token) is not None else eos_token
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, bos_token=bos,
                                       pad_token=pad)
-    wrapped.save_pretrained(str(out_dir))
+    with tempfile.TemporaryDirectory(prefix="linmem-tokenizer-") as staging:  # save_pretrained follows links
+        wrapped.save_pretrained(staging)
+        for saved in sorted(Path(staging).iterdir()):
+            write_bytes_atomic(tokenizer_file_path(out_dir, saved.name), saved.read_bytes())
     return out_dir / "tokenizer.json"
+
+
+def tokenizer_file_path(out_dir: Path, name: str) -> Path:
+    """Where the tokenizer's file ``name`` goes: through ``output_file`` in an output folder linmem marked (no
+    write through a link, no replacing a user's file), else ``out_dir / name``."""
+    return output_file(out_dir, name) if read_marker(out_dir) is not None else out_dir / name
 
 
 def tokenizer_hash(tokenizer: Tokenizer) -> str:
