@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The core-seeds studies (configs/study/core-seeds*.yaml) on the lent GPU, whose working-tree copy holds at most
+# 64 MiB (the checkout's tracked files are about 95 MiB, two thirds of it the shipped zoo's weights) and is sent
+# afresh with every command. The runs use a copy of their own, so that neither that limit nor uncommitted edits in
+# the checkout reach them:
+#
+#   here:   bash scripts/study/core_seeds_device.sh prepare
+#       .devrun/w (ignored): the committed linmem (HEAD, without the zoo's weights), configs and scripts, this
+#       checkout's core-seeds files over them, and data/zoo-4k (build it first: docs/study/core-seeds-lr/README.md)
+#   here:   bash scripts/study/core_seeds_device.sh park
+#       moves five of the seven shipped zoo weights (not gdn's and rdn's, which most tests load) out of the checkout
+#       and puts them back in the background once the device tool has read .devrun/sent (30 s later), or after
+#       PARK_SECONDS (600) at most; a `run` call naming .devrun in carry must follow at once
+#   device: bash .devrun/w/scripts/study/core_seeds_device.sh start STUDY.yaml MODEL:SEED [MODEL:SEED ...]
+#       copies .devrun/w to /root/w and starts scripts/study/detached.sh's queue there, every pair at once; the
+#       study folder is /root/w/runs/study/NAME
+#   device: bash .devrun/w/scripts/study/core_seeds_device.sh collect SECONDS NAME
+#       watches the queue up to SECONDS, then packs every evaluated run (records, no weights) and the logs into
+#       $OUT/NAME-runs.tar.xz; repeat until the queue is done (a machine given back loses the runs not packed)
+#
+# Here, `tar xJf NAME-runs.tar.xz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs.
+set -uo pipefail
+verb=${1:-}
+shift || true
+root=$(cd "$(dirname "$0")/../.." && pwd)
+parked=/tmp/core-seeds-parked-weights
+zoo=linmem/zoo/models
+parked_models=(transformer gdn-hybrid gla sgla rla)
+
+case $verb in
+  prepare)
+    cd "$root" || exit 1
+    [ -f data/zoo-4k/index.json ] || { echo "no data/zoo-4k here: build it first (docs/study/core-seeds-lr/README.md)" >&2; exit 1; }
+    rm -rf .devrun/w && mkdir -p .devrun/w
+    git archive HEAD linmem configs scripts ":!$zoo" | tar xf - -C .devrun/w || exit 1
+    cp configs/study/core-seeds*.yaml .devrun/w/configs/study/ && cp "$0" .devrun/w/scripts/study/
+    mkdir -p .devrun/w/data && cp -r data/zoo-4k .devrun/w/data/
+    du -sh .devrun
+    ;;
+  park)
+    cd "$root" || exit 1
+    mkdir -p "$parked" .devrun
+    for name in "${parked_models[@]}"; do
+      [ -f "$zoo/$name/model.safetensors" ] && mv "$zoo/$name/model.safetensors" "$parked/$name.safetensors"
+    done
+    # a read of the sentinel sets its access time past its modification time (relatime): the tool is sending
+    echo sent > .devrun/sent && touch -a -d '1 hour ago' .devrun/sent
+    setsid nohup bash -c '
+      end=$(( $(date +%s) + ${PARK_SECONDS:-600} ))
+      while [ "$(date +%s)" -lt "$end" ] && [ "$(stat -c %X .devrun/sent)" -le "$(stat -c %Y .devrun/sent)" ]; do
+        sleep 1
+      done
+      [ "$(date +%s)" -lt "$end" ] && sleep 30
+      for f in '"$parked"'/*.safetensors; do
+        [ -f "$f" ] && mv "$f" "'"$zoo"'/$(basename "$f" .safetensors)/model.safetensors"
+      done' > /dev/null 2>&1 < /dev/null &
+    echo "parked ${parked_models[*]}; restorer pid $!"
+    ;;
+  start)
+    [ $# -ge 2 ] || { sed -n 2,26p "$0" >&2; exit 2; }
+    study=$1; shift
+    rm -rf /root/w && cp -r "$root" /root/w && cd /root/w || exit 1
+    name=$(awk '/^name:/ {print $2; exit}' "$study")
+    bash scripts/study/detached.sh start "$study" "runs/study/$name" $# "$@"
+    ;;
+  collect)
+    [ $# -eq 2 ] || { sed -n 2,26p "$0" >&2; exit 2; }
+    cd /root/w || exit 1
+    bash scripts/study/detached.sh watch "$1" "runs/study/$2"
+    rm -rf /root/packs
+    bash scripts/study/detached.sh pack --no-weights /root/packs "runs/study/$2"
+    tar cf - -C /root/packs . | xz -T8 -6 > "${OUT:?}/$2-runs.tar.xz"
+    ls -la "$OUT"
+    ;;
+  *) sed -n 2,26p "$0" >&2; exit 2 ;;
+esac
