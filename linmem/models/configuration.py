@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from transformers import PretrainedConfig
 
 from linmem.ops.backend import check_backend
@@ -10,6 +12,11 @@ from linmem.ops.config import RESIDUAL_TARGETS, check_gamma_mode, head_value_dim
 MIXERS = ("sgla", "gla", "gdn", "rla", "rdn")
 NORM_PLACEMENTS = ("pre", "post")
 QK_NORM_SCOPES = ("head", "all")
+NUMBER_FIELDS = ("expand_v", "clip", "gate_logit_normalizer", "norm_eps", "initializer_range", "partial_rotary_factor")
+OPTIONAL_NUMBER_FIELDS = ("rope_theta", "clamp_min", "hidden_ratio", "mixer_norm_eps")
+FLAG_FIELDS = ("fit_history", "output_gates", "use_short_conv", "conv_bias", "attn_qkv_bias", "attn_qk_norm",
+               "tie_word_embeddings", "allow_neg_eigval", "attn_output_gate", "attn_o_bias", "norm_zero_centered",
+               "norm_topk_prob")
 
 
 class LinMemConfig(PretrainedConfig):
@@ -145,6 +152,7 @@ class LinMemConfig(PretrainedConfig):
     def validate_architecture(self) -> None:
         """Raise ``ValueError`` naming the field for any value the model cannot be built with (run at the end of
         ``__init__``, so also when a config is loaded)."""
+        self._validate_values()
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "conv_size",
                      "attn_num_heads", "attn_num_kv_heads", "gate_low_rank_dim"):
             _check_positive_int(name, getattr(self, name))
@@ -172,6 +180,23 @@ class LinMemConfig(PretrainedConfig):
         _check_choice("attn_norm_placement", self.attn_norm_placement, NORM_PLACEMENTS)
         self._validate_attention()
         self._validate_experts()
+
+    def _validate_values(self) -> None:
+        """Numbers are finite numbers and switches are true or false, in every field (a ``config.json`` edited by
+        hand may hold ``"abc"``, ``NaN`` or ``Infinity``, which would otherwise fail mid-forward or silently)."""
+        for name in NUMBER_FIELDS:
+            _check_number(name, getattr(self, name))
+        for name in OPTIONAL_NUMBER_FIELDS:
+            if getattr(self, name) is not None:
+                _check_number(name, getattr(self, name))
+        for name in FLAG_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
+        for name, value in vars(self).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number; got {value!r}")
+        if self.intermediate_size is not None:
+            _check_positive_int("intermediate_size", self.intermediate_size)
 
     def _validate_experts(self) -> None:
         if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int) or self.num_experts < 0:
@@ -226,6 +251,11 @@ class LinMemConfig(PretrainedConfig):
 def _check_positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+def _check_number(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number; got {value!r}")
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:

@@ -6,29 +6,54 @@ The folder comes from ``linmem.io.models.resolve_model_folder`` (a folder, a run
 supported ones. Missing, unexpected or differently shaped weights are refused with their names (never randomly
 initialised). Weights are read from safetensors only. A folder with a SHA-256 manifest (``manifest.json``, see
 ``linmem.io.manifest``) is verified first, so a damaged file is named as damaged. Nothing here touches the network.
+
+A linmem weights file records the architecture it was saved as: ``save_weights`` (``linmem train``, ``export``,
+``zoo ship``) and ``LinMemForCausalLM.save_pretrained`` put ``architecture_record`` (every config field that
+changes what the weights compute, such as ``mixer``, ``residual_target``, ``gamma``) under the key
+``linmem_architecture`` of the safetensors header metadata. Before any memory is allocated, a linmem folder's
+``config.json`` is checked against that record, and the tensor names and shapes of the header against the model the
+config describes (built on the meta device), so neither an edited ``config.json`` (RLA weights loading as RDN) nor
+an absurd size (a vocabulary of 10^12) gets further than one line naming both sides. A folder saved without the
+record (the shipped zoo) falls back on its ``eval.json``, whose ``model_config`` names the weights by SHA-256; a
+folder with neither loads on names and shapes alone.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
-from collections.abc import Callable
+import shutil
+import struct
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from linmem.data.tokenizer import load_tokenizer
+from linmem.io.atomic import atomic_write
 from linmem.io.folders import short_list
-from linmem.io.manifest import has_manifest, verify_manifest
+from linmem.io.manifest import has_manifest, sha256_file, verify_manifest
 from linmem.io.models import pick_device, resolve_model_folder
 
 # model_type -> loader(folder, dtype, device) returning the model in eval mode with every weight from the folder (a
 # ``ValueError`` naming what does not fit otherwise). Converters of other architectures register here.
 ModelLoader = Callable[[Path, torch.dtype, torch.device], nn.Module]
 MODEL_TYPE_LOADERS: dict[str, ModelLoader] = {}
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded save: which shard file holds each tensor
+ARCHITECTURE_KEY = "linmem_architecture"  # safetensors header metadata: JSON of ``architecture_record``
+# LinMemConfig fields that change how a model runs or starts training, never what its weights compute
+RUNTIME_FIELDS = frozenset({"backend", "use_cache", "initializer_range", "max_position_embeddings", "pad_token_id",
+                            "bos_token_id", "eos_token_id"})
+ZOO_RECORD = "eval.json"  # a shipped model's record: ``model_config`` measured on the weights ``model_sha256`` names
 
 
 def model_type(folder: Path) -> str:
@@ -63,7 +88,11 @@ def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
     if loader is None:
         raise ValueError(f"{folder}: model type {kind!r} is not supported; linmem loads {supported()}")
     verify_model_folder(folder)
-    return loader(folder, dtype, pick_device(device)).eval(), folder
+    try:
+        return loader(folder, dtype, pick_device(device)).eval(), folder
+    except SafetensorError as error:  # a weights file cut short after its header was read
+        raise ValueError(f"{folder}: a weights file is not complete safetensors ({error}); it is truncated or "
+                         f"damaged: copy or save it again") from None
 
 
 def open_model(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -90,21 +119,195 @@ def _quiet_load_report():
             log.setLevel(level)
 
 
+def architecture_record(config) -> dict[str, Any]:
+    """``config``'s fields that define what its weights compute (every ``LinMemConfig`` argument but
+    ``RUNTIME_FIELDS``), as JSON values."""
+    names = [name for name in inspect.signature(type(config).__init__).parameters
+             if name not in ("self", "kwargs") and name not in RUNTIME_FIELDS]
+    return json.loads(json.dumps({name: getattr(config, name) for name in names if hasattr(config, name)}))
+
+
+def weights_metadata(config) -> dict[str, str]:
+    """The safetensors header metadata of a weights file saved from ``config``: the format tag transformers writes,
+    and for a linmem config its ``architecture_record``."""
+    metadata = {"format": "pt"}
+    if getattr(config, "model_type", None) == "linmem":
+        metadata[ARCHITECTURE_KEY] = json.dumps(architecture_record(config), sort_keys=True)
+    return metadata
+
+
+def save_weights(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, config) -> None:
+    """Write ``tensors`` to the safetensors file ``path`` with ``weights_metadata(config)``, then read its header
+    back: a write the disk cut short (full, or failing) raises ``OSError`` naming the file instead of leaving a
+    truncated file to be found at the next load."""
+    try:
+        save_file(dict(tensors), str(path), metadata=weights_metadata(config))
+        with safe_open(str(path), framework="pt"):
+            pass
+    except SafetensorError as error:
+        raise OSError(f"{path}: the weights could not be written completely ({error}); check the free space and "
+                      f"the folder, then save again") from None
+
+
+def record_architecture(folder: str | os.PathLike, config) -> None:
+    """Add ``weights_metadata(config)`` to the header of every weights file in ``folder`` (what
+    ``save_pretrained`` wrote); the tensor bytes are copied unchanged and each file is replaced atomically."""
+    folder = Path(folder)
+    if not (folder / WEIGHTS_NAME).is_file() and not (folder / WEIGHTS_INDEX).is_file():
+        return
+    for path in weights_files(folder):
+        _rewrite_header_metadata(path, weights_metadata(config))
+
+
+def _rewrite_header_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Merge ``metadata`` into the safetensors file ``path``'s header; the data section after the header stays
+    byte-identical (its offsets are relative to its start)."""
+    with open(path, "rb") as source:
+        (length,) = struct.unpack("<Q", source.read(8))
+        header = json.loads(source.read(length))
+        header["__metadata__"] = {**header.get("__metadata__", {}), **metadata}
+        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % 8)  # safetensors keeps the data section 8-byte aligned
+        with atomic_write(path) as target:
+            target.write(struct.pack("<Q", len(text)) + text)
+            shutil.copyfileobj(source, target, 1 << 20)
+
+
+def weights_files(folder: Path) -> list[Path]:
+    """The safetensors files of a model folder: its shards (``WEIGHTS_INDEX``) or ``WEIGHTS_NAME``
+    (``ValueError`` when it has neither, or a shard is missing)."""
+    index = folder / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{index}: not a readable weights index ({error})") from None
+        missing = [name for name in names if not (folder / name).is_file()]
+        if missing:
+            raise ValueError(f"{folder}: shard(s) {short_list(missing)} listed in {WEIGHTS_INDEX} are missing")
+        return [folder / name for name in names]
+    if (folder / WEIGHTS_NAME).is_file():
+        return [folder / WEIGHTS_NAME]
+    raise ValueError(f"{folder}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX}; linmem reads weights from safetensors only")
+
+
+def read_weights_header(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """``(shapes, metadata)`` of the safetensors file ``path``, read from its header without loading a tensor
+    (``ValueError`` naming the file when it is truncated or not safetensors)."""
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+            return shapes, weights.metadata() or {}
+    except SafetensorError as error:
+        raise ValueError(f"{path}: not a complete safetensors file ({error}); it is truncated or damaged: copy or "
+                         f"save it again") from None
+
+
+def read_linmem_config(folder: Path):
+    """``folder``'s ``config.json`` as a ``LinMemConfig`` (``ValueError`` naming the file and the field)."""
+    from linmem.models import LinMemConfig
+
+    try:
+        return LinMemConfig.from_pretrained(str(folder))
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{folder / 'config.json'}: {error}") from None
+
+
+def saved_architecture(path: Path, metadata: dict[str, str]) -> tuple[dict[str, Any], str] | None:
+    """``(record, where it is kept)`` of the architecture the weights file ``path`` (header ``metadata``) was saved
+    as: the header's ``ARCHITECTURE_KEY``, else a ``ZOO_RECORD`` beside it that names it by SHA-256; None when
+    neither exists."""
+    if ARCHITECTURE_KEY in metadata:
+        try:
+            record = json.loads(metadata[ARCHITECTURE_KEY])
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: the header's {ARCHITECTURE_KEY} is not a JSON table; the file is damaged")
+        return record, f"the header of {path.name}"
+    return _zoo_record(path.parent)
+
+
+def _zoo_record(folder: Path) -> tuple[dict[str, Any], str] | None:
+    path = folder / ZOO_RECORD
+    if not path.is_file() or not (folder / WEIGHTS_NAME).is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("model_config"), dict):
+        return None
+    if record.get("model_sha256") != sha256_file(folder / WEIGHTS_NAME):
+        return None
+    return record["model_config"], f"{ZOO_RECORD} (which names {WEIGHTS_NAME} by its SHA-256)"
+
+
+def check_architecture(folder: Path, config, headers: Mapping[Path, dict[str, str]]) -> None:
+    """Refuse (``ValueError`` naming both values) a ``config.json`` that differs from the architecture the weights
+    were saved as, in any field of ``architecture_record``."""
+    for path, metadata in headers.items():
+        saved = saved_architecture(path, metadata)
+        if saved is None:
+            continue
+        record, where = saved
+        current = architecture_record(config)
+        differ = [f"{name} {record[name]!r} in {where}, {current[name]!r} in config.json"
+                  for name in current if name in record and record[name] != current[name]]
+        if differ:
+            raise ValueError(f"{folder}: config.json does not describe the model its weights were saved as "
+                             f"({'; '.join(differ)}); put the saved values back into config.json")
+
+
+def check_weights_fit(folder: Path, config, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse (``ValueError``) weights whose names or shapes differ from the model ``config`` describes, comparing
+    the header with that model built on the meta device, so nothing is allocated for a config of absurd size."""
+    from linmem.models import LinMemForCausalLM
+
+    with torch.device("meta"):
+        model = LinMemForCausalLM(config)
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    wrong = [f"{name} {list(shapes[name])} in the file, {list(expected[name])} in config.json"
+             for name in sorted(set(expected) & set(shapes)) if shapes[name] != expected[name]]
+    _refuse_unfit(folder, sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected)), wrong,
+                  (_count(expected.values()), _count(shapes.values())))
+
+
+def _count(shapes) -> int:
+    return sum(int(torch.Size(shape).numel()) for shape in shapes)
+
+
+def _refuse_unfit(folder: Path, missing: list[str], unexpected: list[str], wrong: list[str],
+                  sizes: tuple[int, int] | None = None) -> None:
+    found = {"missing {} weight(s)": missing, "unexpected {} weight(s)": unexpected,
+             "{} weight(s) of another shape": wrong}
+    problems = [f"{what.format(len(keys))}: {short_list(keys, 8)}" for what, keys in found.items() if keys]
+    if not problems:
+        return
+    if sizes is not None and sizes[0] != sizes[1]:
+        problems.append(f"config.json describes {sizes[0]:,} parameters, the weights hold {sizes[1]:,}")
+    raise ValueError(f"{folder}: the weights do not fit its config.json ({'; '.join(problems)}); the model would "
+                     f"be partly random, so it is not loaded")
+
+
 def load_linmem_folder(folder: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """A linmem model folder via ``LinMemForCausalLM.from_pretrained`` (safetensors only), refusing any missing,
     unexpected or differently shaped weight."""
     from linmem.models import LinMemForCausalLM
 
+    config = read_linmem_config(folder)
+    headers = {path: read_weights_header(path) for path in weights_files(folder)}
+    check_architecture(folder, config, {path: metadata for path, (_, metadata) in headers.items()})
+    check_weights_fit(folder, config, {name: shape for shapes, _ in headers.values() for name, shape in shapes.items()})
     with _quiet_load_report():
         model, info = LinMemForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
+            str(folder), config=config, dtype=dtype, use_safetensors=True, output_loading_info=True,
+            ignore_mismatched_sizes=True)
     mismatched = [key[0] if isinstance(key, tuple) else key for key in info.get("mismatched_keys") or []]
-    found = {"missing {} weight(s)": info.get("missing_keys"), "unexpected {} weight(s)": info.get("unexpected_keys"),
-             "{} weight(s) of another shape": mismatched}
-    problems = [f"{what.format(len(keys))}: {short_list(sorted(keys), 8)}" for what, keys in found.items() if keys]
-    if problems:
-        raise ValueError(f"{folder}: the weights do not fit its config.json ({'; '.join(problems)}); the model would "
-                         f"be partly random, so it is not loaded")
+    _refuse_unfit(folder, sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or []),
+                  sorted(mismatched))
     return model.to(device)
 
 
