@@ -46,6 +46,7 @@ from linmem.io.checkpoints import complete_checkpoints, latest_checkpoint, step_
 from linmem.io.folders import swap_folder
 from linmem.io.manifest import MANIFEST_NAME as MANIFEST
 from linmem.io.manifest import DamagedFileError, verify_manifest, write_manifest
+from linmem.models.loading import save_weights
 from linmem.models.special_tokens import write_model_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -167,7 +168,7 @@ def write_model(folder: Path, model_state: dict[str, torch.Tensor], config, dtyp
         tensors.pop("lm_head.weight", None)
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_weights(tensors, folder / "model.safetensors", config)  # the header records the architecture
     write_model_config(folder, config, next((t.dtype for t in tensors.values() if t.is_floating_point()), None))
 
 
