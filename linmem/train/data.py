@@ -90,9 +90,9 @@ def resolve_generator(spec: dict[str, Any], index: int, shards: TokenShards, whe
         raise ValueError(f"{where}: {key} must be a mapping with a 'name' (e.g. {{name: mqar}})")
     options = dict(spec)
     name, weight, module = options.pop("name"), float(options.pop("weight", 1.0)), options.pop("module", None)
-    if module:
-        importlib.import_module(module)
     try:
+        if module:  # a module the user names that registers further generators
+            importlib.import_module(module)
         generator = generator_for_dataset(name, options, shards, seq_len, key)
     except (TypeError, ValueError, ImportError) as e:
         raise ValueError(f"{where}: {str(e) if str(e).startswith(key) else f'{key}: {e}'}") from None
