@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from linmem.io.atomic import write_bytes_atomic
-from linmem.io.folders import prepare_output_folder
+from linmem.io.folders import check_output_folder, output_file, output_folder, output_subfolder
 from linmem.zoo.cards import headline, mixer_label
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from linmem.memory.probe import ProbeOptions
 
 TASKS = ("ppl", "mqar", "recall", "niah")
+REPORT_FILES = ("results.json", "report.html")  # the demo's own files; eval/ and probe/ hold the reports it runs
 RESIDUAL = ("rdn", "rla")
 
 
@@ -88,6 +89,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_output_folder(args.out, overwrite=args.overwrite, kind="demo", files=REPORT_FILES)  # before slow imports
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model and task would bury the demo's own
@@ -158,7 +160,6 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
     """Evaluate the shipped models, probe one, write ``report.html`` and ``results.json`` into ``out`` (new, empty or
     an earlier demo's, unless ``overwrite``: ``linmem.io.folders.prepare_output_folder``)."""
     from linmem import zoo
-    from linmem.eval.runner import evaluate
     from linmem.zoo import figures
 
     start = time.perf_counter()
@@ -171,30 +172,40 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
         raise ValueError("linmem demo draws its figures with matplotlib (a base dependency): pip install matplotlib")
     names = [zoo.path(n, zoo_dir).name for n in models] if models else shipped
     eval_options, probe_options = (QUICK if quick else DEMO).options(device)
-    out = prepare_output_folder(out, overwrite=overwrite, kind="demo")
+    with output_folder(out, overwrite=overwrite, kind="demo", files=REPORT_FILES) as out:  # a failed demo: no folder
+        results = evaluate_models(names, eval_options, output_subfolder(out, "eval"), zoo_dir)
+        mixers = {n: json.loads((zoo.path(n, zoo_dir) / "config.json").read_text(encoding="utf-8"))["mixer"]
+                  for n in names}
+        recall = {n: headline(r["tasks"]).get("recall") for n, r in results.items()}
+        chosen = pick_probe_model(names, mixers, probe, recall)
+        print(f"demo: memory lab on {chosen} ...", flush=True)
+        probe_result = {**run_probe(chosen, probe_options, device, output_subfolder(out, "probe"), zoo_dir),
+                        "recall": recall.get(chosen)}
+        total = time.perf_counter() - start
+        summary = {"seconds": round(total, 1), "quick": quick, "device": device, "machine": machine(),
+                   "zoo_dir": str(zoo.root(zoo_dir)),
+                   "settings": {"eval": asdict(eval_options), "probe": asdict(probe_options)},
+                   "models": results, "probe": probe_result}
+        write_bytes_atomic(output_file(out, "results.json"), json.dumps(summary, indent=1, default=str).encode("utf-8"))
+        write_bytes_atomic(output_file(out, "report.html"), report_html(summary, out).encode("utf-8"))
+    return summary
+
+
+def evaluate_models(names: list[str], eval_options: EvalOptions, out: Path, zoo_dir: str | None) -> dict[str, Any]:
+    """Evaluate each shipped model ``names`` into ``out / NAME``; its row of the demo's summary by name."""
+    from linmem import zoo
+    from linmem.eval.runner import evaluate
+
     results: dict[str, Any] = {}
     bar = tqdm(names, desc="demo: evaluating", unit="model")
     for name in bar:
         bar.set_postfix(model=name)
-        report = evaluate(zoo.path(name, zoo_dir), TASKS, eval_options, out_dir=out / "eval" / name, progress=False)
+        report = evaluate(zoo.path(name, zoo_dir), TASKS, eval_options, out_dir=out / name, progress=False)
         config = json.loads((zoo.path(name, zoo_dir) / "config.json").read_text(encoding="utf-8"))
         results[name] = {"mixer": mixer_label(config), "vocab_size": config["vocab_size"],
                          "parameters": report["parameters"], "tasks": report["tasks"],
                          "seconds": round(sum(t["seconds"] for t in report["tasks"].values()), 1)}
-    mixers = {n: json.loads((zoo.path(n, zoo_dir) / "config.json").read_text(encoding="utf-8"))["mixer"]
-              for n in names}
-    recall = {n: headline(r["tasks"]).get("recall") for n, r in results.items()}
-    chosen = pick_probe_model(names, mixers, probe, recall)
-    print(f"demo: memory lab on {chosen} ...", flush=True)
-    probe_result = {**run_probe(chosen, probe_options, device, out / "probe", zoo_dir), "recall": recall.get(chosen)}
-    total = time.perf_counter() - start
-    summary = {"seconds": round(total, 1), "quick": quick, "device": device, "machine": machine(),
-               "zoo_dir": str(zoo.root(zoo_dir)),
-               "settings": {"eval": asdict(eval_options), "probe": asdict(probe_options)},
-               "models": results, "probe": probe_result}
-    write_bytes_atomic(out / "results.json", json.dumps(summary, indent=1, default=str).encode("utf-8"))
-    write_bytes_atomic(out / "report.html", report_html(summary, out).encode("utf-8"))
-    return summary
+    return results
 
 
 def machine() -> dict[str, Any]:

@@ -126,21 +126,43 @@ def output_file(folder: str | os.PathLike, name: str) -> Path:
     is a folder, or is an existing file the marker does not list as linmem's (``written``), so that a write never
     lands in a user's file. Records ``name`` in the marker's ``written`` before returning: call it right before
     the write. Inside ``output_folder`` the write counts as this run's (removed if the run fails)."""
-    folder = Path(folder)
+    path = record_output(Path(folder), name, folder_wanted=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def output_subfolder(folder: str | os.PathLike, name: str) -> Path:
+    """The subfolder ``name`` of the output folder ``folder``, made if absent, for a command that fills it as a
+    whole (another command's output folder, a ``staged_folder``). Refuses a name that is or passes through a
+    symbolic link, leads out of the folder, or is a file; records ``name`` in the marker's ``written``. Inside
+    ``output_folder`` a subfolder this call made is removed if the run fails."""
+    path = record_output(Path(folder), name, folder_wanted=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record_output(folder: Path, name: str, *, folder_wanted: bool) -> Path:
+    """``folder / name`` once checked (``checked_output_path``), noted for the runs in progress and recorded in the
+    marker's ``written``."""
     marker = read_marker(folder)
     if marker is None:
         raise ValueError(f"{folder}: holds no {MARKER}; linmem writes only into a folder prepare_output_folder made "
                          f"ready")
     own = written_names(folder, marker)
-    path = checked_output_path(folder, name, own)
+    path = checked_output_path(folder, name, own, folder_wanted=folder_wanted)
     name = path.relative_to(folder).as_posix()
-    made = first_missing(path.parent)
+    made = first_missing(path if folder_wanted else path.parent)
     for run in _RUNS:
         run.note(folder, name, path, made)
     if name not in own or "written" not in marker:
         write_json_atomic(folder / MARKER, {**marker, "written": sorted(own | {name})})
-    path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def check_output_subfolder(folder: str | os.PathLike, name: str) -> Path:
+    """``folder / name`` once ``output_subfolder`` would accept it (no link on the way, inside ``folder``, not a
+    file); writes nothing, so a command can check before its work."""
+    return checked_output_path(Path(folder), name, set(), folder_wanted=True)
 
 
 def check_output_names(folder: Path, names: Iterable[str], own: set[str]) -> None:
@@ -149,8 +171,9 @@ def check_output_names(folder: Path, names: Iterable[str], own: set[str]) -> Non
         checked_output_path(folder, name, own)
 
 
-def checked_output_path(folder: Path, name: str, own: set[str]) -> Path:
-    """``folder / name`` once it is known to be a safe place for linmem's file (see ``output_file``)."""
+def checked_output_path(folder: Path, name: str, own: set[str], *, folder_wanted: bool = False) -> Path:
+    """``folder / name`` once it is known to be a safe place for linmem's file (see ``output_file``), or for its
+    subfolder with ``folder_wanted`` (see ``output_subfolder``)."""
     parts = PurePosixPath(name).parts
     if not parts or PurePosixPath(name).is_absolute() or any(part in (".", "..") for part in parts):
         raise ValueError(f"{name!r}: not a file name inside the output folder {folder}")
@@ -162,6 +185,11 @@ def checked_output_path(folder: Path, name: str, own: set[str]) -> Path:
                              f"folder: remove the link or choose another output folder")
     if not path.resolve().is_relative_to(folder.resolve()):
         raise ValueError(f"{path}: lies outside the output folder {folder}; choose another output folder")
+    if folder_wanted:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path}: is a file where linmem writes a folder; move it away or choose another output "
+                             f"folder")
+        return path
     if path.is_dir():
         raise ValueError(f"{path}: is a folder where linmem writes a file; move it away or choose another output "
                          f"folder")
@@ -282,9 +310,12 @@ def foreign_entries(folder: str | os.PathLike, names: Iterable[str] = ()) -> lis
 
 
 def check_replaceable(folder: str | os.PathLike, names: Iterable[str] = ()) -> None:
-    """``ValueError`` if ``folder`` exists and holds anything ``foreign_entries`` would keep (so that a command
-    can refuse before it starts work, not after)."""
+    """``ValueError`` if ``folder`` is a symbolic link, or exists and holds anything ``foreign_entries`` would keep
+    (so that a command can refuse before it starts work, not after)."""
     folder = Path(folder)
+    if folder.is_symlink():
+        raise ValueError(f"{folder}: is a symbolic link where linmem writes a folder; linmem does not replace links "
+                         f"or write through them: remove the link or choose another folder")
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder}: is a file where linmem writes a folder; move it away")
     foreign = foreign_entries(folder, names)

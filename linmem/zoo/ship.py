@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.eval.runner import TASKS, EvalOptions, evaluate
 from linmem.io.atomic import atomic_write, write_json_atomic
-from linmem.io.folders import check_replaceable, prepare_output_folder, staged_folder
+from linmem.io.folders import check_output_subfolder, check_replaceable, prepare_output_folder, staged_folder
 from linmem.io.manifest import MANIFEST_NAME, write_manifest
 from linmem.io.manifest import sha256_file as sha256
 from linmem.io.run_info import TRAIN_INFO
@@ -304,7 +304,9 @@ def ship(run_dirs: Sequence[str | Path], ship_names: Sequence[str] | None = None
     root = zoo.root(zoo_dir)
     if chosen:  # checked before the evaluations
         prepare_output_folder(root, overwrite=overwrite, kind="zoo")
+        check_output_subfolder(root, HELDOUT_DIR)  # the held-out text's folder: not a link out of the zoo
         for name in chosen:
+            check_output_subfolder(root, name)
             check_replaceable(root / name, ZOO_FILES)
     by_name = {r.name: r for r in runs}
     records = {}
