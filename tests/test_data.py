@@ -180,16 +180,15 @@ def test_changed_shard_is_refused(tmp_path: Path):
         TokenShards(tmp_path)
 
 
-def test_rebuild_crash_removes_the_old_index_first(corpus: Path, tmp_path: Path, monkeypatch):
+def test_rebuild_crash_leaves_the_old_dataset(corpus: Path, tmp_path: Path, monkeypatch):
     out = tmp_path / "out"
     _build(corpus, out)
-    assert TokenShards(out).split("train").num_documents > 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setattr(ShardWriter, "flush", lambda self: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         _build(corpus, out)
-    assert not (out / "index.json").exists() and not list(out.glob("*.bin"))
-    with pytest.raises(FileNotFoundError, match="no index.json"):
-        TokenShards(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging folder left either
+    TokenShards(out).verify()
 
 
 # ---------------------------------------------------------------- windows

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from linmem.data.splits import SPLITS
-from linmem.io.atomic import TEMP_MARK, write_bytes_atomic, write_json_atomic
+from linmem.io.atomic import create_new, fsync_dir, temp_path, write_json_atomic
 
 INDEX_NAME = "index.json"
 FORMAT = "linmem-token-shards"
@@ -38,12 +40,23 @@ def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:05d}.bin"
 
 
+SHARD_FILE = re.compile(rf"(?:{'|'.join(SPLITS)})-[0-9]{{5}}\.bin")  # the names shard_name gives
+
+
+def shard_files(index: dict[str, Any]) -> set[str]:
+    """The shard files an index lists (only names ``shard_name`` gives: an index names no other file)."""
+    return {e["file"] for entries in index["splits"].values() for e in entries
+            if isinstance(e.get("file"), str) and SHARD_FILE.fullmatch(e["file"])}
+
+
 class ShardWriter:
     """Collects the documents of one split and writes them as shards of about ``shard_tokens`` tokens.
 
     A document never straddles two shards (a document longer than ``shard_tokens`` gets a shard of its own).
-    ``add`` takes the token ids of one document, without the EOS, which the writer appends. ``shards`` lists the
-    index entries of the shards written so far.
+    ``add`` takes the token ids of one document, without the EOS, which the writer appends; a document that comes
+    in pieces goes through ``start``, ``extend`` per piece and ``end``. Tokens go to the shard's temporary file as
+    each document ends (or, for a document longer than a shard, as they come), so memory holds at most one shard's
+    worth of one document. ``shards`` lists the index entries of the shards written so far.
     """
 
     def __init__(self, folder: Path, split: str, dtype: np.dtype, eos_id: int,
@@ -51,46 +64,89 @@ class ShardWriter:
         self.folder, self.split, self.dtype, self.eos_id = Path(folder), split, np.dtype(dtype), eos_id
         self.shard_tokens = shard_tokens
         self.shards: list[dict[str, Any]] = []
+        self._file: BinaryIO | None = None
+        self._doc: tuple[str, int] | None = None  # (source_id, source) of the document being added
         self._start_shard()
 
     def _start_shard(self) -> None:
-        self._pending: list[np.ndarray] = []
         self._docs: dict[str, list] = {"doc_starts": [], "doc_lengths": [], "source_ids": [], "sources": []}
-        self._size = 0
+        self._size = 0  # tokens in the shard's file
+        self._hash = hashlib.sha256()
 
     def add(self, tokens: np.ndarray, source_id: str, source: int) -> None:
         """Append a document (``tokens [n]`` ids) from the source numbered ``source`` in the index."""
-        if self._size and self._size + len(tokens) + 1 > self.shard_tokens:
-            self.flush()
-        for key, value in zip(self._docs, (self._size, len(tokens), source_id, source)):
+        self.start(source_id, source)
+        self.extend(tokens)
+        self.end()
+
+    def start(self, source_id: str, source: int) -> None:
+        """Begin a document whose tokens ``extend`` appends."""
+        if self._doc is not None:
+            raise RuntimeError(f"ShardWriter.start({source_id!r}): document {self._doc[0]!r} was not ended")
+        self._doc, self._held, self._held_len, self._doc_start = (source_id, source), [], 0, None
+
+    def extend(self, tokens: np.ndarray) -> None:
+        """Append the next piece (``tokens [n]`` ids) of the open document."""
+        self._held.append(np.ascontiguousarray(tokens, dtype=self.dtype))
+        self._held_len += len(tokens)
+        self._place(self._held_len)
+
+    def end(self) -> None:
+        """End the open document (the writer appends its EOS)."""
+        self.extend(np.array([self.eos_id], dtype=self.dtype))
+        if self._doc_start is None:
+            self._doc_start = self._size
+        length = self._size + self._held_len - self._doc_start - 1
+        self._write_held()
+        for key, value in zip(self._docs, (self._doc_start, length, *self._doc)):
             self._docs[key].append(value)
-        self._pending += [np.asarray(tokens).astype(self.dtype), np.array([self.eos_id], dtype=self.dtype)]
-        self._size += len(tokens) + 1
+        self._doc = None
+
+    def _place(self, doc_tokens: int) -> None:
+        """Start a new shard when the open document no longer fits beside the shard's others; write its tokens
+        through once it is alone in the shard and longer than a shard."""
+        if self._doc_start is None and self._size and self._size + doc_tokens > self.shard_tokens:
+            self.flush()
+        if doc_tokens > self.shard_tokens:
+            if self._doc_start is None:
+                self._doc_start = self._size
+            self._write_held()
+
+    def _write_held(self) -> None:
+        if self._file is None:
+            self._file = open(temp_path(self.folder / shard_name(self.split, len(self.shards))), "wb",
+                              opener=create_new)
+        for part in self._held:
+            self._file.write(memoryview(part).cast("B"))
+            self._hash.update(part)
+            self._size += len(part)
+        self._held, self._held_len = [], 0
 
     def flush(self) -> None:
-        """Write the pending documents as one shard (nothing if there are none)."""
+        """Complete the shard being written: fsync its file and rename it to its name (nothing if it is empty)."""
         if not self._size:
             return
-        data = np.ascontiguousarray(np.concatenate(self._pending), dtype=self.dtype)
         name = shard_name(self.split, len(self.shards))
-        write_bytes_atomic(self.folder / name, memoryview(data).cast("B"))
-        self.shards.append({"file": name, "num_tokens": int(data.size), "sha256": hashlib.sha256(data).hexdigest(),
-                            **self._docs})
+        file, self._file = self._file, None
+        try:
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
+            os.replace(file.name, self.folder / name)
+        except BaseException:
+            file.close()
+            Path(file.name).unlink(missing_ok=True)
+            raise
+        fsync_dir(self.folder)
+        self.shards.append({"file": name, "num_tokens": self._size, "sha256": self._hash.hexdigest(), **self._docs})
         self._start_shard()
 
     def close(self) -> list[dict[str, Any]]:
         """Write what is pending; returns the index entries of all shards."""
+        if self._doc is not None:
+            raise RuntimeError(f"ShardWriter.close: document {self._doc[0]!r} was not ended")
         self.flush()
         return self.shards
-
-
-def remove_shards(folder: Path, splits: tuple[str, ...] = SPLITS) -> None:
-    """Remove the index first (the folder stops being a dataset), then old shards of ``splits`` and leftover
-    temp files; other files are left alone."""
-    (folder / INDEX_NAME).unlink(missing_ok=True)
-    for split in splits:
-        for path in list(folder.glob(f"{split}-[0-9]*.bin")) + list(folder.glob(f".{split}-*{TEMP_MARK}*")):
-            path.unlink()
 
 
 def read_index(folder: Path) -> dict[str, Any]:

@@ -4,19 +4,51 @@ Every document carries a stable ``source_id`` that does not depend on where the 
 to the source's root, a row index, or an id field), because splits hash it and the memory lab splits sources into
 development and confirmation sets by it. ``open_source(spec)`` turns a CLI spec (a built-in name or a path) into a
 ``Source``.
+
+A document of any size is tokenized in pieces (``Document.pieces``): a text file is read in chunks and never held
+whole, so that one huge single-line file costs no more memory than many small ones. A text file must be UTF-8
+without NUL bytes: ``FileDocument.problem`` names a binary or non-UTF-8 file, and reading one raises that message.
 """
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
+PIECE_CHARS = 1 << 16  # characters per tokenized piece of a document: bounds the tokenizer's memory per piece
+_LAST_CUT = re.compile(r"[\s\S]*\s(?=\S)")  # up to the last whitespace character that precedes a non-whitespace one
+
+
+def text_pieces(chunks: Iterable[str], max_chars: int = PIECE_CHARS) -> Iterator[str]:
+    """The text that ``chunks`` spell, cut into pieces of at most ``max_chars`` characters.
+
+    A cut falls right before the last whitespace character of a run that is followed by a non-whitespace one (so a
+    piece after the first starts like `` word`` or ``\\nword``). A byte-level BPE tokenizer (linmem's, GPT-2's)
+    pre-splits text there anyway, so its tokens of the pieces equal its tokens of the whole text. Only a span of
+    ``max_chars`` characters without such a place is cut hard, in the middle of a word, where the tokens may differ;
+    a tokenizer that treats the start of every text specially (a SentencePiece prefix) may differ once per piece.
+    """
+    text, start = "", 0
+    for chunk in chunks:
+        text = text[start:] + chunk
+        start = 0
+        while len(text) - start > max_chars:
+            found = _LAST_CUT.match(text, start + 1, start + max_chars + 1)
+            cut = found.end() - 1 if found else start + max_chars
+            yield text[start:cut]
+            start = cut
+    if len(text) > start:
+        yield text[start:]
 
 
 @dataclass(frozen=True)
@@ -27,6 +59,85 @@ class Document:
     source_id: str
     text: str
 
+    def pieces(self, max_chars: int = PIECE_CHARS) -> Iterator[str]:
+        """The text in pieces of at most ``max_chars`` characters (``text_pieces``)."""
+        return text_pieces([self.text], max_chars)
+
+    def problem(self) -> str | None:
+        """Why the text cannot be read (never, for text in memory)."""
+        return None
+
+    def blank(self) -> bool:
+        """Whether the text is empty or whitespace only."""
+        return not self.text.strip()
+
+
+class UnreadableText(ValueError):
+    """A text file that is binary (NUL bytes) or not UTF-8; the message names the file."""
+
+
+@dataclass(frozen=True)
+class FileDocument:
+    """One text file as one document, read only when used: ``pieces`` streams it in chunks, ``text`` reads it whole.
+
+    A NUL byte (a binary file, or UTF-16 text) or bytes that are not UTF-8 raise ``UnreadableText``; ``problem``
+    says so without raising.
+    """
+
+    source: str
+    source_id: str
+    path: Path
+
+    def chunks(self, chars: int = PIECE_CHARS) -> Iterator[str]:
+        """The file's text in chunks of about ``chars`` characters."""
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(self.path, "rb") as f:
+            while data := f.read(chars):
+                if (nul := data.find(0)) >= 0:
+                    raise UnreadableText(f"{self.path}: NUL byte at offset {offset + nul}: a binary file (or UTF-16 "
+                                         f"text), not UTF-8 text")
+                try:
+                    yield decoder.decode(data)
+                except UnicodeDecodeError as e:
+                    at = offset + len(data) - len(e.object) + e.start  # the decoder may hold a character's start
+                    raise self._not_utf8(f"byte 0x{e.object[e.start]:02x} at offset {at}") from None
+                offset += len(data)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise self._not_utf8("it ends inside a character") from None
+
+    def _not_utf8(self, where: str) -> UnreadableText:
+        return UnreadableText(f"{self.path}: not UTF-8 text ({where}); convert it to UTF-8 (iconv -f latin1 -t "
+                              f"utf-8)")
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks())
+
+    def pieces(self, max_chars: int = PIECE_CHARS) -> Iterator[str]:
+        """The text in pieces of at most ``max_chars`` characters (``text_pieces``), read as they are asked for."""
+        return text_pieces(self.chunks(max_chars), max_chars)
+
+    @cached_property
+    def _scan(self) -> tuple[str | None, bool]:
+        blank = True
+        try:
+            for chunk in self.chunks():
+                blank = blank and not chunk.strip()
+        except UnreadableText as e:
+            return str(e), blank
+        return None, blank
+
+    def problem(self) -> str | None:
+        """Why the file cannot be read as text (``UnreadableText``'s message), or None; reads it through once."""
+        return self._scan[0]
+
+    def blank(self) -> bool:
+        """Whether the file is empty or whitespace only."""
+        return self._scan[1]
+
 
 @runtime_checkable
 class Source(Protocol):
@@ -34,7 +145,7 @@ class Source(Protocol):
 
     name: str
 
-    def documents(self) -> Iterator[Document]: ...
+    def documents(self) -> Iterator[Document | FileDocument]: ...
 
 
 class SourceUnavailable(FileNotFoundError):
@@ -63,10 +174,8 @@ def _record_id(record: dict, id_field: str | None, fallback: str, where: str) ->
 
 @dataclass
 class TextFile:
-    """One plain-text file as one document; ``source_id`` is the file's name (or ``name`` when given).
-
-    Bytes that are not UTF-8 are replaced (U+FFFD) rather than failing a whole build.
-    """
+    """One plain-text file as one document (a ``FileDocument``, read when used); ``source_id`` is the file's name
+    (or ``name`` when given)."""
 
     path: Path
     name: str = ""
@@ -75,8 +184,8 @@ class TextFile:
         self.path = Path(self.path)
         self.name = self.name or self.path.name
 
-    def documents(self) -> Iterator[Document]:
-        yield Document(self.name, self.name, self.path.read_text(encoding="utf-8", errors="replace"))
+    def documents(self) -> Iterator[FileDocument]:
+        yield FileDocument(self.name, self.name, self.path)
 
 
 @dataclass
@@ -104,11 +213,11 @@ class Folder(RecordSource):
         known = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
         return sorted(p for p in self.path.rglob("*") if p.is_file() and p.suffix.lower() in known)
 
-    def documents(self) -> Iterator[Document]:
+    def documents(self) -> Iterator[Document | FileDocument]:
         for file in self.files():
             rel = file.relative_to(self.path).as_posix()
             for doc in open_path(file, self.text_field, self.id_field, name=f"{self.name}/{rel}").documents():
-                yield Document(self.name, doc.source_id, doc.text)
+                yield dataclasses.replace(doc, source=self.name)
 
 
 @dataclass
@@ -119,6 +228,12 @@ class JsonlFile(RecordSource):
     """
 
     def documents(self) -> Iterator[Document]:
+        try:
+            yield from self._records()
+        except UnicodeDecodeError as e:
+            raise UnreadableText(f"{self.path}: not UTF-8 ({e.reason}); convert it to UTF-8") from None
+
+    def _records(self) -> Iterator[Document]:
         with open(self.path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
