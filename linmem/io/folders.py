@@ -10,15 +10,18 @@ there before are recorded in the marker as ``foreign`` and never deleted.
 Every file a command writes inside its output folder gets its path from ``output_file``, which refuses a name that
 is (or passes through) a symbolic link or leads out of the folder, and refuses to replace an existing file that the
 marker's ``written`` list does not name as linmem's (a user's ``results.json`` in a folder adopted with
-``--overwrite`` stays untouched); it records the name in ``written`` before the write. A command that knows its
-file names passes them to ``prepare_output_folder(files=...)``, so that a refusal comes before any work.
-``output_folder`` wraps a whole run: if the run fails, a folder it created is removed, and a folder that existed
-keeps what it had and loses only the files this run wrote.
+``--overwrite`` stays untouched); it records the name in ``written`` before the write (a marker of an older linmem,
+without ``written``, vouches for every entry it does not list as foreign). ``output_subfolder`` does the same for a
+subfolder that another command fills. A command that knows its file names passes them to
+``check_output_folder(files=...)`` (which writes nothing, so it can run before torch is imported) or
+``prepare_output_folder(files=...)``, so that a refusal comes before any work. ``output_folder`` wraps a whole
+run: if the run fails, a folder it created is removed, and a folder that existed keeps what it had and loses only
+the files this run wrote.
 
 Subfolders a command replaces as a whole (a run's ``model/``, a zoo model) go through ``replace_folder``, which
-removes the old folder only when everything in it is linmem's: files its manifest lists or that the new version
-also writes, and subfolders linmem made without foreign files. ``staged_folder`` builds such a folder aside and
-hands it to ``replace_folder`` once complete.
+removes the old folder only when everything in it is linmem's: files its manifest or marker lists or that the new
+version also writes, and subfolders linmem made without foreign files; a folder that is a symbolic link is refused.
+``staged_folder`` builds such a folder aside and hands it to ``replace_folder`` once complete.
 """
 
 from __future__ import annotations
