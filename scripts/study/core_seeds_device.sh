@@ -12,13 +12,13 @@
 #       and puts them back in the background once the device tool has read .devrun/sent (30 s later), or after
 #       PARK_SECONDS (600) at most; a `run` call naming .devrun in carry must follow at once
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh start STUDY.yaml MODEL:SEED [MODEL:SEED ...]
-#       copies .devrun/w to /root/w and starts scripts/study/detached.sh's queue there, every pair at once; the
-#       study folder is /root/w/runs/study/NAME
+#       copies .devrun/w to /root/w (once a machine) and starts scripts/study/detached.sh's queue there, every
+#       pair at once; the study folder is /root/w/runs/study/NAME
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh collect SECONDS NAME
 #       watches the queue up to SECONDS, then packs every evaluated run (records, no weights) and the logs into
-#       $OUT/NAME-runs.tar.xz; repeat until the queue is done (a machine given back loses the runs not packed)
+#       $OUT/NAME-runs.tar.gz; repeat until the queue is done (a machine given back loses the runs not packed)
 #
-# Here, `tar xJf NAME-runs.tar.xz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs.
+# Here, `tar xzf NAME-runs.tar.gz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs.
 set -uo pipefail
 verb=${1:-}
 shift || true
@@ -30,7 +30,8 @@ parked_models=(transformer gdn-hybrid gla sgla rla)
 case $verb in
   prepare)
     cd "$root" || exit 1
-    [ -f data/zoo-4k/index.json ] || { echo "no data/zoo-4k here: build it first (docs/study/core-seeds-lr/README.md)" >&2; exit 1; }
+    [ -f data/zoo-4k/index.json ] || {
+      echo "no data/zoo-4k here: build it first (docs/study/core-seeds-lr/README.md)" >&2; exit 1; }
     rm -rf .devrun/w && mkdir -p .devrun/w
     git archive HEAD linmem configs scripts ":!$zoo" | tar xf - -C .devrun/w || exit 1
     cp configs/study/core-seeds*.yaml .devrun/w/configs/study/ && cp "$0" .devrun/w/scripts/study/
@@ -57,20 +58,22 @@ case $verb in
     echo "parked ${parked_models[*]}; restorer pid $!"
     ;;
   start)
-    [ $# -ge 2 ] || { sed -n 2,26p "$0" >&2; exit 2; }
+    [ $# -ge 2 ] || { sed -n 2,21p "$0" >&2; exit 2; }
     study=$1; shift
-    rm -rf /root/w && cp -r "$root" /root/w && cd /root/w || exit 1
+    # the first start of a machine copies; a second (another study) joins the same copy and its running queue
+    [ -d /root/w ] || cp -r "$root" /root/w || exit 1
+    cd /root/w || exit 1
     name=$(awk '/^name:/ {print $2; exit}' "$study")
     bash scripts/study/detached.sh start "$study" "runs/study/$name" $# "$@"
     ;;
   collect)
-    [ $# -eq 2 ] || { sed -n 2,26p "$0" >&2; exit 2; }
+    [ $# -eq 2 ] || { sed -n 2,21p "$0" >&2; exit 2; }
     cd /root/w || exit 1
     bash scripts/study/detached.sh watch "$1" "runs/study/$2"
     rm -rf /root/packs
     bash scripts/study/detached.sh pack --no-weights /root/packs "runs/study/$2"
-    tar cf - -C /root/packs . | xz -T8 -6 > "${OUT:?}/$2-runs.tar.xz"
+    tar czf "${OUT:?}/$2-runs.tar.gz" -C /root/packs .
     ls -la "$OUT"
     ;;
-  *) sed -n 2,26p "$0" >&2; exit 2 ;;
+  *) sed -n 2,21p "$0" >&2; exit 2 ;;
 esac
