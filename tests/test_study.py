@@ -24,6 +24,7 @@ import yaml
 from linmem.cli import main
 from linmem.io.folders import prepare_output_folder
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
+from linmem.memory.stats import Estimate
 from linmem.study.definition import MIN_SEEDS, load_study, resolve_model
 from linmem.study.estimates import ItemSet, item_estimate, paired_difference, seed_estimate
 from linmem.study.runs import check_finished_runs, run_dir
@@ -187,29 +188,32 @@ def test_a_comparison_is_decided_only_over_enough_seeds():
         diff = paired_difference(a, b)
         assert diff.low > 0  # the items alone exclude zero at every seed count
         for higher in (True, False):
-            verdict = decide(diff.low, diff.high, diff.mean, diff.n, higher)
-            assert verdict["resolved"] == (seeds >= MIN_SEEDS)
-            assert verdict["a_better"] == (higher if verdict["resolved"] else None)
+            verdict = decide(diff, 0.0, higher)
+            assert verdict["decided"] == (seeds >= MIN_SEEDS)
+            assert verdict["a_better"] == (higher if verdict["decided"] else None)
     # one seed of a scalar (a training loss): a zero-width interval away from zero decides nothing
-    assert decide(0.1, 0.1, 0.1, 1, False) == {"resolved": False, "enough_seeds": False, "a_better": None}
-    assert decide(-0.1, 0.1, 0.0, 3, True)["resolved"] is False
+    assert decide(Estimate(0.1, 0.1, 0.1, 1, 1), 0.0, False) == {"decided": False, "a_better": None}
+    assert decide(Estimate(0.0, -0.1, 0.1, 3, 3), 0.0, True)["decided"] is False
 
 
 # ---------------------------------------------------------------- end to end
 
 
 def test_a_recall_lead_below_the_labs_gate_says_so():
-    """A resolved lead in the lab's recall between two models that both stay below its clean-recall gate is named
+    """A decided lead in the lab's recall between two models that both stay below its clean-recall gate is named
     as such; other verdicts read as before."""
-    resolved = {"a": "gdn", "b": "gla", **decide(0.004, 0.065, 0.03, 3, True)}
-    assert _verdict(resolved) == "gdn better"
-    marked = _verdict({**resolved, "below_gate": CLEAN_RECALL_GATE})
+    claim = {"a": "gdn", "b": "gla", "claim": True, "enough_seeds": True, "holm_p": 0.01}
+    decided = {**claim, **decide(Estimate(0.03, 0.004, 0.065, 3, 3), 0.01, True)}
+    assert _verdict(decided) == "gdn better"
+    marked = _verdict({**decided, "below_gate": CLEAN_RECALL_GATE})
     assert marked == "gdn better (both below the lab's 0.5 recall gate)"
-    assert _verdict({"a": "gdn", "b": "gla", **decide(-0.01, 0.05, 0.02, 3, True), "below_gate": 0.5}) == "not resolved"
+    undecided = {**claim, "holm_p": 0.2, **decide(Estimate(0.02, -0.01, 0.05, 3, 3), 0.2, True), "below_gate": 0.5}
+    assert _verdict(undecided) == "not decided"
 
 
 def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
-    path = write_study(tmp_path, dataset, two_models(configs))
+    path = write_study(tmp_path, dataset, two_models(configs),
+                       claims=[{"a": "rla", "b": "gdn", "metrics": ["test_loss", "niah"]}])
     out = tmp_path / "out"
     study = load_study(path)
     prepare_output_folder(out, overwrite=False, kind="study")
@@ -238,13 +242,20 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
         np.exp(entry["metrics"]["test_loss"]["seeds"]["0"]["mean"]), rel=1e-5)
     compared = {c["metric"] for c in tables["comparisons"]}
     assert {"test_loss", "mqar", "niah"} <= compared
+    # the claims alone are tested with Holm's correction; test perplexity resamples the windows' documents
+    assert {c["metric"] for c in tables["comparisons"] if c["claim"]} == {"test_loss", "niah"}
+    assert all((c["holm_p"] is None) != c["claim"] for c in tables["comparisons"])
+    assert tables["test_resamples"] == "documents"
+    documents = json.loads((run_dir(out, "gdn", 0) / "items.json").read_text())["records"]["ppl"]["document"]
+    assert 1 < len(set(documents)) < len(documents)
     assert {"metrics", "mqar", "loss_curves", "lab_recall", "norms", "differences"} <= set(tables["figures"])
     name = "val_lab_recall:code/names/colors@1"  # logged at the last update's evaluation, tabled per seed
     for seed in (0, 1, 2):
         logged = json.loads((run_dir(out, "rla", seed) / "metrics.jsonl").read_text().splitlines()[-1])[name]
         assert 0 <= logged <= 1 and entry["metrics"][name]["seeds"][str(seed)]["mean"] == pytest.approx(logged)
     markdown = (out / "tables" / "results.md").read_text()
-    assert "| rla | gdn | test_loss |" in markdown
+    assert "| rla | gdn | test_loss |" in markdown.split("## Claims")[1].split("## Exploratory")[0]
+    assert "| rla | gdn | mqar |" in markdown.split("## Exploratory comparisons")[1]
     # a comparison of the lab's recall between two models both below its clean-recall gate is marked
     recall = [c for c in tables["comparisons"] if c["metric"].startswith(("lab_recall", "recall@", "val_lab_recall"))]
     assert recall

@@ -81,20 +81,39 @@ def count_sequential_windows(split: SplitTokens, seq_len: int) -> int:
     return sum(len(_window_starts(len(shard), seq_len)) for shard in split.shards)
 
 
+def _target_overlaps(split: SplitTokens, seq_len: int) -> Iterator[tuple[dict, int, np.ndarray]]:
+    """Per ``sequential_windows`` window, in order: its shard's index entry, the index of the first document its
+    ``seq_len - 1`` target tokens touch, and how many of those targets each touched document holds (EOS separators
+    belong to no document)."""
+    for shard_tokens, entry in zip(split.shards, split.entries):
+        starts = np.asarray(entry["doc_starts"], dtype=np.int64)
+        ends = starts + np.asarray(entry["doc_lengths"], dtype=np.int64)
+        for start in _window_starts(len(shard_tokens), seq_len):
+            low, high = start + 1, start + seq_len  # the targets: tokens 1 .. seq_len - 1 of the window
+            first, last = np.searchsorted(ends, low, side="right"), np.searchsorted(starts, high, side="left")
+            yield entry, int(first), np.minimum(ends[first:last], high) - np.maximum(starts[first:last], low)
+
+
 def sequential_window_sources(split: SplitTokens, seq_len: int) -> list[str]:
     """The source of each ``sequential_windows`` window, in the same order: the source whose documents hold most of
     the window's ``seq_len - 1`` target tokens (EOS separators belong to no source; a tie goes to the source listed
     first in the dataset's index)."""
     names, out = split.source_names, []
-    for shard_tokens, entry in zip(split.shards, split.entries):
-        starts = np.asarray(entry["doc_starts"], dtype=np.int64)
-        ends = starts + np.asarray(entry["doc_lengths"], dtype=np.int64)
-        sources = np.asarray(entry["sources"], dtype=np.int64)
-        for start in _window_starts(len(shard_tokens), seq_len):
-            low, high = start + 1, start + seq_len  # the targets: tokens 1 .. seq_len - 1 of the window
-            first, last = np.searchsorted(ends, low, side="right"), np.searchsorted(starts, high, side="left")
-            overlap = np.minimum(ends[first:last], high) - np.maximum(starts[first:last], low)
-            counts = np.bincount(sources[first:last], weights=overlap, minlength=len(names))
-            out.append(names[int(np.argmax(counts))] if counts.sum() > 0 else "none")
+    for entry, first, overlap in _target_overlaps(split, seq_len):
+        sources = np.asarray(entry["sources"][first:first + len(overlap)], dtype=np.int64)
+        counts = np.bincount(sources, weights=overlap, minlength=len(names))
+        out.append(names[int(np.argmax(counts))] if counts.sum() > 0 else "none")
     return out
 
+
+def sequential_window_documents(split: SplitTokens, seq_len: int) -> list[str]:
+    """The document of each ``sequential_windows`` window, in the same order: the ``source_id`` of the document that
+    holds most of the window's targets (a tie goes to the earlier document; "none" for a window of EOS alone), so
+    that an evaluation can resample documents rather than windows of one document."""
+    out = []
+    for entry, first, overlap in _target_overlaps(split, seq_len):
+        if len(overlap) and overlap.max() > 0:
+            out.append(str(entry["source_ids"][first + int(np.argmax(overlap))]))
+        else:
+            out.append("none")
+    return out

@@ -9,7 +9,13 @@ models:
   - {name: rdn, config: ../zoo/rdn.yaml}
   - {name: rdn-tied-gamma, config: ../zoo/rdn.yaml, set: {model.gamma: tied}}
 compare: [[rdn, gdn], [rdn, rdn-tied-gamma]]                # A vs B: A - B with a CI
+claims:                                                     # decided with a Holm-corrected test; the rest exploratory
+  - {a: rdn, b: gdn, metrics: [test_ppl, mqar]}
 ```
+
+``claims`` are the comparisons the study sets out to decide, stated before its runs: each a pair of ``compare``
+(A - B as written there) with the metrics it is about. Only they are decided (``linmem.study.tables``: a paired test
+over seeds, Holm-corrected over every claimed metric of the study); every other comparison is exploratory.
 
 Each model is a ``linmem train`` config (``config``, relative to the study file) with ``set`` overrides
 (dotted keys). Its sections are resolved as ``linmem train`` would read them with the recipe merged over them, the
@@ -51,7 +57,7 @@ UPDATE_NEUTRAL_KEYS = frozenset({k for k in RESUME_FREE_KEYS if k.split(".")[0] 
 RECIPE_SECTIONS = ("data", "optim", "train")
 MIN_SEEDS = 3
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-STUDY_KEYS = {"name", "description", "seeds", "recipe", "per_model", "eval", "models", "compare"}
+STUDY_KEYS = {"name", "description", "seeds", "recipe", "per_model", "eval", "models", "compare", "claims"}
 # eval options recorded only when a study sets them away from their defaults: the records of runs evaluated
 # before these options existed hold the same settings without them, and stay comparable (runs.check_finished_run)
 RECORDED_IF_SET = ("recall_template", "recall_keys", "recall_values", "recall_bindings")
@@ -64,6 +70,15 @@ class StudyModel:
     name: str
     config: Path
     overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A comparison the study sets out to decide: ``a`` - ``b`` (a pair of ``compare``) on each of ``metrics``."""
+
+    a: str
+    b: str
+    metrics: tuple[str, ...]
 
 
 @dataclass
@@ -81,6 +96,7 @@ class Study:
     eval_options: EvalOptions
     models: list[StudyModel]
     compare: list[tuple[str, str]]
+    claims: list[Claim] = field(default_factory=list)
 
     def model(self, name: str) -> StudyModel:
         for model in self.models:
@@ -130,6 +146,7 @@ def load_study(path: str | Path) -> Study:
     study = Study(path, name, str(raw.get("description", "")), seeds, recipe, recipe_config, per_model, tasks,
                   options, models, [])
     study.compare = _comparisons(raw.get("compare") or [], study)
+    study.claims = _claims(raw.get("claims") or [], study)
     for model in models:
         resolve_model(study, model, seeds[0])
     return study
@@ -222,6 +239,30 @@ def _comparisons(value: Any, study: Study) -> list[tuple[str, str]]:
             study.model(name)
         pairs.append((pair[0], pair[1]))
     return pairs
+
+
+def _claims(value: Any, study: Study) -> list[Claim]:
+    from linmem.study.tables import metric_names  # the tables define the metrics (and import this module)
+
+    where = study.path
+    _require(isinstance(value, list), where, "claims must be a list of {a, b, metrics} mappings")
+    names, prefixes = metric_names(study)
+    claims: list[Claim] = []
+    for i, entry in enumerate(value):
+        _require(isinstance(entry, dict) and set(entry) == {"a", "b", "metrics"}, where,
+                 f"claims[{i}] must be a mapping with a, b and metrics (a pair of compare, the metrics it is about)")
+        pair, metrics = (entry["a"], entry["b"]), entry["metrics"]
+        _require(pair in study.compare, where, f"claims[{i}]: [{pair[0]}, {pair[1]}] is not in compare; a claim is "
+                 "one of the compared pairs, in the order compare gives it (add it there)")
+        _require(pair not in {(c.a, c.b) for c in claims}, where, f"claims[{i}]: [{pair[0]}, {pair[1]}] is claimed "
+                 "twice; list all its metrics in one entry")
+        _require(isinstance(metrics, list) and metrics and len(set(map(str, metrics))) == len(metrics), where,
+                 f"claims[{i}].metrics must be a non-empty list of distinct metric names; got {metrics!r}")
+        unknown = [m for m in metrics if not isinstance(m, str) or (m not in names and not m.startswith(prefixes))]
+        _require(not unknown, where, f"claims[{i}].metrics: {', '.join(map(repr, unknown))} not a metric of this "
+                 f"study; its tasks give {', '.join(sorted(names))}" + "".join(f", {p}..." for p in prefixes))
+        claims.append(Claim(pair[0], pair[1], tuple(metrics)))
+    return claims
 
 
 _MISSING = object()

@@ -4,9 +4,9 @@
 builds the task's items exactly as the eval does (same windows, passages, sequences and trials, from the same
 builders and seeds) and keeps, per item, a numerator and denominator (loss sum and tokens of a window, answers
 right and answers of an MQAR sequence, 1/0 of a cloze passage or NIAH trial), the ``unit`` the bootstrap resamples
-(a window, a cloze passage's document, a sequence or trial, a recall item's source passage) and the ``group`` a
-metric averages over (MQAR: the number of pairs; NIAH: the length x depth cell; recall: the load), as the eval's
-aggregates do. ``agreement`` compares the
+(a window, a cloze passage's document, a sequence or trial, a recall item's source passage; a window also names its
+``document``, which the study's tables resample instead) and the ``group`` a metric averages over (MQAR: the number
+of pairs; NIAH: the length x depth cell; recall: the load), as the eval's aggregates do. ``agreement`` compares the
 records with the eval's own aggregates.
 """
 
@@ -19,7 +19,7 @@ import torch
 from linmem.data.randomness import sample_rng
 from linmem.data.shards import SplitTokens
 from linmem.data.synthetic import MQAR
-from linmem.data.windows import sequential_window_sources
+from linmem.data.windows import sequential_window_documents, sequential_window_sources
 from linmem.eval.cloze import build_cloze
 from linmem.eval.loading import EvalModel
 from linmem.eval.memory_recall import FormatUnavailable, recall_trials
@@ -44,13 +44,16 @@ def _add(columns: dict[str, list], unit: str, group: str, num: float, den: float
 
 def ppl_items(em: EvalModel, split: SplitTokens, seq_len: int, o: EvalOptions) -> dict[str, list]:
     """One item per test window (as ``eval.perplexity``): its loss sum (nats) over its ``seq_len - 1`` targets,
-    and the ``source`` most of those targets come from (``sequential_window_sources``: per-source perplexity)."""
+    the ``source`` most of those targets come from (``sequential_window_sources``: per-source perplexity) and the
+    ``document`` (``sequential_window_documents``: the bootstrap resamples documents, since the windows of one
+    document are not independent)."""
     columns, windows = _columns(), leading_windows(split, seq_len, o.max_tokens)
-    sources = sequential_window_sources(split, seq_len)
+    sources, documents = sequential_window_sources(split, seq_len), sequential_window_documents(split, seq_len)
     for start in range(0, len(windows), o.batch_size):
         losses = window_losses(em, torch.stack(windows[start:start + o.batch_size])).double()
         for i, row in enumerate(losses):
-            _add(columns, f"w{start + i}", "all", float(row.sum()), row.numel(), source=sources[start + i])
+            _add(columns, f"w{start + i}", "all", float(row.sum()), row.numel(), source=sources[start + i],
+                 document=documents[start + i])
     return columns
 
 

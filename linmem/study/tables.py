@@ -1,7 +1,17 @@
 """The study's tables, rebuilt from the run folder's files alone (``items.json``, ``metrics.jsonl``): per model and
 metric the mean over seeds with a seed-bootstrap 95% interval and every seed's value with its item-bootstrap
-interval, then the study's paired comparisons (A - B with a two-level interval). Written as ``tables/results.json``
-and ``tables/results.md`` (figures beside them, ``linmem.study.figures``); the same files give the same bytes.
+interval, then the study's paired comparisons (A - B with a two-level interval and a paired t-test over seeds).
+Written as ``tables/results.json`` and ``tables/results.md`` (figures beside them, ``linmem.study.figures``); the
+same files give the same bytes.
+
+The decision rule: only the study's claims (``claims:`` in its file, declared before the runs) are decided. Their
+paired t-tests' p-values are Holm-corrected over every claimed metric of the study (a claim that was not measured
+counts with p = 1, so that missing runs never shrink the family), and a claim is decided when it has at least
+``MIN_SEEDS`` seeds, its Holm-adjusted p is below ``ALPHA`` and its two-level interval (seeds and test documents)
+excludes zero: the test answers for the seeds, the interval for the test set, which every seed shares. Every other
+comparison is exploratory: shown with its uncorrected p, never decided. Test perplexity resamples documents (the
+windows of one document are not independent); records written before windows named their document resample
+windows, and the tables say so.
 """
 
 from __future__ import annotations
@@ -17,14 +27,28 @@ import numpy as np
 from linmem.eval.task_names import WHOLE_SPLIT
 from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
+from linmem.memory.stats import Estimate
 from linmem.study.definition import MIN_SEEDS, Study
-from linmem.study.estimates import ItemSet, Measurement, identity, item_estimate, paired_difference, seed_estimate
+from linmem.study.estimates import (
+    ALPHA,
+    ItemSet,
+    Measurement,
+    PairedTest,
+    holm,
+    identity,
+    item_estimate,
+    paired_difference,
+    paired_test,
+    seed_estimate,
+    seed_value,
+)
 from linmem.study.figures import draw_figures
 from linmem.study.runs import read_items, run_dir, training_log
 from linmem.train.lab_recall import parse_entries
 
 TABLES = "tables"
 FINAL_SHARE = 0.1  # the final training loss: mean over the last tenth of the updates
+DOCUMENT = "document"  # the column of a test window's document, which the test bootstrap resamples
 
 
 @dataclass(frozen=True)
@@ -40,18 +64,20 @@ class Metric:
     gate: float | None = None  # the memory lab's clean-recall gate, for the lab's recall metrics
 
 
-def _items(task: str, keep: Callable[[dict[str, Any]], bool] | None = None):
+def _items(task: str, keep: Callable[[dict[str, Any]], bool] | None = None, unit: str = "unit"):
+    """Reader of a task's items; ``unit`` names the column the bootstrap resamples (``unit`` where it is absent)."""
     def read(record: dict[str, Any], folder: Path) -> ItemSet | None:
         columns = record["records"].get(task)
         if not columns or not columns["unit"]:
             return None
+        resampled = unit if unit in columns else "unit"
         rows = range(len(columns["unit"]))
         if keep is not None:
             rows = [i for i in rows if keep({k: v[i] for k, v in columns.items()})]
         if not rows:
             return None
         pick = lambda key: [columns[key][i] for i in rows]  # noqa: E731
-        return ItemSet.from_columns(pick("unit"), pick("group"), pick("num"), pick("den"))
+        return ItemSet.from_columns(pick(resampled), pick("group"), pick("num"), pick("den"))
     return read
 
 
@@ -99,10 +125,11 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
     out = [Metric("train_loss", f"training loss (last {FINAL_SHARE:.0%} of updates)", _final_train_loss, False),
            Metric("val_loss", "validation loss at the end of training", _final_logged("val_loss"), False)]
     if "ppl" in tasks:
-        out += [Metric("test_loss", f"{o.split} loss (nats/token, whole split)", _items("ppl"), False),
-                Metric("test_ppl", f"{o.split} perplexity (whole split)", _items("ppl"), False, np.exp)]
+        windows = _items("ppl", unit=DOCUMENT)
+        out += [Metric("test_loss", f"{o.split} loss (nats/token, whole split)", windows, False),
+                Metric("test_ppl", f"{o.split} perplexity (whole split)", windows, False, np.exp)]
         out += [Metric(f"test_ppl@{source}", f"{o.split} perplexity of the windows mostly from {source}",
-                       _items("ppl", lambda r, s=source: r.get("source") == s), False, np.exp)
+                       _items("ppl", lambda r, s=source: r.get("source") == s, DOCUMENT), False, np.exp)
                 for source in _window_sources(records)]
     if "cloze" in tasks:
         out.append(Metric("cloze", "cloze accuracy", _items("cloze"), True, bounded=True))
@@ -180,44 +207,86 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
             summary = seed_estimate({int(s): v["mean"] for s, v in per_seed.items()})
             entry["metrics"][metric.name] = {"seed_bootstrap": _estimate(summary), "seeds": per_seed}
         models[model] = entry
-    comparisons = []
-    for a, b in study.compare:
-        for metric in metrics:
-            va, vb = measured[metric.name].get(a, {}), measured[metric.name].get(b, {})
-            if not (set(va) & set(vb)):
-                continue
-            diff = paired_difference(va, vb, metric.transform)
-            comparison = {"a": a, "b": b, "metric": metric.name, "difference": _estimate(diff),
-                          **decide(diff.low, diff.high, diff.mean, diff.n, metric.higher)}
-            if metric.gate is not None and all(models[m]["metrics"][metric.name]["seed_bootstrap"]["mean"]
-                                               < metric.gate for m in (a, b)):
-                comparison["below_gate"] = metric.gate  # a lead between two models the lab attributes nothing in
-            comparisons.append(comparison)
+    comparisons, not_measured = compare(study, metrics, measured, models)
     return {"study": study.name, "description": study.description, "seeds": study.seeds,
             "tasks": study.tasks, "eval": study.eval_record(),
             "metrics": {m.name: {"label": m.label, "higher_is_better": m.higher, "bounded": m.bounded}
                         for m in metrics},
-            "models": models, "comparisons": comparisons}
+            "test_resamples": _test_resamples(records),
+            "models": models, "comparisons": comparisons, "claims_not_measured": not_measured}
 
 
-def decide(low: float, high: float, mean: float, seeds: int, higher: bool) -> dict[str, Any]:
-    """Whether an A - B interval over ``seeds`` paired seeds decides the comparison, and for whom: resolved when it
-    excludes zero over at least ``MIN_SEEDS`` seeds (``a_better`` None when unresolved). With fewer, the interval
-    holds the test items' noise but not the spread between seeds (a training-loss difference from one seed has no
-    interval at all)."""
-    enough = seeds >= MIN_SEEDS
-    resolved = enough and (low > 0 or high < 0)
-    return {"resolved": bool(resolved), "enough_seeds": enough,
-            "a_better": ((mean > 0) == higher) if resolved else None}
+def metric_names(study: Study) -> tuple[set[str], tuple[str, ...]]:
+    """The metrics ``study``'s tables can hold (what a claim may name): their names, and the prefixes of those
+    whose names only the records give (``test_ppl@SOURCE``)."""
+    names = {m.name for m in metrics_of(study, {})}
+    if "mqar" in study.tasks:
+        names |= {f"mqar@{n}" for n in study.eval_options.mqar_pairs}
+    return names, ("test_ppl@",) if "ppl" in study.tasks else ()
+
+
+def _test_resamples(records: dict[str, dict[int, dict[str, Any]]]) -> str | None:
+    """What the test perplexity's bootstrap resamples: documents, or windows when a record predates documents."""
+    ppl = [r["records"]["ppl"] for by_seed in records.values() for r in by_seed.values() if r["records"].get("ppl")]
+    if not ppl:
+        return None
+    return "documents" if all(DOCUMENT in columns for columns in ppl) else "windows"
+
+
+def _test(test: PairedTest) -> dict[str, Any]:
+    return {"name": test.name, "df": test.df, "t": _round(test.t), "p": _round(test.p), "low": _round(test.low),
+            "high": _round(test.high), "sign_flip_p": None if test.sign_flip_p is None else _round(test.sign_flip_p)}
+
+
+def compare(study: Study, metrics: list[Metric], measured: dict[str, dict[str, dict[int, Measurement]]],
+            models: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Every pair of ``compare`` on every metric both models have (the difference with its two-level interval and
+    the paired t-test over seeds), the claims decided (module docstring); and the claims with nothing measured."""
+    comparisons, found = [], {}
+    for a, b in study.compare:
+        for metric in metrics:
+            va, vb = measured[metric.name].get(a, {}), measured[metric.name].get(b, {})
+            seeds = sorted(set(va) & set(vb))
+            if not seeds:
+                continue
+            diff = paired_difference(va, vb, metric.transform)
+            test = paired_test([seed_value(va[s], metric.transform) - seed_value(vb[s], metric.transform)
+                                for s in seeds])
+            comparison = {"a": a, "b": b, "metric": metric.name, "difference": _estimate(diff),
+                          "enough_seeds": diff.n >= MIN_SEEDS, "test": _test(test), "claim": False, "holm_p": None,
+                          "decided": False, "a_better": None}
+            if metric.gate is not None and all(models[m]["metrics"][metric.name]["seed_bootstrap"]["mean"]
+                                               < metric.gate for m in (a, b)):
+                comparison["below_gate"] = metric.gate  # a lead between two models the lab attributes nothing in
+            comparisons.append(comparison)
+            found[(a, b, metric.name)] = comparison, diff, test, metric.higher
+    family = [(c.a, c.b, name) for c in study.claims for name in c.metrics]
+    adjusted = holm([found[k][2].p if k in found and found[k][1].n >= MIN_SEEDS else 1.0 for k in family])
+    for key, p in zip(family, adjusted):
+        if key in found:
+            comparison, diff, _, higher = found[key]
+            comparison.update(claim=True, holm_p=_round(p), **decide(diff, p, higher))
+    return comparisons, [{"a": a, "b": b, "metric": name} for a, b, name in family if (a, b, name) not in found]
+
+
+def decide(diff: Estimate, holm_p: float, higher: bool) -> dict[str, Any]:
+    """Whether a claim is decided, and for whom: over at least ``MIN_SEEDS`` paired seeds, its Holm-adjusted p
+    below ``ALPHA`` and its two-level interval ``diff`` excluding zero (``a_better`` None when not decided)."""
+    decided = diff.n >= MIN_SEEDS and holm_p < ALPHA and (diff.low > 0 or diff.high < 0)
+    return {"decided": bool(decided), "a_better": ((diff.mean > 0) == higher) if decided else None}
 
 
 def _verdict(c: dict[str, Any]) -> str:
-    if c["resolved"]:
+    if not c["claim"]:
+        return "exploratory"
+    if c["decided"]:
         better = f"{c['a'] if c['a_better'] else c['b']} better"
         return better + (f" (both below the lab's {c['below_gate']:g} recall gate)" if "below_gate" in c else "")
     if not c["enough_seeds"]:
         return f"not decided (fewer than {MIN_SEEDS} seeds)"
-    return "not resolved"
+    if c["holm_p"] is not None and c["holm_p"] < ALPHA:
+        return "not decided (the test set's interval holds 0)"
+    return "not decided"
 
 
 def _fmt(x: float | None) -> str:
@@ -259,19 +328,67 @@ def markdown(tables: dict[str, Any]) -> str:
             cells = [_interval(row["seeds"][s]) if s in row["seeds"] else "–" for s in seeds]
             lines.append(f"| {model} | {_interval(row['seed_bootstrap'])} | " + " | ".join(cells) + " |")
         lines.append("")
-    if tables["comparisons"]:
-        lines += ["## Paired comparisons", "", "A - B over the seeds both have, two-level bootstrap 95% CI (seeds "
-                  "paired, test items paired). Resolved: the interval excludes 0 over at least "
-                  f"{MIN_SEEDS} seeds." + (" A recall lead between two models whose means are both below the memory "
-                  f"lab's clean-recall gate ({CLEAN_RECALL_GATE:g}; chance 0.25) says so: the lab attributes nothing "
-                  "in either." if any("below_gate" in c for c in tables["comparisons"]) else ""), "",
-                  "| A | B | metric | A - B [CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
-        for c in tables["comparisons"]:
-            verdict = _verdict(c)
-            lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | "
-                         f"{c['difference']['n']} | {verdict} |")
-        lines.append("")
+    if tables["comparisons"] or tables.get("claims_not_measured"):
+        lines += _comparison_sections(tables)
     return "\n".join(lines)
+
+
+def _fmt_p(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def _t_cell(test: dict[str, Any]) -> str:
+    if test["p"] is None:
+        return "–"
+    t = "±inf" if test["t"] is None else _fmt(test["t"])
+    return f"{test['name']} t({test['df']}) = {t}"
+
+
+def _comparison_sections(tables: dict[str, Any]) -> list[str]:
+    """The claims (decided by the rule of the module docstring) and the exploratory comparisons."""
+    comparisons = tables["comparisons"]
+    claims, exploratory = [c for c in comparisons if c["claim"]], [c for c in comparisons if not c["claim"]]
+    family = len(claims) + len(tables.get("claims_not_measured", []))
+    resamples = tables.get("test_resamples")
+    lines = ["## Claims", ""]
+    if family:
+        lines += [f"The comparisons the study file declares as its claims (`claims:`), {family} claimed metrics "
+                  "in all. A - B over the seeds both have, with a two-level bootstrap 95% CI (seeds paired, then test "
+                  "items paired within each seed); a two-sided paired t-test over the seeds (df = seeds - 1) with its "
+                  f"95% CI of the mean; p Holm-corrected over the {family} claimed metrics. Decided: at least "
+                  f"{MIN_SEEDS} seeds, Holm p < {ALPHA:g} and the two-level CI excludes 0. Sign-flip p is the exact "
+                  "permutation test over the same seeds, which assumes no normality but cannot go below 2 / 2^seeds "
+                  "(0.25 at 3 seeds, 0.0625 at 5): a verdict at fewer than 6 seeds rests on the t-test's assumption "
+                  "that the seeds' differences scatter normally." + (
+                      f" A recall lead between two models whose means are both below the memory lab's clean-recall "
+                      f"gate ({CLEAN_RECALL_GATE:g}; chance 0.25) says so: the lab attributes nothing in either."
+                      if any("below_gate" in c for c in claims) else ""), "",
+                  "| A | B | metric | A - B [CI] | seeds | test | t 95% CI | p | Holm p | sign-flip p | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in claims:
+            test = c["test"]
+            lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | "
+                         f"{c['difference']['n']} | {_t_cell(test)} | [{_fmt(test['low'])}, {_fmt(test['high'])}] | "
+                         f"{_fmt_p(test['p'])} | {_fmt_p(c['holm_p'])} | {_fmt_p(test['sign_flip_p'])} | "
+                         f"{_verdict(c)} |")
+        lines += [f"| {c['a']} | {c['b']} | {c['metric']} | – | 0 | – | – | – | – | – | not measured |"
+                  for c in tables.get("claims_not_measured", [])]
+        lines.append("")
+    else:
+        lines += ["The study file declares no claims (`claims:`): no comparison is decided.", ""]
+    if exploratory:
+        lines += ["## Exploratory comparisons", "", "The other compared pairs and metrics: A - B over the seeds both "
+                  "have, two-level bootstrap 95% CI (seeds paired, then test items paired within each seed), and the "
+                  "paired t-test's p uncorrected for the many comparisons. Shown, never decided.", "",
+                  "| A | B | metric | A - B [CI] | seeds | p, uncorrected |", "|---|---|---|---|---|---|"]
+        lines += [f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | {c['difference']['n']} | "
+                  f"{_fmt_p(c['test']['p'])} |" for c in exploratory]
+        lines.append("")
+    if resamples == "windows":
+        lines += ["The test perplexity's items resample test windows: these records predate windows naming their "
+                  "document, so the intervals of `test_loss` and `test_ppl` leave out that windows of one document "
+                  "move together and are too narrow (a new evaluation records documents).", ""]
+    return lines
 
 
 def write_tables(study: Study, out: str | Path, figures: bool = True) -> Path:
