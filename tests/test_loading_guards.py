@@ -98,6 +98,9 @@ def test_linmem_folders_record_their_architecture_and_load(tmp_path):
     assert record["mixer"] == "rla" and "backend" not in record
     model, _ = load_weights(folder)
     assert model.config.mixer == "rla"
+    for again in range(4):  # the same model gives the same bytes (the zoo reuses evaluations by SHA-256)
+        same = save_recorded(tmp_path / f"again-{again}", mixer="rla")
+        assert (same / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
 
 
 def test_folders_without_a_record_still_load(tmp_path):
@@ -149,6 +152,25 @@ def test_a_linmem_config_over_fla_weights_is_one_line(tmp_path, capsys):
                           ).save_pretrained(folder)
     shutil.copy(linmem.zoo.path(ZOO_MODEL) / "config.json", folder / "config.json")
     assert "the weights do not fit its config.json" in eval_error(folder, tmp_path, capsys)
+
+
+def test_an_fla_conversion_records_its_architecture_with_the_tensors_unchanged(tmp_path):
+    models = pytest.importorskip("fla.models", exc_type=ImportError)
+    from linmem.models import convert_fla_checkpoint
+    from linmem.models.fla_import import read_safetensors
+
+    source, converted = tmp_path / "fla", tmp_path / "converted"
+    torch.manual_seed(0)
+    models.GatedDeltaNetForCausalLM(models.GatedDeltaNetConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1,
+                                                               num_heads=2, head_dim=8)).save_pretrained(source)
+    convert_fla_checkpoint(source, converted)
+    with safe_open(str(converted / "model.safetensors"), framework="pt") as weights:
+        assert json.loads(weights.metadata()[ARCHITECTURE_KEY])["mixer"] == "gdn"
+    model, _ = load_weights(converted)
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in read_safetensors(source).items())
+    edit_config(converted, mixer="rdn")
+    with pytest.raises(ValueError, match=r"mixer 'gdn' in the header of model\.safetensors, 'rdn' in config\.json"):
+        load_weights(converted)
 
 
 def test_a_weights_write_cut_short_is_an_os_error_naming_the_file(tmp_path, monkeypatch):

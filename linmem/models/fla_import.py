@@ -354,10 +354,12 @@ def convert_fla_checkpoint(
     ``import linmem``. Tokenizer files next to the FLA weights are copied along. Returns ``output_dir``, which must
     be new, empty or an earlier conversion's unless ``overwrite`` (``linmem.io.folders.prepare_output_folder``)."""
     from linmem.io.folders import prepare_output_folder
+    from linmem.models.loading import record_architecture
 
     output_dir = prepare_output_folder(output_dir, overwrite=overwrite, kind="convert")
     model = load_fla_checkpoint(path, dtype=dtype, allow_unknown_fields=allow_unknown_fields)
     model.save_pretrained(output_dir)
+    record_architecture(output_dir, model.config)  # the loader checks config.json against it
     for name in _TOKENIZER_FILES:
         source = Path(path) / name
         if source.is_file() and not (output_dir / name).exists():

@@ -7,15 +7,15 @@ supported ones. Missing, unexpected or differently shaped weights are refused wi
 initialised). Weights are read from safetensors only. A folder with a SHA-256 manifest (``manifest.json``, see
 ``linmem.io.manifest``) is verified first, so a damaged file is named as damaged. Nothing here touches the network.
 
-A linmem weights file records the architecture it was saved as: ``save_weights`` (``linmem train``, ``export``,
-``zoo ship``) and ``LinMemForCausalLM.save_pretrained`` put ``architecture_record`` (every config field that
-changes what the weights compute, such as ``mixer``, ``residual_target``, ``gamma``) under the key
-``linmem_architecture`` of the safetensors header metadata. Before any memory is allocated, a linmem folder's
-``config.json`` is checked against that record, and the tensor names and shapes of the header against the model the
-config describes (built on the meta device), so neither an edited ``config.json`` (RLA weights loading as RDN) nor
-an absurd size (a vocabulary of 10^12) gets further than one line naming both sides. A folder saved without the
-record (the shipped zoo) falls back on its ``eval.json``, whose ``model_config`` names the weights by SHA-256; a
-folder with neither loads on names and shapes alone.
+A linmem weights file records the architecture it was saved as: ``save_weights`` (every folder ``linmem train``,
+``export`` and ``zoo ship`` write) puts ``architecture_record`` (every config field that changes what the weights
+compute, such as ``mixer``, ``residual_target``, ``gamma``) under the key ``linmem_architecture`` of the safetensors
+header metadata, and ``record_architecture`` adds it to a folder ``save_pretrained`` wrote (FLA conversion does).
+Before any memory is allocated, a linmem folder's ``config.json`` is checked against that record, and the tensor
+names and shapes of the header against the model the config describes (built on the meta device), so neither an
+edited ``config.json`` (RLA weights loading as RDN) nor an absurd size (a vocabulary of 10^12) gets further than one
+line naming both sides. A folder saved without the record (the shipped zoo) falls back on its ``eval.json``, whose
+``model_config`` names the weights by SHA-256; a folder with neither loads on names and shapes alone.
 """
 
 from __future__ import annotations
@@ -139,12 +139,14 @@ def weights_metadata(config) -> dict[str, str]:
 def save_weights(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, config) -> None:
     """Write ``tensors`` to the safetensors file ``path`` with ``weights_metadata(config)``, then read its header
     back: a write the disk cut short (full, or failing) raises ``OSError`` naming the file instead of leaving a
-    truncated file to be found at the next load."""
+    truncated file to be found at the next load. The same tensors and config always give the same bytes (safetensors
+    writes a metadata table of several keys in a random order, so the record is added to its header afterwards)."""
     try:
-        save_file(dict(tensors), str(path), metadata=weights_metadata(config))
+        save_file(dict(tensors), str(path), metadata={"format": "pt"})
+        _rewrite_header_metadata(Path(path), weights_metadata(config))
         with safe_open(str(path), framework="pt"):
             pass
-    except SafetensorError as error:
+    except (SafetensorError, ValueError, struct.error) as error:
         raise OSError(f"{path}: the weights could not be written completely ({error}); check the free space and "
                       f"the folder, then save again") from None
 
