@@ -175,15 +175,17 @@ def test_a_failed_run_removes_the_folder_it_made_and_only_it(tmp_path):
 
 
 def test_path_errors_answer_before_torch_is_imported(tmp_path):
-    model = model_folder(tmp_path)
-    (tmp_path / "file").write_text("x")
+    model, filler = model_folder(tmp_path), tmp_path / "filler.txt"
+    for path in (tmp_path / "file", filler):
+        path.write_text("some text " * 50)
     out = users_folder(tmp_path, results_json="mine")
+    probe = ["--sources", str(filler)]  # a small filler text: the built-in ones take seconds to open
     cases = [["eval", str(tmp_path / "absent")], ["probe", str(tmp_path / "absent"), "--out", str(tmp_path / "p")],
              ["eval", "zoo:no-such-model", "--out", str(tmp_path / "e")],
-             ["probe", "zoo:no-such-model", "--out", str(tmp_path / "p")],
+             ["probe", "zoo:no-such-model", "--out", str(tmp_path / "p"), *probe],
              ["eval", str(model), "--out", str(tmp_path / "file")],
-             ["probe", str(model), "--out", str(tmp_path / "file"), "--sources", "stdlib"],
-             ["eval", str(model), "--out", str(out)], ["probe", str(model), "--out", str(out), "--sources", "stdlib"],
+             ["probe", str(model), "--out", str(tmp_path / "file"), *probe],
+             ["eval", str(model), "--out", str(out)], ["probe", str(model), "--out", str(out), *probe],
              ["demo", "--out", str(tmp_path / "file")]]
     script = ("import json, sys\nsys.argv[0] = 'linmem'  # as the console command starts\n"
               "from linmem.cli import main\n"
