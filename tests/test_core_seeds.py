@@ -1,0 +1,58 @@
+"""The core-seeds studies (configs/study/core-seeds*.yaml): the 8-seed comparison trains and evaluates as rla-paper
+does, so that rla-paper's seeds of a model count there at that model's zoo rate; the rate bracket holds each of its
+models at half, the same and double the zoo rate under the same recipe, on seeds the comparison does not use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from linmem.study.definition import load_study, resolve_model
+
+STUDIES = Path(__file__).resolve().parents[1] / "configs" / "study"
+BRACKET = {"half-lr": 0.5, "zoo-lr": 1.0, "double-lr": 2.0}
+
+
+@pytest.fixture(scope="module")
+def studies():
+    return {name: load_study(STUDIES / f"{name}.yaml") for name in ("core-seeds", "core-seeds-lr", "rla-paper")}
+
+
+def test_core_seeds_trains_and_evaluates_as_rla_paper(studies):
+    core, paper = studies["core-seeds"], studies["rla-paper"]
+    assert len(core.seeds) >= 8
+    assert core.recipe_config.to_dict() == paper.recipe_config.to_dict()
+    assert core.eval_record() == paper.eval_record()
+    shared = [m for m in core.model_names if m in paper.model_names]
+    assert len(shared) == 12
+    for name in shared:
+        assert resolve_model(core, core.model(name), 0).model == resolve_model(paper, paper.model(name), 0).model
+
+
+def test_core_seeds_lr_brackets_each_model_around_its_zoo_rate(studies):
+    core, race = studies["core-seeds"], studies["core-seeds-lr"]
+    assert race.recipe_config.to_dict() == core.recipe_config.to_dict()
+    assert not set(race.seeds) & set(core.seeds)
+    for model in core.models:
+        chosen = resolve_model(core, model, 0)
+        rates = {}
+        for suffix, factor in BRACKET.items():
+            config = resolve_model(race, race.model(f"{model.name}-{suffix}"), race.seeds[0])
+            assert config.model == chosen.model
+            assert config.optim.min_lr == pytest.approx(config.optim.lr / 10)
+            rates[factor] = config.optim.lr
+        assert rates[0.5] == pytest.approx(rates[1.0] / 2) and rates[2.0] == pytest.approx(rates[1.0] * 2)
+        assert any(chosen.optim.lr == pytest.approx(rate) for rate in rates.values())  # a rate of the bracket
+    assert len(race.models) == len(BRACKET) * len(core.models)
+
+
+def test_gdn_wide_holds_as_many_state_numbers_as_rdn(studies):
+    core = studies["core-seeds"]
+
+    def state_numbers(name: str) -> float:
+        model = resolve_model(core, core.model(name), 0).model
+        memories = 2 if model["mixer"] in ("rdn", "rla") else 1  # the base state S and the residual state R
+        return memories * model["num_heads"] * model["head_dim"] ** 2 * model["expand_v"]
+
+    assert state_numbers("gdn-wide") == state_numbers("rdn") == 2 * state_numbers("gdn")
