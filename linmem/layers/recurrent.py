@@ -23,6 +23,9 @@ for the next tokens. A hook may also edit the tensor in place (``out.mul_(0)``, 
 autograd: the points whose tensor autograd could not follow through an in-place edit (β and γ, which their sigmoid
 keeps for its backward; the read-out and the states, views of buffers made inside the op's autograd Functions) get a
 tensor of their own when gradients are recorded (``editable``).
+
+A point costs nothing while no hook is on it (``HookPoint.is_hooked``): no copy is made for it, and without a cache
+and a hook on ``hook_state`` / ``hook_residual_state`` the op is not asked for its final states at all.
 """
 
 from __future__ import annotations
@@ -147,9 +150,9 @@ class RecurrentMixer(nn.Module):
         if cu_seqlens is not None and cache is not None:
             raise ValueError("cu_seqlens: packed sequences run from zero states and keep none; pass cache=None")
         q, k, v, g = self.hook_q(q), self.hook_k(k), self.hook_v(v), self.hook_g(g)
-        beta = self.hook_beta(editable(beta))
+        beta = self._through(self.hook_beta, beta)
         if self.memory.residual:
-            gamma = self.hook_gamma(editable(gamma))
+            gamma = self._through(self.hook_gamma, gamma)
         state = None if cache is None else cache.memory_state(self.memory.residual)
         if cache is not None and q.shape[1] == 1:  # decoding: one step of the recurrence
             o, final = linear_memory_step(
@@ -159,15 +162,27 @@ class RecurrentMixer(nn.Module):
             o = o.unsqueeze(1)
         else:
             o, final = linear_memory(q, k, v, g, beta, gamma, memory=self.memory, initial_state=state,
-                                     output_final_state=True, backend=self.backend, cu_seqlens=cu_seqlens)
-        self._keep_state(final, cache, q.shape[1])
-        return self.hook_readout(editable(o, views_only=True))
+                                     output_final_state=self._wants_final_state(cache), backend=self.backend,
+                                     cu_seqlens=cu_seqlens)
+        if final is not None:
+            self._keep_state(final, cache, q.shape[1])
+        return self._through(self.hook_readout, o, views_only=True)
+
+    @staticmethod
+    def _through(point: HookPoint, x: torch.Tensor, views_only: bool = False) -> torch.Tensor:
+        """``point(x)``, with ``x`` first made ``editable`` only where a hook on the point could edit it in place."""
+        return point(editable(x, views_only) if point.is_hooked else x)
+
+    def _wants_final_state(self, cache: RecurrentLayerCache | None) -> bool:
+        """Whether anything reads the final states: a cache to continue from them, or a hook on a state point."""
+        hooked = self.hook_state.is_hooked or (self.memory.residual and self.hook_residual_state.is_hooked)
+        return cache is not None or hooked
 
     def _keep_state(self, final, cache: RecurrentLayerCache | None, length: int) -> None:
         base, resid = final if self.memory.residual else (final, None)
-        base = self.hook_state(editable(base))
+        base = self._through(self.hook_state, base)
         if self.memory.residual:
-            resid = self.hook_residual_state(editable(resid))
+            resid = self._through(self.hook_residual_state, resid)
         if cache is not None:
             cache.base_state, cache.residual_state = base, resid
             cache.seen_tokens += length

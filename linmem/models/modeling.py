@@ -17,6 +17,7 @@ RoPE positions restart at 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,7 @@ from linmem.layers.gated_memory import (
     mamba2_decay_init,
 )
 from linmem.layers.gla import GatedLinearAttention
+from linmem.layers.hooks import HookFn, Names, attached, caching, hook_points
 from linmem.layers.mlp import SwiGLU
 from linmem.layers.moe import Experts, SparseMoE
 from linmem.layers.norm import GatedRMSNorm, RMSNorm
@@ -215,6 +217,28 @@ class LinMemPreTrainedModel(PreTrainedModel):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model builds its own LinMemCache
+
+    def hook_names(self) -> list[str]:
+        """Every hook point's name, its module path (``model.layers.3.attn.hook_state`` in a
+        ``LinMemForCausalLM``), layer by layer (``linmem.layers.hooks``)."""
+        return list(hook_points(self))
+
+    def run_with_cache(self, *args, names: Names = None, **kwargs) -> tuple[object, dict[str, torch.Tensor]]:
+        """``(outputs, {name: tensor})``: the model's forward on ``args`` / ``kwargs`` and the tensor each hook point
+        that ``names`` selects carried in it (None: every point; a name, a glob like ``"*.hook_state"``, a dotted
+        prefix like ``"model.layers.3"``, a list of those, or a predicate on the name). The tensors keep their
+        autograd graph. An unknown name is a ``ValueError`` listing close matches."""
+        with caching(self, names) as cache:
+            outputs = self(*args, **kwargs)
+        return outputs, cache
+
+    def run_with_hooks(self, *args, hooks: Sequence[tuple[Names, HookFn]] = (), **kwargs) -> object:
+        """The model's forward on ``args`` / ``kwargs`` with ``hooks``, ``(names, fn)`` pairs, on the hook points:
+        ``fn(tensor, name)`` returns the tensor that replaces the point's for the rest of the run, or None to keep
+        it (edited in place or not). ``names`` selects points as in ``run_with_cache``. The hooks are removed when
+        the call returns or raises."""
+        with attached(self, hooks):
+            return self(*args, **kwargs)
 
 
 def pad_attention_weights(packed: torch.Tensor, indices: torch.Tensor, batch: int, length: int) -> torch.Tensor:
