@@ -454,6 +454,7 @@ def test_every_built_in_source_is_described():
     assert all(what and licence for what, licence in builtin.DESCRIPTIONS.values())
 
 
+@pytest.mark.sources
 def test_shakespeare_by_act():
     try:
         docs = list(builtin.Shakespeare().documents())
@@ -517,6 +518,7 @@ def test_gcide_entries_cleaned_and_packed_into_documents(tmp_path):
         list(builtin.GCIDE(tmp_path / "nowhere").documents())
 
 
+@pytest.mark.sources
 def test_gcide_from_debian():
     try:
         docs = list(builtin.GCIDE().documents())
@@ -528,6 +530,7 @@ def test_gcide_from_debian():
     assert "[1913 Webster]" not in abuse and "{" not in abuse and "\\" not in abuse
 
 
+@pytest.mark.sources
 def test_bible_kjv_by_chapter():
     try:
         docs = list(builtin.BibleKJV().documents())

