@@ -200,7 +200,7 @@ def test_markdown_separates_claims_from_exploratory_comparisons():
               "comparisons": comparisons, "claims_not_measured": missing, "test_resamples": "windows"}
     text = markdown(tables)
     claims, exploratory = text.split("## Claims")[1].split("## Exploratory comparisons")
-    assert "| a | b | loss |" in claims and "paired t t(2) = " in claims and "| b better |" in claims
+    assert "| a | b | loss |" in claims and "| paired t(2) = " in claims and "| b better |" in claims
     assert "| a | b | missing | – | 0 |" in claims and "not measured" in claims
     assert "Holm-corrected over the 2 claimed metrics" in claims
     assert "| a | b | other |" in exploratory and "never decided" in exploratory

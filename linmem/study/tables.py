@@ -341,54 +341,59 @@ def _t_cell(test: dict[str, Any]) -> str:
     if test["p"] is None:
         return "–"
     t = "±inf" if test["t"] is None else _fmt(test["t"])
-    return f"{test['name']} t({test['df']}) = {t}"
+    return f"{test['name']}({test['df']}) = {t}"  # paired t(2) = 5.1
 
 
 def _comparison_sections(tables: dict[str, Any]) -> list[str]:
     """The claims (decided by the rule of the module docstring) and the exploratory comparisons."""
     comparisons = tables["comparisons"]
-    claims, exploratory = [c for c in comparisons if c["claim"]], [c for c in comparisons if not c["claim"]]
-    family = len(claims) + len(tables.get("claims_not_measured", []))
-    resamples = tables.get("test_resamples")
-    lines = ["## Claims", ""]
-    if family:
-        lines += [f"The comparisons the study file declares as its claims (`claims:`), {family} claimed metrics "
-                  "in all. A - B over the seeds both have, with a two-level bootstrap 95% CI (seeds paired, then test "
-                  "items paired within each seed); a two-sided paired t-test over the seeds (df = seeds - 1) with its "
-                  f"95% CI of the mean; p Holm-corrected over the {family} claimed metrics. Decided: at least "
-                  f"{MIN_SEEDS} seeds, Holm p < {ALPHA:g} and the two-level CI excludes 0. Sign-flip p is the exact "
-                  "permutation test over the same seeds, which assumes no normality but cannot go below 2 / 2^seeds "
-                  "(0.25 at 3 seeds, 0.0625 at 5): a verdict at fewer than 6 seeds rests on the t-test's assumption "
-                  "that the seeds' differences scatter normally." + (
-                      f" A recall lead between two models whose means are both below the memory lab's clean-recall "
-                      f"gate ({CLEAN_RECALL_GATE:g}; chance 0.25) says so: the lab attributes nothing in either."
-                      if any("below_gate" in c for c in claims) else ""), "",
-                  "| A | B | metric | A - B [CI] | seeds | test | t 95% CI | p | Holm p | sign-flip p | verdict |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for c in claims:
-            test = c["test"]
-            lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | "
-                         f"{c['difference']['n']} | {_t_cell(test)} | [{_fmt(test['low'])}, {_fmt(test['high'])}] | "
-                         f"{_fmt_p(test['p'])} | {_fmt_p(c['holm_p'])} | {_fmt_p(test['sign_flip_p'])} | "
-                         f"{_verdict(c)} |")
-        lines += [f"| {c['a']} | {c['b']} | {c['metric']} | – | 0 | – | – | – | – | – | not measured |"
-                  for c in tables.get("claims_not_measured", [])]
-        lines.append("")
-    else:
-        lines += ["The study file declares no claims (`claims:`): no comparison is decided.", ""]
-    if exploratory:
-        lines += ["## Exploratory comparisons", "", "The other compared pairs and metrics: A - B over the seeds both "
-                  "have, two-level bootstrap 95% CI (seeds paired, then test items paired within each seed), and the "
-                  "paired t-test's p uncorrected for the many comparisons. Shown, never decided.", "",
-                  "| A | B | metric | A - B [CI] | seeds | p, uncorrected |", "|---|---|---|---|---|---|"]
-        lines += [f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | {c['difference']['n']} | "
-                  f"{_fmt_p(c['test']['p'])} |" for c in exploratory]
-        lines.append("")
-    if resamples == "windows":
+    lines = _claims_section([c for c in comparisons if c["claim"]], tables.get("claims_not_measured", []))
+    lines += _exploratory_section([c for c in comparisons if not c["claim"]])
+    if tables.get("test_resamples") == "windows":
         lines += ["The test perplexity's items resample test windows: these records predate windows naming their "
                   "document, so the intervals of `test_loss` and `test_ppl` leave out that windows of one document "
                   "move together and are too narrow (a new evaluation records documents).", ""]
     return lines
+
+
+def _claims_section(claims: list[dict[str, Any]], not_measured: list[dict[str, str]]) -> list[str]:
+    family = len(claims) + len(not_measured)
+    if not family:
+        return ["## Claims", "", "The study file declares no claims (`claims:`): no comparison is decided.", ""]
+    gate = (f" A recall lead between two models whose means are both below the memory lab's clean-recall gate "
+            f"({CLEAN_RECALL_GATE:g}; chance 0.25) says so: the lab attributes nothing in either."
+            if any("below_gate" in c for c in claims) else "")
+    lines = ["## Claims", "",
+             f"The comparisons the study file declares as its claims (`claims:`), {family} claimed metrics in all. "
+             "A - B over the seeds both have, with a two-level bootstrap 95% CI (seeds paired, then test items paired "
+             "within each seed); a two-sided paired t-test over the seeds (df = seeds - 1) with its 95% CI of the "
+             f"mean; p Holm-corrected over the {family} claimed metrics. Decided: at least {MIN_SEEDS} seeds, Holm "
+             f"p < {ALPHA:g} and the two-level CI excludes 0. Sign-flip p is the exact permutation test over the same "
+             "seeds, which assumes no normality but cannot go below 2 / 2^seeds (0.25 at 3 seeds, 0.0625 at 5): a "
+             "verdict at fewer than 6 seeds rests on the t-test's assumption that the seeds' differences scatter "
+             "normally." + gate, "",
+             "| A | B | metric | A - B [CI] | seeds | test | t 95% CI | p | Holm p | sign-flip p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in claims:
+        test = c["test"]
+        lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | "
+                     f"{c['difference']['n']} | {_t_cell(test)} | [{_fmt(test['low'])}, {_fmt(test['high'])}] | "
+                     f"{_fmt_p(test['p'])} | {_fmt_p(c['holm_p'])} | {_fmt_p(test['sign_flip_p'])} | {_verdict(c)} |")
+    lines += [f"| {c['a']} | {c['b']} | {c['metric']} | – | 0 | – | – | – | – | – | not measured |"
+              for c in not_measured]
+    return lines + [""]
+
+
+def _exploratory_section(exploratory: list[dict[str, Any]]) -> list[str]:
+    if not exploratory:
+        return []
+    lines = ["## Exploratory comparisons", "", "The other compared pairs and metrics: A - B over the seeds both have, "
+             "two-level bootstrap 95% CI (seeds paired, then test items paired within each seed), and the paired "
+             "t-test's p uncorrected for the many comparisons. Shown, never decided.", "",
+             "| A | B | metric | A - B [CI] | seeds | p, uncorrected |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['a']} | {c['b']} | {c['metric']} | {_interval(c['difference'])} | {c['difference']['n']} | "
+              f"{_fmt_p(c['test']['p'])} |" for c in exploratory]
+    return lines + [""]
 
 
 def write_tables(study: Study, out: str | Path, figures: bool = True) -> Path:
