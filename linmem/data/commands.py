@@ -31,12 +31,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--min-frequency", type=int, default=2, help="min pair count for a BPE merge (2)")
     build.add_argument("--out", required=True, type=Path, help="dataset folder to write")
     build.add_argument("--overwrite", action="store_true",
-                       help="write into a non-empty --out that linmem data did not make (its other files are kept)")
+                       help="write into a non-empty --out that linmem data did not make (its other files are "
+                            "kept; a file of a name the build writes that linmem did not write is refused)")
     build.add_argument("--splits", default="0.98,0.01,0.01", help="train,validation,test fractions of documents")
     build.add_argument("--text-field", default="text", help="text field of JSONL / parquet / datasets rows (text)")
     build.add_argument("--id-field", default=None, help="id field of rows (default: the row number)")
     build.add_argument("--eos-token", default=None, help="end-of-text token of a given tokenizer (auto)")
     build.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard (16M)")
+    build.add_argument("--skip-unreadable", action="store_true",
+                       help="leave out text files that are binary (NUL bytes) or not UTF-8, each named in a warning "
+                            "and in the data card (default: such a file stops the build)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     build.set_defaults(func=run_build)
     info = sub.add_parser("info", help="summarize a dataset folder",
@@ -74,7 +78,8 @@ def run_build(args: argparse.Namespace) -> int:
     prepare_output_folder(args.out, overwrite=args.overwrite, kind="data")
     options = BuildOptions(tokenizer=args.tokenizer, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
                            fractions=SplitFractions.parse(args.splits), shard_tokens=args.shard_tokens,
-                           eos_token=args.eos_token, progress=not args.no_progress)
+                           eos_token=args.eos_token, progress=not args.no_progress,
+                           skip_unreadable=args.skip_unreadable)
     card = build_dataset(sources, args.out, options, source_specs=specs)
     print(f"wrote {args.out} in {card['build_seconds']:.1f} s")
     print(_summary(card))
@@ -95,6 +100,8 @@ def _summary(card: dict) -> str:
     lines.append(_table(header, rows))
     if card.get("skipped_empty_documents"):
         lines.append(f"skipped {card['skipped_empty_documents']:,} empty documents")
+    if card.get("skipped_unreadable_files"):
+        lines.append(f"left out {len(card['skipped_unreadable_files']):,} unreadable files (binary or not UTF-8)")
     return "\n".join(lines)
 
 
