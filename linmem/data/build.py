@@ -222,6 +222,7 @@ class SplitWriters:
         self.source_names: list[str] = []
         self.seen: dict[str, str] = {}
         self.counts = _count_tree()
+        self.split, self.tokens, self.chars = "", 0, 0  # of the document being written
 
     def add(self, piece: Piece) -> None:
         """Append ``piece`` to its document's split (starting the document at its first piece)."""

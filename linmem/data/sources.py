@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
-PIECE_CHARS = 1 << 16  # characters per tokenized piece of a document: bounds the tokenizer's memory per piece
+PIECE_CHARS = 1 << 14  # characters per tokenized piece of a document: bounds the tokenizer's memory per piece
 _LAST_CUT = re.compile(r"[\s\S]*\s(?=\S)")  # up to the last whitespace character that precedes a non-whitespace one
 
 
