@@ -78,10 +78,10 @@ def assert_close(name, got, want, tol):
     assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
 
 
-def compare(inputs, residual, dtype=torch.float32, tol=TOL, **options):
+def compare(inputs, residual, dtype=torch.float32, tol=TOL, backend="triton", **options):
     reference_inputs = {n: t.to(dtype).double() if n in ("q", "k", "v") else t for n, t in inputs.items()}
     o_ref, finals_ref, grads_ref = run("reference", reference_inputs, torch.float64, residual, **options)
-    o, finals, grads = run("triton", inputs, dtype, residual, **options)
+    o, finals, grads = run(backend, inputs, dtype, residual, **options)
     assert o.dtype == dtype
     assert_close("o", o, o_ref, tol)
     for i, (got, want) in enumerate(zip(finals, finals_ref)):
@@ -253,16 +253,15 @@ def test_per_key_decay_wide_launch(monkeypatch):
 
 def test_per_key_decay_values_wider_than_the_chunk_kernels_take(monkeypatch):
     """GLA's memory with V = 300 (over MAX_WIDTH; FLA's GLA-1.3B has V = 512) runs on its own kernels, in value
-    blocks, against float64; a key width over MAX_WIDTH still runs on the chunk backend."""
+    blocks, against float64; a key width over MAX_WIDTH is refused, naming the width."""
     from linmem.ops.triton.layout import MAX_WIDTH
 
     counted = _gla_launches(monkeypatch)
     assert 300 > MAX_WIDTH
     compare(per_key_inputs(1, 12, 1, 16, 300, seed=16), False, rule="additive")
     assert counted["forward_kernel"].grids[0][0] == 300 // 64 + 1  # BV = 1024 // 16 = 64: five blocks
-    before = len(counted["forward_kernel"].grids)
-    compare(per_key_inputs(1, 6, 1, MAX_WIDTH + 16, 8, seed=17), False, rule="additive")
-    assert len(counted["forward_kernel"].grids) == before
+    with pytest.raises(ValueError, match=f"K = {MAX_WIDTH + 16}, V = 8 wide"):
+        compare(per_key_inputs(1, 6, 1, MAX_WIDTH + 16, 8, seed=17), False, rule="additive")
 
 
 def test_per_key_decay_packed_sequences():
@@ -276,17 +275,6 @@ def test_per_key_decay_packed_sequences():
 def test_per_key_decay_half_precision():
     """bf16 q, k, v reach the kernels as they are."""
     compare(per_key_inputs(1, 40, 2, 16, 8, seed=15), False, dtype=torch.bfloat16, tol=2e-2, rule="additive")
-
-
-@pytest.mark.parametrize("options", [dict(fit_history=False), dict(per_key=True), dict(key_dim=272)])
-def test_chunk_fallbacks(options):
-    """fit_history=False, per-key-channel decay and heads wider than 256 run on the chunk backend behind
-    backend='triton'."""
-    inputs = make_inputs(1, 20, 1, options.pop("key_dim", 16), 16, seed=8)
-    if options.pop("per_key", False):
-        inputs["g"] = -0.2 * torch.rand(1, 20, 1, 16, generator=torch.Generator().manual_seed(9),
-                                        dtype=torch.float64)
-    compare(inputs, True, tol=max(TOL, 1e-5), rule="additive", **options)
 
 
 def _bench(monkeypatch):
@@ -522,12 +510,12 @@ def test_sweep_keeps_the_variant_best_for_both_rules(monkeypatch):
 
 
 def test_chunk_fallback_under_autocast():
-    """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not cover (here
-    fit_history=False) run on the chunk backend in the state dtype, autocast off, instead of letting the autocast
-    mix bf16 products into its float32 accumulators."""
+    """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not take (here
+    fit_history=False, where ``auto`` runs the chunk backend) run on the chunk backend in the state dtype, autocast
+    off, instead of letting the autocast mix bf16 products into its float32 accumulators."""
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, rule="additive",
-                fit_history=False)
+        compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, backend="chunk",
+                rule="additive", fit_history=False)
 
 
 @pytest.mark.parametrize("BK, split, shape, residual", [

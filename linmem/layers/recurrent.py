@@ -39,7 +39,6 @@ from torch import nn
 from linmem.layers.conv import ShortConvolution
 from linmem.layers.hooks import HookPoint
 from linmem.ops import MemoryConfig, linear_memory, linear_memory_step
-from linmem.ops.backend import check_backend
 
 if TYPE_CHECKING:
     from linmem.models.cache import RecurrentLayerCache
@@ -85,12 +84,12 @@ class RecurrentMixer(nn.Module):
 
     Args:
         memory: which memory the op computes (rule, residual and the ablation switches).
-        backend: the op's backend, ``"auto"`` | ``"reference"`` | ``"chunk"`` | ``"triton"``.
+        backend: the op's backend, ``"auto"`` | ``"reference"`` | ``"chunk"`` | ``"triton"``, passed to the op as
+            it is (the op checks it); a model sets it on every mixer with ``set_backend``.
     """
 
     def __init__(self, memory: MemoryConfig, backend: str = "auto", layer_idx: int | None = None):
         super().__init__()
-        check_backend(backend)
         self.memory = memory
         self.backend = backend
         self.layer_idx = layer_idx

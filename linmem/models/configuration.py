@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from transformers import PretrainedConfig
+from transformers.utils import logging
 
 from linmem.ops.backend import check_backend
 from linmem.ops.config import RESIDUAL_TARGETS, check_gamma_mode, head_value_dim
+
+logger = logging.get_logger(__name__)
 
 MIXERS = ("sgla", "gla", "gdn", "rla", "rdn")
 NORM_PLACEMENTS = ("pre", "post")
@@ -51,7 +55,13 @@ class LinMemConfig(PretrainedConfig):
 
     Memory switches (docs/math.md): ``residual_target`` (``"clip"`` | ``"tanh"`` | ``"identity"``), ``clip``,
     ``fit_history``, ``output_gates`` (RLA/RDN only) and ``gamma`` (``"independent"`` | ``"tied"``: γ = β).
-    ``use_short_conv``, ``conv_size``, ``conv_bias``: the q/k/v short convolutions. ``backend``: the op's backend.
+    ``use_short_conv``, ``conv_size``, ``conv_bias``: the q/k/v short convolutions.
+
+    ``backend`` (``linmem.ops.BACKENDS``) is a run-time choice, not part of the model: the backend a model built from
+    this config starts on (``model.set_backend`` changes it). It is never written to ``config.json``, and one found
+    in a ``config.json`` is not used: the model loads on ``"auto"``, or on the backend given to
+    ``from_pretrained(..., backend=...)``, since the machine that saved a model says nothing about the one that runs
+    it.
 
     Invalid values raise ``ValueError`` when the config is built.
     """
@@ -145,9 +155,30 @@ class LinMemConfig(PretrainedConfig):
                                                                             shared_expert_intermediate_size)
         self.norm_topk_prob = norm_topk_prob
         self.moe_layers = None if moe_layers is None else list(moe_layers)
+        check_backend(backend)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.validate_architecture()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> LinMemConfig | tuple[LinMemConfig, dict[str, Any]]:
+        """``PretrainedConfig.from_dict`` without the ``backend`` an older save recorded (a warning says so when it
+        was not ``"auto"``); a ``backend`` in ``kwargs`` (``from_pretrained(path, backend="chunk")``) is checked like
+        one given to ``__init__``."""
+        saved = config_dict.get("backend", "auto")
+        config_dict = {name: value for name, value in config_dict.items() if name != "backend"}
+        if "backend" in kwargs:
+            config_dict["backend"] = kwargs.pop("backend")
+        elif saved != "auto":
+            logger.warning(f"config.json's backend {saved!r} is not used: the backend is chosen when a model runs "
+                           f"(--backend, from_pretrained(..., backend=...) or model.set_backend); running on 'auto'")
+        return super().from_dict(config_dict, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The saved fields (``config.json``): every field but the run-time ``backend``."""
+        fields = super().to_dict()
+        fields.pop("backend", None)
+        return fields
 
     def validate_architecture(self) -> None:
         """Raise ``ValueError`` naming the field for any value the model cannot be built with (run at the end of
@@ -159,7 +190,6 @@ class LinMemConfig(PretrainedConfig):
         _check_choice("mixer", self.mixer, MIXERS)
         check_gamma_mode(self.gamma)
         _check_choice("residual_target", self.residual_target, RESIDUAL_TARGETS)
-        check_backend(self.backend)
         head_value_dim(self.head_dim, self.expand_v)
         if not self.clip > 0:
             raise ValueError(f"clip must be > 0; got {self.clip}")

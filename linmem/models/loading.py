@@ -78,10 +78,11 @@ def verify_model_folder(folder: Path) -> None:
         verify_manifest(folder)
 
 
-def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Path]:
+def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 backend: str = "auto") -> tuple[nn.Module, Path]:
     """``(model, folder)``: the model ``spec`` names (see ``resolve_model_folder``) as ``dtype`` on ``device``, in
-    eval mode, loaded strictly by its ``model_type``'s loader after the manifest check."""
+    eval mode, loaded strictly by its ``model_type``'s loader after the manifest check, its mixers on the op backend
+    ``backend`` (``model.set_backend``; a backend in ``config.json`` is not used)."""
     folder = resolve_model_folder(spec)
     kind = model_type(folder)
     loader = MODEL_TYPE_LOADERS.get(kind)
@@ -89,16 +90,18 @@ def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
         raise ValueError(f"{folder}: model type {kind!r} is not supported; linmem loads {supported()}")
     verify_model_folder(folder)
     try:
-        return loader(folder, dtype, pick_device(device)).eval(), folder
+        model = loader(folder, dtype, pick_device(device))
     except SafetensorError as error:  # a weights file cut short after its header was read
         raise ValueError(f"{folder}: a weights file is not complete safetensors ({error}); it is truncated or "
                          f"damaged: copy or save it again") from None
+    return model.set_backend(backend).eval(), folder
 
 
-def open_model(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+def open_model(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               backend: str = "auto"):
     """``(model, tokenizer, folder)``: ``load_weights`` plus the folder's ``tokenizer.json`` as a
     ``tokenizers.Tokenizer`` (``FileNotFoundError`` naming the folder when it has none)."""
-    model, folder = load_weights(spec, device=device, dtype=dtype)
+    model, folder = load_weights(spec, device=device, dtype=dtype, backend=backend)
     return model, load_tokenizer(folder), folder
 
 

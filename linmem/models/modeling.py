@@ -46,8 +46,10 @@ from linmem.layers.mlp import SwiGLU
 from linmem.layers.moe import Experts, SparseMoE
 from linmem.layers.norm import GatedRMSNorm, RMSNorm
 from linmem.layers.packing import pad, sequence_positions, unpad
+from linmem.layers.recurrent import RecurrentMixer
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
+from linmem.ops.backend import check_backend
 
 logger = logging.get_logger(__name__)
 
@@ -213,6 +215,17 @@ class LinMemPreTrainedModel(PreTrainedModel):
             A_log, dt_bias = mamba2_decay_init(module.A_log.shape[0], module.A_log.device)
             init.copy_(module.A_log, A_log)
             init.copy_(module.dt_bias, dt_bias)
+
+    def set_backend(self, backend: str) -> LinMemPreTrainedModel:
+        """Run every linear-memory mixer on ``backend`` (one of ``linmem.ops.BACKENDS``, checked here) from the next
+        forward on, and record it in ``config.backend``; a run-time choice that nothing saved keeps. Returns the
+        model."""
+        check_backend(backend)
+        for module in self.modules():
+            if isinstance(module, RecurrentMixer):
+                module.backend = backend
+        self.config.backend = backend
+        return self
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -20,7 +20,9 @@ BACKENDS = ("auto", "reference", "chunk", "triton")
 
 
 def check_backend(backend: str) -> None:
-    """A ``ValueError`` naming the choices unless ``backend`` is one of ``BACKENDS``."""
+    """A ``ValueError`` naming the choices unless ``backend`` is one of ``BACKENDS``: the one check of a backend
+    name, called where a name is chosen (``linear_memory``'s argument, ``LinMemConfig(backend=...)``,
+    ``model.set_backend``); the mixers hold a name one of those checked."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
 
@@ -55,8 +57,8 @@ class BackendRun(Protocol):
                  config: MemoryConfig, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
 
 
-def _runs_everything(x: MemoryInputs, config: MemoryConfig) -> bool:
-    return True
+def _runs_everything(x: MemoryInputs, config: MemoryConfig) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,12 @@ class Backend:
 
     ``native_inputs``: ``run`` takes bf16 / fp16 ``q, k, v`` as they are, runs packed sequences itself
     (``packed=Packed(...)``) and manages its own precision; other backends get every input in the state dtype,
-    one packed sequence at a time, with autocast off. ``covers(x, config)``: whether ``run`` takes these inputs;
-    ``linear_memory`` runs the chunk backend for the others.
+    one packed sequence at a time, with autocast off. ``unsupported(x, config)``: None when ``run`` takes these
+    inputs, else why not, naming the input or switch (``"q is float64"``); ``linear_memory`` then runs the chunk
+    backend where ``auto`` chose this one, and refuses with that reason where the caller named it.
     """
 
     name: str
     run: BackendRun
     native_inputs: bool = False
-    covers: Callable[[MemoryInputs, MemoryConfig], bool] = _runs_everything
+    unsupported: Callable[[MemoryInputs, MemoryConfig], str | None] = _runs_everything

@@ -30,8 +30,9 @@ from linmem.ops.step import memory_step
 State = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
 # ``auto`` picks the Triton kernels on CUDA (checked against the float64 reference by ``python -m linmem.bench.kernels``
-# for every memory, dtype and switch) and ``chunk`` elsewhere; inputs the kernels do not cover
-# (``Backend.covers``: per-channel decay with a residual memory, K or V > 256) run on ``chunk``.
+# for every memory, dtype and switch) and ``chunk`` elsewhere, and ``chunk`` for inputs the kernels do not take
+# (``Backend.unsupported``: float64, per-channel decay with a residual memory, K or V > 256). A caller who names
+# ``triton`` gets the kernels or a ``ValueError`` saying why they cannot run, never another backend.
 
 
 def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
@@ -39,30 +40,38 @@ def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def triton_available(device: torch.device) -> bool:
-    """The Triton backend runs on CUDA, or on the CPU under ``TRITON_INTERPRET=1``."""
+def _resolve_backend(name: str, x: MemoryInputs, config: MemoryConfig) -> Backend:
+    """The backend ``name`` stands for on these inputs; ``triton`` named where it cannot run is a ``ValueError``."""
+    check_backend(name)
+    if name == "reference":
+        return REFERENCE
+    if name == "chunk":
+        return CHUNK
+    if name == "auto" and x.q.device.type != "cuda":
+        return CHUNK
+    why_not = _triton_unavailable(x.q.device)
+    if why_not is None:
+        from linmem.ops.triton import TRITON
+
+        why_not = TRITON.unsupported(x, config)
+        if why_not is None:
+            return TRITON
+    if name == "auto":
+        return CHUNK
+    raise ValueError(f"backend='triton' cannot run here: {why_not}; choose backend 'chunk' or 'auto' (which runs "
+                     f"the chunk backend where the kernels cannot)")
+
+
+def _triton_unavailable(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (None when they can)."""
     try:
         import linmem.ops.triton  # noqa: F401
-    except ImportError:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _resolve_backend(backend: str, device: torch.device) -> Backend:
-    check_backend(backend)
-    if backend == "auto":
-        use_triton = device.type == "cuda" and triton_available(device)
-        backend = "triton" if use_triton else "chunk"
-    if backend == "reference":
-        return REFERENCE
-    if backend == "chunk":
-        return CHUNK
-    if not triton_available(device):
-        raise ValueError("backend='triton' needs the linmem Triton kernels, triton installed and a CUDA tensor "
-                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
-    from linmem.ops.triton import TRITON
-
-    return TRITON
+    except ImportError as error:
+        return f"the Triton kernels do not import ({error}); install triton"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return (f"the tensors are on {device.type}, and the kernels run on CUDA (or on the CPU under "
+                f"TRITON_INTERPRET=1, Triton's interpreter)")
+    return None
 
 
 def _memory_config(memory: MemoryConfig | None, *switches) -> MemoryConfig:
@@ -123,7 +132,9 @@ def linear_memory(
         output_final_state: return the final state(s) (a new tensor, never ``initial_state`` itself).
         cu_seqlens: ``[N + 1]`` boundaries of N sequences packed in one row (B must be 1).
         backend: ``"reference"``, ``"chunk"``, ``"triton"`` or ``"auto"`` (triton on CUDA when triton is
-            installed, else chunk).
+            installed and the kernels take the inputs, else chunk). ``"triton"`` where the kernels cannot run (no
+            CUDA tensor without ``TRITON_INTERPRET=1``, float64, ``fit_history=False``, ...) is a ``ValueError``
+            naming why.
         state_v_first: True (default, linmem's layout): states are ``[N, H, V, K]``; False: FLA's ops' default
             ``[N, H, K, V]``, for the initial state(s) taken and the final state(s) returned. FLA's ops default to
             False, linmem to True: with K == V both layouts have the same shape, so pass it explicitly when the
@@ -149,9 +160,7 @@ def linear_memory(
     check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual)
     if use_qk_l2norm_in_kernel:
         q, k = _l2_normalize(q), _l2_normalize(k)
-    backend = _resolve_backend(backend, q.device)
-    if not backend.covers(MemoryInputs(q, k, v, g, beta, gamma), config):
-        backend = CHUNK  # inputs the Triton kernels do not take
+    backend = _resolve_backend(backend, MemoryInputs(q, k, v, g, beta, gamma), config)
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     packed = None if cu_seqlens is None else Packed(cu_seqlens, check_cu_seqlens(cu_seqlens, batch, length))

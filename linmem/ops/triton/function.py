@@ -1,4 +1,4 @@
-"""The autograd Function that chains the kernels, and ``TRITON``, the backend (``triton_forward`` and ``covers``).
+"""The autograd Function that chains the kernels, and ``TRITON``, the backend (``triton_forward`` and ``unsupported``).
 
 Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
 
@@ -339,8 +339,8 @@ class LinearMemoryFunction(torch.autograd.Function):
 def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
                    config: MemoryConfig, scale: float,
                    packed: Packed | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The ``Backend`` contract (``linmem.ops.backend``) on the fused Triton kernels, for inputs that ``covers``
-    accepts.
+    """The ``Backend`` contract (``linmem.ops.backend``) on the fused Triton kernels, for inputs ``unsupported``
+    finds nothing against.
 
     q, k, v may be bfloat16, float16 or float32 (dots in that type, states carried in float32). ``packed``
     (B == 1) runs packed sequences natively.
@@ -367,16 +367,23 @@ def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: to
     return o.reshape(batch, length, heads, value_dim), base_final, res_final
 
 
-def covers(x: MemoryInputs, config: MemoryConfig) -> bool:
-    """Whether the kernels run these inputs. Not: float64, per-key-channel decay ``g [B, T, H, K]`` with any memory
-    but the additive one without a residual (GLA's), ``fit_history=False``, head widths over ``MAX_WIDTH`` (for
-    GLA's memory only the key width: its token walk splits the value rows over programs, so FLA's GLA-1.3B heads,
-    K = 256 and V = 512, stay on the kernels); ``linear_memory`` runs the chunk backend for those."""
+def unsupported(x: MemoryInputs, config: MemoryConfig) -> str | None:
+    """None when the kernels run these inputs, else why not: float64, a per-key-channel decay ``g [B, T, H, K]``
+    with any memory but the additive one without a residual (GLA's), ``fit_history=False``, head widths over
+    ``MAX_WIDTH`` (for GLA's memory only the key width: its token walk splits the value rows over programs, so FLA's
+    GLA-1.3B heads, K = 256 and V = 512, stay on the kernels)."""
     per_key = x.g is not None and x.g.dim() == 4
     gla = config.rule == "additive" and not config.residual
-    too_wide = max(x.q.shape[-1], 0 if per_key and gla else x.v.shape[-1]) > MAX_WIDTH
-    return not (x.q.dtype == torch.float64 or (per_key and not gla) or (config.residual and not config.fit_history)
-                or too_wide)
+    key_dim, value_dim = x.q.shape[-1], x.v.shape[-1]
+    if x.q.dtype == torch.float64:
+        return "q, k and v are float64 (the kernels take float32, bfloat16 and float16)"
+    if per_key and not gla:
+        return "g is a per-key-channel decay [B, T, H, K] with a residual memory (kernels exist for GLA's memory only)"
+    if config.residual and not config.fit_history:
+        return "fit_history=False (the residual memory without fitting has no kernel)"
+    if key_dim > MAX_WIDTH or (value_dim > MAX_WIDTH and not (per_key and gla)):
+        return f"the heads are K = {key_dim}, V = {value_dim} wide (the kernels take up to {MAX_WIDTH})"
+    return None
 
 
-TRITON = Backend("triton", triton_forward, native_inputs=True, covers=covers)
+TRITON = Backend("triton", triton_forward, native_inputs=True, unsupported=unsupported)
