@@ -293,13 +293,28 @@ def head_interaction(model: nn.Module, dev_items: Sequence[Item], test_items: Se
               **bootstrap(values["edited_correct"].cpu().numpy(), batch.sources).as_dict()}
              for name, values in blocked.items()]
     interaction = next(r for r in rows if r["blocked"] == "interaction")
+    hub = next(r for r in rows if r["blocked"] == "hub" and r["metric"] == "target_margin_change")
     clean = compare(choice[0], choice[0], batch.answer)["clean_correct"]
     summary = {"hub": str(component), "secondary": str(secondary), "interaction": interaction["mean"],
-               "low": interaction["low"], "high": interaction["high"],
-               "additive": bool(interaction["low"] <= 0 <= interaction["high"]),
+               "low": interaction["low"], "high": interaction["high"], **additivity(interaction, hub),
                "clean_accuracy": bootstrap(clean.cpu().numpy(), batch.sources).as_dict()}
     summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
     return Result("head_interaction", rows, summary, plots.interaction(rows))
+
+
+ADDITIVE_TOLERANCE = 0.1  # an interaction within ±10% of the hub's own margin change counts as additive
+
+
+def additivity(interaction: dict, hub: dict, tolerance: float = ADDITIVE_TOLERANCE) -> dict:
+    """Judge the head interaction against the hub's own effect: ``additive`` when the interaction's CI lies within
+    ± ``tolerance`` × |the hub block's mean margin change| (a tight CI around a negligible interaction is additive),
+    ``interacting`` when it lies wholly outside that band; neither: the sample cannot tell. ``interaction_share``
+    is the interaction's mean over |the hub's change|."""
+    band = tolerance * abs(hub["mean"])
+    share = interaction["mean"] / abs(hub["mean"]) if hub["mean"] else float("nan")
+    return {"additive": bool(-band <= interaction["low"] and interaction["high"] <= band),
+            "interacting": bool(interaction["low"] > band or interaction["high"] < -band),
+            "additive_tolerance": tolerance, "hub_change": hub["mean"], "interaction_share": share}
 
 
 def states_at(model: nn.Module, ids: torch.Tensor, at: int, component: Component) -> torch.Tensor:

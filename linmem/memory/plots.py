@@ -17,6 +17,26 @@ def _subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6,
     return fig, fig.subplots(nrows, ncols, **options)
 
 
+LABELS = {
+    "clean_correct": "clean accuracy", "no_fact_correct": "accuracy with the fact replaced by filler",
+    "edited_correct": "accuracy when edited", "donor_answer": "donor-answer rate",
+    "qualified_donor_answer": "donor-answer rate, qualified items", "donor_margin_shift": "donor-margin shift",
+    "target_margin_change": "target-margin change", "target_margin": "target margin", "break_rate": "break rate",
+    "share_of_layer": "share of the layer's S+R swap", "normalized_donor_effect": "share of the both-caches swap",
+    "lens_accuracy": "logit-lens accuracy", "share_of_full": "share of the full swap's effect",
+    "accuracy_change": "accuracy change", "norm_share": "share of the edit's norm",
+    "num_bindings": "bindings per prompt",
+    "gap": "gap (filler tokens before the query)", "target": "target fact", "non-target": "other facts",
+    "B": "fact B", "direction": "the part itself", "gaussian": "equal-norm Gaussian",
+}
+PARTS = {"full": "all of Δ_A", "parallel": "Δ_A's part parallel to Δ_B", "orthogonal": "Δ_A's part orthogonal to Δ_B"}
+
+
+def label(value) -> str:
+    """The reader's name of a metric, field or level (the value itself when it has none)."""
+    return LABELS.get(str(value), str(value))
+
+
 def _errors(rows: list[dict]) -> np.ndarray:
     return np.array([[r["mean"] - r["low"] for r in rows], [r["high"] - r["mean"] for r in rows]])
 
@@ -43,7 +63,7 @@ def head_scan(rows: list[dict]):
 
 
 def _dot_rows(ax, rows: list[dict], label_keys: tuple[str, ...], xlabel: str) -> None:
-    labels = [" / ".join(str(r[k]) for k in label_keys) for r in rows]
+    labels = [" / ".join(label(r[k]) for k in label_keys) for r in rows]
     y = np.arange(len(rows))[::-1]
     ax.errorbar([r["mean"] for r in rows], y, xerr=_errors(rows), fmt="o", capsize=3)
     ax.axvline(0, color="gray", lw=0.8)
@@ -80,7 +100,7 @@ def four_facts(rows: list[dict]):
     rates = [r for r in rows if r["metric"] in ("donor_answer", "break_rate")]
     _dot_rows(left, rates, ("fact", "metric"), "rate")
     left.set_xlim(-0.05, 1.05)
-    parts = [r for r in rows if r.get("part")]
+    parts = [{**r, "part": PARTS.get(r["part"], r["part"])} for r in rows if r.get("part")]
     _dot_rows(right, parts, ("part", "control"), "fact B: target-margin change (logit)")
     fig.tight_layout()
     return fig
@@ -110,13 +130,13 @@ def sweep(rows: list[dict], field_name: str):
     fig, axes = _subplots(1, 3, figsize=(14, 3.5))
     panels = (("clean_correct", ("chosen",), "clean accuracy"), ("donor_margin_shift", ("chosen", "random"),
               "donor-margin shift"), ("break_rate", ("chosen", "random"), "non-target break rate"))
-    for ax, (metric, edits, label) in zip(axes, panels):
+    for ax, (metric, edits, name) in zip(axes, panels):
         for edit in edits:
             sub = [r for r in rows if r["metric"] == metric and r["edit"] == edit]
             if sub:
                 ax.errorbar([r[field_name] for r in sub], [r["mean"] for r in sub], yerr=_errors(sub), marker="o",
                             capsize=3, label=edit)
-        ax.set(xlabel=field_name, ylabel=label)
+        ax.set(xlabel=label(field_name), ylabel=name)
         if metric == "clean_correct":
             ax.axhline(0.25, color="gray", ls="--", lw=0.8)
         elif metric == "break_rate":
@@ -228,7 +248,7 @@ def subspace_transfer(rows: list[dict]):
     fig, axes = _subplots(1, 2, figsize=(10, 3.4))
     styles = {"own": ("C0", "o", "-"), "basis": ("C1", "s", "-"), "orthogonal": ("C2", "^", "-"),
               "random": ("gray", "x", "--")}
-    for ax, metric, label in zip(axes, ("donor_answer", "donor_margin_shift"),
+    for ax, metric, name in zip(axes, ("donor_answer", "donor_margin_shift"),
                                  ("donor-answer rate", "donor-margin shift (logits)")):
         for edit, (color, marker, line) in styles.items():
             sub = sorted((r for r in rows if r["edit"] == edit and r["metric"] == metric), key=lambda r: r["rank"])
@@ -236,7 +256,7 @@ def subspace_transfer(rows: list[dict]):
                 ax.errorbar([r["rank"] for r in sub], [r["mean"] for r in sub], yerr=_errors(sub), color=color,
                             marker=marker, ls=line, capsize=3, label=edit)
         ranks = sorted({r["rank"] for r in rows})
-        ax.set(xlabel="rank k (last: full)", ylabel=label, xscale="log")
+        ax.set(xlabel="rank k (last: full)", ylabel=name, xscale="log")
         ax.set_xticks(ranks, [str(k) for k in ranks])
         ax.minorticks_off()
         ax.axhline(0, color="black", lw=0.5)
