@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from linmem.backend_names import add_backend_option
 from linmem.io.atomic import write_bytes_atomic
 from linmem.io.folders import check_output_folder, output_file, output_folder, output_subfolder
 from linmem.zoo.cards import headline, mixer_label
@@ -85,6 +86,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", default=None, help="the model the memory lab probes (default: rdn if shipped, "
                                                        "else another residual model)")
     parser.add_argument("--zoo-dir", default=None, help="zoo folder (default: $LINMEM_ZOO_DIR or the package's)")
+    add_backend_option(parser)
     parser.set_defaults(func=main)
 
 
@@ -95,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model and task would bury the demo's own
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     result = run_demo(args.out, args.device, args.quick, models=models, probe=args.probe, zoo_dir=args.zoo_dir,
-                      overwrite=args.overwrite)
+                      overwrite=args.overwrite, backend=args.backend)
     print(f"linmem demo: {len(result['models'])} models evaluated, memory lab on {result['probe']['model']}; "
           f"report: {Path(args.out) / 'report.html'}")
     print(f"linmem demo: total time {result['seconds']:.0f} s ({result['seconds'] / 60:.1f} min)")
@@ -141,12 +143,13 @@ def heldout_documents(name: str, zoo_dir: str | None):
     return [Document(source, sid, tokenizer.decode(ids.tolist())) for source, sid, ids in split.documents()]
 
 
-def run_probe(name: str, options: ProbeOptions, device: str, out: Path, zoo_dir: str | None) -> dict[str, Any]:
+def run_probe(name: str, options: ProbeOptions, device: str, out: Path, zoo_dir: str | None,
+              backend: str = "auto") -> dict[str, Any]:
     from linmem import zoo
     from linmem.memory.probe import load_model_dir, run_protocol
 
     folder = zoo.path(name, zoo_dir)
-    model, tokenizer = load_model_dir(folder, device)
+    model, tokenizer = load_model_dir(folder, device, backend)
     start = time.perf_counter()
     summaries = run_protocol(model, tokenizer, heldout_documents(name, zoo_dir), options, out,
                              header={"model": f"zoo:{name}", "device": device})
@@ -156,9 +159,11 @@ def run_probe(name: str, options: ProbeOptions, device: str, out: Path, zoo_dir:
 
 
 def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: list[str] | None = None,
-             probe: str | None = None, zoo_dir: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+             probe: str | None = None, zoo_dir: str | None = None, overwrite: bool = False,
+             backend: str = "auto") -> dict[str, Any]:
     """Evaluate the shipped models, probe one, write ``report.html`` and ``results.json`` into ``out`` (new, empty or
-    an earlier demo's, unless ``overwrite``: ``linmem.io.folders.prepare_output_folder``)."""
+    an earlier demo's, unless ``overwrite``: ``linmem.io.folders.prepare_output_folder``); the models run on the op
+    ``backend``."""
     from linmem import zoo
     from linmem.zoo import figures
 
@@ -173,13 +178,13 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
     names = [zoo.path(n, zoo_dir).name for n in models] if models else shipped
     eval_options, probe_options = (QUICK if quick else DEMO).options(device)
     with output_folder(out, overwrite=overwrite, kind="demo", files=REPORT_FILES) as out:  # a failed demo: no folder
-        results = evaluate_models(names, eval_options, output_subfolder(out, "eval"), zoo_dir)
+        results = evaluate_models(names, eval_options, output_subfolder(out, "eval"), zoo_dir, backend)
         mixers = {n: json.loads((zoo.path(n, zoo_dir) / "config.json").read_text(encoding="utf-8"))["mixer"]
                   for n in names}
         recall = {n: headline(r["tasks"]).get("recall") for n, r in results.items()}
         chosen = pick_probe_model(names, mixers, probe, recall)
         print(f"demo: memory lab on {chosen} ...", flush=True)
-        probe_result = {**run_probe(chosen, probe_options, device, output_subfolder(out, "probe"), zoo_dir),
+        probe_result = {**run_probe(chosen, probe_options, device, output_subfolder(out, "probe"), zoo_dir, backend),
                         "recall": recall.get(chosen)}
         total = time.perf_counter() - start
         summary = {"seconds": round(total, 1), "quick": quick, "device": device, "machine": machine(),
@@ -191,8 +196,10 @@ def run_demo(out: str | Path, device: str = "cpu", quick: bool = False, models: 
     return summary
 
 
-def evaluate_models(names: list[str], eval_options: EvalOptions, out: Path, zoo_dir: str | None) -> dict[str, Any]:
-    """Evaluate each shipped model ``names`` into ``out / NAME``; its row of the demo's summary by name."""
+def evaluate_models(names: list[str], eval_options: EvalOptions, out: Path, zoo_dir: str | None,
+                    backend: str = "auto") -> dict[str, Any]:
+    """Evaluate each shipped model ``names`` (on the op ``backend``) into ``out / NAME``; its row of the demo's
+    summary by name."""
     from linmem import zoo
     from linmem.eval.runner import evaluate
 
@@ -200,7 +207,8 @@ def evaluate_models(names: list[str], eval_options: EvalOptions, out: Path, zoo_
     bar = tqdm(names, desc="demo: evaluating", unit="model")
     for name in bar:
         bar.set_postfix(model=name)
-        report = evaluate(zoo.path(name, zoo_dir), TASKS, eval_options, out_dir=out / name, progress=False)
+        report = evaluate(zoo.path(name, zoo_dir), TASKS, eval_options, out_dir=out / name, progress=False,
+                          backend=backend)
         config = json.loads((zoo.path(name, zoo_dir) / "config.json").read_text(encoding="utf-8"))
         results[name] = {"mixer": mixer_label(config), "vocab_size": config["vocab_size"],
                          "parameters": report["parameters"], "tasks": report["tasks"],

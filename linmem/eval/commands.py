@@ -1,6 +1,8 @@
-"""``linmem eval MODEL_DIR --tasks ppl,cloze,mqar,niah,recall,stability [--data DIR]``: a wrapper of ``evaluate``.
+"""``linmem eval MODEL_DIR --tasks ppl,cloze,mqar,niah,recall,stability [--data DIR] [--backend NAME]``: a wrapper
+of ``evaluate``.
 
-Only argparse and the standard library load with this module (the task names from ``linmem.eval.task_names``);
+Only argparse and the standard library load with this module (the task names from ``linmem.eval.task_names``, the
+backend names from ``linmem.backend_names``);
 ``run`` imports the evaluation, so that the help and argument errors answer at once."""
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from linmem.backend_names import add_backend_option
 from linmem.eval.task_names import TASKS, parse_max_tokens, parse_tasks
 
 
@@ -61,6 +64,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "load the tokenizer has too few single-token keys for is refused")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto")
+    add_backend_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -86,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                           recall_keys=args.recall_keys, recall_values=args.recall_values,
                           recall_bindings=args.recall_bindings, seed=args.seed, device=args.device)
     with output_folder(out, overwrite=args.overwrite, kind="eval"):  # a failed evaluation leaves no folder behind
-        report = evaluate(args.model_dir, tasks, options, out)
+        report = evaluate(args.model_dir, tasks, options, out, backend=args.backend)
     for name, result in report["tasks"].items():
         if result.get("available") is False:
             print(f"{name}: {result['reason']}")

@@ -52,10 +52,11 @@ class EvalModel:
         return int(self.info.get("seq_len", 512))
 
 
-def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torch.float32) -> EvalModel:
+def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torch.float32,
+               backend: str = "auto") -> EvalModel:
     """Load a model (a folder, a run folder or ``zoo:NAME``: ``linmem.io.models.resolve_model_folder``) with its
-    tokenizer and training record; weights as ``dtype`` on ``device``."""
-    model, tokenizer, folder = open_model(path, device=device, dtype=dtype)
+    tokenizer and training record; weights as ``dtype`` on ``device``, mixers on the op ``backend``."""
+    model, tokenizer, folder = open_model(path, device=device, dtype=dtype, backend=backend)
     _, eos_id = find_eos(tokenizer, None, folder)
     return EvalModel(model, tokenizer, folder, pick_device(device), eos_id, read_train_info(folder),
                      find_document_start(tokenizer, folder, eos_id))

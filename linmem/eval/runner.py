@@ -83,10 +83,11 @@ def run_task(name: str, em: EvalModel, split, o: EvalOptions) -> dict[str, Any]:
 
 
 def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions | None = None,
-             out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run ``tasks`` on a model folder; writes the report into ``out_dir`` (default ``MODEL_DIR/eval``)."""
+             out_dir: str | Path | None = None, progress: bool = True, backend: str = "auto") -> dict[str, Any]:
+    """Run ``tasks`` on a model folder, its mixers on the op ``backend``; writes the report into ``out_dir``
+    (default ``MODEL_DIR/eval``)."""
     o = options or EvalOptions()
-    em = load_model(model_dir, o.device)
+    em = load_model(model_dir, o.device, backend=backend)
     # default MODEL_DIR/eval, refused for a model inside the installed package (a zoo model) or a read-only one
     out = Path(out_dir) if out_dir else default_output_folder(em.folder, "eval")
     check_output_folder(out, overwrite=True, kind="eval", files=plots.report_files(tasks))  # a refusal costs no work

@@ -2,7 +2,8 @@
 ``results.json``.
 
 Only argparse and the standard library load with this module (the experiment names from
-``linmem.memory.experiment_names``); ``main`` imports the lab, so that the help and argument errors answer at once."""
+``linmem.memory.experiment_names``, the backend names from ``linmem.backend_names``); ``main`` imports the lab, so
+that the help and argument errors answer at once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import itertools
 from pathlib import Path
 
+from linmem.backend_names import add_backend_option
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 
 DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
@@ -31,6 +33,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="write into a non-empty output folder that linmem probe did not make (its other files "
                              "are kept)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    add_backend_option(parser)
     parser.add_argument("--sources", nargs="+", default=None,
                         help=f"text sources for the filler: built-in names or paths (default: the first of "
                              f"{', '.join(DEFAULT_SOURCES)} that is installed)")
@@ -142,7 +145,7 @@ def probe(args: argparse.Namespace, docs, filler: str, out: Path) -> dict:
     """Load the model and run the protocol into ``out``; returns the protocol's summary."""
     from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
 
-    model, tokenizer = load_model_dir(args.model_dir, args.device)
+    model, tokenizer = load_model_dir(args.model_dir, args.device, args.backend)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,

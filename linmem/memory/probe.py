@@ -284,10 +284,11 @@ def confirmation(lifecycle_rows: list[dict]) -> bool:
     return bool(pick["chosen"]["low"] > pick["random"]["high"])
 
 
-def load_model_dir(path: str | Path, device: str = "auto"):
+def load_model_dir(path: str | Path, device: str = "auto", backend: str = "auto"):
     """``(model, tokenizer)`` in float32 from a model folder, a run folder, an FLA checkpoint folder (with
-    ``tokenizer.json``) or ``zoo:NAME``: ``linmem.models.loading.open_model``, strict and offline."""
+    ``tokenizer.json``) or ``zoo:NAME``: ``linmem.models.loading.open_model``, strict and offline; its mixers on the
+    op ``backend``."""
     from linmem.models.loading import open_model
 
-    model, tokenizer, _ = open_model(path, device=device, dtype=torch.float32)
+    model, tokenizer, _ = open_model(path, device=device, dtype=torch.float32, backend=backend)
     return model, tokenizer

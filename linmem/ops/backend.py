@@ -14,9 +14,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from linmem.backend_names import BACKENDS
 from linmem.ops.config import MemoryConfig
-
-BACKENDS = ("auto", "reference", "chunk", "triton")
 
 
 def check_backend(backend: str) -> None:

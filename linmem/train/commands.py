@@ -1,16 +1,19 @@
-"""``linmem train CONFIG.yaml --out DIR [--max-steps N] [--resume [--accept-changed-data]] [--overwrite]``: a thin
-wrapper around ``train``.
+"""``linmem train CONFIG.yaml --out DIR [--max-steps N] [--resume [--accept-changed-data]] [--overwrite]
+[--backend NAME]``: a thin wrapper around ``train``.
 
 Several processes: ``torchrun --nproc_per_node N -m linmem.cli train CONFIG.yaml --out DIR``.
 
-Only argparse and the standard library load with this module; ``run`` checks the paths and arguments first
-(``check_arguments``) and imports the trainer after, so that the help and these errors answer at once, before torch.
+Only argparse, the standard library and ``linmem.backend_names`` load with this module; ``run`` checks the paths
+and arguments first (``check_arguments``) and imports the trainer after, so that the help and these errors answer at
+once, before torch.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from linmem.backend_names import add_backend_option
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +30,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.batch_size=8 (repeatable)")
     parser.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda)")
+    add_backend_option(parser, default=None, extra_help="; overrides train.backend (auto)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
     if args.device:
         config.train.device = args.device
+    if args.backend:
+        config.train.backend = args.backend
     if args.no_progress:
         config.train.progress = False
     info = train(config, args.out, args.max_steps, args.resume, where=str(args.config), overwrite=args.overwrite,

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from linmem.backend_names import BACKENDS
 from linmem.models.configuration import LinMemConfig
 from linmem.train.compile import compile_mode
 from linmem.train.lab_recall import parse_entries
@@ -107,7 +108,9 @@ class TrainSection:
     ``compile``: ``torch.compile`` each block's norms, mixer and MLP (``linmem.train.compile``), fusing their
     elementwise work; ``false`` (default), ``true`` or a mode name (``linmem.train.compile.COMPILE_MODES``).
     ``eval_lab_recall``: formats whose memory-lab recall every evaluation logs, on the validation split's documents
-    (``linmem.train.lab_recall``; none by default).
+    (``linmem.train.lab_recall``; none by default). ``backend``: the linear-memory op's backend for this run
+    (``linmem.backend_names.BACKENDS``; ``linmem train --backend`` sets it; ``model.backend`` is read as this key), a
+    run-time choice that the saved model does not keep.
     """
 
     steps: int = 1000
@@ -130,6 +133,7 @@ class TrainSection:
     loss_chunk_tokens: int | None = None
     compile: bool | str = False
     eval_lab_recall: list[dict] = field(default_factory=list)
+    backend: str = "auto"
 
 
 @dataclass
@@ -239,6 +243,7 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> TrainConfig:
             raise ValueError(f"{where}: {name} must be a mapping; got {type(value).__name__}")
         sections[name] = _build_section(cls, value, name, where)
     model = _check_model_section(raw.get("model") or {}, where)
+    _take_model_backend(model, sections["train"], raw.get("train") or {}, where)
     config = TrainConfig(model=model, name=str(raw.get("name", "")), description=str(raw.get("description", "")),
                          **sections)
     check_config(config, where)
@@ -296,6 +301,18 @@ def _check_model_section(model: dict[str, Any], where: str) -> dict[str, Any]:
     return {"initializer_range": DEFAULT_INIT_STD, "vocab_size": "auto", **model}
 
 
+def _take_model_backend(model: dict[str, Any], train: TrainSection, train_raw: dict[str, Any], where: str) -> None:
+    """A ``model.backend`` becomes ``train.backend``: the op's backend is a choice of the run, not part of the model
+    (both given and different is refused)."""
+    if "backend" not in model:
+        return
+    backend = model.pop("backend")
+    if "backend" in train_raw and train_raw["backend"] != backend:
+        raise ValueError(f"{where}: model.backend {backend!r} and train.backend {train_raw['backend']!r} differ; "
+                         f"keep train.backend only")
+    train.backend = backend
+
+
 def check_config(config: TrainConfig, where: str = "config", world_size: int = 1) -> None:
     """Values the trainer cannot run with, as ``ValueError`` naming the key (shapes that depend on the dataset
     are checked when it is opened)."""
@@ -326,7 +343,8 @@ def check_config(config: TrainConfig, where: str = "config", world_size: int = 1
     if d.recall_fraction > 0 and not d.recall:
         raise ValueError(f"{where}: data.recall_fraction > 0 needs at least one generator in data.recall")
     for key, value, choices in (("train.dtype", t.dtype, DTYPES), ("train.parallel", t.parallel, PARALLEL),
-                                ("train.save_dtype", t.save_dtype, ("float32", "bfloat16"))):
+                                ("train.save_dtype", t.save_dtype, ("float32", "bfloat16")),
+                                ("train.backend", t.backend, BACKENDS)):
         if value not in choices:
             raise ValueError(f"{where}: {key} must be one of {choices}; got {value!r}")
     try:
@@ -362,7 +380,8 @@ def loss_chunk_tokens(config: TrainConfig, micro_batch: int, vocab_size: int) ->
 
 
 def build_model_config(config: TrainConfig, data_vocab_size: int, where: str = "config") -> LinMemConfig:
-    """The ``LinMemConfig`` of the run; ``vocab_size: auto`` becomes the dataset's vocabulary rounded up to 64."""
+    """The ``LinMemConfig`` of the run, on ``train.backend``; ``vocab_size: auto`` becomes the dataset's vocabulary
+    rounded up to 64."""
     model = dict(config.model)
     if model.get("vocab_size") == "auto":
         model["vocab_size"] = -(-data_vocab_size // 64) * 64
@@ -370,6 +389,6 @@ def build_model_config(config: TrainConfig, data_vocab_size: int, where: str = "
         raise ValueError(f"{where}: model.vocab_size ({model.get('vocab_size')}) must be 'auto' or an integer >= the "
                          f"dataset's vocabulary ({data_vocab_size})")
     try:
-        return LinMemConfig(**model)
+        return LinMemConfig(**model, backend=config.train.backend)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: model: {e}") from None

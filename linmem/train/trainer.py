@@ -397,7 +397,7 @@ def load_checkpoint(run: Run, path: Path, where: str) -> None:
 RESUME_FREE_KEYS = {"train.eval_interval", "train.checkpoint_interval", "train.keep_checkpoints", "train.progress",
                     "train.log_interval", "train.device", "train.parallel", "train.micro_batch_size",
                     "train.save_dtype", "train.eval_tokens", "train.eval_recall_samples", "train.compile",
-                    "train.eval_lab_recall", "name", "description"}
+                    "train.eval_lab_recall", "train.backend", "name", "description"}
 
 
 def changed_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
