@@ -108,9 +108,9 @@ def _readable(doc: AnyDocument, opts: BuildOptions, warn: bool = False) -> bool:
     if problem is None:
         return True
     if not opts.skip_unreadable:
-        raise UnreadableText(f"{problem}; or pass --skip-unreadable to leave such files out")
+        raise UnreadableText(f"{problem}, or pass --skip-unreadable to leave such files out")
     if warn:
-        print(f"warning: {problem}; left out (--skip-unreadable)", file=sys.stderr, flush=True)
+        print(f"warning: {problem.split(';')[0]}; left out (--skip-unreadable)", file=sys.stderr, flush=True)
     return False
 
 

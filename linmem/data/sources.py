@@ -96,7 +96,7 @@ class FileDocument:
             while data := f.read(chars):
                 if (nul := data.find(0)) >= 0:
                     raise UnreadableText(f"{self.path}: NUL byte at offset {offset + nul}: a binary file (or UTF-16 "
-                                         f"text), not UTF-8 text")
+                                         f"text), not UTF-8 text; remove it from the sources or convert it")
                 try:
                     yield decoder.decode(data)
                 except UnicodeDecodeError as e:
