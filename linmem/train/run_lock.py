@@ -37,7 +37,7 @@ def warn(message: str) -> None:
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
-    """``pid 123 on host h (since 2025-01-01 12:00:00)``."""
+    """``pid 123 on host h (since START)`` (START: the holder's start time as it wrote it)."""
     since = f" (since {holder['since']})" if holder.get("since") else ""
     return f"pid {holder.get('pid')} on host {holder.get('host', '?')}{since}"
 
