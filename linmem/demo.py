@@ -60,12 +60,13 @@ class DemoSettings:
         return EvalOptions(**self.eval, device=device), ProbeOptions(**self.probe)
 
 
-# 4 perplexity windows, MQAR with 8 and 32 pairs (4 sequences each), 16 memory-lab items, NIAH at 256 and 512 tokens
-# x 3 depths (2 trials per cell); the probe on 6 development and 4 held-out passages of 128 filler tokens, without
-# the load / gap sweeps and the extras (``linmem probe --no-sweeps --no-extras``: the sweeps alone take minutes).
+# 4 perplexity windows, MQAR with 8 and 32 pairs (16 sequences each, as the model cards), 16 memory-lab items, NIAH
+# at 256 and 512 tokens x 3 depths (4 trials per cell, as the cards); the probe on 6 development and 4 held-out
+# passages of 128 filler tokens, without the load / gap sweeps and the extras (``linmem probe --no-sweeps
+# --no-extras``: the sweeps alone take minutes).
 DEMO = DemoSettings(
-    dict(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=4, niah_lengths=(256, 512),
-         niah_depths=(0.0, 0.5, 1.0), niah_samples=2, recall_items=16, recall_filler=128),
+    dict(split="test", batch_size=8, max_tokens=2048, mqar_pairs=(8, 32), mqar_samples=16, niah_lengths=(256, 512),
+         niah_depths=(0.0, 0.5, 1.0), niah_samples=4, recall_items=16, recall_filler=128),
     dict(dev_sources=6, confirm_sources=4, filler_tokens=128, num_bindings=4, repeats=2, sweeps=False, extras=False))
 # The smallest sizes that still run every step (tests); the clean-recall gate is off so that every experiment runs
 # even on an untrained model (the report still gives its clean recall).
@@ -227,51 +228,99 @@ def machine() -> dict[str, Any]:
 # ---------------------------------------------------------------- the report
 
 
+def sample_sizes(models: dict[str, Any]) -> tuple[int | None, int | None, int]:
+    """``(MQAR sequences per size, NIAH trials per cell, NIAH depths)`` as the evaluations recorded them (None:
+    not recorded)."""
+    tasks = next(iter(models.values()))["tasks"]
+    sequences = next((r.get("samples") for r in tasks.get("mqar", {}).get("table", [])), None)
+    niah = tasks.get("niah", {})
+    return sequences, niah.get("metrics", {}).get("samples_per_cell"), len(niah.get("grid", {}).get("depths", []))
+
+
+def _share(value: float | None, trials: int | None) -> str:
+    """``"0.94 [0.80, 0.98]"``: a share with its Wilson 95% interval over ``trials`` (``–`` when not measured)."""
+    from linmem.zoo.cards import fmt
+    from linmem.zoo.figures import wilson
+
+    if value is None or not trials:
+        return fmt(value, 2)
+    low, high = wilson(value, trials)
+    return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+
+
 def summary_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per model with the demo's headline numbers, then what guessing scores."""
+    """One row per model with the numbers the demo measured here, each share with its 95% interval, then what
+    guessing scores; the column names say the sample."""
     from linmem.eval.descriptions import describe_perplexity
     from linmem.zoo.cards import fmt, recall_cell
 
     heads = {name: headline(r["tasks"]) for name, r in models.items()}
     pairs = sorted({p for h in heads.values() for p in h.get("mqar", {})})
+    lengths = sorted({n for h in heads.values() for n in h.get("niah", {})})
+    mqar, trials, depths = sample_sizes(models)
+    niah = trials * depths if trials else None
     rows = []
     for name, r in models.items():
         h = heads[name]
-        rows.append({"model": name, "mixer": r["mixer"],
-                     "params": f"{r['parameters'] / 1e6:.2f}M",
+        rows.append({"model": name, "mixer": r["mixer"], "params": f"{r['parameters'] / 1e6:.2f}M",
                      "test ppl": describe_perplexity(r["tasks"]["ppl"]["metrics"]) if "ppl" in h else fmt(None),
-                     **{f"MQAR {p} pairs": fmt(h.get("mqar", {}).get(p)) for p in pairs},
-                     "memory-lab recall [95% CI]": recall_cell(h), "NIAH": fmt(h.get("niah_mean")),
+                     **{f"MQAR {p} pairs ({mqar} seq.)": _share(h.get("mqar", {}).get(p), mqar) for p in pairs},
+                     f"lab recall ({h.get('recall_n', '?')} items)": recall_cell(h),
+                     **{f"NIAH {n} tokens ({niah} trials)": _share(h.get("niah", {}).get(n), niah) for n in lengths},
                      "seconds": fmt(r["seconds"], 1)})
     vocab = sorted({r["vocab_size"] for r in models.values()})
-    rows.append({"model": "chance", "mixer": "", "params": "", "test ppl": ", ".join(f"{v:,}" for v in vocab),
-                 **{f"MQAR {p} pairs": fmt(1 / p) for p in pairs}, "memory-lab recall [95% CI]": "0.250",
-                 "NIAH": "1e-04", "seconds": ""})
+    chance = {"model": "chance", "mixer": "", "params": "", "test ppl": ", ".join(f"{v:,}" for v in vocab),
+              **{f"MQAR {p} pairs ({mqar} seq.)": fmt(1 / p, 2) for p in pairs}}
+    chance.update({k: "0.25" if k.startswith("lab") else "1e-04" for k in rows[0] if k.startswith(("lab", "NIAH"))})
+    rows.append({**{k: "" for k in rows[0]}, **chance})
     return rows
 
 
+def card_rows(names: list[str], zoo_dir: str | None) -> tuple[list[dict[str, str]], list[str]]:
+    """The model cards' headline numbers of ``names`` as ``linmem zoo list`` prints them, and its legend."""
+    from linmem import zoo
+    from linmem.zoo.commands import card_legend, card_numbers
+
+    records = {n: zoo.eval_record(n, zoo_dir) if (zoo.path(n, zoo_dir) / "eval.json").is_file() else {} for n in names}
+    return [{"model": n, **card_numbers(r)} for n, r in records.items()], card_legend(list(records.values()))
+
+
 def summary_figures(models: dict[str, Any]) -> list[tuple[str, Any]]:
-    """``(caption, Figure)``: MQAR curves, recall on the three tasks, the NIAH grids and perplexity per model."""
+    """``(caption, Figure)``: MQAR curves, recall bars, the NIAH grids and perplexity per model, each caption
+    saying the sample and what the intervals are."""
     from linmem.zoo import figures
 
     heads = {name: headline(r["tasks"]) for name, r in models.items()}
-    out = [("MQAR accuracy against the number of key-value pairs (dashed: chance).",
-            figures.mqar_curves({n: r["tasks"]["mqar"]["table"] for n, r in models.items()}))]
+    sequences, trials, depths = sample_sizes(models)
+    out = [(f"MQAR accuracy against the number of key-value pairs, {sequences} sequences per point (each pair "
+            f"queried once); bars: Wilson 95% intervals counting each sequence as one trial; dashed: chance.",
+            figures.mqar_curves({n: r["tasks"]["mqar"]["table"] for n, r in models.items()}, intervals=True))]
     most_pairs = max((max(h["mqar"]) for h in heads.values() if h.get("mqar")), default=None)
+    longest = max((max(h["niah"]) for h in heads.values() if h.get("niah")), default=None)
     groups = {f"MQAR, {most_pairs} pairs": {n: h["mqar"].get(most_pairs) for n, h in heads.items() if h.get("mqar")},
-              "memory-lab recall": {n: h.get("recall") for n, h in heads.items()},
-              "NIAH (grid mean)": {n: h.get("niah_mean") for n, h in heads.items()}}
-    errors = {"memory-lab recall": {n: (h["recall_low"], h["recall_high"]) for n, h in heads.items() if "recall" in h}}
-    chance = {"memory-lab recall": 0.25, **({f"MQAR, {most_pairs} pairs": 1 / most_pairs} if most_pairs else {})}
-    recalls = [v for v in groups["memory-lab recall"].values() if v is not None]
-    ceiling = " Every model recalls the lab's facts at the ceiling (1.0) here." if recalls and min(recalls) == 1 else ""
-    out.append(("Recall on the three tasks, one 0–1 scale (memory-lab recall with source-bootstrap 95% CIs; NIAH's "
-                f"chance is about 1e-4).{ceiling}",
-                figures.grouped_bars(groups, "recall", "accuracy", errors, chance)))
+              f"NIAH, {longest} tokens": {n: h["niah"].get(longest) for n, h in heads.items() if h.get("niah")}}
+    counts = {f"MQAR, {most_pairs} pairs": sequences, f"NIAH, {longest} tokens": trials and trials * depths}
+    errors = {task: {n: figures.wilson(v, counts[task]) for n, v in values.items() if v is not None}
+              for task, values in groups.items() if counts[task]}
+    chance = {f"MQAR, {most_pairs} pairs": 1 / most_pairs} if most_pairs else {}
+    recalls = {n: h["recall"] for n, h in heads.items() if "recall" in h}
+    if recalls and min(recalls.values()) < 1:
+        groups["memory-lab recall"] = recalls
+        errors["memory-lab recall"] = {n: (heads[n]["recall_low"], heads[n]["recall_high"]) for n in recalls}
+        chance["memory-lab recall"] = 0.25
+        left = "memory-lab recall with source-bootstrap 95% CIs"
+    else:
+        left = ("memory-lab recall is left out: every model answers every item right (1.00), a ceiling that does not "
+                "separate them")
+    caption = (f"The hardest settings measured here, one 0–1 scale: MQAR at {most_pairs} pairs ({sequences} "
+               f"sequences) and NIAH at {longest} tokens ({(trials or 0) * depths} trials), with Wilson 95% "
+               f"intervals; {left}. NIAH's chance is about 1e-4.")
+    out.append((caption, figures.grouped_bars(groups, "recall", "accuracy", errors, chance)))
     grids = {n: r["tasks"]["niah"]["grid"] for n, r in models.items() if "niah" in r["tasks"]}
     if grids:
-        out.append(("Needle in a haystack: accuracy over the length x depth grid, one colour scale for every model.",
-                    figures.niah_grids(grids)))
+        out.append((f"Needle in a haystack: hits out of {trials} trials in each cell of the length x depth grid, "
+                    f"one colour scale for every model. With {trials} trials a cell's share is coarse; the bars "
+                    f"above pool the depths.", figures.niah_grids(grids, trials)))
     out.append(("Perplexity on held-out text (lower is better; the axis starts at 0).",
                 figures.bars({n: h.get("ppl") for n, h in heads.items()}, "test perplexity", "perplexity")))
     return out
@@ -303,24 +352,48 @@ def _body(page: str) -> str:
     return found.group(1) if found else page
 
 
+def memory_lab_html(probe: dict[str, Any]) -> str:
+    """The demo's paragraph on the probe: which model, why, what it chose and whether it held on held-out text."""
+    from linmem.memory.report import spelled
+
+    header = probe["header"]
+    chosen = header.get("chosen")
+    found = "The clean-recall gate stopped the attributing experiments: no component was chosen."
+    if chosen:
+        confirmed = header.get("confirmed_on_held_out")
+        verdict = "" if confirmed is None else (
+            f" On the held-out passages its state swap {'beats' if confirmed else 'does not beat'} the equal-norm "
+            f"random swap.")
+        found = (f"The head scan on the development passages chose <b>{html.escape(chosen)}</b> ({spelled(chosen)})."
+                 f"{verdict}")
+    return (f"<p class='caption'>The memory lab's default protocol (<code>linmem probe</code>) on "
+            f"<b>{html.escape(probe['model'])}</b>, {probe['seconds']:.0f} s: key-value facts in held-out text, "
+            f"causal edits of the recurrent state (its clean recall above: {_recall_text(probe.get('recall'))}; the "
+            f"demo probes the first residual model with at least {PROBE_RECALL_BAR:g}, else the model that recalls "
+            f"best). {found}</p>")
+
+
 def report_html(summary: dict[str, Any], out: Path) -> str:
     """The self-contained report page."""
     from linmem.memory.report import figure_png, table_html
     from linmem.zoo import figures
 
+    e = summary["settings"]["eval"]
     images = []
     for caption, figure in summary_figures(summary["models"]):
         images.append(f"<figure><img src=\"data:image/png;base64,{figure_png(figure)}\"><figcaption>"
                       f"{html.escape(caption)}</figcaption></figure>")
         figures.close(figure)
     probe, m = summary["probe"], summary["machine"]
-    header = probe["header"]
     probe_page = (out / "probe" / "report.html").read_text(encoding="utf-8")
-    e = summary["settings"]["eval"]
-    settings = (f"perplexity on {e['max_tokens']:,} held-out tokens; MQAR with {e['mqar_samples']} sequences per "
-                f"size; {e['recall_items']} memory-lab items ({e['recall_filler']} filler tokens); NIAH at "
+    settings = (f"Measured here, on the test split of each model's shipped held-out text: perplexity on "
+                f"{e['max_tokens']:,} tokens; MQAR with {e['mqar_samples']} sequences per size (each pair queried "
+                f"once); {e['recall_items']} memory-lab items ({e['recall_filler']} filler tokens); NIAH at "
                 f"{', '.join(map(str, e['niah_lengths']))} tokens x {len(e['niah_depths'])} depths, "
-                f"{e['niah_samples']} trials per cell. The model cards (eval.json) hold the full evaluation.")
+                f"{e['niah_samples']} trials per cell. Brackets: 95% intervals (Wilson over sequences or trials; the "
+                f"lab's over source passages). These samples are smaller than the model cards' below, so the two "
+                f"differ within their intervals; the cards' are the numbers to quote.")
+    cards, legend = card_rows(list(summary["models"]), summary.get("zoo_dir"))
     style = ("body{font-family:sans-serif;max-width:1150px;margin:auto;padding:0 1em}table{border-collapse:collapse;"
              "font-size:12px;margin:6px 0}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
              "figure{display:inline-block;max-width:48%;margin:4px;vertical-align:top}figcaption{font-size:12px}"
@@ -331,23 +404,20 @@ def report_html(summary: dict[str, Any], out: Path) -> str:
         f"torch threads, load average {m['load_average_1min']}), device {html.escape(summary['device'])}; total "
         f"time {summary['seconds']:.0f} s{' (--quick sizes)' if summary['quick'] else ''}. Zoo: "
         f"<code>{html.escape(summary['zoo_dir'])}</code>.</p>",
-        "<h2>Recall and perplexity</h2>", f"<p>{html.escape(settings)}</p>",
+        "<h2>Recall and perplexity</h2>", f"<p class='caption'>{html.escape(settings)}</p>",
         table_html(summary_rows(summary["models"])), *images,
-        f"<h2>Memory lab: {html.escape(probe['model'])}</h2>",
-        f"<p>The memory lab's default protocol (<code>linmem probe</code>) on <b>{html.escape(probe['model'])}</b>, "
-        f"{probe['seconds']:.0f} s: key-value facts in held-out text, causal edits of the recurrent state "
-        f"(its clean recall above: {_recall_text(probe.get('recall'))}; the demo probes the first residual model "
-        f"with at least {PROBE_RECALL_BAR:g}, else the model that recalls best). Chosen "
-        f"component (head scan on development passages): <b>{html.escape(str(header.get('chosen')))}</b>; its "
-        f"state swap beats the equal-norm random swap on held-out passages: "
-        f"<b>{header.get('confirmed_on_held_out')}</b>.</p>",
+        "<h2>The model cards' numbers</h2>", f"<p class='caption'>{html.escape(' '.join(legend))} The README and "
+        f"<code>linmem zoo list</code> quote these.</p>", table_html(cards),
+        f"<h2>Memory lab: {html.escape(probe['model'])}</h2>", memory_lab_html(probe),
     ]
     if probe["s_vs_r"]:
         parts += ["<h3>Base memory S vs residual memory R</h3>",
-                  "<p>Per layer, the pre-query states of every head's base memory S, residual memory R, or both "
-                  "swapped for the donor's: the donor-margin shift (logit, &gt; 0 toward the donor's value) and its "
-                  "share of the layer's S+R swap, with 95% CIs over source passages.</p>",
+                  "<p class='caption'>Per layer, the pre-query states of every head's base memory S, residual memory "
+                  "R, or both swapped for the donor's: the donor-margin shift (logit, &gt; 0 toward the donor's value) "
+                  "and its share of the layer's S+R swap, with 95% CIs over source passages.</p>",
                   table_html(s_vs_r_rows(probe["s_vs_r"]))]
-    parts += ["<div class='probe'><h3>The probe's full report</h3>", _body(probe_page), "</div>"]
+    parts += ["<div class='probe'><h3>The probe's full report</h3>",
+              "<p class='caption'>The report <code>linmem probe</code> wrote (probe/report.html), every experiment "
+              "with its caption.</p>", _body(probe_page), "</div>"]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>linmem demo</title><style>{style}</style>"
             f"</head><body>{''.join(parts)}</body></html>")

@@ -25,7 +25,8 @@ def test_demo_quick_writes_the_report(shipped, tmp_path, capsys):  # noqa: F811
     page = (out / "report.html").read_text()
     for section in ("<h2>Recall and perplexity</h2>", f"<h2>Memory lab: {NAME}</h2>",
                     "<h3>Base memory S vs residual memory R</h3>", "<h3>The probe's full report</h3>",
-                    "memory-lab recall [95% CI]", "MQAR 4 pairs", "share of the layer&#x27;s S+R swap"):
+                    "lab recall (4 items)", "MQAR 4 pairs (2 seq.)", "<h2>The model cards' numbers</h2>",
+                    "share of the layer&#x27;s S+R swap"):
         assert section in page, section
     assert page.count('src="data:image/png;base64,') >= 8  # the demo's own figures and the probe's
     assert "<link" not in page and "src=\"http" not in page  # self-contained

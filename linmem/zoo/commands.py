@@ -52,28 +52,72 @@ def register(parser: argparse.ArgumentParser) -> None:
     again.set_defaults(func=run_remeasure)
 
 
-def run_list(args: argparse.Namespace) -> int:
-    import linmem.zoo as zoo
+HEADLINE_PAIRS = 8  # the MQAR size and NIAH length the README, `zoo list` and the demo all quote
+HEADLINE_LENGTH = 256
+CARD_COLUMNS = ("test ppl", "ppl measured on", f"MQAR {HEADLINE_PAIRS}", "MQAR mean", f"NIAH {HEADLINE_LENGTH}",
+                "NIAH mean", "lab recall [95% CI]")
+
+
+def card_numbers(record: dict) -> dict[str, str]:
+    """A model card's (``eval.json``'s) headline numbers, formatted, under ``CARD_COLUMNS``' names."""
     from linmem.eval.descriptions import measured_on
     from linmem.zoo.cards import fmt, headline, recall_cell
+
+    h = headline(record["eval"]["tasks"]) if record else {}
+    ppl = record["eval"]["tasks"].get("ppl", {}).get("metrics") if record else None
+    values = (fmt(h.get("ppl"), 1), measured_on(ppl) if ppl else "–", fmt(h.get("mqar", {}).get(HEADLINE_PAIRS), 2),
+              fmt(h.get("mqar_mean"), 2),
+              fmt(h.get("niah", {}).get(HEADLINE_LENGTH), 2), fmt(h.get("niah_mean"), 2), recall_cell(h))
+    return dict(zip(CARD_COLUMNS, values))
+
+
+def card_legend(records: list[dict]) -> list[str]:
+    """What each of ``CARD_COLUMNS`` is (split, task setting, trials), from the first card's evaluation request;
+    a sentence says so where the cards were measured with different settings."""
+    measured = [r for r in records if r]
+    if not measured:
+        return []
+    o = measured[0]["eval"]["request"]["options"]
+    tasks = measured[0]["eval"]["tasks"]
+    depths, pairs, lengths = len(o["niah_depths"]), o["mqar_pairs"], o["niah_lengths"]
+    recall = tasks.get("recall", {}).get("metrics", {})
+    lines = [
+        "Every number is the model card's (eval.json, measured by `linmem zoo ship`) on the test split of the "
+        "held-out text shipped beside each model.",
+        "test ppl: perplexity on the tokens its next column names.",
+        f"MQAR {HEADLINE_PAIRS}: accuracy with {HEADLINE_PAIRS} key-value pairs, {o['mqar_samples']} sequences of "
+        f"{HEADLINE_PAIRS} queries; MQAR mean: the mean of the accuracies at {', '.join(map(str, pairs))} pairs.",
+        f"NIAH {HEADLINE_LENGTH}: accuracy at {HEADLINE_LENGTH} tokens, {o['niah_samples']} trials at each of "
+        f"{depths} needle depths ({o['niah_samples'] * depths} trials); NIAH mean: the mean over "
+        f"{', '.join(map(str, lengths))} tokens x {depths} depths.",
+        f"lab recall: the memory lab's clean 4-choice recall (chance 0.25) on {recall.get('n', '?')} items from "
+        f"{recall.get('sources', '?')} source passages, with a source-bootstrap 95% CI.",
+    ]
+    if any(r["eval"]["request"]["options"] != o for r in measured[1:]):
+        lines.append("Some cards were measured with other settings: each model card says which.")
+    return [line for line in lines if line]
+
+
+def run_list(args: argparse.Namespace) -> int:
+    import linmem.zoo as zoo
+    from linmem.zoo.cards import fmt
 
     names = zoo.names(args.zoo_dir)
     if not names:
         print(f"no models shipped in {zoo.root(args.zoo_dir)} (linmem zoo ship RUN_DIR ... packages them)")
         return 0
-    print(f"{'name':<14}{'params':>11}{'MB':>7}{'test ppl':>10}  {'ppl measured on':<26}{'MQAR':>6}{'NIAH':>7}  "
-          f"recall [95% CI]")
-    for name in names:
-        folder = zoo.path(name, args.zoo_dir)
-        record = zoo.eval_record(name, args.zoo_dir) if (folder / "eval.json").is_file() else {}
-        h = headline(record["eval"]["tasks"]) if record else {}
-        ppl_metrics = record["eval"]["tasks"].get("ppl", {}).get("metrics") if record else None
-        text = measured_on(ppl_metrics) if ppl_metrics else "–"
-        size = zoo.folder_bytes(folder) / 1e6
-        print(f"{name:<14}{fmt(record.get('parameters')):>11}{size:>7.2f}{fmt(h.get('ppl'), 1):>10}  {text:<26}"
-              f"{fmt(h.get('mqar_mean'), 2):>6}{fmt(h.get('niah_mean'), 2):>7}  {recall_cell(h)}")
-    print("test ppl: eval.json's, on the held-out text shipped beside each model (other token counts, as in "
-          "`linmem eval` or the demo, give other perplexities)")
+    records = {n: zoo.eval_record(n, args.zoo_dir) if (zoo.path(n, args.zoo_dir) / "eval.json").is_file() else {}
+               for n in names}
+    widths = (10, -26, 8, 11, 10, 11, 0)  # the recall cell last, left-aligned after two spaces
+
+    def line(cells) -> str:
+        return "".join(f"{c:>{w}}" if w > 0 else f"  {c:<{-w}}" for c, w in zip(cells, widths))
+
+    print(f"{'name':<14}{'params':>11}{'MB':>7}" + line(CARD_COLUMNS))
+    for name, record in records.items():
+        size = zoo.folder_bytes(zoo.path(name, args.zoo_dir)) / 1e6
+        print(f"{name:<14}{fmt(record.get('parameters')):>11}{size:>7.2f}" + line(card_numbers(record).values()))
+    print("\n".join(card_legend(list(records.values()))))
     return 0
 
 

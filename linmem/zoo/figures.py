@@ -9,7 +9,8 @@ from typing import Any
 
 from linmem.eval.plots import have_matplotlib
 
-__all__ = ["bars", "close", "grouped_bars", "have_matplotlib", "loss_curves", "mqar_curves", "niah_grids", "save"]
+__all__ = ["bars", "close", "grouped_bars", "have_matplotlib", "loss_curves", "mqar_curves", "niah_grids", "save",
+           "wilson"]
 
 
 def _pyplot():
@@ -31,6 +32,15 @@ def save(figure, path: Path) -> Path:
 
 def close(figure) -> None:
     _pyplot().close(figure)
+
+
+def wilson(share: float, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson 95% interval ``(low, high)`` of a success share over ``trials`` independent trials."""
+    if trials <= 0:
+        return (0.0, 1.0)
+    centre = (share + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * (share * (1 - share) / trials + z * z / (4 * trials * trials)) ** 0.5
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def _smooth(values: Sequence[float], width: int) -> list[float]:
@@ -74,15 +84,23 @@ def loss_curves(groups: dict[str, dict[str, dict[str, list]]]):
     return fig
 
 
-def mqar_curves(tables: dict[str, list[dict[str, Any]]], title: str = "MQAR accuracy"):
-    """Accuracy against the number of pairs for each model (``{name: mqar table rows}``), with chance."""
+def mqar_curves(tables: dict[str, list[dict[str, Any]]], title: str = "MQAR accuracy", intervals: bool = False):
+    """Accuracy against the number of pairs for each model (``{name: mqar table rows}``), with chance; with
+    ``intervals``, Wilson 95% intervals counting each of a row's ``samples`` sequences as one trial (conservative:
+    a sequence's queries are not independent, and a mean of per-sequence shares varies no more than that)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     pairs: set[int] = set()
     colors = plt.get_cmap("tab20" if len(tables) > 10 else "tab10")
     for i, (name, rows) in enumerate(tables.items()):
-        ax.plot([r["pairs"] for r in rows], [r["accuracy"] for r in rows], marker="o", label=name, color=colors(i),
-                linestyle="-" if i < 10 else ":")
+        xs = [r["pairs"] * 1.03 ** (i - (len(tables) - 1) / 2) for r in rows]  # nudged apart: bars stay readable
+        accuracy = [r["accuracy"] for r in rows]
+        yerr = None
+        if intervals and all(r.get("samples") for r in rows):
+            bounds = [wilson(a, r["samples"]) for a, r in zip(accuracy, rows)]
+            yerr = [[a - lo for a, (lo, _) in zip(accuracy, bounds)], [hi - a for a, (_, hi) in zip(accuracy, bounds)]]
+        ax.errorbar(xs, accuracy, yerr=yerr, marker="o", label=name, color=colors(i), capsize=2,
+                    linestyle="-" if i < 10 else ":")
         pairs |= {r["pairs"] for r in rows}
     xs = sorted(pairs)
     ax.plot(xs, [1 / n for n in xs], linestyle="--", color="grey", label="chance (1 / pairs)")
@@ -161,9 +179,10 @@ def grouped_bars(groups: dict[str, dict[str, float | None]], title: str, ylabel:
     return fig
 
 
-def niah_grids(grids: dict[str, dict[str, Any]]):
+def niah_grids(grids: dict[str, dict[str, Any]], trials: int | None = None):
     """Needle-in-a-haystack accuracy over the length × depth grid, one small panel per model, one 0–1 colour scale
-    (``grids[name]`` as the runner's NIAH report keeps it: ``lengths``, ``depths``, ``accuracy[length][depth]``)."""
+    (``grids[name]`` as the runner's NIAH report keeps it: ``lengths``, ``depths``, ``accuracy[length][depth]``).
+    With ``trials`` per cell, each cell reads ``hits/trials`` instead of a share, so a small sample shows as one."""
     plt = _pyplot()
     names = list(grids)
     cols = min(4, len(names))
@@ -183,7 +202,10 @@ def niah_grids(grids: dict[str, dict[str, Any]]):
         ax.set_ylabel("tokens", fontsize=7)
         for i, row in enumerate(grid["accuracy"]):
             for j, value in enumerate(row):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                if value is None:
+                    continue
+                text = f"{round(value * trials)}/{trials}" if trials else f"{value:.2f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
                         color="black" if value > 0.6 else "white")
     if image is not None:
         fig.colorbar(image, ax=list(axes.flat[:len(names)]), label="accuracy", shrink=0.8)
