@@ -4,11 +4,15 @@ model, the lab's state swap and write block redone with them alone, and the free
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
 import linmem.layers.recurrent as recurrent
 import linmem.memory as mm
+import linmem.memory.edits as edits
 from linmem.layers.hooks import HookPoint
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.modeling import CACHE_FIELD
@@ -173,3 +177,11 @@ def test_points_without_hooks_copy_nothing_and_skip_final_states(case, monkeypat
     hooked_logits, hooked_grads = step([(None, no_op)])
     assert any(copies) and finals and all(finals)
     assert torch.equal(free_logits, hooked_logits) and torch.equal(free_grads, hooked_grads)
+
+
+def test_edits_import_nothing_from_intervene():
+    """Edits get an ``EditContext`` from the run instead of the run's ``LayerEditor``: ``edits.py`` does not import
+    ``intervene.py``, not even for annotations, so the two modules do not depend on each other both ways."""
+    tree = ast.parse(Path(edits.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "linmem.memory.intervene" not in imported

@@ -8,13 +8,15 @@ component and prompt), in a Gaussian direction drawn from ``seed``.
 Each edit is a frozen dataclass that carries its own behaviour, at one of three stages of a run (``Edit.stage``):
 ``"cache"`` edits change the cached states after tokens ``[0, at)`` (``apply_to_cache``); ``"write"`` edits change
 the writes of the replayed heads (``override_writes``); ``"readout"`` edits replace a part of the heads' read-out
-(``patch_readout``). A new edit is one new class here.
+(``patch_readout``). A new edit is one new class here. Write and read-out edits see their layer through an
+``EditContext`` (the layer, the chunk's first token, the recorded runs), which ``intervene`` builds; this module
+imports nothing from ``intervene``.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,7 +26,7 @@ from linmem.memory.components import Component
 from linmem.models.cache import AttentionLayerCache, LinMemCache
 
 if TYPE_CHECKING:
-    from linmem.memory.intervene import LayerEditor, PairEdit
+    from linmem.memory.recording import Recording
     from linmem.memory.replay import HeadInputs, Replay, WriteOverrides
 
 CONTROLS = ("donor", "random")
@@ -45,6 +47,40 @@ class Edit:
     def recordings(self) -> tuple[str, ...]:
         """The recorded runs (``"donor"``, ``"clean"``) the edit takes values from inside the layers."""
         return ()
+
+
+@dataclass(frozen=True)
+class PairEdit:
+    """One write / read-out edit on one memory of one ``(row, head)``; ``batch`` is the prompt pair's index."""
+
+    edit: Edit
+    memory: str
+    batch: int
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return self.edit.edited_positions()
+
+
+@dataclass(frozen=True)
+class EditContext:
+    """What a write or read-out edit sees of the layer it acts in: the ``layer`` index, ``offset`` (the first
+    token of the run chunk, so that chunk position ``p`` is prompt position ``p + offset``), whether the layer has a
+    residual memory, and ``recording(name)``, the recorded run ``"donor"`` or ``"clean"``."""
+
+    layer: int
+    offset: int
+    residual: bool
+    recording: Callable[[str], Recording]
+
+    def donor_inputs(self, pair: PairEdit, head: int, rel: list[int]) -> dict[str, torch.Tensor]:
+        """The donor's write inputs ``k, v, beta`` (and ``gamma``) of ``pair`` and ``head`` at the chunk's tokens
+        ``rel``: ``[P, ...]`` each."""
+        record = self.recording("donor")
+        b, h = torch.tensor([pair.batch]), torch.tensor([head])
+        absolute = [p + self.offset for p in rel]
+        names = ("k", "v", "beta", "gamma") if self.residual else ("k", "v", "beta")
+        return {name: record.at(self.layer, name, b, absolute, h)[0] for name in names}
 
 
 class CacheEdit(Edit):
@@ -69,7 +105,7 @@ class WriteEdit(Edit):
     def edited_positions(self) -> tuple[int, ...]:
         return tuple(range(*self.span))
 
-    def override_writes(self, editor: LayerEditor, w: WriteOverrides, x: HeadInputs, i: int, head: int,
+    def override_writes(self, context: EditContext, w: WriteOverrides, x: HeadInputs, i: int, head: int,
                         pair: PairEdit, rel: list[int]) -> None:
         """Set the writes of replayed pair ``i`` (``head``) at its chunk's tokens ``rel`` in ``w``."""
         raise NotImplementedError
@@ -86,23 +122,23 @@ class ReadoutEdit(Edit):
     def recordings(self) -> tuple[str, ...]:
         return (self.source,)
 
-    def patch_readout(self, editor: LayerEditor, out: Replay, i: int, head: int, pair: PairEdit,
+    def patch_readout(self, context: EditContext, out: Replay, i: int, head: int, pair: PairEdit,
                       rel: list[int]) -> None:
         """Replace pair ``i``'s read-out part of ``pair.memory`` at ``rel`` in ``out.o`` (and ``out.base_read``)
         by the source run's."""
-        derived = editor.sources[self.source].derived(editor.layer, tuple(p + editor.offset for p in rel))
+        derived = context.recording(self.source).derived(context.layer, tuple(p + context.offset for p in rel))
         src_o = derived["o"][pair.batch, head].to(out.o.dtype)
         src_base = derived["base_read"][pair.batch, head].to(out.o.dtype)
-        if not editor.residual:
+        if not context.residual:
             current, target = out.o[i, rel], src_o
         elif pair.memory == "S":
             current, target = out.base_read[i, rel], src_base
         else:
             current, target = out.o[i, rel] - out.base_read[i, rel], src_o - src_base
         if getattr(self, "control", "donor") == "random":
-            target = current + equal_norm_noise(target - current, (self.seed, editor.layer, head, pair.memory,
-                                                                   pair.batch), dims=2)
-        if not editor.residual:
+            target = current + equal_norm_noise(target - current, (self.seed, context.layer, head, pair.memory,
+                                                                    pair.batch), dims=2)
+        if not context.residual:
             out.o[i, rel] = target
         elif pair.memory == "S":
             out.o[i, rel] = out.o[i, rel] + target - current
@@ -213,7 +249,7 @@ class WriteBlock(WriteEdit):
         object.__setattr__(self, "components", _components(self.components))
         object.__setattr__(self, "span", _span(self.span))
 
-    def override_writes(self, editor, w, x, i, head, pair, rel) -> None:
+    def override_writes(self, context, w, x, i, head, pair, rel) -> None:
         if pair.memory == "S":
             w.base_beta[i, rel] = 0
         else:
@@ -244,10 +280,10 @@ class DonorWrite(WriteEdit):
     def recordings(self) -> tuple[str, ...]:
         return ("donor", "clean") if self.control == "random" else ("donor",)  # the random R write needs clean r
 
-    def override_writes(self, editor, w, x, i, head, pair, rel) -> None:
-        d = {k: v.to(x.q.dtype) for k, v in editor.donor_inputs(pair, head, rel).items()}
+    def override_writes(self, context, w, x, i, head, pair, rel) -> None:
+        d = {k: v.to(x.q.dtype) for k, v in context.donor_inputs(pair, head, rel).items()}
         random = self.control == "random"
-        seed = (self.seed, editor.layer, head, pair.memory, pair.batch)
+        seed = (self.seed, context.layer, head, pair.memory, pair.batch)
         if pair.memory == "S":
             if random:
                 w.base_v[i, rel] = x.v[i, rel] + write_noise(d["beta"], d["v"], d["k"], x.beta[i, rel], x.v[i, rel],
@@ -255,10 +291,10 @@ class DonorWrite(WriteEdit):
             else:
                 w.base_k[i, rel], w.base_v[i, rel], w.base_beta[i, rel] = d["k"], d["v"], d["beta"]
             return
-        absolute = tuple(p + editor.offset for p in rel)
-        donor_r = editor.sources["donor"].derived(editor.layer, absolute)["r"][pair.batch, head].to(x.q.dtype)
+        absolute = tuple(p + context.offset for p in rel)
+        donor_r = context.recording("donor").derived(context.layer, absolute)["r"][pair.batch, head].to(x.q.dtype)
         if random:
-            clean_r = editor.sources["clean"].derived(editor.layer, absolute)["r"][pair.batch, head].to(x.q.dtype)
+            clean_r = context.recording("clean").derived(context.layer, absolute)["r"][pair.batch, head].to(x.q.dtype)
             w.resid_r_shift[i, rel] = write_noise(d["gamma"], donor_r, d["k"], x.gamma[i, rel], clean_r,
                                                   x.k[i, rel], seed)
         else:
@@ -292,8 +328,8 @@ class KeyAlign(WriteEdit):
     def edited_positions(self) -> tuple[int, ...]:
         return (*range(*self.span), self.toward)
 
-    def override_writes(self, editor, w, x, i, head, pair, rel) -> None:
-        toward = self.toward - editor.offset
+    def override_writes(self, context, w, x, i, head, pair, rel) -> None:
+        toward = self.toward - context.offset
         if not 0 <= toward < x.length:
             raise ValueError(f"{self!r}: toward and span must fall in one run chunk (before or after `at`)")
         span = [p for p in rel if p != toward]

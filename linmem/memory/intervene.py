@@ -18,31 +18,17 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from linmem.memory.components import check_component, mixer
-from linmem.memory.edits import Edit
+from linmem.memory.edits import Edit, EditContext, PairEdit
 from linmem.memory.recording import Recording, backbone, head_scale, on_model, record_inputs, unembed
 from linmem.memory.replay import HeadInputs, WriteOverrides, replay
 from linmem.models.cache import AttentionLayerCache, LinMemCache
 from linmem.ops.linear_memory import state_dtype_for
-
-
-@dataclass(frozen=True)
-class PairEdit:
-    """One write / read-out edit on one memory of one ``(row, head)``; ``batch`` is the prompt pair's index."""
-
-    edit: Edit
-    memory: str
-    batch: int
-
-    @property
-    def positions(self) -> tuple[int, ...]:
-        return self.edit.edited_positions()
 
 
 class Plan:
@@ -294,6 +280,7 @@ class LayerEditor:
         self.model, self.layer, self.offset, self.sources = model, layer, offset, sources
         self.mix = mixer(model, layer)
         self.residual = self.mix.memory.residual
+        self.context = EditContext(layer, offset, self.residual, sources.__getitem__)
         self.keys = sorted(pairs)
         self.pairs = pairs
         self.captured: dict[str, torch.Tensor] = {}
@@ -353,19 +340,10 @@ class LayerEditor:
                 rel = self._relative(pair, x.length)
                 special.update(rel)
                 if pair.edit.stage == "write":
-                    pair.edit.override_writes(self, overrides, x, i, key[1], pair, rel)
+                    pair.edit.override_writes(self.context, overrides, x, i, key[1], pair, rel)
         out = replay(x, self.mix.memory, head_scale(self.mix), initial, sorted(special), overrides, self.mix.backend)
         for i, key in enumerate(self.keys):
             for pair in self.pairs[key]:
                 if pair.edit.stage == "readout":
-                    pair.edit.patch_readout(self, out, i, key[1], pair, self._relative(pair, x.length))
+                    pair.edit.patch_readout(self.context, out, i, key[1], pair, self._relative(pair, x.length))
         return out
-
-    def donor_inputs(self, pair: PairEdit, head: int, rel: list[int]) -> dict[str, torch.Tensor]:
-        """The donor's write inputs ``k, v, beta`` (and ``gamma``) of ``pair`` and ``head`` at the chunk's tokens
-        ``rel``: ``[P, ...]`` each."""
-        record = self.sources["donor"]
-        b, h = torch.tensor([pair.batch]), torch.tensor([head])
-        absolute = [p + self.offset for p in rel]
-        names = ("k", "v", "beta", "gamma") if self.residual else ("k", "v", "beta")
-        return {name: record.at(self.layer, name, b, absolute, h)[0] for name in names}
