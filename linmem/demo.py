@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from linmem.backend_names import add_backend_option
 from linmem.io.atomic import write_bytes_atomic
+from linmem.io.backend_names import add_backend_option
 from linmem.io.folders import check_output_folder, output_file, output_folder, output_subfolder
 from linmem.zoo.cards import headline, mixer_label
 

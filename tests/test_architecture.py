@@ -17,7 +17,8 @@ PACKAGE = ROOT / "linmem"
 
 # Lowest first. ``linmem`` is the package's own ``__init__`` (the public face: it imports models and ops).
 LAYERS: list[set[str]] = [
-    {"ops", "io"},
+    {"io"},
+    {"ops"},
     {"data"},
     {"layers"},
     {"models"},

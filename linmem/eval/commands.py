@@ -2,7 +2,7 @@
 of ``evaluate``.
 
 Only argparse and the standard library load with this module (the task names from ``linmem.eval.task_names``, the
-backend names from ``linmem.backend_names``);
+backend names from ``linmem.io.backend_names``);
 ``run`` imports the evaluation, so that the help and argument errors answer at once."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from linmem.backend_names import add_backend_option
 from linmem.eval.task_names import TASKS, parse_max_tokens, parse_tasks
+from linmem.io.backend_names import add_backend_option
 
 
 def _ints(text: str) -> list[int]:
@@ -30,12 +30,14 @@ def _floats(text: str) -> list[float]:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", type=Path, help="a model folder (OUT/model of linmem train, or a checkpoint)")
+    parser.add_argument("model_dir", help="a model folder (OUT/model of linmem train, or a checkpoint), zoo:NAME or a "
+                        "Hugging Face model id ORG/NAME[@REVISION] (fetched into the Hugging Face cache)")
     parser.add_argument("--tasks", default="ppl,cloze,mqar,niah,recall,stability",
                         help=f"comma-separated from {', '.join(TASKS)}, or all")
     parser.add_argument("--data", default=None, help="dataset folder for held-out text (default: the training one)")
     parser.add_argument("--split", default="test", help="held-out split (test)")
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default MODEL_DIR/eval)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report folder (default MODEL_DIR/eval; required for zoo:NAME and Hub models)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty output folder that linmem eval did not make (its other files are "
                              "kept)")
@@ -74,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     from linmem.io.models import default_output_folder, resolve_model_folder
 
     tasks = parse_tasks(args.tasks)
-    # before torch loads: a missing model folder or unknown zoo:NAME, and an output folder that would be refused
+    # before torch loads: a missing model folder, an unknown zoo:NAME or Hub id, and an output folder that would be
+    # refused (a Hub model's config is checked before its weights are fetched)
     model = resolve_model_folder(args.model_dir)
-    out = args.out or (args.model_dir / "eval" if args.model_dir.is_dir() else default_output_folder(model, "eval"))
+    named = Path(args.model_dir)
+    out = args.out or (named / "eval" if named.is_dir() else default_output_folder(model, "eval"))
     check_output_folder(out, overwrite=args.overwrite, kind="eval", files=report_files(tasks))
     from linmem.eval.descriptions import describe_perplexity
     from linmem.eval.runner import EvalOptions, evaluate
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                           recall_keys=args.recall_keys, recall_values=args.recall_values,
                           recall_bindings=args.recall_bindings, seed=args.seed, device=args.device)
     with output_folder(out, overwrite=args.overwrite, kind="eval"):  # a failed evaluation leaves no folder behind
-        report = evaluate(args.model_dir, tasks, options, out, backend=args.backend)
+        report = evaluate(model, tasks, options, out, backend=args.backend)  # the folder resolved above, fetched once
     for name, result in report["tasks"].items():
         if result.get("available") is False:
             print(f"{name}: {result['reason']}")

