@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -132,8 +133,13 @@ def test_a_missing_folder_is_one_line_and_never_reaches_the_hub(tmp_path, name, 
         raise AssertionError(f"from_pretrained called with {args}")
 
     monkeypatch.setattr(LinMemForCausalLM, "from_pretrained", no_hub)
-    for spec in (tmp_path / "nope", "runs/nope", "someone/some-model"):
-        with pytest.raises(ValueError, match=r"^not a model folder: .*no such folder") as error:
+    # a name shaped like a Hub id is looked up in the (empty) Hugging Face cache only, offline
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for spec, said in ((tmp_path / "nope", r"^not a model folder: .*no such folder"),
+                       ("runs/nope", r"^runs/nope: no such folder, and runs/nope is not in the Hugging Face cache"),
+                       ("someone/some-model", r"^someone/some-model: no such folder, and .* not in the Hugging Face")):
+        with pytest.raises(ValueError, match=said) as error:
             LOADERS[name](spec)
         assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match=r"no zoo model named 'nope'; available: .*rla"):
