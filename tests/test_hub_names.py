@@ -26,11 +26,14 @@ import torch
 from huggingface_hub import constants
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
+import linmem.zoo
 from linmem.cli import main
 from linmem.data.build import BuildOptions, SplitFractions, build_dataset
 from linmem.data.sources import open_path
+from linmem.io.manifest import DamagedFileError
 from linmem.io.models import resolve_model_folder
 from linmem.models.hf_import import load_hf_hybrid
+from linmem.models.loading import load_weights
 from tests.test_hf_hybrids import ZOO_TOKENIZER, hf_model
 from tests.test_train_support import one_thread, write_corpus  # noqa: F401 (a fixture)
 
@@ -129,6 +132,25 @@ def test_config_is_checked_before_weights_are_asked_for(offline, tmp_path, monke
     snapshot = resolve_model_folder(REPO)
     shards = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"].values()
     assert asked == [(REPO, ["config.json"]), (REPO, ["*.json"]), (REPO, sorted({"model.safetensors", *shards}))]
+
+
+def test_a_manifest_names_what_is_fetched_and_is_verified(offline, monkeypatch):
+    """A linmem model on the Hub (the shipped gdn folder): every file its manifest lists is fetched, and a file that
+    differs from the manifest is named as damaged at load, as in a local folder."""
+    shipped = Path(linmem.zoo.path("gdn"))
+    snapshot = add_to_cache(offline / "hub", "tiny-org/gdn", COMMIT, shipped)
+    asked, real = [], huggingface_hub.snapshot_download
+
+    def recording(repo_id, **options):
+        asked.append(options["allow_patterns"])
+        return real(repo_id, **options)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", recording)
+    model, folder = load_weights("tiny-org/gdn")
+    assert folder == snapshot and asked[-1] == sorted(json.loads((shipped / "manifest.json").read_text())["files"])
+    (snapshot / "README.md").resolve().write_text("edited")
+    with pytest.raises(DamagedFileError, match=r"README\.md: damaged"):
+        load_weights("tiny-org/gdn")
 
 
 @pytest.mark.parametrize("name, said", [
