@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 # a Hub model id as ORG/NAME: letters, digits, '-', '_', '.'; '--' and '..' are not allowed by the Hub
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}", re.ASCII)
 HUB_FILES = ("*.json",)  # step 2: config, tokenizer, index of shards, manifest and records
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
