@@ -21,12 +21,13 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
+from torch import nn
 
 from linmem.models.configuration import LinMemConfig
 from linmem.models.modeling import LinMemForCausalLM
@@ -215,9 +216,16 @@ def _attention_fields(attn: Any, num_layers: int) -> dict[str, Any]:
     return dict(attn_layers=sorted(layers), **shapes[0])
 
 
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (``model.safetensors``, or the shards named by
-    ``model.safetensors.index.json``) on the CPU, read with ``safetensors`` (never unpickled).
+# Streaming: a checkpoint's tensors go, one at a time, into a model whose parameters were allocated on the target
+# device without being initialised, so host memory holds one tensor beyond the model (and nothing beyond one tensor
+# when the model is on a GPU) and device memory holds the weights only. The HF hybrids' loader uses the same steps.
+
+_STORED_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory: ``model.safetensors``, or the shards that
+    ``model.safetensors.index.json`` names.
 
     Raises:
         ValueError: if the directory has no safetensors weights (a ``pytorch_model.bin`` is refused, not read).
@@ -225,65 +233,144 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
-        found = f" (found {pickled}: pickled weights, which linmem never loads since unpickling can run code; " \
-                f"convert them to safetensors with a tool you trust)" if pickled else ""
-        raise ValueError(f"{path} has no model.safetensors or model.safetensors.index.json{found}")
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(path / name, device="cpu"))
-    return tensors
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    found = f" (found {pickled}: pickled weights, which linmem never loads since unpickling can run code; " \
+            f"convert them to safetensors with a tool you trust)" if pickled else ""
+    raise ValueError(f"{path} has no model.safetensors or model.safetensors.index.json{found}")
 
 
-def fla_state_dict_to_linmem(
-    state_dict: Mapping[str, torch.Tensor],
-    fla_config: Mapping[str, Any],
-    config: LinMemConfig,
-) -> dict[str, torch.Tensor]:
-    """FLA parameter names → linmem's (equal except GLA's output norm), with the tied ``lm_head.weight`` dropped.
-
-    GLA with ``fuse_norm=False``: ``attn.g_norm.weight`` → ``attn.g_norm_swish_gate.weight`` (both are RMSNorm times
-    swish(g_proj x)); GLA with ``elementwise_affine=False``: a weight of ones ``[V]`` (a norm without weight).
-    """
-    model_type = fla_config["model_type"]
-    renamed = {re.sub(r"(\.attn)\.g_norm\.weight$", r"\1.g_norm_swish_gate.weight", name)
-               if model_type == "gla" else name: tensor for name, tensor in state_dict.items()}
-    if model_type == "gla" and not {**_DEFAULTS["gla"], **fla_config}["elementwise_affine"]:
-        like = state_dict["model.embeddings.weight"]
-        width = config.head_dim * config.expand_v
-        for i in range(config.num_hidden_layers):
-            if i not in config.attn_layers:
-                renamed.setdefault(f"model.layers.{i}.attn.g_norm_swish_gate.weight",
-                                   torch.ones(round(width), dtype=like.dtype))
-    if config.tie_word_embeddings and "lm_head.weight" in renamed:
-        head = renamed.pop("lm_head.weight")
-        if not torch.equal(head, renamed["model.embeddings.weight"]):
-            raise ValueError("the config ties lm_head to the embeddings (tie_word_embeddings=True) but the checkpoint "
-                             "holds a different lm_head.weight; which one FLA uses depends on load order")
-    return renamed
+def stream_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor of ``files``, read on the CPU one at a time (``safetensors.safe_open``,
+    never unpickled); one file is open at a time."""
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
 
 
-def _check_names_and_shapes(weights: Mapping[str, torch.Tensor], model: LinMemForCausalLM) -> None:
-    expected = {name: p.shape for name, p in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        expected.pop("lm_head.weight", None)
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    wrong = [f"{n}: checkpoint {list(weights[n].shape)}, linmem {list(expected[n])}"
-             for n in sorted(set(expected) & set(weights)) if weights[n].shape != expected[n]]
-    if missing or unexpected or wrong:
-        raise ValueError(f"the checkpoint's weights do not match the model its config describes: missing {missing}, "
-                         f"unexpected {unexpected}, wrong shapes {wrong}")
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (``safetensors_files``) on the CPU, read with ``safetensors``."""
+    return dict(stream_safetensors(safetensors_files(path)))
 
 
-def _resolve_dtype(dtype: torch.dtype | str | None, weights: Mapping[str, torch.Tensor]) -> torch.dtype:
+def stored_dtype(files: list[Path], names: tuple[str, ...]) -> torch.dtype:
+    """The float dtype the first of ``names`` found in ``files`` is stored in (read from the file headers only)."""
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as handle:
+            stored = set(handle.keys())
+            for name in (n for n in names if n in stored):
+                code = handle.get_slice(name).get_dtype()
+                if code not in _STORED_FLOATS:
+                    raise ValueError(f"{file}: {name} is stored as {code}; pass dtype= (a float dtype) to load it")
+                return _STORED_FLOATS[code]
+    raise ValueError(f"{files[0].parent} has none of the tensors {list(names)}")
+
+
+def empty_model(config: LinMemConfig, dtype: torch.dtype, device: torch.device | str) -> LinMemForCausalLM:
+    """``LinMemForCausalLM(config)`` in eval mode with uninitialised ``dtype`` parameters on ``device`` (built on the
+    meta device, so no memory is taken twice and no random init runs); ``lm_head`` tied to the embedding where the
+    config ties them. Buffers stay on the meta device: ``WeightWriter.finish`` refuses a model that has any."""
+    with _no_init_weights(), torch.device("meta"):
+        model = LinMemForCausalLM(config)
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            kind = dtype if param.is_floating_point() else param.dtype
+            setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=kind, device=device),
+                                               requires_grad=param.requires_grad))
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+class WeightWriter:
+    """Copies checkpoint tensors (or slices of them) into the parameters of an ``empty_model`` and checks, at the
+    end, that every parameter was written in full, that no tensor went nowhere and that every shape fitted."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.params = dict(model.named_parameters())  # a tied lm_head is the embedding: listed once
+        self.written = dict.fromkeys(self.params, 0)  # elements written per parameter
+        self.unexpected: list[str] = []
+        self.wrong: list[str] = []
+
+    def write(self, source: str, target: str, value: torch.Tensor, index: Any = None) -> None:
+        """Copy ``value`` (checkpoint tensor ``source``) into parameter ``target``, or into ``target[index]``."""
+        param = self.params.get(target)
+        if param is None:
+            self.unexpected.append(source)
+            return
+        dest = param.data if index is None else param.data[index]
+        if dest.shape != value.shape:
+            self.wrong.append(f"{source}: checkpoint {list(value.shape)}, linmem {target} {list(dest.shape)}")
+            return
+        dest.copy_(value)
+        self.written[target] += value.numel()
+
+    def reject(self, source: str) -> None:
+        """Record a checkpoint tensor that has no place in the model."""
+        self.unexpected.append(source)
+
+    def is_written(self, target: str) -> bool:
+        return self.written.get(target, 0) > 0
+
+    def finish(self, what: str) -> None:
+        """Raise ``ValueError`` naming ``what`` (the checkpoint) unless the model was filled exactly."""
+        missing = [name for name, param in self.params.items() if self.written[name] != param.numel()]
+        if missing or self.unexpected or self.wrong:
+            raise ValueError(f"{what}: the weights do not match the model its config describes: missing "
+                             f"{_few(missing)}, unexpected {_few(self.unexpected)}, wrong shapes {_few(self.wrong)}")
+        tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
+        meta = [name for name, tensor in tensors if tensor.is_meta]
+        if meta:
+            raise ValueError(f"{what}: linmem's model has tensors no checkpoint holds and the loader does not compute "
+                             f"({_few(meta)}); give them a value in linmem.models.fla_import.empty_model")
+
+
+def _few(names: list[str], shown: int = 12) -> str:
+    """A list for an error message, cut after ``shown`` entries."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{names[:shown]}{more}"
+
+
+def fla_tensor_name(name: str, model_type: str) -> str:
+    """linmem's name of an FLA parameter: the same, except GLA's un-fused output norm (``attn.g_norm.weight`` →
+    ``attn.g_norm_swish_gate.weight``; both are RMSNorm times swish(g_proj x))."""
+    if model_type == "gla":
+        return re.sub(r"(\.attn)\.g_norm\.weight$", r"\1.g_norm_swish_gate.weight", name)
+    return name
+
+
+def _fill_fla(model: LinMemForCausalLM, files: list[Path], fla_config: Mapping[str, Any]) -> None:
+    """Stream ``files`` into ``empty_model`` ``model``. A tied ``lm_head.weight`` in the checkpoint must equal the
+    embedding; GLA with ``elementwise_affine=False`` gets output-norm weights of ones (a norm without weight)."""
+    config, model_type = model.config, fla_config["model_type"]
+    writer, head = WeightWriter(model), None
+    with torch.no_grad():
+        for name, tensor in stream_safetensors(files):
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                head = tensor
+                continue
+            writer.write(name, fla_tensor_name(name, model_type), tensor)
+        if model_type == "gla" and not {**_DEFAULTS["gla"], **fla_config}["elementwise_affine"]:
+            for i in (i for i in range(config.num_hidden_layers) if i not in config.attn_layers):
+                target = f"model.layers.{i}.attn.g_norm_swish_gate.weight"
+                if not writer.is_written(target):
+                    writer.write("(no weight: ones)", target, torch.ones_like(writer.params[target]))
+    writer.finish(str(files[0].parent))
+    embedding = model.model.embeddings.weight
+    if head is not None and not torch.equal(head.to(embedding), embedding):
+        raise ValueError("the config ties lm_head to the embeddings (tie_word_embeddings=True) but the checkpoint "
+                         "holds a different lm_head.weight; which one FLA uses depends on load order")
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, files: list[Path]) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":  # the checkpoint's own (the embedding's) dtype
-        return weights["model.embeddings.weight"].dtype
+        return stored_dtype(files, ("model.embeddings.weight",))
     if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
         return getattr(torch, dtype)
     raise ValueError(f"dtype must be a torch.dtype, its name, 'auto' or None; got {dtype!r}")
@@ -300,7 +387,9 @@ def load_fla_checkpoint(
     """Load an FLA GLA / Gated DeltaNet checkpoint directory as a ``LinMemForCausalLM`` (in eval mode).
 
     Args:
-        path: directory with FLA's ``config.json`` and safetensors weights.
+        path: directory with FLA's ``config.json`` and safetensors weights, or the Hugging Face Hub id
+            ``ORG/NAME[@REVISION]`` of such a checkpoint, fetched into the Hugging Face cache (``linmem.io.hub``; an
+            existing folder of that name wins).
         dtype: parameter dtype; ``"auto"`` / None keep the checkpoint's (its embedding's dtype).
         device: where the model lives (None: CPU).
         backend: the linmem op backend (``"auto"``: Triton on CUDA, chunk elsewhere).
@@ -309,22 +398,17 @@ def load_fla_checkpoint(
         ValueError: a setting linmem cannot reproduce, a ``.bin``-only directory, or weights that do not match the
             config (names or shapes).
     """
-    path = Path(path)
+    from linmem.io.models import local_or_hub_folder
+
+    path = local_or_hub_folder(path)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} has no config.json (expected an FLA checkpoint directory)")
     fla_config = json.loads((path / "config.json").read_text())
     config = fla_config_to_linmem(fla_config, backend=backend, allow_unknown_fields=allow_unknown_fields)
-    weights = read_safetensors(path)
-    dtype = _resolve_dtype(dtype, weights)
-    no_init = _no_init_weights()
-    with no_init, torch.device(device or "cpu"):
-        model = LinMemForCausalLM(config)
-    weights = fla_state_dict_to_linmem(weights, fla_config, config)
-    _check_names_and_shapes(weights, model)
-    model.load_state_dict(weights, strict=not config.tie_word_embeddings)
-    if config.tie_word_embeddings:
-        model.tie_weights()
-    return model.to(dtype).eval()
+    files = safetensors_files(path)
+    model = empty_model(config, _resolve_dtype(dtype, files), device or "cpu")
+    _fill_fla(model, files, fla_config)
+    return model
 
 
 def _no_init_weights():
@@ -351,11 +435,14 @@ def convert_fla_checkpoint(
 ) -> Path:
     """Write an FLA checkpoint as a linmem checkpoint (``save_pretrained``: ``config.json`` with
     ``model_type = "linmem"`` and safetensors weights) that ``AutoModelForCausalLM.from_pretrained`` loads after
-    ``import linmem``. Tokenizer files next to the FLA weights are copied along. Returns ``output_dir``, which must
-    be new, empty or an earlier conversion's unless ``overwrite`` (``linmem.io.folders.prepare_output_folder``)."""
+    ``import linmem``. Tokenizer files next to the FLA weights are copied along. ``path`` is a folder or a Hub id
+    (as in ``load_fla_checkpoint``). Returns ``output_dir``, which must be new, empty or an earlier conversion's
+    unless ``overwrite`` (``linmem.io.folders.prepare_output_folder``)."""
     from linmem.io.folders import prepare_output_folder
+    from linmem.io.models import local_or_hub_folder
     from linmem.models.loading import record_architecture
 
+    path = local_or_hub_folder(path)
     output_dir = prepare_output_folder(output_dir, overwrite=overwrite, kind="convert")
     model = load_fla_checkpoint(path, dtype=dtype, allow_unknown_fields=allow_unknown_fields)
     model.save_pretrained(output_dir)

@@ -33,7 +33,8 @@ activation, a RoPE scaling type, ``kimi_linear``'s per-channel decay with the de
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ import torch
 from torch import nn
 
 from linmem.models.configuration import LinMemConfig
+from linmem.models.fla_import import WeightWriter, empty_model, safetensors_files, stored_dtype, stream_safetensors
 from linmem.models.modeling import LinMemForCausalLM
 
 # text-model types (a composite Qwen3.5 config's text_config has the "_text" type)
@@ -161,122 +163,167 @@ def _int_field(config, name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _split_rows(weight: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    return [w.contiguous() for w in torch.split(weight, sizes, dim=0)]
+# Weights: each tensor of a transformers state dict or checkpoint converts on its own into pieces of linmem
+# parameters ``(linmem name, index into it or None for all of it, value)``, so a folder streams one tensor at a time
+# (``fla_import.WeightWriter``). A checkpoint may hold the names transformers converts on loading: per-expert MoE
+# weights (``mlp.experts.{e}.{gate,up,down}_proj.weight``), OLMo-Hybrid's ``attention_layer_norm`` /
+# ``feedforward_layer_norm`` and its separate ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``.
+Piece = tuple[str, Any, torch.Tensor]
+
+_SKIPPED_PREFIXES = ("model.visual.", "mtp.", "model.mtp.")  # vision and multi-token-prediction weights
+_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.([^.]+)\.(.+)")
+_EXPERT_TENSOR = re.compile(r"experts\.(\d+)\.(gate|up|down)_proj\.weight")
+_OLMO_CHECKPOINT_NORMS = {"attention_layer_norm": "input_layernorm",
+                          "feedforward_layer_norm": "post_attention_layernorm"}
+_GDN_NAMES_COMMON = {"A_log": "A_log", "dt_bias": "dt_bias"}
+_GDN_NAMES_QWEN = {**_GDN_NAMES_COMMON, "norm.weight": "o_norm.weight", "out_proj.weight": "o_proj.weight"}
+_GDN_NAMES = {  # HF linear_attn.<name> → linmem attn.<name>, for the tensors that convert alone
+    "qwen3_next": _GDN_NAMES_QWEN,
+    "qwen3_5": {**_GDN_NAMES_QWEN, "in_proj_z.weight": "g_proj.weight", "in_proj_b.weight": "b_proj.weight",
+                "in_proj_a.weight": "a_proj.weight"},
+    "olmo_hybrid": {**_GDN_NAMES_COMMON, **{f"{name}.weight": f"{name}.weight" for name in (
+        "q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_proj", "o_norm")}},
+}
 
 
-def _gdn_weights(get, config: LinMemConfig, hf_type: str) -> dict[str, torch.Tensor]:
-    """One recurrent layer's linmem parameters from ``get(name)`` (the HF layer's ``linear_attn.<name>``)."""
+def _gdn_family(hf_type: str) -> str:
+    return hf_type if hf_type in ("qwen3_next", "olmo_hybrid") else "qwen3_5"  # Qwen3.5, dense and MoE
+
+
+def _conv_pieces(name: str, w: torch.Tensor, key_dim: int, value_dim: int) -> list[Piece]:
+    """Pieces of linmem's ``q_conv1d``, ``k_conv1d``, ``v_conv1d`` from HF's depthwise conv over the ``[q | k | v]``
+    channels (``conv1d.weight``) or from one of OLMo-Hybrid's checkpoint convs ``{q,k,v}_conv1d.weight``: each of its
+    own width, or each a third of the channels, as transformers' ``save_pretrained`` splits ``conv1d``."""
+    widths, total = (key_dim, key_dim, value_dim), 2 * key_dim + value_dim
+    if name == "conv1d.weight":
+        start, width = 0, total
+    else:
+        part = "qkv".index(name[0])
+        start, width = (sum(widths[:part]), widths[part]) if w.shape[0] == widths[part] else \
+            (part * total // 3, total // 3)
+    if w.shape[0] != width:
+        raise ValueError(f"linear_attn.{name} has {w.shape[0]} channels; expected {width} (q and k {key_dim}, v "
+                         f"{value_dim})")
+    pieces, low = [], 0
+    for part, size in zip("qkv", widths):  # the part of each linmem conv that this tensor's channels cover
+        first, stop = max(start, low), min(start + width, low + size)
+        if first < stop:
+            pieces.append((f"{part}_conv1d.weight", slice(first - low, stop - low), w[first - start:stop - start]))
+        low += size
+    return pieces
+
+
+def _gdn_pieces(name: str, w: torch.Tensor, config: LinMemConfig, hf_type: str) -> list[Piece] | None:
+    """A recurrent layer's tensor ``linear_attn.<name>`` as pieces of linmem ``attn.*`` (None: not a known name)."""
     h_v, h_k = config.num_heads, config.num_key_heads
     d_k, d_v = config.head_dim, round(config.head_dim * config.expand_v)
     key_dim, value_dim, group = h_k * d_k, h_v * d_v, h_v // h_k
-    out = {}
-    if hf_type == "qwen3_next":  # per key head: [q (d_k) | k (d_k) | v (group·d_v) | z (group·d_v)] and [b | a]
-        qkvz = get("in_proj_qkvz.weight").reshape(h_k, 2 * d_k + 2 * group * d_v, -1)
-        q, k, v, z = torch.split(qkvz, [d_k, d_k, group * d_v, group * d_v], dim=1)
-        ba = get("in_proj_ba.weight").reshape(h_k, 2 * group, -1)
-        b, a = torch.split(ba, [group, group], dim=1)
-        out.update({"q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v, "g_proj.weight": z,
-                    "b_proj.weight": b, "a_proj.weight": a})
-        out = {name: w.reshape(-1, w.shape[-1]).contiguous() for name, w in out.items()}
-        out["o_norm.weight"], out["o_proj.weight"] = get("norm.weight"), get("out_proj.weight")
-    elif hf_type == "olmo_hybrid":
-        for name in ("q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_proj", "o_norm"):
-            out[f"{name}.weight"] = get(f"{name}.weight")
-    else:  # Qwen3.5 (dense and MoE)
-        q, k, v = _split_rows(get("in_proj_qkv.weight"), [key_dim, key_dim, value_dim])
-        out.update({"q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v,
-                    "g_proj.weight": get("in_proj_z.weight"), "b_proj.weight": get("in_proj_b.weight"),
-                    "a_proj.weight": get("in_proj_a.weight"),
-                    "o_norm.weight": get("norm.weight"), "o_proj.weight": get("out_proj.weight")})
-    conv = get("conv1d.weight")
-    if conv.shape[0] != 2 * key_dim + value_dim:
-        raise ValueError(f"conv1d.weight has {conv.shape[0]} channels; expected 2 * {key_dim} + {value_dim}")
-    for name, w in zip("qkv", _split_rows(conv, [key_dim, key_dim, value_dim])):
-        out[f"{name}_conv1d.weight"] = w
-    out["A_log"], out["dt_bias"] = get("A_log"), get("dt_bias")
-    return out
+    olmo_convs = ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight") if hf_type == "olmo_hybrid" else ()
+    if name == "conv1d.weight" or name in olmo_convs:
+        return _conv_pieces(name, w, key_dim, value_dim)
+    parts = {}
+    if hf_type == "qwen3_next" and name == "in_proj_qkvz.weight":  # per key head: [q | k | v (group) | z (group)]
+        split = torch.split(w.reshape(h_k, 2 * d_k + 2 * group * d_v, -1), [d_k, d_k, group * d_v, group * d_v], 1)
+        parts = {f"{p}_proj.weight": part.reshape(-1, w.shape[-1]) for p, part in zip("qkvg", split)}
+    elif hf_type == "qwen3_next" and name == "in_proj_ba.weight":  # per key head: [b (group) | a (group)]
+        split = torch.split(w.reshape(h_k, 2 * group, -1), [group, group], 1)
+        parts = {f"{p}_proj.weight": part.reshape(-1, w.shape[-1]) for p, part in zip("ba", split)}
+    elif _gdn_family(hf_type) == "qwen3_5" and name == "in_proj_qkv.weight":
+        parts = dict(zip(("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+                         torch.split(w, [key_dim, key_dim, value_dim])))
+    elif name in _GDN_NAMES[_gdn_family(hf_type)]:
+        parts = {_GDN_NAMES[_gdn_family(hf_type)][name]: w}
+    return [(target, None, value) for target, value in parts.items()] or None
 
 
-def _attention_weights(get, config: LinMemConfig, hf_type: str) -> dict[str, torch.Tensor]:
-    """One attention layer's linmem parameters from ``get(name)`` (the HF layer's ``self_attn.<name>``)."""
-    out = {}
-    names = ["k_proj", "v_proj", "o_proj"] + ([] if hf_type in QWEN_TYPES else ["q_proj"])
-    for name in names:
-        out[f"{name}.weight"] = get(f"{name}.weight")
-        if (config.attn_o_bias if name == "o_proj" else config.attn_qkv_bias):
-            out[f"{name}.bias"] = get(f"{name}.bias")
-    if hf_type in QWEN_TYPES:  # q_proj rows: per head [query (d) | gate (d)]
-        heads, head_dim = config.attn_num_heads, config.attn_head_dim
-        for suffix in ("weight", "bias") if config.attn_qkv_bias else ("weight",):
-            w = get(f"q_proj.{suffix}")
-            w = w.reshape(heads, 2, head_dim, *w.shape[1:])
-            out[f"q_proj.{suffix}"] = w[:, 0].reshape(heads * head_dim, *w.shape[3:]).contiguous()
-            out[f"g_proj.{suffix}"] = w[:, 1].reshape(heads * head_dim, *w.shape[3:]).contiguous()
-    out["q_norm.weight"], out["k_norm.weight"] = get("q_norm.weight"), get("k_norm.weight")
-    return out
+def _attention_tensor(name: str, w: torch.Tensor, config: LinMemConfig, hf_type: str) -> dict[str, torch.Tensor]:
+    """An attention layer's tensor ``self_attn.<name>`` as linmem ``attn.*`` tensors: Qwen's ``q_proj`` rows are per
+    head ``[query (d) | gate (d)]``, split into ``q_proj`` and ``g_proj``; every other name is linmem's."""
+    if hf_type not in QWEN_TYPES or name not in ("q_proj.weight", "q_proj.bias"):
+        return {name: w}
+    heads, head_dim, suffix = config.attn_num_heads, config.attn_head_dim, name.split(".")[1]
+    pairs = w.reshape(heads, 2, head_dim, *w.shape[1:])
+    return {f"q_proj.{suffix}": pairs[:, 0].reshape(heads * head_dim, *w.shape[1:]),
+            f"g_proj.{suffix}": pairs[:, 1].reshape(heads * head_dim, *w.shape[1:])}
 
 
-def _mlp_weights(get, config: LinMemConfig, layer: int) -> dict[str, torch.Tensor]:
-    if not config.is_moe_layer(layer):
-        return {f"{name}.weight": get(f"{name}.weight") for name in ("gate_proj", "up_proj", "down_proj")}
-    out = {"gate.weight": get("gate.weight"), "experts.gate_up_proj": get("experts.gate_up_proj"),
-           "experts.down_proj": get("experts.down_proj")}
-    if config.shared_expert_intermediate_size:
-        out["shared_expert_gate.weight"] = get("shared_expert_gate.weight")
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            out[f"shared_expert.{name}.weight"] = get(f"shared_expert.{name}.weight")
-    return out
+def _mlp_pieces(name: str, w: torch.Tensor, config: LinMemConfig) -> list[Piece]:
+    """An MLP tensor ``mlp.<name>`` as pieces of linmem ``mlp.*``: names are linmem's, except one expert's
+    weight, which is its slice of the stacked ``experts.gate_up_proj [E, 2I, D]`` (gate rows first) or
+    ``experts.down_proj [E, D, I]``."""
+    expert = _EXPERT_TENSOR.fullmatch(name)
+    if expert is None:
+        return [(name, None, w)]
+    e, kind, size = int(expert[1]), expert[2], config.moe_intermediate_size
+    if kind == "down":
+        return [("experts.down_proj", e, w)]
+    return [("experts.gate_up_proj", (e, slice(0, size) if kind == "gate" else slice(size, 2 * size)), w)]
 
 
-def _text_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The text model's tensors under ``model.*`` / ``lm_head.*`` (a composite Qwen3.5 keeps them under
-    ``model.language_model.*``; vision and multi-token-prediction weights are left out)."""
-    out = {}
-    for name, tensor in state_dict.items():
-        if name.startswith("model.language_model."):
-            out["model." + name.removeprefix("model.language_model.")] = tensor
-        elif name.startswith(("model.visual.", "mtp.", "model.mtp.")):
-            continue
+def _norm_name(name: str, layer: int, config: LinMemConfig, hf_type: str) -> str | None:
+    """linmem's name of a block's norm ``<name>.weight`` (None: not a norm of this block)."""
+    if hf_type != "olmo_hybrid":
+        return {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}.get(name)
+    name = _OLMO_CHECKPOINT_NORMS.get(name, name)
+    if layer in config.attn_layers:  # OLMo-Hybrid norms the outputs of attention and MLP
+        return {"post_attention_layernorm": "attn_norm", "post_feedforward_layernorm": "mlp_norm"}.get(name)
+    return {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}.get(name)
+
+
+def _layer_pieces(layer: int, block: str, rest: str, w: torch.Tensor, config: LinMemConfig,
+                  hf_type: str) -> list[Piece] | None:
+    """A tensor ``model.layers.<layer>.<block>.<rest>`` as pieces of linmem parameters (None: not a known name)."""
+    attention = layer in config.attn_layers
+    if block == "mlp":
+        pieces = _mlp_pieces(rest, w, config)
+        return [(f"model.layers.{layer}.mlp.{name}", index, value) for name, index, value in pieces]
+    if block in ("linear_attn", "self_attn"):
+        if attention != (block == "self_attn"):
+            return None
+        if attention:
+            pieces = [(name, None, value) for name, value in _attention_tensor(rest, w, config, hf_type).items()]
         else:
-            out[name] = tensor
-    return out
+            pieces = _gdn_pieces(rest, w, config, hf_type)
+        return None if pieces is None else [(f"model.layers.{layer}.attn.{n}", i, t) for n, i, t in pieces]
+    norm = _norm_name(block, layer, config, hf_type)
+    return None if norm is None or rest != "weight" else [(f"model.layers.{layer}.{norm}.weight", None, w)]
 
 
-def hf_state_dict_to_linmem(state_dict: Mapping[str, torch.Tensor], config: LinMemConfig,
-                            hf_type: str) -> dict[str, torch.Tensor]:
-    """The parameters of ``LinMemForCausalLM(config)`` from the state dict of a transformers model of type
-    ``hf_type`` (the text config's model type). Raises ``ValueError`` naming a missing tensor."""
-    weights = _text_state_dict(state_dict)
+def hf_tensor_to_linmem(name: str, tensor: torch.Tensor, config: LinMemConfig, hf_type: str) -> list[Piece] | None:
+    """Where one tensor of a transformers model of type ``hf_type`` (its state dict's or its checkpoint's name) goes
+    in ``LinMemForCausalLM(config)``: pieces ``(linmem name, index or None, value)``; ``[]`` for a tensor linmem
+    leaves out (vision, multi-token prediction, an ``lm_head`` tied to the embedding); None for a name it does not
+    know. A composite Qwen3.5 keeps its text model under ``model.language_model.*``."""
+    if name.startswith(_SKIPPED_PREFIXES):
+        return []
+    if name.startswith("model.language_model."):
+        name = "model." + name.removeprefix("model.language_model.")
+    if name == "lm_head.weight":
+        return [] if config.tie_word_embeddings else [(name, None, tensor)]
+    top = {"model.embed_tokens.weight": "model.embeddings.weight", "model.norm.weight": "model.norm.weight"}
+    if name in top:
+        return [(top[name], None, tensor)]
+    match = _LAYER_TENSOR.fullmatch(name)
+    return None if match is None else _layer_pieces(int(match[1]), match[2], match[3], tensor, config, hf_type)
 
-    def getter(prefix: str):
-        def get(name: str) -> torch.Tensor:
-            key = f"{prefix}{name}"
-            if key not in weights:
-                raise ValueError(f"the {hf_type} state dict has no {key!r}")
-            return weights[key]
-        return get
 
-    out = {"model.embeddings.weight": getter("model.")("embed_tokens.weight"),
-           "model.norm.weight": getter("model.")("norm.weight")}
-    if not config.tie_word_embeddings:
-        out["lm_head.weight"] = getter("")("lm_head.weight")
-    post = hf_type == "olmo_hybrid"
-    for i in range(config.num_hidden_layers):
-        hf, ours = f"model.layers.{i}.", f"model.layers.{i}."
-        get = getter(hf)
-        if i in config.attn_layers:
-            mixer = _attention_weights(getter(hf + "self_attn."), config, hf_type)
-            norms = ("post_attention_layernorm", "post_feedforward_layernorm") if post else \
-                ("input_layernorm", "post_attention_layernorm")
-        else:
-            mixer = _gdn_weights(getter(hf + "linear_attn."), config, hf_type)
-            norms = ("input_layernorm", "post_attention_layernorm")
-        out.update({f"{ours}attn.{name}": w for name, w in mixer.items()})
-        out.update({f"{ours}mlp.{name}": w for name, w in _mlp_weights(getter(hf + "mlp."), config, i).items()})
-        out[f"{ours}attn_norm.weight"], out[f"{ours}mlp_norm.weight"] = get(f"{norms[0]}.weight"), \
-            get(f"{norms[1]}.weight")
-    return out
+def fill_from_hf(model: LinMemForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]], hf_type: str,
+                 what: str) -> None:
+    """Write ``(name, tensor)`` of a transformers model of type ``hf_type`` into ``empty_model`` ``model``.
+
+    Raises:
+        ValueError: naming ``what`` and the missing, unknown or misshapen tensors.
+    """
+    writer = WeightWriter(model)
+    with torch.no_grad():
+        for name, tensor in tensors:
+            pieces = hf_tensor_to_linmem(name, tensor, model.config, hf_type)
+            if pieces is None:
+                writer.reject(name)
+                continue
+            for target, index, value in pieces:
+                writer.write(name, target, value, index)
+    writer.finish(what)
 
 
 def _is_tied(hf_model: nn.Module) -> bool:
@@ -289,32 +336,42 @@ def hf_to_linmem(hf_model: nn.Module, *, backend: str = "auto") -> LinMemForCaus
     ``hf_model`` computes. Raises ``ValueError`` for a model type or setting linmem cannot reproduce."""
     config = hf_config_to_linmem(hf_model.config, backend=backend, tie_word_embeddings=_is_tied(hf_model))
     hf_type = text_config(hf_model.config).model_type
-    weights = hf_state_dict_to_linmem(hf_model.state_dict(), config, hf_type)
-    like = weights["model.embeddings.weight"]
-    with _no_init_weights(), torch.device(like.device):
-        model = LinMemForCausalLM(config)
-    expected = {name: p.shape for name, p in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight")
-    wrong = sorted(n for n in set(expected) & set(weights) if weights[n].shape != expected[n])
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unexpected or wrong:
-        raise ValueError(f"the converted {hf_type} weights do not match linmem's model: missing {missing}, "
-                         f"unexpected {unexpected}, wrong shapes {wrong}")
-    model.load_state_dict(weights, strict=not config.tie_word_embeddings)
-    if config.tie_word_embeddings:
-        model.tie_weights()
-    return model.to(like.dtype).eval()
+    like = hf_model.get_input_embeddings().weight
+    model = empty_model(config, like.dtype, like.device)
+    fill_from_hf(model, hf_model.state_dict().items(), hf_type, f"the {hf_type} model")
+    return model
 
 
-def _no_init_weights():
-    from contextlib import nullcontext
+def _folder_dtype(dtype: torch.dtype | str | None, hf_config, files: list[Path]) -> torch.dtype:
+    """The parameter dtype: ``dtype``, or for "auto" / None what transformers picks: the config's ``dtype``, else
+    the dtype the embedding is stored in."""
+    if dtype in (None, "auto"):
+        dtype = getattr(hf_config, "dtype", None)
+        if dtype is None:
+            return stored_dtype(files, ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight"))
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+        return getattr(torch, dtype)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    raise ValueError(f"dtype must be a torch.dtype, its name, 'auto' or None; got {dtype!r}")
 
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:
-        return nullcontext()
-    return no_init_weights()
+
+def load_hf_folder(path: str | Path, *, dtype: torch.dtype | str | None = "auto",
+                   device: torch.device | str | None = None, backend: str = "auto") -> LinMemForCausalLM:
+    """Stream a transformers GDN hybrid's folder (``config.json`` and safetensors weights, one file or shards) into a
+    ``LinMemForCausalLM`` built on ``device`` (None: the CPU), one tensor at a time: the transformers model is never
+    built, host memory holds one checkpoint tensor beyond the model, and device memory the weights only."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    hf_config = AutoConfig.from_pretrained(str(path))
+    # the tie of the class that holds lm_head: a composite Qwen3.5's own field, not its text config's
+    config = hf_config_to_linmem(hf_config, backend=backend,
+                                 tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)))
+    files = safetensors_files(path)
+    model = empty_model(config, _folder_dtype(dtype, hf_config, files), device or "cpu")
+    fill_from_hf(model, stream_safetensors(files), text_config(hf_config).model_type, str(path))
+    return model
 
 
 def hf_model_type(path: str | Path) -> str | None:
@@ -335,12 +392,14 @@ def load_hf_hybrid(
     device: torch.device | str | None = None,
     backend: str = "auto",
 ) -> LinMemForCausalLM:
-    """Load a transformers GDN hybrid (a ``save_pretrained`` folder, a Hub snapshot, or a model instance) as a
+    """Load a transformers GDN hybrid (a ``save_pretrained`` folder, a Hub id, or a model instance) as a
     ``LinMemForCausalLM`` in eval mode.
 
     Args:
         path_or_model: a folder with ``config.json`` and safetensors weights of model type ``qwen3_next``,
-            ``qwen3_5``, ``qwen3_5_moe`` or ``olmo_hybrid``, or such a transformers model.
+            ``qwen3_5``, ``qwen3_5_moe`` or ``olmo_hybrid``; a Hugging Face Hub id ``ORG/NAME[@REVISION]`` of such a
+            model, fetched into the Hugging Face cache (``linmem.io.hub``; an existing folder of that name wins); or
+            such a transformers model.
         dtype: parameter dtype (``"auto"`` / None: the checkpoint's or the model's).
         device: where the model lives (None: the CPU for a folder, the model's device for a model).
         backend: the linmem op backend.
@@ -351,23 +410,14 @@ def load_hf_hybrid(
     if isinstance(path_or_model, nn.Module):
         model = hf_to_linmem(path_or_model, backend=backend)
     else:
-        path = Path(path_or_model)
+        from linmem.io.models import local_or_hub_folder
+
+        path = local_or_hub_folder(path_or_model)
         model_type = hf_model_type(path)
         if model_type is None:
             raise ValueError(f"{path} has no readable config.json with a model_type")
         check_model_type(model_type)
-        from transformers import AutoModelForCausalLM
-
-        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
-        hf_model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype or "auto",
-                                                              use_safetensors=True, output_loading_info=True)
-        problems = {kind: info.get(kind) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-        problems = {kind: sorted(map(str, keys)) for kind, keys in problems.items() if keys}
-        if problems:  # transformers would fill missing weights randomly: refuse instead
-            raise ValueError(f"{path}: the weights do not fit its config.json ({problems}); the model would be "
-                             f"partly random, so it is not loaded")
-        model = hf_to_linmem(hf_model, backend=backend)
-        del hf_model
+        return load_hf_folder(path, dtype=dtype, device=device, backend=backend)
     if dtype not in (None, "auto"):
         model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     return model.to(device) if device is not None else model
