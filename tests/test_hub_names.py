@@ -33,7 +33,7 @@ from linmem.data.sources import open_path
 from linmem.io.manifest import DamagedFileError
 from linmem.io.models import resolve_model_folder
 from linmem.models.hf_import import load_hf_hybrid
-from linmem.models.loading import load_weights
+from linmem.models.loading import check_hub_config, load_weights
 from tests.test_hf_hybrids import ZOO_TOKENIZER, hf_model
 from tests.test_train_support import one_thread, write_corpus  # noqa: F401 (a fixture)
 
@@ -126,10 +126,10 @@ def test_config_is_checked_before_weights_are_asked_for(offline, tmp_path, monke
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", recording)
     with pytest.raises(ValueError, match=r"tiny-org/llama: model type 'llama' is not supported .*not downloaded"):
-        resolve_model_folder("tiny-org/llama")
+        resolve_model_folder("tiny-org/llama", check_hub_config)
     assert asked == [("tiny-org/llama", ["config.json"])]
     asked.clear()
-    snapshot = resolve_model_folder(REPO)
+    snapshot = resolve_model_folder(REPO, check_hub_config)
     shards = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"].values()
     assert asked == [(REPO, ["config.json"]), (REPO, ["*.json"]), (REPO, sorted({"model.safetensors", *shards}))]
 
@@ -161,7 +161,7 @@ def test_a_manifest_names_what_is_fetched_and_is_verified(offline, monkeypatch):
 ])
 def test_offline_misses_are_one_line(offline, name, said):
     with pytest.raises(ValueError, match=said) as caught:
-        resolve_model_folder(name)
+        resolve_model_folder(name, check_hub_config)
     assert "\n" not in str(caught.value)
 
 
@@ -185,21 +185,21 @@ def test_hub_refusals_are_one_line(monkeypatch, kind, said):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refusing)
     with pytest.raises(ValueError, match=said) as caught:
-        resolve_model_folder("org/name@v1")
+        resolve_model_folder("org/name@v1", check_hub_config)
     assert "\n" not in str(caught.value)
 
 
 def test_a_local_folder_wins_and_other_names_stay_folder_errors(offline, tmp_path, monkeypatch):
-    assert resolve_model_folder(REPO).name == COMMIT
+    assert resolve_model_folder(REPO, check_hub_config).name == COMMIT
     monkeypatch.chdir(tmp_path)
     local = tmp_path / REPO
     local.mkdir(parents=True)
     (local / "config.json").write_text("{}")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", None)  # the Hub is not asked
-    assert resolve_model_folder(REPO) == Path(REPO)
+    assert resolve_model_folder(REPO, check_hub_config) == Path(REPO)
     for name in ("tiny-org/qwen35/more", "./tiny-org/absent", "tiny--org/qwen35", "tiny-org/qwen35@"):
         with pytest.raises(ValueError, match=r"not a model folder: .* \(no such folder; give a model or run folder"):
-            resolve_model_folder(name)
+            resolve_model_folder(name, check_hub_config)
 
 
 def test_load_hf_hybrid_takes_a_hub_id(offline):

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks)
     # before torch loads: a missing model folder, an unknown zoo:NAME or Hub id, and an output folder that would be
     # refused (a Hub model's config is checked before its weights are fetched)
-    model = resolve_model_folder(args.model_dir)
+    model = resolve_model_folder(args.model_dir, check_hub_config)
     named = Path(args.model_dir)
     out = args.out or (named / "eval" if named.is_dir() else default_output_folder(model, "eval"))
     check_output_folder(out, overwrite=args.overwrite, kind="eval", files=report_files(tasks))
@@ -107,3 +107,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {shown}")
     print(f"report: {out / 'results.md'}")
     return 0
+
+
+def check_hub_config(folder: Path, name: str) -> None:
+    """``linmem.models.loading.check_hub_config``, imported (with torch) only when a Hub model is named."""
+    from linmem.models.loading import check_hub_config as check
+
+    check(folder, name)

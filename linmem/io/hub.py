@@ -7,8 +7,8 @@ cache of ``HF_HOME`` / ``HF_HUB_CACHE``, nothing but the cache with ``HF_HUB_OFF
 or ``hf auth login``. It is asked three times, each time for the commit the first answer names (so a branch that
 moves meanwhile cannot mix two revisions), and nothing large comes before linmem knows it can load the model:
 
-1. ``config.json``: its ``model_type`` must have a loader in ``linmem.models.loading``, and the settings are checked
-   by that type's converter (a RoPE scaling, ``kimi_linear``'s decay, ... are refused here);
+1. ``config.json``: the caller's check (``linmem.models.loading.check_hub_config``) refuses a ``model_type``
+   without a loader and settings that type's converter cannot reproduce (a RoPE scaling, ``kimi_linear``'s decay);
 2. the JSON files beside it (tokenizer, index of shards, linmem's ``manifest.json`` and records);
 3. the safetensors weights the index lists (else ``model.safetensors``) and every file ``manifest.json`` lists, so
    the loader verifies the manifest as for a local folder. Pickled weights (``.bin``, ``.pt``) are never fetched.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 # a Hub model id as ORG/NAME: letters, digits, '-', '_', '.'; '--' and '..' are not allowed by the Hub
@@ -30,7 +31,9 @@ HUB_FILES = ("*.json",)  # step 2: config, tokenizer, index of shards, manifest 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 MANIFEST_NAME = "manifest.json"
-FLA_TYPES = ("gla", "gated_deltanet")
+# refuses (ValueError) a config.json linmem cannot load: linmem.models.loading.check_hub_config, handed down
+# by the caller, since io sits below models
+ConfigCheck = Callable[[Path, str], None]
 
 
 def parse_hub_name(text: str) -> tuple[str, str | None] | None:
@@ -44,43 +47,17 @@ def parse_hub_name(text: str) -> tuple[str, str | None] | None:
     return repo_id, revision or None
 
 
-def resolve_hub_model(repo_id: str, revision: str | None = None) -> Path:
+def resolve_hub_model(repo_id: str, revision: str | None, check_config: ConfigCheck) -> Path:
     """The cached snapshot folder of the Hub model ``repo_id`` at ``revision``, with its config checked before any
     weights are fetched, then its weights and the files its manifest lists (``ValueError``, one line, otherwise)."""
     name = repo_id + (f"@{revision}" if revision else "")
     folder = _fetch(repo_id, revision, ["config.json"], name)
     if not (folder / "config.json").is_file():
         raise ValueError(f"{name}: the repository has no config.json, so it holds no model linmem can load")
-    check_model_config(folder, name)
+    check_config(folder, name)
     commit = folder.name  # snapshots/COMMIT: the later fetches ask for this commit, whatever the branch does meanwhile
     _fetch(repo_id, commit, list(HUB_FILES), name)
     return _fetch(repo_id, commit, files_to_load(folder, name), name)
-
-
-def check_model_config(folder: Path, name: str) -> None:
-    """Refuse (``ValueError`` naming ``name``) a ``config.json`` whose ``model_type`` linmem has no loader for, or
-    whose settings its converter cannot reproduce."""
-    from linmem.models.loading import MODEL_TYPE_LOADERS, model_type, read_linmem_config, supported
-
-    kind = model_type(folder)
-    if kind not in MODEL_TYPE_LOADERS:
-        raise ValueError(f"{name}: model type {kind!r} is not supported (linmem loads {supported()}); its weights "
-                         f"were not downloaded")
-    try:
-        if kind == "linmem":
-            read_linmem_config(folder)
-        elif kind in FLA_TYPES:
-            from linmem.models.fla_import import fla_config_to_linmem
-
-            fla_config_to_linmem(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-        else:
-            from transformers import AutoConfig
-
-            from linmem.models.hf_import import hf_config_to_linmem
-
-            hf_config_to_linmem(AutoConfig.from_pretrained(str(folder)))
-    except (ValueError, KeyError, TypeError, OSError) as error:
-        raise ValueError(f"{name}: {_first_line(error)}; its weights were not downloaded") from None
 
 
 def files_to_load(folder: Path, name: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from linmem.io import zoo_dir
 from linmem.io.checkpoints import latest_checkpoint
-from linmem.io.hub import parse_hub_name, resolve_hub_model
+from linmem.io.hub import ConfigCheck, parse_hub_name, resolve_hub_model
 from linmem.io.zoo_dir import ZOO_PREFIX
 
 if TYPE_CHECKING:
@@ -36,16 +36,18 @@ def pick_device(name: str | torch.device = "auto") -> torch.device:
     return torch.device(name)
 
 
-def resolve_model_folder(spec: str | os.PathLike) -> Path:
+def resolve_model_folder(spec: str | os.PathLike, check_hub_config: ConfigCheck | None = None) -> Path:
     """The model folder ``spec`` names: ``zoo:NAME``'s shipped folder, ``spec`` itself when it holds
     ``config.json``, else a run folder's ``model/`` or newest checkpoint, else (no such file or folder) the Hugging
-    Face cache's snapshot of the Hub id ``ORG/NAME[@REVISION]``. ``ValueError`` (one line) otherwise."""
+    Face cache's snapshot of the Hub id ``ORG/NAME[@REVISION]``, its config passed to ``check_hub_config``
+    (``linmem.models.loading.check_hub_config``) before the weights are fetched; without that check a Hub id is
+    refused. ``ValueError`` (one line) otherwise."""
     text = os.fspath(spec)
     if text.startswith(ZOO_PREFIX):
         return zoo_dir.path(text[len(ZOO_PREFIX):])  # UnknownModelError (a ValueError) lists the shipped ones
     hub_name = named_hub_model(text)
     if hub_name is not None:
-        return resolve_hub_model(*hub_name)
+        return hub_folder(text, hub_name, check_hub_config)
     path = Path(text)
     if not path.is_dir():
         why = "not a folder" if path.exists() else "no such folder"
@@ -67,11 +69,18 @@ def named_hub_model(spec: str | os.PathLike) -> tuple[str, str | None] | None:
     return None if Path(spec).exists() else parse_hub_name(os.fspath(spec))
 
 
-def local_or_hub_folder(spec: str | os.PathLike) -> Path:
+def local_or_hub_folder(spec: str | os.PathLike, check_hub_config: ConfigCheck) -> Path:
     """``spec`` as a path, or for a Hub id (``named_hub_model``) the Hugging Face cache's snapshot of that model,
-    config checked and files fetched (``linmem.io.hub.resolve_hub_model``)."""
+    config checked by ``check_hub_config`` and files fetched (``linmem.io.hub.resolve_hub_model``)."""
     hub_name = named_hub_model(spec)
-    return Path(spec) if hub_name is None else resolve_hub_model(*hub_name)
+    return Path(spec) if hub_name is None else hub_folder(os.fspath(spec), hub_name, check_hub_config)
+
+
+def hub_folder(text: str, hub_name: tuple[str, str | None], check_hub_config: ConfigCheck | None) -> Path:
+    """``resolve_hub_model`` of ``hub_name`` (``text`` as given), refused when the caller has no config check."""
+    if check_hub_config is None:
+        raise ValueError(f"not a model folder: {text} (no such folder; a Hugging Face model id is not accepted here)")
+    return resolve_hub_model(*hub_name, check_hub_config)
 
 
 def default_output_folder(model_folder: Path, name: str) -> Path:

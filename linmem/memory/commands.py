@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
     # zoo:NAME or Hub id, and an output folder that would be refused (MODEL_DIR/probe by default; for a shipped model,
     # inside the package, and a Hub model, in the Hugging Face cache, --out is required)
     docs, filler = documents_and_label(args.sources)
-    model_folder = resolve_model_folder(args.model_dir)
+    model_folder = resolve_model_folder(args.model_dir, check_hub_config)
     out = Path(args.out) if args.out else default_output_folder(model_folder, "probe")
     check_output_folder(out, overwrite=args.overwrite, kind="probe", files=REPORT_FILES)
     with output_folder(out, overwrite=args.overwrite, kind="probe"):  # a failed probe leaves no folder behind
@@ -165,3 +165,10 @@ def loaded_from(name: str, model_folder: Path) -> dict[str, str]:
     """``{"model_folder": ...}`` where the model argument ``name`` stands for another folder (a run folder's
     checkpoint, a shipped model, a Hub model's snapshot, whose folder name is its commit), else nothing."""
     return {} if Path(name) == Path(model_folder) else {"model_folder": str(model_folder)}
+
+
+def check_hub_config(folder: Path, name: str) -> None:
+    """``linmem.models.loading.check_hub_config``, imported (with torch) only when a Hub model is named."""
+    from linmem.models.loading import check_hub_config as check
+
+    check(folder, name)

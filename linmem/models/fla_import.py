@@ -6,7 +6,8 @@ in ``model.safetensors.index.json``). The config maps field by field (``fla_conf
 that linmem cannot reproduce exactly raises a ``ValueError`` naming the field and its value, so a model that would
 compute something else is never built. Parameter names are FLA's, so weights load as they are; the two exceptions
 are GLA's un-fused norm (``g_norm`` → ``g_norm_swish_gate``, same math) and a norm without weights
-(``elementwise_affine=False`` → a weight of ones). Weights are read with ``safetensors`` only; nothing is unpickled.
+(``elementwise_affine=False`` → a weight of ones). Weights are read with ``safetensors`` only (nothing is
+unpickled), one tensor at a time, into a model allocated on the target device (``empty_model``, ``WeightWriter``).
 
 ``AutoModelForCausalLM.from_pretrained`` cannot take such a directory directly: ``"gla"`` and ``"gated_deltanet"``
 are FLA's own model types (FLA registers them with the Auto classes when imported), so linmem does not claim them.
@@ -318,10 +319,13 @@ class WeightWriter:
 
     def finish(self, what: str) -> None:
         """Raise ``ValueError`` naming ``what`` (the checkpoint) unless the model was filled exactly."""
-        missing = [name for name, param in self.params.items() if self.written[name] != param.numel()]
-        if missing or self.unexpected or self.wrong:
+        missing = [name for name, param in self.params.items() if self.written[name] < param.numel()]
+        twice = [name for name, param in self.params.items() if self.written[name] > param.numel()]
+        if missing or twice or self.unexpected or self.wrong:
+            repeated = f", written more than once {_few(twice)}" if twice else ""
             raise ValueError(f"{what}: the weights do not match the model its config describes: missing "
-                             f"{_few(missing)}, unexpected {_few(self.unexpected)}, wrong shapes {_few(self.wrong)}")
+                             f"{_few(missing)}, unexpected {_few(self.unexpected)}, wrong shapes {_few(self.wrong)}"
+                             f"{repeated}")
         tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
         meta = [name for name, tensor in tensors if tensor.is_meta]
         if meta:
@@ -399,8 +403,9 @@ def load_fla_checkpoint(
             config (names or shapes).
     """
     from linmem.io.models import local_or_hub_folder
+    from linmem.models.loading import check_hub_config
 
-    path = local_or_hub_folder(path)
+    path = local_or_hub_folder(path, check_hub_config)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} has no config.json (expected an FLA checkpoint directory)")
     fla_config = json.loads((path / "config.json").read_text())
@@ -440,9 +445,9 @@ def convert_fla_checkpoint(
     unless ``overwrite`` (``linmem.io.folders.prepare_output_folder``)."""
     from linmem.io.folders import prepare_output_folder
     from linmem.io.models import local_or_hub_folder
-    from linmem.models.loading import record_architecture
+    from linmem.models.loading import check_hub_config, record_architecture
 
-    path = local_or_hub_folder(path)
+    path = local_or_hub_folder(path, check_hub_config)
     output_dir = prepare_output_folder(output_dir, overwrite=overwrite, kind="convert")
     model = load_fla_checkpoint(path, dtype=dtype, allow_unknown_fields=allow_unknown_fields)
     model.save_pretrained(output_dir)

@@ -26,6 +26,10 @@ The converted model is linmem's one model class, so the memory lab (``linmem.mem
 - **MLPs**: SwiGLU, or ``SparseMoE`` (router ``gate``, stacked ``experts``, gated ``shared_expert``) for the MoE
   layers of ``qwen3_next`` (``decoder_sparse_step``, ``mlp_only_layers``) and every layer of ``qwen3_5_moe``.
 
+A folder streams (``load_hf_folder``): the config comes from ``AutoConfig``, the linmem model is built on the meta
+device and allocated on the target device, and each safetensors tensor is converted on its own
+(``hf_tensor_to_linmem``) and copied in, one shard open at a time; the transformers model is never built.
+
 Anything linmem cannot reproduce exactly raises a ``ValueError`` naming the model type and the reason (another
 activation, a RoPE scaling type, ``kimi_linear``'s per-channel decay with the delta rule, ...).
 """
@@ -411,8 +415,9 @@ def load_hf_hybrid(
         model = hf_to_linmem(path_or_model, backend=backend)
     else:
         from linmem.io.models import local_or_hub_folder
+        from linmem.models.loading import check_hub_config
 
-        path = local_or_hub_folder(path_or_model)
+        path = local_or_hub_folder(path_or_model, check_hub_config)
         model_type = hf_model_type(path)
         if model_type is None:
             raise ValueError(f"{path} has no readable config.json with a model_type")

@@ -72,6 +72,32 @@ def supported() -> str:
     return ", ".join(sorted(MODEL_TYPE_LOADERS))
 
 
+def check_hub_config(folder: Path, name: str) -> None:
+    """Refuse (``ValueError`` naming ``name``) a Hub model's ``config.json`` whose ``model_type`` linmem has no
+    loader for, or whose settings its converter cannot reproduce: ``linmem.io.hub`` asks this before it fetches the
+    weights."""
+    kind = model_type(folder)
+    if kind not in MODEL_TYPE_LOADERS:
+        raise ValueError(f"{name}: model type {kind!r} is not supported (linmem loads {supported()}); its weights "
+                         f"were not downloaded")
+    try:
+        if kind == "linmem":
+            read_linmem_config(folder)
+        elif MODEL_TYPE_LOADERS[kind] is load_fla_folder:
+            from linmem.models.fla_import import fla_config_to_linmem
+
+            fla_config_to_linmem(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        else:
+            from transformers import AutoConfig
+
+            from linmem.models.hf_import import hf_config_to_linmem
+
+            hf_config_to_linmem(AutoConfig.from_pretrained(str(folder)))
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{name}: {first_line}; its weights were not downloaded") from None
+
+
 def verify_model_folder(folder: Path) -> None:
     """SHA-256 check of every file ``folder``'s manifest lists, where it has one (``DamagedFileError``)."""
     if has_manifest(folder):
@@ -83,7 +109,7 @@ def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
     """``(model, folder)``: the model ``spec`` names (see ``resolve_model_folder``) as ``dtype`` on ``device``, in
     eval mode, loaded strictly by its ``model_type``'s loader after the manifest check, its mixers on the op backend
     ``backend`` (``model.set_backend``; a backend in ``config.json`` is not used)."""
-    folder = resolve_model_folder(spec)
+    folder = resolve_model_folder(spec, check_hub_config)
     kind = model_type(folder)
     loader = MODEL_TYPE_LOADERS.get(kind)
     if loader is None:
