@@ -23,8 +23,9 @@ from torch import nn
 
 from linmem.memory import plots
 from linmem.memory.components import Component
-from linmem.memory.evaluate import make_batch
-from linmem.memory.experiments import CHANCE, Result, states_at
+from linmem.memory.evaluate import SplitAt, make_batch
+from linmem.memory.experiments import CHANCE, Result, cached_state
+from linmem.memory.intervene import shared_prefix
 from linmem.memory.metrics import choice_logits
 from linmem.memory.recording import backbone, capture, on_model, unembed
 from linmem.memory.stats import bootstrap
@@ -55,18 +56,21 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def state_features(model: nn.Module, items: Sequence[Item], component: Component) -> Features:
     """The corrector's inputs for every binding of every item (each query one example; float64 on the CPU): the
-    pre-query state once per item, then one run of all queries (the query vector and the candidate logits at the
-    last token) and one short run of the candidate facts (their value vectors)."""
+    prefix run once per item (its pre-query state), then one run of all queries from it (the query vector and the
+    candidate logits at the last token) and one short run of the candidate facts (their value vectors)."""
     layer, head = component.layer, component.head
     batches = [make_batch(items, binding=j) for j in range(len(items[0].queries))]
     first = batches[0]
-    state = states_at(model, first.recipient, first.boundary, component).double().cpu()  # [B, V, K]
+    prefix = shared_prefix(model, first.recipient, None, [[SplitAt(first.boundary)]])
+    state = cached_state(prefix.cache, component).double().cpu()  # [B, V, K]
     state = state.repeat(len(batches), 1, 1)  # [J·B, V, K], binding-major like the stacked queries
     prompts = torch.cat([b.recipient for b in batches])  # [J·B, T]
     candidates = torch.cat([b.candidates for b in batches])  # [J·B, 4]
     stores: dict[int, dict[str, torch.Tensor]] = {}
+    cache, _ = prefix.tiled(len(batches))  # every binding's queries continue each item's prefix
     with capture(model, [layer], stores):
-        hidden = backbone(model)(input_ids=on_model(model, prompts), use_cache=False).last_hidden_state[:, -1]
+        hidden = backbone(model)(input_ids=on_model(model, prompts[:, first.boundary:]), cache=cache,
+                                 use_cache=True).last_hidden_state[:, -1]
     q = stores[layer]["q"][:, -1, head].double().cpu()  # [J·B, K]
     logits = choice_logits(unembed(model, hidden), on_model(model, candidates)).cpu()  # [J·B, 4]
     read = torch.einsum("bvk,bk->bv", state, q)  # [J·B, V]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from linmem.memory.edits import Edit
+from linmem.memory.edits import CacheEdit, Edit
 from linmem.memory.intervene import SharedPrefix, run_many
 from linmem.memory.metrics import choice_logits
 from linmem.memory.tasks import Item
@@ -57,10 +57,51 @@ def make_batch(items: Sequence[Item], binding: str | int = "target", device: str
 def candidate_logits(model: nn.Module, batch: Batch, edit_sets: Sequence[Sequence[Edit]],
                      chunk: int = 16, use_donor: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
     """``[N, B, 4]`` candidate logits (float64, on the CPU like the batch's labels) at the last position under
-    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device); ``prefix``: as ``run_many``'s."""
-    logits = run_many(model, batch.recipient, batch.donor if use_donor else None, edit_sets,
-                      logits_at=[batch.length - 1], chunk=chunk, prefix=prefix)
-    return torch.stack([choice_logits(l[:, 0], batch.candidates) for l in logits]).cpu()  # small: metrics on CPU
+    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device); ``prefix``: as ``run_many``'s.
+    Without ``prefix``, the sets run in the groups of ``shared_prefix_groups``, each from one unedited prefix."""
+    groups = [(list(range(len(edit_sets))), list(edit_sets))] if prefix is not None else \
+        shared_prefix_groups(edit_sets)
+    out: list[torch.Tensor | None] = [None] * len(edit_sets)
+    for index, sets in groups:
+        logits = run_many(model, batch.recipient, batch.donor if use_donor else None, sets,
+                          logits_at=[batch.length - 1], chunk=chunk, prefix=prefix)
+        for i, l in zip(index, logits):
+            out[i] = choice_logits(l[:, 0], batch.candidates)
+    return torch.stack(out).cpu()  # small: metrics on CPU
+
+
+@dataclass(frozen=True)
+class SplitAt(CacheEdit):
+    """A cache edit that changes no state: it makes ``run_many`` run tokens ``[0, at)`` once, unedited, into a
+    cache that every edit set continues from, and only ``[at, T)`` per set."""
+
+    at: int
+    components: tuple = ()
+
+
+def first_edited(edits: Sequence[Edit]) -> int | None:
+    """The first token a write or read-out edit of ``edits`` touches (None when none does)."""
+    return min((p for e in edits for p in e.edited_positions()), default=None)
+
+
+def shared_prefix_groups(edit_sets: Sequence[Sequence[Edit]]) -> list[tuple[list[int], list[list[Edit]]]]:
+    """``(indices, edit sets)`` groups that run apart, each from a prefix computed once. The sets with cache edits
+    split at their ``at``, joined by the sets that edit nothing before it (those of no edit among them); the other
+    sets of write / read-out edits split at the first token any of them edits (``SplitAt``): before it each runs
+    the clean prompt, so only the rest runs per set. One group of every set when there is nothing to split."""
+    ats = {e.at for edits in edit_sets for e in edits if e.stage == "cache"}
+    if len(ats) > 1:  # run_many says why
+        return [(list(range(len(edit_sets))), [list(e) for e in edit_sets])]
+    at = ats.pop() if ats else None
+    firsts = [first_edited(edits) for edits in edit_sets]
+    joined = [] if at is None else [i for i, edits in enumerate(edit_sets) if any(e.stage == "cache" for e in edits)
+                                    or firsts[i] is None or firsts[i] >= at]
+    rest = [i for i in range(len(edit_sets)) if i not in joined]
+    split = min((firsts[i] for i in rest if firsts[i] is not None), default=0)
+    if split < 1:
+        return [(list(range(len(edit_sets))), [list(e) for e in edit_sets])]
+    groups = [(joined, [list(edit_sets[i]) for i in joined])] if joined else []
+    return groups + [(rest, [[*edit_sets[i], SplitAt(split)] for i in rest])]
 
 
 def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int = 16) -> torch.Tensor:

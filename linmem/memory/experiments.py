@@ -322,6 +322,11 @@ def states_at(model: nn.Module, ids: torch.Tensor, at: int, component: Component
     cache = LinMemCache.from_config(model.config)
     with torch.no_grad():
         backbone(model)(input_ids=on_model(model, ids[:, :at]), cache=cache, use_cache=True)
+    return cached_state(cache, component)
+
+
+def cached_state(cache: LinMemCache, component: Component) -> torch.Tensor:
+    """The component's memory ``[B, V, K]`` held in ``cache`` (a prefix run's, e.g. ``SharedPrefix.cache``)."""
     layer = cache.layers[component.layer]
     return (layer.base_state if component.memory == "S" else layer.residual_state)[:, component.head]
 
@@ -362,7 +367,7 @@ def four_facts(model: nn.Module, builder: TaskBuilder, sources, component: Compo
     [(broken, owners, rate, denominator)] = non_target_breaks(model, items_a, edits, prefix)
     rows.append({"fact": "non-target", "metric": "break_rate", **bootstrap(broken.cpu().numpy(), owners).as_dict(),
                  "denominator": denominator})
-    rows += frobenius_split(model, items_a, items_b, component)
+    rows += frobenius_split(model, items_a, items_b, component, prefix=prefix)
     return Result("four_facts", rows, {"component": str(component), "break_rate": rate,
                                        "break_denominator": denominator}, plots.four_facts(rows))
 
@@ -404,13 +409,18 @@ def non_target_breaks(model: nn.Module, items: Sequence[Item], edit_sets: list[l
     return out
 
 
-def frobenius_split(model, items_a: list[Item], items_b: list[Item], component: Component, seed: int = 0):
+def frobenius_split(model, items_a: list[Item], items_b: list[Item], component: Component, seed: int = 0,
+                    prefix: SharedPrefix | None = None):
     """Rows: B's target-margin change when ``Δ_A``, its part parallel to ``Δ_B``, its orthogonal part, and an
-    equal-norm Gaussian for each are added to the recipient's pre-query state, fact B asked."""
+    equal-norm Gaussian for each are added to the recipient's pre-query state, fact B asked. ``prefix``: the
+    prefix runs of items A's recipient and donor (``shared_prefix`` for a state swap), which the split then
+    reads instead of running those prefixes again."""
     a, b = make_batch(items_a), make_batch(items_b)
     at = a.boundary
-    base = states_at(model, a.recipient, at, component)
-    delta_a = states_at(model, a.donor, at, component) - base
+    if prefix is None:
+        prefix = shared_prefix(model, a.recipient, a.donor, [[StateSwap([component], at)]])
+    base = cached_state(prefix.cache, component)
+    delta_a = cached_state(prefix.donor, component) - base
     delta_b = states_at(model, b.donor, at, component) - base
     dot = lambda x, y: (x * y).sum((-2, -1), keepdim=True)  # noqa: E731
     parallel = dot(delta_a, delta_b) / dot(delta_b, delta_b).clamp_min(1e-30) * delta_b
@@ -422,7 +432,7 @@ def frobenius_split(model, items_a: list[Item], items_b: list[Item], component: 
         noise = noise * dot(delta, delta).sqrt() / dot(noise, noise).sqrt()
         edits += [[StateAdd([component], at, delta)], [StateAdd([component], at, noise)]]
     query_b = _ask(items_a, items_b)
-    choice = candidate_logits(model, query_b, edits, use_donor=False)
+    choice = candidate_logits(model, query_b, edits, use_donor=False, prefix=prefix)  # A's recipient prefix
     rows = []
     for i, name in enumerate(parts):
         for j, kind in enumerate(("direction", "gaussian")):
@@ -640,13 +650,16 @@ def neutral_suppression(model: nn.Module, items: Sequence[Item], component: Comp
     rows, owners = [], []
     bindings = len(items[0].queries)
     by_fact = {"target": [], "other": []}
+    whole = make_batch(items)
+    sets = [[], [StateSwap([component], whole.boundary)]]
+    prefix = shared_prefix(model, whole.recipient, whole.donor, sets)  # every binding's prompts share it
     for j in range(bindings):
-        for fact, keep in (("target", [it for it in items if it.target == j]),
-                           ("other", [it for it in items if it.target != j])):
+        for fact, keep in (("target", [i for i, it in enumerate(items) if it.target == j]),
+                           ("other", [i for i, it in enumerate(items) if it.target != j])):
             if not keep:
                 continue
-            batch = make_batch(keep, binding=j)
-            choice = candidate_logits(model, batch, [[], [StateSwap([component], batch.boundary)]])
+            batch = make_batch([items[i] for i in keep], binding=j)
+            choice = candidate_logits(model, batch, sets, prefix=prefix.select(keep))
             m = compare(choice[0], choice[1], batch.answer)
             by_fact[fact].append((m["clean_correct"], m["edited_correct"], batch.sources))
     for fact, parts in by_fact.items():

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from linmem.data.sources import Document
 from linmem.memory import experiments as ex
-from linmem.memory.components import Component, attention_layers, check_component
+from linmem.memory.components import Component, attention_layers, check_component, heads
 from linmem.memory.corrector import corrector
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 from linmem.memory.report import write_report
@@ -200,7 +200,9 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
     write_items = [item.writes_widened(options.write_tokens_after) for item in confirm_items]  # the write edits' spans
+    clean_start = time.perf_counter()
     recall = [ex.clean_recall(model, dev_items, "development"), ex.clean_recall(model, confirm_items, "confirmation")]
+    clean_seconds = time.perf_counter() - clean_start
     gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall,
                           {r.rows[1]["split"]: r.rows[1]["mean"] for r in recall if len(r.rows) > 1})
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
@@ -238,14 +240,17 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             model, dev_items, transfer_items(), chosen, seed=options.seed,
             vocabularies=(label(builder.spec.values), label(transfer.spec.values)), min_clean_recall=gated),
     }
-    results, seconds, not_started, start = list(recall), {}, [], time.monotonic()
+    estimate = estimated_seconds(names, clean_seconds, len(heads(model)))
+    if next(model.parameters()).device.type == "cpu":
+        print(estimate_line(estimate, len(names), clean_seconds), flush=True)
+    results, seconds, cpu_seconds, not_started, start = list(recall), {}, {}, [], time.monotonic()
     for name in tqdm(names, desc="probe", unit="experiment"):
         spent = time.monotonic() - start
         if ((options.time_limit_s is not None and spent + options.cost_estimates.get(name, 0.0) > options.time_limit_s)
                 or (name in NEEDS_COMPONENT and chosen is None)):
             not_started.append(name)
             continue
-        begin = time.monotonic()
+        begin, cpu_begin = time.monotonic(), time.process_time()
         if name == "head_scan":
             scan = ex.head_scan(model, dev_items, min_clean_recall=gated)
             ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
@@ -254,6 +259,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
         else:
             results.append(runs[name]())
         seconds[name] = round(time.monotonic() - begin, 2)
+        cpu_seconds[name] = round(time.process_time() - cpu_begin, 2)
     results = [r for r in results if r.rows]
     lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
@@ -267,6 +273,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "loads": loads if USE_LOADS & set(names) else None,
               "gaps": gaps if USE_GAPS & set(names) else None,
               "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
+              "cpu_seconds": cpu_seconds, "clean_recall_seconds": round(clean_seconds, 2),
+              "estimated_seconds": round(sum(estimate.values()), 1),
               "write_tokens_after": options.write_tokens_after,
               "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}
     write_report(results, out_dir, header, warning=None if gate["passed"] else gate["message"])
@@ -274,6 +282,34 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     for r in results:  # the clean recall of both splits under one name
         summaries.setdefault(r.name, {}).update(r.summary)
     return summaries
+
+
+# Each experiment's time over the time of the two clean-recall passes before it (development and confirmation
+# items: the probe's unit of work), measured on zoo:gdn with the default protocol (24 components) in CPU seconds;
+# SCALES_WITH_COMPONENTS grow with the model's component count.
+COST_IN_CLEAN_PASSES = {
+    "head_scan": 1.0, "lifecycle": 1.0, "write_reach": 1.0, "head_interaction": 1.0, "four_facts": 1.0,
+    "hybrid_attribution": 1.0, "s_vs_r": 1.0, "sweep_num_bindings": 1.0, "sweep_gap": 1.0, "load_vs_gap": 1.0,
+    "overlap": 1.0, "overlap_sweep": 1.0, "logit_lens": 1.0, "neutral_suppression": 1.0, "joint_topk": 1.0,
+    "write_read_spearman": 1.0, "corrector": 1.0, "subspace_transfer": 1.0,
+}
+COST_COMPONENTS = 24
+SCALES_WITH_COMPONENTS = ("head_scan", "write_read_spearman")
+
+
+def estimated_seconds(names: Iterable[str], clean_seconds: float, components: int) -> dict[str, float]:
+    """Each experiment's expected seconds on this machine: its ``COST_IN_CLEAN_PASSES`` times the clean-recall
+    passes' ``clean_seconds`` (which grow with the sources, the prompt length and the model), scaled by
+    ``components`` for the experiments that run one edit per component."""
+    scale = {name: components / COST_COMPONENTS for name in SCALES_WITH_COMPONENTS}
+    return {name: COST_IN_CLEAN_PASSES[name] * scale.get(name, 1.0) * clean_seconds for name in names}
+
+
+def estimate_line(estimate: dict[str, float], experiments: int, clean_seconds: float) -> str:
+    """The line a probe on a CPU prints before its experiments: the expected time and what it comes from."""
+    total = sum(estimate.values())
+    return (f"probe: {experiments} experiments, about {total / 60:.1f} min on this CPU (estimated from the "
+            f"{clean_seconds:.1f} s of the clean-recall runs; other work on the machine makes it longer)")
 
 
 def confirmation(lifecycle_rows: list[dict]) -> bool:
