@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from linmem.data.sources import Document
 from linmem.memory import experiments as ex
-from linmem.memory.components import Component, attention_layers, check_component, heads
+from linmem.memory.components import Component, attention_layers, check_component, heads, recurrent_layers
 from linmem.memory.corrector import corrector
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
 from linmem.memory.report import write_report
@@ -240,7 +240,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             model, dev_items, transfer_items(), chosen, seed=options.seed,
             vocabularies=(label(builder.spec.values), label(transfer.spec.values)), min_clean_recall=gated),
     }
-    estimate = estimated_seconds(names, clean_seconds, len(heads(model)))
+    estimate = estimated_seconds([n for n in names if applies(model, n)], clean_seconds, len(heads(model)))
     if next(model.parameters()).device.type == "cpu":
         print(estimate_line(estimate, len(names), clean_seconds), flush=True)
     results, seconds, cpu_seconds, not_started, start = list(recall), {}, {}, [], time.monotonic()
@@ -284,14 +284,15 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     return summaries
 
 
-# Each experiment's time over the time of the two clean-recall passes before it (development and confirmation
-# items: the probe's unit of work), measured on zoo:gdn with the default protocol (24 components) in CPU seconds;
+# Each experiment's CPU seconds over those of the two clean-recall passes before it (development and confirmation
+# items, each with its no-fact control: the probe's unit of work), measured on zoo:gdn with the default protocol
+# and its 24 components on one thread (hybrid_attribution on zoo:gdn-hybrid, s_vs_r on zoo:rdn: gdn runs neither);
 # SCALES_WITH_COMPONENTS grow with the model's component count.
 COST_IN_CLEAN_PASSES = {
-    "head_scan": 1.0, "lifecycle": 1.0, "write_reach": 1.0, "head_interaction": 1.0, "four_facts": 1.0,
-    "hybrid_attribution": 1.0, "s_vs_r": 1.0, "sweep_num_bindings": 1.0, "sweep_gap": 1.0, "load_vs_gap": 1.0,
-    "overlap": 1.0, "overlap_sweep": 1.0, "logit_lens": 1.0, "neutral_suppression": 1.0, "joint_topk": 1.0,
-    "write_read_spearman": 1.0, "corrector": 1.0, "subspace_transfer": 1.0,
+    "head_scan": 0.78, "lifecycle": 2.99, "write_reach": 4.75, "head_interaction": 0.89, "four_facts": 1.38,
+    "hybrid_attribution": 0.66, "s_vs_r": 0.88, "sweep_num_bindings": 3.08, "sweep_gap": 2.27, "load_vs_gap": 0.89,
+    "overlap": 0.50, "overlap_sweep": 1.46, "logit_lens": 0.23, "neutral_suppression": 0.55, "joint_topk": 0.55,
+    "write_read_spearman": 6.41, "corrector": 0.98, "subspace_transfer": 1.42,
 }
 COST_COMPONENTS = 24
 SCALES_WITH_COMPONENTS = ("head_scan", "write_read_spearman")
@@ -303,6 +304,16 @@ def estimated_seconds(names: Iterable[str], clean_seconds: float, components: in
     ``components`` for the experiments that run one edit per component."""
     scale = {name: components / COST_COMPONENTS for name in SCALES_WITH_COMPONENTS}
     return {name: COST_IN_CLEAN_PASSES[name] * scale.get(name, 1.0) * clean_seconds for name in names}
+
+
+def applies(model, name: str) -> bool:
+    """Whether the experiment has work on this model: ``hybrid_attribution`` needs recurrent and attention layers,
+    ``s_vs_r`` a residual memory; the others always run."""
+    if name == "hybrid_attribution":
+        return bool(attention_layers(model) and recurrent_layers(model))
+    if name == "s_vs_r":
+        return any(c.memory == "R" for c in heads(model))
+    return True
 
 
 def estimate_line(estimate: dict[str, float], experiments: int, clean_seconds: float) -> str:
