@@ -1,9 +1,12 @@
 """The clip target's ρ' ∈ {0, 1} makes dv far more sensitive to input rounding than tanh's smooth derivative: the
 premise of the kernel benchmark's clip-dv tolerance (``linmem.bench.clip_sensitivity``)."""
 
+import pytest
+
 from linmem.bench.clip_sensitivity import main
 
 
+@pytest.mark.slow
 def test_clip_dv_is_far_more_rounding_sensitive_than_tanh():
     worst = main(["--trials", "1"])
     for rule in ("delta", "additive"):

@@ -29,6 +29,7 @@ def texts():
     return docs, tokenizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(lab_scale.MODELS))
 def test_naive_and_fast_head_scans_measure_the_same_effects(name, texts):
     docs, tokenizer = texts

@@ -119,6 +119,7 @@ def test_chunk_matches_reference_at_extreme_decays(case, seed):
     compare(x, rule, residual, 1e-9, cu_seqlens, **switches)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule,residual,per_key", MEMORIES)
 @pytest.mark.parametrize("decay", [-math.inf, -1e30, -1e8, -1e4, -30.0])
 def test_one_huge_decay_in_a_long_chunk(rule, residual, per_key, decay):

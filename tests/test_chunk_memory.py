@@ -40,6 +40,7 @@ def largest_tensor(T: int, rule: str, residual: bool, per_key: bool) -> int:
     return mode.bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule,residual,per_key", [("additive", False, False), ("additive", False, True),
                                                    ("delta", False, False), ("additive", True, False),
                                                    ("additive", True, True), ("delta", True, False)])

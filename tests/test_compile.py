@@ -78,6 +78,7 @@ def assert_same(compiled: tuple, eager: tuple) -> None:
         torch.testing.assert_close(compiled[1][name], grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixer", ["rdn", "gdn"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_compiled_blocks_match_eager(mixer, checkpointing):

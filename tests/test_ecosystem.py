@@ -68,6 +68,7 @@ def check_special_tokens(folder: Path) -> None:
     assert generated[1, 4] == eos and not generated[1, :4].eq(eos).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", zoo.names())
 def test_shipped_model_declares_its_tokenizers_special_tokens(name):
     check_special_tokens(zoo.path(name))
@@ -158,6 +159,7 @@ def reference_logprobs(folder: Path) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)
 
 
+@pytest.mark.slow
 def test_lm_eval_cli_runs_linmem_on_a_local_task(trained, tmp_path):
     """``lm_eval --model linmem`` runs a local task in a process started as the lm_eval CLI, and with
     ``document_start=false`` scores each choice as the model's own log-probabilities over the plain tokens."""
@@ -172,6 +174,7 @@ def test_lm_eval_cli_runs_linmem_on_a_local_task(trained, tmp_path):
     assert results["results"]["linmem_tiny_choice"]["acc,none"] == pytest.approx(accuracy)
 
 
+@pytest.mark.slow
 def test_lm_eval_cli_keeps_its_own_models(trained, tmp_path):
     """With linmem's hook, the lm_eval CLI still lists and runs its built-in models: ``--model hf`` on the same
     weights (linmem imported first, so transformers knows the model type) scores each choice as linmem's adapter

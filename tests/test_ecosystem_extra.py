@@ -50,6 +50,7 @@ def edit_out_of_place(module, args, out):
 HOOK_EDIT_CASES = [(case, "chunk") for case in sorted(MIXER_CASES)] + [("rdn", "reference")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "backend"), HOOK_EDIT_CASES)
 def test_every_hook_point_can_be_edited_in_place_under_autograd(case, backend):
     """An in-place edit of a hook point's tensor (index assignment and ``mul_``) gives the loss and gradients of the
@@ -204,6 +205,7 @@ def test_rank_batches_cover_every_row_once_with_equal_batch_counts():
         assert max(shares) - min(shares) <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_gloo_processes_validate_every_window_like_one(dataset, tmp_path, parallel):
     """Validation over 2 processes scores all 5 windows and all 5 recall samples (odd counts, so an equal split

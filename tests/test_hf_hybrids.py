@@ -101,6 +101,7 @@ def _scale(x: torch.Tensor) -> float:
     return x.abs().max().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 2e-5), (torch.float32, 1e-4)])
 def test_prefill_and_decoding_match_transformers(family, dtype, tol):
     hf = hf_model(family, dtype)
@@ -151,6 +152,7 @@ def test_lab_components_are_the_value_heads(converted):
     assert mixer.num_key_heads == 1 and mixer.num_heads == 2  # two value heads read one key head
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("identity", [
     "test_no_edit_equals_model",
     "test_swap_every_state_and_conv_gives_donor",

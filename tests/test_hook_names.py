@@ -124,6 +124,7 @@ def block_write_by_name(model, ids, layer: int, head: int, span: tuple[int, int]
     return model.run_with_hooks(ids, hooks=[(f"model.layers.{layer}.attn.hook_beta", block)]).logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["gla", "gdn", "rla", "rdn_hybrid"])
 @torch.no_grad()
 def test_state_swap_and_write_block_by_name_give_the_labs_numbers(case):

@@ -96,6 +96,7 @@ def test_patch_every_readout_gives_donor(case):
     assert close(out[:, 8:], logits(model, donor)[:, 8:])
 
 
+@pytest.mark.slow
 def test_swap_all_then_restore_all_gives_recipient(case):
     model = build(case)
     recipient, donor = pair(at=8)
@@ -138,6 +139,7 @@ def test_swap_r_and_s_separately(case_name):
     assert close(both, whole)
 
 
+@pytest.mark.slow
 def test_contributions_sum_to_state(case):
     model = build(case)
     ids = torch.randint(1, VOCAB, (12,))
@@ -149,6 +151,7 @@ def test_contributions_sum_to_state(case):
         assert parts[-1].abs().max() > 0 and parts[0].abs().max() > 0
 
 
+@pytest.mark.slow
 def test_run_changes_no_weights_or_inputs(case):
     model = build(case)
     recipient, donor = pair(at=8)

@@ -245,6 +245,7 @@ def test_corrector_refuses_shared_sources(lab):  # noqa: F811
 
 # --- both through linmem probe on a zoo model -----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["corrector", "subspace_transfer"])
 def test_probe_runs_the_analysis_on_a_zoo_model(name, tmp_path):
     if "gdn" not in linmem.zoo.names():
@@ -326,6 +327,7 @@ def test_probe_refuses_an_unreadable_filler_source_before_it_loads_a_model(tmp_p
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_probe_tests_the_subspace_on_another_value_vocabulary(tmp_path, capsys):
     if "gdn" not in linmem.zoo.names():
         pytest.skip("zoo model gdn is not shipped in this checkout")

@@ -64,6 +64,7 @@ def rows_of(result, **match) -> list[dict]:
     return [r for r in result.rows if all(r.get(k) == v for k, v in match.items())]
 
 
+@pytest.mark.slow
 def test_every_experiment_runs_on_a_hybrid_residual_model(lab):
     _, tokenizer, builder, sources = lab
     model = tiny(tokenizer, mixer="rdn", num_hidden_layers=3, attn_layers=[1], attn_num_heads=4,
@@ -208,6 +209,7 @@ def probe(root, *extra) -> int:
                  "--sources", str(root / "texts"), "--min-clean-recall", "0", *extra])  # random weights: no gate
 
 
+@pytest.mark.slow
 def test_probe_runs_single_experiments(model_dir):
     assert probe(model_dir, "--only", "logit_lens") == 0
     payload = json.loads((model_dir / "out" / "results.json").read_text())
@@ -224,6 +226,7 @@ def test_probe_runs_single_experiments(model_dir):
     assert isinstance(payload["header"]["confirmed_on_held_out"], bool)
 
 
+@pytest.mark.slow
 def test_probe_widens_the_write_edits_it_is_asked_to(model_dir, capsys):
     """``--write-tokens-after D``: the lifecycle's write block and donor write cover the fact and the D tokens after
     it, the numbers write_reach gives at d = D by its own path; the other edits, and write_reach itself (always
@@ -279,6 +282,7 @@ def test_benchmark_scans_agree(lab):
     assert (fast - slow).abs().max() < 1e-9
 
 
+@pytest.mark.slow
 def test_write_reach_widens_the_lifecycles_write_edits_through_the_short_convolutions(lab):
     """``d`` = 0 is the lifecycle's write block and donor write (the same numbers by another code path); the row at
     each ``d`` edits the fact's spans and the ``d`` tokens after them (recomputed here from hand-widened spans, on
@@ -327,6 +331,7 @@ def test_write_reach_widens_the_lifecycles_write_edits_through_the_short_convolu
     assert plain.summary["donor_through_conv_reach"] == plain.summary["donor_fact_tokens"]
 
 
+@pytest.mark.slow
 def test_qualified_donor_rate_counts_only_items_both_prompts_answer(lab):
     """The lifecycle's ``qualified_donor_answer``: the donor-answer rate over the items whose recipient and donor
     prompts both give their own answer unedited, recomputed here from the two clean runs. The untrained model
@@ -419,6 +424,7 @@ def test_load_vs_gap_pairs_each_sources_drops_and_equals_the_sweeps_clean_recall
         ex.load_vs_gap(model, tokenizer, sources, SPEC, [1, 1], [0, 8])
 
 
+@pytest.mark.slow
 def test_probe_runs_load_vs_gap_only_where_two_loads_and_two_gaps_fit(model_dir, capsys):
     assert probe(model_dir, "--only", "load_vs_gap", "--loads", "1", "2", "--gaps", "0", "8") == 0
     payload = json.loads((model_dir / "out" / "results.json").read_text())

@@ -42,6 +42,7 @@ def trained():
     return setup, docs, sources
 
 
+@pytest.mark.slow
 def test_chosen_head_swap_moves_the_answer_to_the_donor(trained):
     setup, _, sources = trained
     dev = [p for p in sources if p[1] == "dev"][:16]
@@ -62,6 +63,7 @@ def test_chosen_head_swap_moves_the_answer_to_the_donor(trained):
     assert est["swap"]["donor_margin_shift"].low > 3 * max(est["random"]["donor_margin_shift"].high, 0.5)
 
 
+@pytest.mark.slow
 def test_linmem_probe_writes_a_report(trained, tmp_path):
     """``linmem probe MODEL_DIR`` on the saved toy model (its filler from other text than it was trained on)."""
     setup, docs, _ = trained

@@ -284,6 +284,7 @@ def _loss_and_gradients(model, x, labels, weights=None, **kwargs):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_chunked_loss_equals_the_whole_logits_loss(chunk, tied):
@@ -328,6 +329,7 @@ def _documents(lengths, generator=None):
     return [torch.randint(1, VOCAB, (1, n), generator=generator) for n in lengths]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv", [True, False])
 def test_a_packed_row_equals_each_document_alone(case, conv):
     """float64: the logits and every parameter's gradient of one row of several documents (lengths straddling the

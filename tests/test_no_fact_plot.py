@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from linmem.eval.loading import open_heldout
 from linmem.eval.memory_recall import memory_recall
 from tests.test_eval import em, trained  # noqa: F401  (fixtures)
@@ -19,6 +21,7 @@ def plot(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_panels_per_format_and_refusals(em, tmp_path):  # noqa: F811
     split = open_heldout(em, None, "test")
     files = []

@@ -231,6 +231,7 @@ def test_shipped_zoo_models_match_their_manifests():
         verify_manifest(folder)
 
 
+@pytest.mark.slow
 def test_manifest_command_line(tmp_path):
     import subprocess
 

@@ -68,6 +68,7 @@ def sharded_run(config_path, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_each_rank_writes_its_shards_and_resume_is_bit_exact(config_path, sharded_run, tmp_path):
     cut = tmp_path / "cut"
     train_two(config_path, cut, "--max-steps", "2")

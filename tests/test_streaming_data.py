@@ -143,6 +143,7 @@ def draw_and_measure(folder: Path, seed: int) -> tuple[int, int, list[np.ndarray
     return growth, read_growth, drawn[:5]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads resident memory from /proc")
 def test_training_windows_are_memory_mapped(tmp_path):
     """64 MB of shards, 200 batches drawn: the process's own memory grows by far less than the dataset (the

@@ -211,6 +211,7 @@ def test_a_recall_lead_below_the_labs_gate_says_so():
     assert _verdict(undecided) == "not decided"
 
 
+@pytest.mark.slow
 def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
     path = write_study(tmp_path, dataset, two_models(configs),
                        claims=[{"a": "rla", "b": "gdn", "metrics": ["test_loss", "niah"]}])

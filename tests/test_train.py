@@ -244,6 +244,7 @@ def test_keep_last_checkpoints(dataset, tmp_path):
 # ---------------------------------------------------------------- torchrun, 2 CPU processes on gloo
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torchrun_two_processes_match_one(dataset, full_run, tmp_path, parallel):
     config = tiny_config(dataset, train={"parallel": parallel})

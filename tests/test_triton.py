@@ -92,6 +92,7 @@ def compare(inputs, residual, dtype=torch.float32, tol=TOL, backend="triton", **
         assert_close(f"d{name}", grads.get(name), grads_ref[name], tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["additive", "delta"])
 @pytest.mark.parametrize("residual", [True, False])
 def test_matches_reference(rule, residual):
@@ -445,6 +446,7 @@ def test_kernel_benchmark_warms_only_what_it_times():
                                                   ("linmem GDN", None, None)]
 
 
+@pytest.mark.slow
 def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     """The benchmark's float64 checks run with other launch options when given them (a sweep's winners, before
     they are timed): every worker applies them and reports what it ran with."""
@@ -518,6 +520,7 @@ def test_chunk_fallback_under_autocast():
                 rule="additive", fit_history=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("BK, split, shape, residual", [
     (128, False, (1, 66, 1, 200, 16), True), (256, False, (1, 66, 1, 200, 16), False),
     (128, False, (2, 100, 2, 32, 16), True), (64, True, (1, 66, 1, 200, 16), True),

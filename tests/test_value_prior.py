@@ -35,6 +35,7 @@ def single_token_ids(tokenizer, words: str) -> dict[str, int]:
     return {w: i[0] for w, i in ids.items() if len(i) == 1}
 
 
+@pytest.mark.slow
 def test_value_prior_matches_whole_query_strings(script, tmp_path, monkeypatch):
     em = load_model("zoo:gdn", device="cpu")
     got = script.value_prior(em, "went", "roles", "directions")

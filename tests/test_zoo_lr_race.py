@@ -148,6 +148,7 @@ train:
 """
 
 
+@pytest.mark.slow
 def test_a_tiny_race_end_to_end(dataset, tmp_path):
     """Two rates of one tiny config: the race is decided at update 4, the loser stops with a checkpoint, the winner
     trains to the end, and OUT/finished names it (the file a waiting caller polls for)."""
