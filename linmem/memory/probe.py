@@ -273,8 +273,8 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "loads": loads if USE_LOADS & set(names) else None,
               "gaps": gaps if USE_GAPS & set(names) else None,
               "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
-              "cpu_seconds": cpu_seconds, "clean_recall_seconds": round(clean_seconds, 2),
-              "estimated_seconds": round(sum(estimate.values()), 1),
+              "cpu_seconds": cpu_seconds, "clean_recall_seconds": float(f"{clean_seconds:.3g}"),
+              "estimated_seconds": float(f"{sum(estimate.values()):.3g}"),  # 3 digits: a tiny model's are < 0.1 s
               "write_tokens_after": options.write_tokens_after,
               "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}
     write_report(results, out_dir, header, warning=None if gate["passed"] else gate["message"])
