@@ -102,7 +102,7 @@ def _fetch(repo_id: str, revision: str | None, patterns: list[str], name: str) -
     except LocalEntryNotFoundError as error:
         raise ValueError(_not_cached(repo_id, revision, name, error)) from None
     except (HfHubHTTPError, HFValidationError) as error:
-        raise ValueError(f"{name}: the Hugging Face Hub did not give the model ({_first_line(error)})") from None
+        raise ValueError(f"{name}: the Hugging Face Hub did not give the model ({first_line(error)})") from None
 
 
 def _not_cached(repo_id: str, revision: str | None, name: str, error: Exception) -> str:
@@ -123,6 +123,7 @@ def _not_cached(repo_id: str, revision: str | None, name: str, error: Exception)
     return f"{name}: no such folder, {where} and the Hugging Face Hub could not be reached; connect and try again"
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
+    """The first line of ``error``'s message (its kind's name when the message is empty)."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__

@@ -39,6 +39,7 @@ from torch import nn
 from linmem.data.tokenizer import load_tokenizer
 from linmem.io.atomic import atomic_write
 from linmem.io.folders import short_list
+from linmem.io.hub import first_line
 from linmem.io.manifest import has_manifest, sha256_file, verify_manifest
 from linmem.io.models import pick_device, resolve_model_folder
 
@@ -94,8 +95,7 @@ def check_hub_config(folder: Path, name: str) -> None:
 
             hf_config_to_linmem(AutoConfig.from_pretrained(str(folder)))
     except (ValueError, KeyError, TypeError, OSError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{name}: {first_line}; its weights were not downloaded") from None
+        raise ValueError(f"{name}: {first_line(error)}; its weights were not downloaded") from None
 
 
 def verify_model_folder(folder: Path) -> None:
