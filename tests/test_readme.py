@@ -33,15 +33,24 @@ def test_a_broken_block_is_named(readme_commands, text, message):
         readme_commands.blocks(text)
 
 
-def test_ci_runs_the_readme_blocks_in_order():
-    """``.ci/run`` runs the README's install, test, sources and test-sources blocks in that order, and nothing
-    else installs or tests on its own (a command there that is not in the README would drift from it)."""
-    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    calls = [line.split()[1] for line in lines if line.startswith("run_block ")]
-    assert calls == ["install", "test", "sources", "test-sources"]
-    own = [line for line in lines if line and not line.startswith("#") and "pip install -q --upgrade pip" not in line]
+def test_ci_runs_the_readme_commands_literally(readme_commands, tmp_path):
+    """``.ci/run`` writes the README's install, test, sources and test-sources commands, in that order, as its
+    ``step`` lines, checks that they agree before anything else, and installs or tests nothing of its own."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert readme_commands.check(ROOT / ".ci" / "run") is None
+    assert readme_commands.step_commands(ci)[:3] == ['pip install torch==2.13.0 -e ".[dev]"',
+                                                     "python -m pytest -n 2 -q", "python -m pytest -n 2 -q -m slow"]
+    first = next(line for line in ci.splitlines() if line and not line.startswith(("#", "set ", "cd ")))
+    assert first == "python3 .ci/readme_commands.py --check .ci/run"
+    own = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith(("#", "step "))
+           and "pip install -q --upgrade pip" not in line]
     for word in ("pip install", "pytest", "apt-get install"):
         assert not any(word in line for line in own), word
+    drifted = tmp_path / "run"
+    drifted.write_text(ci.replace("step python -m pytest -n 2 -q -m slow", "step python -m pytest -q -m slow"))
+    assert "step 3 runs 'python -m pytest -q -m slow'" in readme_commands.check(drifted)
+    drifted.write_text(ci.replace("step python -m pytest -n 2 -q -m sources\n", ""))
+    assert "the README's blocks hold" in readme_commands.check(drifted)
 
 
 def test_readme_names_every_block_ci_runs():
