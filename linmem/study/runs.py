@@ -33,7 +33,7 @@ from linmem.io.folders import prepare_output_folder, read_marker
 from linmem.study.definition import Study, resolve_model
 from linmem.study.items import agreement, item_records
 from linmem.train.config import TrainConfig
-from linmem.train.trainer import METRICS, MODEL_DIR, config_changes, train
+from linmem.train.trainer import METRICS, MODEL_DIR, config_changes, read_metrics, train
 
 RUNS = "runs"
 ITEMS = "items.json"
@@ -58,7 +58,7 @@ def training_log(folder: Path) -> list[dict[str, Any]]:
     path = folder / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_metrics(path)
 
 
 @dataclass
