@@ -50,19 +50,20 @@ from linmem.layers.recurrent import RecurrentMixer
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
 from linmem.ops.backend import check_backend
+from linmem.ops.fused.cross_entropy import IGNORE_INDEX, token_cross_entropy
 
 logger = logging.get_logger(__name__)
 
 # transformers 5.2x renamed the outputs' `past_key_values` to `cache`; speak whichever the installed version uses
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-IGNORE_INDEX = -100  # labels with this value are not predicted (Hugging Face's convention)
 
 
 @dataclass
 class LinMemCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus ``token_losses [B, T-1]``: each target's cross entropy (0 where ignored),
-    given when the loss is computed in chunks (``loss_chunk_tokens``), where ``logits`` are None."""
+    given whenever ``labels`` are (also when the loss is computed in chunks, ``loss_chunk_tokens``, where ``logits``
+    are None)."""
 
     token_losses: torch.FloatTensor | None = None
 
@@ -81,9 +82,7 @@ def chunked_token_losses(hidden_states: torch.Tensor, head: nn.Module, targets: 
                          f"{list(targets.shape)}")
 
     def piece_losses(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits = head(hidden)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="none")
+        return token_cross_entropy(head(hidden), target)
 
     remember = torch.is_grad_enabled()
     pieces = []
@@ -452,8 +451,11 @@ class LinMemForCausalLM(LinMemPreTrainedModel, GenerationMixin):
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
         logits = self.lm_head(hidden_states)
-        loss = None
+        loss = losses = None
         if labels is not None:
-            shifted = logits[:, :-1].flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
-            loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
-        return LinMemCausalLMOutput(loss=loss, logits=logits, **extra)
+            # every position's logits against the next label (the last predicts nothing): no copy of the logits
+            targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+            losses = token_cross_entropy(logits.flatten(0, 1), targets.flatten()).view(targets.shape)
+            loss = losses.sum() / (targets != IGNORE_INDEX).sum()
+            losses = losses[:, :-1]
+        return LinMemCausalLMOutput(loss=loss, logits=logits, token_losses=losses, **extra)

@@ -197,21 +197,14 @@ def token_losses(run: Run, input_ids: torch.Tensor, labels: torch.Tensor) -> tor
         packed["cu_seqlens"] = document_starts(input_ids, run.data.shards.eos_id)
         input_ids = input_ids.reshape(1, batch * length)
     chunk = loss_chunk_tokens(run.config, run.micro_batch_size, run.model_config.vocab_size)
-    if chunk:
-        if packed:  # one row: the first token of each row must not be a target of the row before
-            labels = labels.clone()
-            labels[:, 0] = IGNORE_INDEX
-            labels = labels.reshape(1, batch * length)
-        with run.autocast():
-            losses = run.model(input_ids=input_ids, labels=labels, use_cache=False, loss_chunk_tokens=chunk,
-                               **packed).token_losses.float()
-        return F.pad(losses, (0, 1)).view(batch, length)[:, :-1] if packed else losses
+    if packed:  # one row: the first token of each row must not be a target of the row before
+        labels = labels.clone()
+        labels[:, 0] = IGNORE_INDEX
+        labels = labels.reshape(1, batch * length)
     with run.autocast():
-        logits = run.model(input_ids=input_ids, use_cache=False, **packed).logits.view(batch, length, -1)
-    targets = labels[:, 1:]
-    flat = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="none")
-    return flat.view(targets.shape)
+        losses = run.model(input_ids=input_ids, labels=labels, use_cache=False, loss_chunk_tokens=chunk,
+                           **packed).token_losses.float()
+    return F.pad(losses, (0, 1)).view(batch, length)[:, :-1] if packed else losses
 
 
 def target_weights(batch: dict[str, torch.Tensor], recall_weight: float) -> torch.Tensor:
