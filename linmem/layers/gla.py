@@ -70,8 +70,13 @@ class GatedLinearAttention(RecurrentMixer):
         if key_dim % num_heads or value_dim % num_heads or num_heads % num_kv_heads:
             raise ValueError(f"key width {key_dim} and value width {value_dim} must divide into num_heads = "
                              f"{num_heads} heads, and num_heads into num_kv_heads = {num_kv_heads} groups")
+        # both keep the decay g = max(logsigmoid(·) / normalizer, clamp_min) <= 0 by construction, which lets
+        # run_memory skip the op's value check (a host sync) while no hook is on hook_g
         if clamp_min is not None and clamp_min > 0:
             raise ValueError(f"clamp_min must be <= 0 (a log decay floor); got {clamp_min}")
+        if not gate_logit_normalizer > 0:
+            raise ValueError(f"gate_logit_normalizer must be > 0 (it divides a log decay); got "
+                             f"{gate_logit_normalizer}")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
         self.use_short_conv = use_short_conv

@@ -26,6 +26,13 @@ tensor of their own when gradients are recorded (``editable``).
 
 A point costs nothing while no hook is on it (``HookPoint.is_hooked``): no copy is made for it, and without a cache
 and a hook on ``hook_state`` / ``hook_residual_state`` the op is not asked for its final states at all.
+
+The op's value check of the gates (``check_values``, one device→host synchronisation per call) runs only while a
+hook sits on ``hook_g``, ``hook_beta`` or ``hook_gamma``: a hook may write any value there, and a log decay > 0 or a
+strength outside [0, 2] is then the hook's bug, reported as a ``ValueError``. Without one the gates are in range by
+construction (``g = −exp(A)·softplus(·)`` or ``logsigmoid(·)/c`` ≤ 0, ``β, γ = sigmoid(·)`` or ``2·sigmoid(·)``,
+zero at padding), so a training step pays no host sync per layer for it. A NaN or infinity that the model itself
+produces is a diverged run, not an input error: the trainer's loss check reports it.
 """
 
 from __future__ import annotations
@@ -153,16 +160,17 @@ class RecurrentMixer(nn.Module):
         if self.memory.residual:
             gamma = self._through(self.hook_gamma, gamma)
         state = None if cache is None else cache.memory_state(self.memory.residual)
+        check_values = self._gates_hooked()
         if cache is not None and q.shape[1] == 1:  # decoding: one step of the recurrence
             o, final = linear_memory_step(
                 q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], None if gamma is None else gamma[:, 0], state,
-                memory=self.memory,
+                memory=self.memory, check_values=check_values,
             )
             o = o.unsqueeze(1)
         else:
             o, final = linear_memory(q, k, v, g, beta, gamma, memory=self.memory, initial_state=state,
                                      output_final_state=self._wants_final_state(cache), backend=self.backend,
-                                     cu_seqlens=cu_seqlens)
+                                     cu_seqlens=cu_seqlens, check_values=check_values)
         if final is not None:
             self._keep_state(final, cache, q.shape[1])
         return self._through(self.hook_readout, o, views_only=True)
@@ -171,6 +179,11 @@ class RecurrentMixer(nn.Module):
     def _through(point: HookPoint, x: torch.Tensor, views_only: bool = False) -> torch.Tensor:
         """``point(x)``, with ``x`` first made ``editable`` only where a hook on the point could edit it in place."""
         return point(editable(x, views_only) if point.is_hooked else x)
+
+    def _gates_hooked(self) -> bool:
+        """Whether a hook could have written the gates (then the op checks their values; see the module notes)."""
+        points = [self.hook_g, self.hook_beta] + ([self.hook_gamma] if self.memory.residual else [])
+        return any(point.is_hooked for point in points)
 
     def _wants_final_state(self, cache: RecurrentLayerCache | None) -> bool:
         """Whether anything reads the final states: a cache to continue from them, or a hook on a state point."""

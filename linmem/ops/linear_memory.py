@@ -114,6 +114,7 @@ def linear_memory(
     use_qk_l2norm_in_kernel: bool = False,
     g_gamma: torch.Tensor | None = None,
     memory: MemoryConfig | None = None,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, State]:
     """Run a linear memory over a sequence.
 
@@ -143,6 +144,13 @@ def linear_memory(
         g_gamma: a fixed log decay per head ``[H]`` (≤ 0; sGLA's data-independent decay, FLA's ``g_gamma``), used
             at every token; only one of ``g`` and ``g_gamma`` may be given.
         memory: the memory as one ``MemoryConfig``, in place of the switches rule .. output_gates.
+        check_values: check the gates' values: ``g`` and ``g_gamma`` ≤ 0, ``beta`` and ``gamma`` finite and in
+            [0, 2]. The check reduces them to flags on their device and reads those back, one device→host
+            synchronisation per call (per layer of every forward), which stalls the host until the GPU catches up.
+            False skips only it (shapes and dtypes are host metadata, always checked), for a caller whose gates
+            are in range by construction: the linmem mixers build ``g = −exp(A)·softplus(·) ≤ 0`` (GLA:
+            ``logsigmoid(·)/c``), ``β, γ = sigmoid(·)`` or ``2·sigmoid(·)``, and pass False unless a hook could
+            rewrite them. Any other caller keeps the default.
     Returns:
         ``o [B, T, H, V]`` in q's dtype and ``None``, ``S_T`` or ``(S_T, R_T)`` (``[N, H, V, K]``, or ``[N, H, K,
         V]`` with ``state_v_first=False``; float32 or float64).
@@ -152,12 +160,13 @@ def linear_memory(
     if not isinstance(state_v_first, bool) or not isinstance(use_qk_l2norm_in_kernel, bool):
         raise ValueError(f"state_v_first and use_qk_l2norm_in_kernel must be bools; got {state_v_first!r} and "
                          f"{use_qk_l2norm_in_kernel!r}")
+    _check_bool("check_values", check_values)
     if g_gamma is not None:
         if g is not None:
             raise ValueError("give either g (per token) or g_gamma (fixed per head), not both")
-        check_fixed_decay(g_gamma, q)
+        check_fixed_decay(g_gamma, q, check_values)
         g = g_gamma.to(q.device).expand(q.shape[:-1])
-    check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual)
+    check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual, check_values=check_values)
     if use_qk_l2norm_in_kernel:
         q, k = _l2_normalize(q), _l2_normalize(k)
     backend = _resolve_backend(backend, MemoryInputs(q, k, v, g, beta, gamma), config)
@@ -198,6 +207,11 @@ def linear_memory(
         base_final, residual_final = (None if s is None else s.transpose(-1, -2).contiguous()
                                       for s in (base_final, residual_final))
     return o, ((base_final, residual_final) if residual else base_final)
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool; got {value!r}")
 
 
 # FLA's l2norm epsilon, so that ``use_qk_l2norm_in_kernel=True`` gives the numbers FLA's kernels give
@@ -263,6 +277,7 @@ def linear_memory_step(
     output_gates: bool = True,
     scale: float | None = None,
     memory: MemoryConfig | None = None,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, State]:
     """One token of ``linear_memory`` for decoding.
 
@@ -270,12 +285,15 @@ def linear_memory_step(
         q, k: ``[B, H, K]``; v: ``[B, H, V]``; g: ``[B, H]`` or ``[B, H, K]``; beta, gamma: ``[B, H]``.
         state: ``S [B, H, V, K]`` or ``(S, R)`` with ``residual=True``; None starts from zeros.
         memory: the memory as one ``MemoryConfig``, in place of the switches rule .. output_gates.
+        check_values: check the gates' values (one host synchronisation); False skips that check only, for
+            gates in range by construction (see ``linear_memory``).
     Returns:
         ``o [B, H, V]`` in q's dtype and the new state (``S`` or ``(S, R)``, float32 or float64).
     """
     config = _memory_config(memory, rule, residual, residual_target, clip, fit_history, output_gates)
     residual = config.residual
-    check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual, time_dim=False)
+    _check_bool("check_values", check_values)
+    check_sequence_inputs(q, k, v, g, beta, gamma, config.rule, residual, time_dim=False, check_values=check_values)
     batch, heads, key_dim = q.shape
     base, resid = split_state(state, residual)
     check_state("state (S)", base, (batch, heads, v.shape[-1], key_dim), "[B, H, V, K]")
