@@ -106,6 +106,37 @@ def _store(ptr, rows, width, cols, values, mask):
 
 
 @triton.jit
+def _row_block(block, n_rows, width, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Row block ``block``: its rows, the columns, the row mask and the ``[BLOCK_ROWS, BLOCK_D]`` tile mask."""
+    rows = block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_mask = rows < n_rows
+    return rows, cols, row_mask, row_mask[:, None] & (cols < width)[None, :]
+
+
+@triton.jit
+def _load_scale(weight, cols, width, ZERO_CENTERED: tl.constexpr):
+    """The per-column scale in float32: ``weight``, or ``1 + weight``."""
+    scale = tl.load(weight + cols, mask=cols < width, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        scale += 1.0
+    return scale
+
+
+@triton.jit
+def _load_normalised(x, x_offsets, rstd, rows, row_mask, cols, mask):
+    """The saved ``rstd`` of ``rows`` and the recomputed ``x̂ = x · rstd`` tile (0 outside ``mask``)."""
+    r = tl.load(rstd + rows, mask=row_mask, other=0.0)
+    return r, _load(x, x_offsets, cols, mask) * r[:, None]
+
+
+@triton.jit
+def _rms_input_grad(x_hat, scaled_dy, r, width):
+    """The gradient of x through ``x̂ = x · rstd`` (mean over ``width``) given ``scaled_dy``, the gradient of x̂."""
+    return r[:, None] * (scaled_dy - x_hat * (tl.sum(scaled_dy * x_hat, axis=1) / width)[:, None])
+
+
+@triton.jit
 def _activation(gate, SIGMOID: tl.constexpr):
     """``act(gate)`` and ``act'(gate)`` for act = sigmoid or silu (swish)."""
     s = tl.sigmoid(gate)
@@ -122,10 +153,7 @@ def rms_norm_forward_kernel(
 ):
     """y = h · rstd · scale with h = x (+ residual, stored rounded to ``summed``'s dtype and normalised as stored),
     rstd = 1 / sqrt(mean(h²) + eps), scale = weight or 1 + weight. Grid: one program per row block."""
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_mask = rows < n_rows
-    mask = row_mask[:, None] & (cols < width)[None, :]
+    rows, cols, row_mask, mask = _row_block(tl.program_id(0), n_rows, width, BLOCK_ROWS, BLOCK_D)
     h = _load(x, _offsets(rows, inner, x_outer, x_inner), cols, mask)
     if HAS_RESIDUAL:
         h += _load(residual, _offsets(rows, inner, res_outer, res_inner), cols, mask)
@@ -133,9 +161,7 @@ def rms_norm_forward_kernel(
         _store(summed, rows, width, cols, h, mask)
         h = h.to(tl.float32)
     r = tl.rsqrt(tl.sum(h * h, axis=1) / width + eps)
-    scale = tl.load(weight + cols, mask=cols < width, other=0.0).to(tl.float32)
-    if ZERO_CENTERED:
-        scale += 1.0
+    scale = _load_scale(weight, cols, width, ZERO_CENTERED)
     _store(y, rows, width, cols, h * r[:, None] * scale[None, :], mask)
     tl.store(rstd + rows, r, mask=row_mask)
 
@@ -153,19 +179,15 @@ def rms_norm_backward_kernel(
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_mask = cols < width
-    scale = tl.load(weight + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if ZERO_CENTERED:
-        scale += 1.0
+    scale = _load_scale(weight, cols, width, ZERO_CENTERED)
     dw = tl.zeros([BLOCK_D], dtype=tl.float32)
     for block in range(blocks_per_program):
-        rows = (program * blocks_per_program + block) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        row_mask = rows < n_rows
-        mask = row_mask[:, None] & col_mask[None, :]
-        r = tl.load(rstd + rows, mask=row_mask, other=0.0)
-        x_hat = _load(x, _offsets(rows, inner, x_outer, x_inner), cols, mask) * r[:, None]
+        rows, _, row_mask, mask = _row_block(program * blocks_per_program + block, n_rows, width, BLOCK_ROWS,
+                                              BLOCK_D)
+        r, x_hat = _load_normalised(x, _offsets(rows, inner, x_outer, x_inner), rstd, rows, row_mask, cols, mask)
         grad_y = _load(dy, _offsets(rows, inner, dy_outer, dy_inner), cols, mask)
         scaled = grad_y * scale[None, :]
-        grad_x = r[:, None] * (scaled - x_hat * (tl.sum(scaled * x_hat, axis=1) / width)[:, None])
+        grad_x = _rms_input_grad(x_hat, scaled, r, width)
         if HAS_DSUMMED:
             grad_x += _load(d_summed, _offsets(rows, inner, ds_outer, ds_inner), cols, mask)
         _store(dx, rows, width, cols, grad_x, mask)
@@ -182,14 +204,11 @@ def gated_rms_norm_forward_kernel(
     SIGMOID: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """y = x · rstd · weight · act(gate). Grid: one program per row block."""
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_mask = rows < n_rows
-    mask = row_mask[:, None] & (cols < width)[None, :]
+    rows, cols, row_mask, mask = _row_block(tl.program_id(0), n_rows, width, BLOCK_ROWS, BLOCK_D)
     h = _load(x, _offsets(rows, inner, x_outer, x_inner), cols, mask)
     act, _ = _activation(_load(gate, _offsets(rows, inner, g_outer, g_inner), cols, mask), SIGMOID)
     r = tl.rsqrt(tl.sum(h * h, axis=1) / width + eps)
-    w = tl.load(weight + cols, mask=cols < width, other=0.0).to(tl.float32)
+    w = _load_scale(weight, cols, width, False)
     _store(y, rows, width, cols, h * r[:, None] * w[None, :] * act, mask)
     tl.store(rstd + rows, r, mask=row_mask)
 
@@ -206,20 +225,17 @@ def gated_rms_norm_backward_kernel(
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_mask = cols < width
-    w = tl.load(weight + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = _load_scale(weight, cols, width, False)
     dw = tl.zeros([BLOCK_D], dtype=tl.float32)
     for block in range(blocks_per_program):
-        rows = (program * blocks_per_program + block) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        row_mask = rows < n_rows
-        mask = row_mask[:, None] & col_mask[None, :]
-        r = tl.load(rstd + rows, mask=row_mask, other=0.0)
-        x_hat = _load(x, _offsets(rows, inner, x_outer, x_inner), cols, mask) * r[:, None]
-        act, act_grad = _activation(_load(gate, _offsets(rows, inner, g_outer, g_inner), cols, mask),
-                                             SIGMOID)
+        rows, _, row_mask, mask = _row_block(program * blocks_per_program + block, n_rows, width, BLOCK_ROWS,
+                                              BLOCK_D)
+        r, x_hat = _load_normalised(x, _offsets(rows, inner, x_outer, x_inner), rstd, rows, row_mask, cols, mask)
+        act, act_grad = _activation(_load(gate, _offsets(rows, inner, g_outer, g_inner), cols, mask), SIGMOID)
         grad_y = _load(dy, _offsets(rows, inner, dy_outer, dy_inner), cols, mask)
         weighted = grad_y * w[None, :]
         scaled = weighted * act
-        grad_x = r[:, None] * (scaled - x_hat * (tl.sum(scaled * x_hat, axis=1) / width)[:, None])
+        grad_x = _rms_input_grad(x_hat, scaled, r, width)
         _store(dx, rows, width, cols, grad_x, mask)
         _store(d_gate, rows, width, cols, weighted * x_hat * act_grad, mask)
         dw += tl.sum(grad_y * x_hat * act, axis=0)
@@ -231,10 +247,7 @@ def l2_norm_forward_kernel(
     x, x_outer, x_inner, y, rstd, n_rows, inner, width, eps, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """y = x · rstd, rstd = 1 / sqrt(Σx² + eps). Grid: one program per row block."""
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_mask = rows < n_rows
-    mask = row_mask[:, None] & (cols < width)[None, :]
+    rows, cols, row_mask, mask = _row_block(tl.program_id(0), n_rows, width, BLOCK_ROWS, BLOCK_D)
     h = _load(x, _offsets(rows, inner, x_outer, x_inner), cols, mask)
     r = tl.rsqrt(tl.sum(h * h, axis=1) + eps)
     _store(y, rows, width, cols, h * r[:, None], mask)
@@ -246,14 +259,18 @@ def l2_norm_backward_kernel(
     y, dy, dy_outer, dy_inner, rstd, dx, n_rows, inner, width, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dx = rstd · (dy − y · Σ dy·y) from the stored output ``y`` (contiguous). Grid: one program per row block."""
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    row_mask = rows < n_rows
-    mask = row_mask[:, None] & (cols < width)[None, :]
+    rows, cols, row_mask, mask = _row_block(tl.program_id(0), n_rows, width, BLOCK_ROWS, BLOCK_D)
     out = _load(y, rows.to(tl.int64) * width, cols, mask)
     grad_y = _load(dy, _offsets(rows, inner, dy_outer, dy_inner), cols, mask)
     r = tl.load(rstd + rows, mask=row_mask, other=0.0)
     _store(dx, rows, width, cols, r[:, None] * (grad_y - out * tl.sum(grad_y * out, axis=1)[:, None]), mask)
+
+
+def _launch_shape(x: torch.Tensor) -> tuple[int, int, tuple[int, int, int]]:
+    """(rows, width, ``_tiling``) of ``x [..., D]``."""
+    width = x.shape[-1]
+    n_rows = x.numel() // width if width else 0
+    return n_rows, width, _tiling(n_rows, width)
 
 
 def _empty_rows(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -278,9 +295,7 @@ class RMSNormFunction(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, residual, weight, eps: float, zero_centered: bool, out_dtype: torch.dtype):
         ctx.set_materialize_grads(False)
-        width = x.shape[-1]
-        n_rows = x.numel() // width if width else 0
-        block_rows, block_d, warps = _tiling(n_rows, width)
+        n_rows, width, (block_rows, block_d, warps) = _launch_shape(x)
         y = _empty_rows(x, out_dtype)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
         summed = _empty_rows(x, residual.dtype) if residual is not None else None
@@ -307,9 +322,7 @@ class RMSNormFunction(torch.autograd.Function):
             return None, None, None, None, None, None
         if dy is None:
             dy = torch.zeros(x.shape, dtype=x_dtype, device=x.device)
-        width = x.shape[-1]
-        n_rows = x.numel() // width if width else 0
-        block_rows, block_d, warps = _tiling(n_rows, width)
+        n_rows, width, (block_rows, block_d, warps) = _launch_shape(x)
         dx = _empty_rows(x, x_dtype)
         store_residual = ctx.has_residual and residual_dtype != x_dtype
         d_residual = _empty_rows(x, residual_dtype) if store_residual else None
@@ -338,9 +351,7 @@ class GatedRMSNormFunction(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, gate, weight, eps: float, sigmoid: bool):
-        width = x.shape[-1]
-        n_rows = x.numel() // width if width else 0
-        block_rows, block_d, warps = _tiling(n_rows, width)
+        n_rows, width, (block_rows, block_d, warps) = _launch_shape(x)
         y = _empty_rows(x, x.dtype)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
         (xr, gr), inner, ((xo, xi), (go, gi)) = row_layout(x, gate)
@@ -357,9 +368,7 @@ class GatedRMSNormFunction(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy):
         x, gate, weight, rstd = ctx.saved_tensors
-        width = x.shape[-1]
-        n_rows = x.numel() // width if width else 0
-        block_rows, block_d, warps = _tiling(n_rows, width)
+        n_rows, width, (block_rows, block_d, warps) = _launch_shape(x)
         dx = _empty_rows(x, x.dtype)
         d_gate = _empty_rows(gate, gate.dtype)
         programs, per_program = _backward_grid(x, block_rows) if n_rows else (1, 0)
@@ -380,9 +389,7 @@ class L2NormFunction(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, eps: float):
-        width = x.shape[-1]
-        n_rows = x.numel() // width if width else 0
-        block_rows, block_d, warps = _tiling(n_rows, width)
+        n_rows, width, (block_rows, block_d, warps) = _launch_shape(x)
         y = _empty_rows(x, x.dtype)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
         (xr,), inner, ((xo, xi),) = row_layout(x)
@@ -398,9 +405,7 @@ class L2NormFunction(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy):
         y, rstd = ctx.saved_tensors
-        width = y.shape[-1]
-        n_rows = y.numel() // width if width else 0
-        block_rows, block_d, warps = _tiling(n_rows, width)
+        n_rows, width, (block_rows, block_d, warps) = _launch_shape(y)
         dx = _empty_rows(y, y.dtype)
         (dyr,), inner, ((yo, yi),) = row_layout(dy)
         if n_rows:
