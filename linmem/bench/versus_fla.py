@@ -1,0 +1,607 @@
+"""FLA's own model against linmem's import of the same checkpoint, side by side in one run (issue 46).
+
+    python -m linmem.bench.versus_fla --out runs/versus-fla                     # GDN-340M and GDN-1.3B, on CUDA
+    python -m linmem.bench.versus_fla --shapes GDN-340M --batches 4 --parts train --compile --residual
+    python -m linmem.bench.versus_fla --device cpu --scaled 64,2,256 --batches 2 --seq-len 16 --steps 2 \\
+        --warmup 1 --prefill-len 32 --decode-tokens 4 --decode-batches 1,2      # a dry run (FLA's kernels replaced)
+
+For each shape of ``fla_parity.PAPER`` asked for, FLA 0.6.0 builds its model with its own config and model classes and
+its own initialisation, and saves it (``write_fla_checkpoint``, bfloat16 weights, into a temporary folder); linmem
+imports that folder with ``load_fla_checkpoint`` (backend ``triton`` on CUDA, ``chunk`` elsewhere). Every
+measurement builds its model afresh, measures, and frees it (peaks are per model); an out-of-memory error makes
+that cell "OOM" and the run goes on; any other error is recorded in the cell the same way. Parts (``--parts``):
+
+- **train**: per batch size B of ``--batches`` (T = ``--seq-len``): float32 parameters, bfloat16 autocast on CUDA
+  (float32 elsewhere), fused AdamW (lr 3e-4), no gradient clipping, no checkpointing; ``--warmup`` untimed and
+  ``--steps`` timed steps on the same random token batches for both models (one batch per step, fixed seed). FLA's
+  model computes its loss its own way (``labels=``: its fused cross entropy); linmem's with ``labels`` and the
+  ``loss_chunk_tokens`` the trainer would pick for that micro-batch (``linmem.train.config.loss_chunk_tokens``).
+  Reported: the median step time, the peak allocated memory (the counter reset after the model is built), every
+  step's loss for both and the largest |difference| over all steps (warm-up included: both start from the same
+  weights, so the losses agree to bfloat16 rounding). ``--compile`` adds rows with ``torch.compile(model)`` for
+  both. ``--residual`` adds linmem's residual mixer (RDN for GDN shapes, RLA for GLA) of the imported config,
+  randomly initialised, against linmem's import: step time and peak ratios.
+- **prefill**: no gradients, the model in bfloat16 on CUDA, B = 1, T = ``--prefill-len``: median forward time
+  (``use_cache=False`` for both) over ``--steps`` forwards after ``--warmup``.
+- **decode**: greedy ``generate()`` of ``--decode-tokens`` new tokens after a 16-token random prompt, per batch of
+  ``--decode-batches``, with no end-of-sequence token (every row makes them all); tokens/s counts every sequence's new
+  tokens. linmem's captured decoding
+  (``linmem.models.decoding.captured_generate``) is timed too when it exists, and its tokens are checked against
+  linmem's uncaptured greedy tokens. Each generator runs once untimed (a few tokens) before its timed run.
+
+Ratios are linmem / FLA: above 1 linmem is slower or larger (time, memory), and faster for tokens/s.
+
+FLA 0.6.0 refuses its gated backward on Hopper with Triton >= 3.4 and < 3.7.1 (its issue #640); for timing only this
+bench sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says in its header whether that bypassed the
+check here. FLA's attention layer (the hybrid shape) needs flash-attn; without it, FLA's ``flash_attn_func`` is
+replaced with ``fla_parity.sdpa_flash_attn_func``.
+
+``--budget`` (seconds) stops starting new measurements once spent; the skipped ones are listed. ``--out DIR`` writes
+``versus_fla.json`` (every raw number) and ``versus_fla.md`` (the tables, versions and command) after every
+measurement, each atomically. ``--scaled HIDDEN,LAYERS,VOCAB`` runs scaled-down copies of the shapes
+(``fla_parity.scaled_paper_settings``), for dry runs; on the CPU FLA's Triton kernels must be replaced by the caller
+(tests/test_bench_versus_fla.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from linmem.bench import environment
+from linmem.bench.fla_parity import PAPER, scaled_paper_settings, sdpa_flash_attn_func, write_fla_checkpoint
+from linmem.bench.training import free_memory, random_tokens
+from linmem.io.atomic import atomic_write
+from linmem.models import LinMemConfig, LinMemForCausalLM
+from linmem.models.fla_import import fla_config_to_linmem, load_fla_checkpoint
+from linmem.train.config import loss_chunk_tokens
+
+GIB = 2**30
+PARTS = ("train", "prefill", "decode")
+PROMPT_TOKENS = 16
+DECODE_WARMUP_TOKENS = 4
+LEARNING_RATE = 3e-4
+RESIDUAL_OF = {"gdn": "rdn", "gla": "rla", "sgla": "rla"}
+OOM = "OOM"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Setup: FLA's flags, the models
+# ---------------------------------------------------------------------------------------------------------------
+
+def bypass_fla_hopper_check() -> str:
+    """Let FLA 0.6.0 run its gated backward on Hopper with Triton in [3.4, 3.7.1) (timing only; its issue #640:
+    results there may be wrong, which the loss column would show). Returns the line the header prints."""
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+    except ImportError:
+        return "FLA is not installed"
+    refused = chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    if refused:
+        return ("BYPASSED: FLA 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (FLA #640); this run "
+                "turned that check off for timing only")
+    return "FLA's Hopper / Triton < 3.7.1 check would not refuse here (its flag is set anyway, changing nothing)"
+
+
+def use_sdpa_attention_without_flash_attn() -> bool:
+    """FLA's attention layer calls flash-attn's ``flash_attn_func``; without flash-attn, an SDPA stand-in of the
+    same contract. Returns whether the stand-in is in place."""
+    try:
+        import flash_attn  # noqa: F401
+        return False
+    except ImportError:
+        import fla.layers.attn
+
+        fla.layers.attn.flash_attn_func = sdpa_flash_attn_func
+        return True
+
+
+class Shape:
+    """One FLA checkpoint on disk and what builds each model of it: ``fla(dtype)`` (FLA's classes, a copy of the
+    saved model), ``linmem(dtype)`` (``load_fla_checkpoint``) and ``residual(dtype)`` (linmem's residual mixer of the
+    same config, random init), each on ``device``."""
+
+    def __init__(self, name: str, folder: Path, device: torch.device, backend: str, scaled: tuple[int, ...] | None):
+        self.name, self.folder, self.device, self.backend = name, folder, device, backend
+        if scaled:
+            kind, settings = scaled_paper_settings(name, *scaled)
+        else:
+            kind, settings, _ = PAPER[name]
+        self.fla_model, self.parameters = write_fla_checkpoint(kind, settings, folder)
+        self.config = fla_config_to_linmem(json.loads((folder / "config.json").read_text()), backend=backend)
+        self.vocab = self.config.vocab_size
+
+    def fla(self, dtype: torch.dtype) -> torch.nn.Module:
+        return copy.deepcopy(self.fla_model).to(device=self.device, dtype=dtype)
+
+    def linmem(self, dtype: torch.dtype) -> torch.nn.Module:
+        return load_fla_checkpoint(self.folder, dtype=dtype, device=self.device, backend=self.backend)
+
+    @property
+    def residual_mixer(self) -> str:
+        return RESIDUAL_OF[self.config.mixer]
+
+    def residual(self, dtype: torch.dtype) -> torch.nn.Module:
+        config = LinMemConfig.from_dict({**self.config.to_dict(), "mixer": self.residual_mixer})
+        torch.manual_seed(0)
+        return LinMemForCausalLM(config).to(device=self.device, dtype=dtype)
+
+
+def trainer_loss_chunk_tokens(batch: int, seq_len: int, vocab: int) -> int:
+    """The ``loss_chunk_tokens`` the trainer picks for a micro-batch ``[batch, seq_len]`` when the config leaves it
+    unset (``linmem.train.config.loss_chunk_tokens``)."""
+    unset = SimpleNamespace(train=SimpleNamespace(loss_chunk_tokens=None), data=SimpleNamespace(seq_len=seq_len))
+    return loss_chunk_tokens(unset, batch, vocab)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurements: each takes a freshly built model and returns raw numbers
+# ---------------------------------------------------------------------------------------------------------------
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def autocast_for(device: torch.device):
+    """bfloat16 autocast on CUDA; float32 elsewhere (a CPU dry run)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def train_steps(model: torch.nn.Module, batches: list[torch.Tensor], warmup: int, device: torch.device,
+                loss_kwargs: dict) -> dict:
+    """Train ``model`` one step per batch of ``batches`` (``[B, T]`` ids, also the labels; fused AdamW, lr
+    ``LEARNING_RATE``); the steps after the first ``warmup`` are timed one by one. ``loss_kwargs`` go to the forward
+    with the labels. Returns ``losses`` (every step), ``steps_ms`` (the timed ones), ``step_ms`` (their median) and
+    ``peak_gib`` (None off CUDA)."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=True)
+    reset_peak(device)
+    losses, steps_ms = [], []
+    for index, ids in enumerate(batches):
+        synchronize(device)
+        start = time.perf_counter()
+        with autocast_for(device):
+            loss = model(input_ids=ids, labels=ids, use_cache=False, **loss_kwargs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        if index >= warmup:
+            steps_ms.append((time.perf_counter() - start) * 1e3)
+        losses.append(loss.item())
+    return dict(losses=losses, steps_ms=steps_ms, step_ms=statistics.median(steps_ms) if steps_ms else None,
+                peak_gib=peak_gib(device))
+
+
+@torch.no_grad()
+def prefill_forwards(model: torch.nn.Module, ids: torch.Tensor, warmup: int, steps: int,
+                     device: torch.device) -> dict:
+    """``warmup`` untimed and ``steps`` timed forwards of ``ids [1, T]`` (``use_cache=False``). Returns
+    ``forwards_ms``, ``ms`` (their median) and ``peak_gib``."""
+    model.eval()
+    for _ in range(warmup):
+        model(ids, use_cache=False)
+    reset_peak(device)
+    forwards_ms = []
+    for _ in range(steps):
+        synchronize(device)
+        start = time.perf_counter()
+        model(ids, use_cache=False)
+        synchronize(device)
+        forwards_ms.append((time.perf_counter() - start) * 1e3)
+    return dict(forwards_ms=forwards_ms, ms=statistics.median(forwards_ms), peak_gib=peak_gib(device))
+
+
+def captured_generate_function() -> Callable | None:
+    """``linmem.models.decoding.captured_generate`` when this linmem has it, else None."""
+    try:
+        from linmem.models.decoding import captured_generate
+    except ImportError:
+        return None
+    return captured_generate
+
+
+@torch.no_grad()
+def timed_generation(generate: Callable[[int], torch.Tensor], new_tokens: int, batch: int,
+                     device: torch.device) -> tuple[torch.Tensor, dict]:
+    """Run ``generate(n)`` (greedy, n new tokens, returns ``[B, prompt + n]``) once with a few tokens untimed, then
+    with ``new_tokens`` timed. Returns the timed run's new tokens ``[B, new_tokens]`` and ``seconds``,
+    ``tokens_per_s`` (B · new tokens / seconds)."""
+    generate(min(DECODE_WARMUP_TOKENS, new_tokens))
+    synchronize(device)
+    start = time.perf_counter()
+    out = generate(new_tokens)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    new = out[:, -new_tokens:]
+    if new.shape[1] != new_tokens:
+        raise RuntimeError(f"generate returned {new.shape[1]} new tokens, not {new_tokens}")
+    return new.cpu(), dict(seconds=seconds, tokens_per_s=batch * new_tokens / seconds)
+
+
+def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    """transformers' greedy ``generate()`` of exactly n new tokens: the model's generation config loses its EOS
+    (the model is a fresh copy), so no row stops early and no token's logit is masked."""
+    model.eval()
+    model.generation_config.eos_token_id = None
+    return lambda n: model.generate(prompt, max_new_tokens=n, do_sample=False)
+
+
+def fla_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+    tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, prompt.shape[0], device)
+    return dict(numbers, tokens=tokens.tolist())
+
+
+def linmem_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+    """linmem's ``generate()`` and, when it exists, its captured decoding on the same model and prompt; the
+    captured tokens are compared with the uncaptured ones (``captured_agrees``)."""
+    tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, prompt.shape[0], device)
+    result = dict(numbers, tokens=tokens.tolist(), captured=None)
+    captured_generate = captured_generate_function()
+    if captured_generate is not None:
+        captured_tokens, captured = timed_generation(
+            lambda n: captured_generate(model, prompt, n, do_sample=False, eos_token_id=[]), new_tokens,
+            prompt.shape[0], device)
+        result["captured"] = dict(captured, agrees=bool(torch.equal(captured_tokens, tokens)))
+    return result
+
+
+def isolated(build: Callable[[], torch.nn.Module], measure: Callable[[torch.nn.Module], dict],
+             device: torch.device, compile_model: bool = False) -> dict:
+    """Build a model, measure it, and free it with everything it made. Returns the measurement with ``status``
+    ``"ok"``, ``"OOM"`` (out of memory) or the error's type and message (any other error, printed)."""
+    free_memory(device)
+    model = runner = None
+    try:
+        model = build()
+        runner = torch.compile(model) if compile_model else model
+        result = dict(measure(runner), status="ok")
+    except torch.OutOfMemoryError:
+        result = dict(status=OOM)
+    except Exception as error:  # noqa: BLE001 (recorded in the cell; the other measurements go on)
+        traceback.print_exc()
+        result = dict(status=f"{type(error).__name__}: {str(error)[:300]}")
+    model = runner = None  # noqa: F841 (drop the model before the memory is returned)
+    free_memory(device)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------------------
+
+class Run:
+    """The report being built (``report``: settings, environment, rows per part, skipped measurements), the
+    budget, and where it is written."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device, command: str):
+        self.args, self.device = args, device
+        self.deadline = time.perf_counter() + args.budget if args.budget else float("inf")
+        self.backend = "triton" if device.type == "cuda" else "chunk"
+        self.compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.report = dict(command=command, env=environment(device), settings=settings_of(args, self.backend),
+                           notes=[], train=[], residual=[], prefill=[], decode=[], skipped=[])
+
+    def note(self, line: str) -> None:
+        print(line, flush=True)
+        self.report["notes"].append(line)
+
+    def may_start(self, what: str) -> bool:
+        """False (and ``what`` listed as skipped) once the budget is spent."""
+        if time.perf_counter() < self.deadline:
+            print(f"measuring {what}", flush=True)
+            return True
+        self.report["skipped"].append(what)
+        print(f"skipped (budget spent): {what}", flush=True)
+        return False
+
+    def save(self) -> None:
+        if self.args.out is not None:
+            write_outputs(self.args.out, self.report)
+
+    def shape(self, shape: Shape) -> None:
+        args = self.args
+        if "train" in args.parts:
+            for batch in args.batches:
+                for compiled in (False, True) if args.compile else (False,):
+                    self.train(shape, batch, compiled)
+        if "prefill" in args.parts:
+            self.prefill(shape)
+        if "decode" in args.parts:
+            for batch in args.decode_batches:
+                self.decode(shape, batch)
+
+    def train(self, shape: Shape, batch: int, compiled: bool) -> None:
+        args, device = self.args, self.device
+        mode = "compiled" if compiled else "eager"
+        batches = [random_tokens(step, batch, args.seq_len, shape.vocab, device)
+                   for step in range(args.warmup + args.steps)]
+        chunk = trainer_loss_chunk_tokens(batch, args.seq_len, shape.vocab)
+        row = dict(shape=shape.name, batch=batch, seq_len=args.seq_len, mode=mode, loss_chunk_tokens=chunk)
+        cells = dict(fla=(shape.fla, {}), linmem=(shape.linmem, dict(loss_chunk_tokens=chunk)))
+        if args.residual:
+            cells["residual"] = (shape.residual, dict(loss_chunk_tokens=chunk))
+        for who, (build, loss_kwargs) in cells.items():
+            what = f"{shape.name} train B={batch} {mode} {who}"
+            if not self.may_start(what):
+                continue
+            row[who] = isolated(lambda build=build: build(torch.float32),
+                                lambda model, kw=loss_kwargs: train_steps(model, batches, args.warmup, device, kw),
+                                device, compiled)
+            self.save()
+        fla, linmem = row.get("fla"), row.get("linmem")
+        if ok(fla) and ok(linmem):
+            row["max_loss_difference"] = max(abs(a - b) for a, b in zip(fla["losses"], linmem["losses"]))
+        self.report["train"].append({k: v for k, v in row.items() if k != "residual"})
+        if args.residual:
+            self.report["residual"].append(dict(shape=shape.name, batch=batch, seq_len=args.seq_len, mode=mode,
+                                                mixer=shape.residual_mixer, base=linmem, residual=row.get("residual")))
+        print(format_train([self.report["train"][-1]]), flush=True)
+        self.save()
+
+    def prefill(self, shape: Shape) -> None:
+        args, device = self.args, self.device
+        ids = random_tokens(args.seed, 1, args.prefill_len, shape.vocab, device)
+        row = dict(shape=shape.name, seq_len=args.prefill_len)
+        for who, build in (("fla", shape.fla), ("linmem", shape.linmem)):
+            if self.may_start(f"{shape.name} prefill T={args.prefill_len} {who}"):
+                row[who] = isolated(lambda build=build: build(self.compute_dtype),
+                                    lambda model: prefill_forwards(model, ids, args.warmup, args.steps, device),
+                                    device)
+                self.save()
+        self.report["prefill"].append(row)
+        print(format_prefill([row]), flush=True)
+        self.save()
+
+    def decode(self, shape: Shape, batch: int) -> None:
+        args, device = self.args, self.device
+        prompt = random_tokens(args.seed, batch, PROMPT_TOKENS, shape.vocab, device)
+        row = dict(shape=shape.name, batch=batch, prompt=PROMPT_TOKENS, new_tokens=args.decode_tokens)
+        for who, build, measure in (("fla", shape.fla, fla_decode), ("linmem", shape.linmem, linmem_decode)):
+            if self.may_start(f"{shape.name} decode B={batch} {who}"):
+                row[who] = isolated(lambda build=build: build(self.compute_dtype),
+                                    lambda model, measure=measure: measure(model, prompt, args.decode_tokens, device),
+                                    device)
+                self.save()
+        fla, linmem = row.get("fla"), row.get("linmem")
+        if ok(fla) and ok(linmem):
+            same = torch.tensor(fla["tokens"]) == torch.tensor(linmem["tokens"])
+            row["fla_token_agreement"] = same.double().mean().item()
+        self.report["decode"].append(row)
+        print(format_decode([row]), flush=True)
+        self.save()
+
+
+def ok(cell: dict | None) -> bool:
+    return cell is not None and cell["status"] == "ok"
+
+
+def settings_of(args: argparse.Namespace, backend: str) -> dict:
+    return dict(shapes=args.shapes, batches=args.batches, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
+                prefill_len=args.prefill_len, decode_tokens=args.decode_tokens, decode_batches=args.decode_batches,
+                compile=args.compile, residual=args.residual, parts=args.parts, budget=args.budget,
+                scaled=args.scaled, seed=args.seed, backend=backend, learning_rate=LEARNING_RATE,
+                prompt_tokens=PROMPT_TOKENS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------------------------
+
+def _cell(cell: dict | None, key: str, digits: int = 1) -> str:
+    """A number of a measurement, its status when it did not run through, or a dash when it did not start."""
+    if cell is None:
+        return "–"
+    if cell["status"] != "ok":
+        return OOM if cell["status"] == OOM else "failed"
+    value = cell.get(key)
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(top: dict | None, bottom: dict | None, key: str) -> str:
+    if not (ok(top) and ok(bottom)) or top.get(key) is None or not bottom.get(key):
+        return "–"
+    return f"{top[key] / bottom[key]:.2f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _first_loss(cell: dict | None) -> str:
+    return f"{cell['losses'][0]:.4f}" if ok(cell) and cell["losses"] else _cell(cell, "")
+
+
+def format_train(rows: list[dict]) -> str:
+    header = ["shape", "B", "T", "mode", "FLA ms/step", "linmem ms/step", "linmem / FLA", "FLA peak GiB",
+              "linmem peak GiB", "linmem / FLA", "first loss FLA", "first loss linmem", "max |Δ loss|"]
+    body = []
+    for r in rows:
+        fla, linmem = r.get("fla"), r.get("linmem")
+        difference = r.get("max_loss_difference")
+        body.append([r["shape"], str(r["batch"]), str(r["seq_len"]), r["mode"], _cell(fla, "step_ms"),
+                     _cell(linmem, "step_ms"), _ratio(linmem, fla, "step_ms"), _cell(fla, "peak_gib", 2),
+                     _cell(linmem, "peak_gib", 2), _ratio(linmem, fla, "peak_gib"), _first_loss(fla),
+                     _first_loss(linmem), "–" if difference is None else f"{difference:.2e}"])
+    return _table(header, body)
+
+
+def format_residual(rows: list[dict]) -> str:
+    header = ["shape", "B", "T", "mode", "mixer", "linmem base ms/step", "residual ms/step", "residual / base",
+              "base peak GiB", "residual peak GiB", "residual / base"]
+    body = [[r["shape"], str(r["batch"]), str(r["seq_len"]), r["mode"], r["mixer"], _cell(r["base"], "step_ms"),
+             _cell(r["residual"], "step_ms"), _ratio(r["residual"], r["base"], "step_ms"),
+             _cell(r["base"], "peak_gib", 2), _cell(r["residual"], "peak_gib", 2),
+             _ratio(r["residual"], r["base"], "peak_gib")] for r in rows]
+    return _table(header, body)
+
+
+def format_prefill(rows: list[dict]) -> str:
+    header = ["shape", "T", "FLA ms", "linmem ms", "linmem / FLA", "FLA peak GiB", "linmem peak GiB"]
+    body = [[r["shape"], str(r["seq_len"]), _cell(r.get("fla"), "ms", 2), _cell(r.get("linmem"), "ms", 2),
+             _ratio(r.get("linmem"), r.get("fla"), "ms"), _cell(r.get("fla"), "peak_gib", 2),
+             _cell(r.get("linmem"), "peak_gib", 2)] for r in rows]
+    return _table(header, body)
+
+
+def format_decode(rows: list[dict]) -> str:
+    header = ["shape", "B", "new tokens", "FLA tokens/s", "linmem tokens/s", "linmem / FLA", "captured tokens/s",
+              "captured / FLA", "captured tokens", "linmem = FLA tokens"]
+    body = []
+    for r in rows:
+        fla, linmem = r.get("fla"), r.get("linmem")
+        captured = linmem.get("captured") if ok(linmem) else None
+        captured_cell = None if captured is None else dict(captured, status="ok")
+        agreement = r.get("fla_token_agreement")
+        body.append([r["shape"], str(r["batch"]), str(r["new_tokens"]), _cell(fla, "tokens_per_s"),
+                     _cell(linmem, "tokens_per_s"), _ratio(linmem, fla, "tokens_per_s"),
+                     "n/a" if captured is None else _cell(captured_cell, "tokens_per_s"),
+                     "n/a" if captured is None else _ratio(captured_cell, fla, "tokens_per_s"),
+                     "n/a" if captured is None else ("agree" if captured["agrees"] else "DIFFER"),
+                     "–" if agreement is None else f"{agreement:.0%}"])
+    return _table(header, body)
+
+
+def header_lines(report: dict) -> list[str]:
+    env, s = report["env"], report["settings"]
+    return [f"- device: {env['gpu'] or env['device']}; torch {env['torch']}, triton {env['triton']}, "
+            f"flash-linear-attention {env['fla']}, CUDA {env['cuda']}, Python {env['python']}",
+            f"- train: float32 parameters, {'bfloat16 autocast' if env['gpu'] else 'float32 (no autocast)'}, fused "
+            f"AdamW lr {s['learning_rate']:g}, no clipping, no checkpointing, {s['warmup']} warm-up + {s['steps']} "
+            f"timed steps, T = {s['seq_len']}; linmem backend {s['backend']}; prefill T = {s['prefill_len']}, B = 1; "
+            f"decode {s['decode_tokens']} new tokens after {s['prompt_tokens']} prompt tokens, greedy"
+            + (f"; scaled shapes (hidden, layers, vocab) = {s['scaled']}" if s["scaled"] else ""),
+            "- ratios are linmem / FLA (residual rows: residual mixer / linmem's import); time and memory: above 1 "
+            "is worse for linmem; tokens/s: above 1 is better",
+            *(f"- {note}" for note in report["notes"])]
+
+
+def markdown(report: dict) -> str:
+    parts = ["# linmem against FLA, whole models", "", *header_lines(report), ""]
+    for title, key, format_rows in (("Training step", "train", format_train),
+                                    ("Residual mixer against linmem's import", "residual", format_residual),
+                                    ("Prefill", "prefill", format_prefill), ("Greedy decoding", "decode",
+                                                                             format_decode)):
+        if report[key]:
+            parts += [f"## {title}", "", format_rows(report[key]), ""]
+    if report["skipped"]:
+        parts += ["Skipped (budget spent):", "", *(f"- {what}" for what in report["skipped"]), ""]
+    return "\n".join(parts + ["```", report["command"], "```", ""])
+
+
+def write_outputs(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "versus_fla.json", "w") as f:
+        f.write(json.dumps(report, indent=1) + "\n")
+    with atomic_write(out / "versus_fla.md", "w") as f:
+        f.write(markdown(report))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+def _names(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in PAPER]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(PAPER)}; got {text!r}")
+    return names
+
+
+def _parts(text: str) -> list[str]:
+    parts = [s.strip() for s in text.split(",") if s.strip()]
+    if not parts or any(p not in PARTS for p in parts):
+        raise argparse.ArgumentTypeError(f"choose from {','.join(PARTS)}; got {text!r}")
+    return parts
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers expected; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"positive integers expected; got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=_names, default=["GDN-340M", "GDN-1.3B"], help=f"of {', '.join(PAPER)}")
+    parser.add_argument("--batches", type=_positive_ints, default=[4, 8], help="training batch sizes")
+    parser.add_argument("--seq-len", type=int, default=2048, help="training tokens per sequence")
+    parser.add_argument("--steps", type=int, default=8, help="timed training steps (and prefill forwards)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps (and forwards) before them")
+    parser.add_argument("--prefill-len", type=int, default=8192)
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--decode-batches", type=_positive_ints, default=[1, 32])
+    parser.add_argument("--compile", action="store_true", help="also train with torch.compile(model), both models")
+    parser.add_argument("--residual", action="store_true", help="also train linmem's RDN / RLA of the same config")
+    parser.add_argument("--parts", type=_parts, default=list(PARTS), help=f"of {','.join(PARTS)}")
+    parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
+    parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seed", type=int, default=0, help="prompt and prefill tokens")
+    parser.add_argument("--scaled", type=_positive_ints, default=None, metavar="HIDDEN,LAYERS,VOCAB",
+                        help="scaled-down copies of the shapes (dry runs; see fla_parity.scaled_paper_settings)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.seq_len < 2 or args.decode_tokens < 1 or args.prefill_len < 1:
+        raise SystemExit("--steps, --decode-tokens and --prefill-len must be >= 1, --warmup >= 0, --seq-len >= 2")
+    if args.scaled is not None and len(args.scaled) != 3:
+        raise SystemExit(f"--scaled takes HIDDEN,LAYERS,VOCAB; got {args.scaled}")
+    device = torch.device(args.device)
+    command = "python -m linmem.bench.versus_fla " + shlex.join(sys.argv[1:] if argv is None else argv)
+    run = Run(args, device, command)
+    run.note(bypass_fla_hopper_check())
+    if use_sdpa_attention_without_flash_attn():
+        run.note("flash-attn is not installed: FLA's attention layers (hybrid shapes) run on an SDPA stand-in")
+    if captured_generate_function() is None:
+        run.note("linmem.models.decoding.captured_generate does not exist here: captured decoding is n/a")
+    print("\n".join(header_lines(run.report)), flush=True)
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in args.shapes:
+            if not run.may_start(f"{name}: write the FLA checkpoint"):
+                continue
+            shape = Shape(name, Path(workdir) / name.replace(" ", "_"), device, run.backend, args.scaled)
+            print(f"{name}: {shape.parameters:,} parameters, FLA checkpoint written", flush=True)
+            run.report.setdefault("parameters", {})[name] = shape.parameters
+            run.shape(shape)
+            del shape
+            free_memory(device)
+    print("\n" + markdown(run.report), flush=True)
+    run.save()
+    return run.report
+
+
+if __name__ == "__main__":
+    main()
