@@ -17,7 +17,7 @@ import torch
 from linmem.layers.hooks import HOOK_INPUTS
 from linmem.ops import MemoryConfig, linear_memory
 from linmem.ops.backend import MemoryInputs
-from linmem.ops.step import decay_state, read, rho, write
+from linmem.ops.step import Write, memory_step_parts
 
 
 class HeadInputs(MemoryInputs):
@@ -78,29 +78,25 @@ class Replay:
 
 def edited_step(x: HeadInputs, w: WriteOverrides, t: int, base: torch.Tensor, resid: torch.Tensor | None,
                 config: MemoryConfig, scale: float):
-    """One token ``t`` of both memories with the writes of ``w``; states ``[n, V, K]``.
+    """One token ``t`` of both memories with the writes of ``w`` (``ops.step.memory_step_parts``); states
+    ``[n, V, K]``.
 
     Returns ``(o, base_read, r, new_base, new_resid)`` with ``o, base_read, r [n, V]``.
     """
     one = lambda y: y[:, t].unsqueeze(1)  # noqa: E731  keep a head axis of 1: the step's [B, H, ...] layout
-    base, resid = base.unsqueeze(1), None if resid is None else resid.unsqueeze(1)
-    q, g = one(x.q), one(x.g)
-    new_base = write(base, one(w.base_k), one(w.base_v), one(w.base_beta), g, config.rule)
+    token = x.map(one)
+    base_write = Write(one(w.base_k), one(w.base_v), one(w.base_beta))
+    residual_write, edit_target = None, None
+    if config.residual:
+        residual_write = Write(one(w.resid_k), token.v, one(w.resid_gamma))
+        given, given_set, shift = one(w.resid_r), one(w.resid_r_set)[..., None], one(w.resid_r_shift)
+        edit_target = lambda r: torch.where(given_set, given, r) + shift  # noqa: E731
+    step = memory_step_parts(token, base.unsqueeze(1), None if resid is None else resid.unsqueeze(1), config, scale,
+                             base_write, residual_write, edit_target)
+    base_read = scale * step.base_read[:, 0]
     if not config.residual:
-        o = scale * read(new_base, q)
-        return o[:, 0], o[:, 0], torch.zeros_like(o[:, 0]), new_base[:, 0], None
-    k_r = one(w.resid_k)
-    r = rho(one(x.v) - read(base, k_r), config.residual_target, config.clip)
-    r = torch.where(one(w.resid_r_set)[..., None], one(w.resid_r), r) + one(w.resid_r_shift)
-    if config.fit_history:
-        new_resid = write(resid, k_r, r, one(w.resid_gamma), g, config.rule)
-    else:
-        new_resid = torch.einsum("bhv,bhk->bhvk", r, k_r)
-    gamma = one(x.gamma)[..., None]
-    base_read = read(decay_state(base, g), q) if config.output_gates else read(base, q)
-    resid_read = gamma * read(new_resid, q) if config.output_gates else read(new_resid, q)
-    o = scale * (base_read + resid_read)
-    return o[:, 0], scale * base_read[:, 0], r[:, 0], new_base[:, 0], new_resid[:, 0]
+        return step.o[:, 0], base_read, torch.zeros_like(base_read), step.base_state[:, 0], None
+    return step.o[:, 0], base_read, step.residual_target[:, 0], step.base_state[:, 0], step.residual_state[:, 0]
 
 
 def _run_op(x: HeadInputs, a: int, b: int, base, resid, config: MemoryConfig, scale: float, backend: str):
