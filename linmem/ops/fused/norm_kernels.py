@@ -26,6 +26,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 # Float32 elements per program tile (rows × padded width). Under the CPU interpreter the tile is small, so that even
 # the tests' tiny inputs take several row blocks and the backward's loop over them runs.
@@ -315,6 +316,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
+    @once_differentiable
     def backward(ctx, dy, d_summed=None):
         x, weight, rstd = ctx.saved_tensors
         x_dtype, residual_dtype = ctx.dtypes
@@ -366,6 +368,7 @@ class GatedRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
+    @once_differentiable
     def backward(ctx, dy):
         x, gate, weight, rstd = ctx.saved_tensors
         n_rows, width, (block_rows, block_d, warps) = _launch_shape(x)
@@ -403,6 +406,7 @@ class L2NormFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
+    @once_differentiable
     def backward(ctx, dy):
         y, rstd = ctx.saved_tensors
         n_rows, width, (block_rows, block_d, warps) = _launch_shape(y)
