@@ -230,16 +230,19 @@ class PairedTest:
 
 
 def paired_test(differences: Sequence[float], alpha: float = ALPHA) -> PairedTest:
-    """The paired t-test of the per-seed differences ``differences`` (``PairedTest``). Equal differences give
-    ``t = +-inf`` and p = 0 (all zero: t = 0, p = 1)."""
+    """The paired t-test of the per-seed differences ``differences`` (``PairedTest``). Equal non-zero differences
+    give ``t = +-inf`` and the sign-flip p-value (0 above ``SIGN_FLIP_MAX_SEEDS`` seeds); all zero: t = 0, p = 1."""
     d = np.asarray(differences, dtype=float)
     n, flip = len(d), sign_flip_p(d)
     mean = float(d.mean()) if n else math.nan
     if n < 2:
         return PairedTest(n, mean, math.nan, math.nan, math.nan, math.nan, flip)
     error = float(d.std(ddof=1)) / math.sqrt(n)
-    if error <= 1e-12 * abs(mean):  # equal differences, up to rounding
+    if error <= 1e-12 * abs(mean):  # equal differences, up to rounding: the t statistic is degenerate
         t = 0.0 if mean == 0 else math.copysign(math.inf, mean)
-        return PairedTest(n, mean, t, 1.0 if mean == 0 else 0.0, mean, mean, flip)
+        # a spread of zero is no evidence of a small one: the exact sign-flip p stands in (1 / 2**(n-1) at best),
+        # and above its seed limit the t-test's limit, 0
+        p = 1.0 if mean == 0 else (flip if flip is not None else 0.0)
+        return PairedTest(n, mean, t, p, mean, mean, flip)
     t, half = mean / error, t_critical(n - 1, alpha) * error
     return PairedTest(n, mean, t, t_two_sided_p(t, n - 1), mean - half, mean + half, flip)
