@@ -188,3 +188,9 @@ def test_bad_inputs_are_named(call, message):
     x, weight, _ = inputs(2, 5, 4, 4, False)
     with pytest.raises(ValueError, match=message):
         call(x, weight)
+
+
+@pytest.mark.parametrize("prefer_triton", [False, True])
+def test_empty_row(prefer_triton):
+    x, weight, bias = inputs(2, 0, 8, 4, True)
+    assert short_conv(x, weight, bias, prefer_triton=prefer_triton).shape == (2, 0, 8)

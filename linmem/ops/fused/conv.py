@@ -28,11 +28,11 @@ except ImportError:  # triton is the optional "gpu" extra: without it only the t
 ACTIVATIONS = (None, "silu", "swish")
 MAX_KERNEL_WIDTH = 8  # the Triton kernels unroll the taps; wider kernels run on the torch path
 
-# Tiles [tokens, channels] of one program. The backward keeps more float32 tiles alive (the recomputed
-# pre-activation, its gradient, the dx accumulator), hence narrower tiles over more warps; its per-program weight
-# partials are [programs, D, W], so taller tiles also keep them small.
-FORWARD_TILE = (64, 128, 4)  # (BT, BD, warps)
-BACKWARD_TILE = (128, 64, 8)
+# Tiles [tokens, channels] of one program, 16 to 32 elements a thread. The backward loads about W·(W + 2) shifted
+# tiles (the pre-activations of the W following tokens are recomputed) and keeps more float32 tiles alive, hence its
+# smaller tile; compiled for sm_90 both stay within the registers without spilling at W = 4 (about 110 and 140).
+FORWARD_TILE = (64, 128, 8)  # (BT, BD, warps)
+BACKWARD_TILE = (64, 64, 8)
 
 
 def short_conv(
@@ -64,11 +64,11 @@ def short_conv(
     if prefer_triton is None:
         prefer_triton = (triton is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
                          and weight.shape[1] <= MAX_KERNEL_WIDTH and not torch.compiler.is_compiling())
-    if not prefer_triton:
-        return _short_conv_torch(x, weight, bias, positions, silu)
-    if weight.shape[1] > MAX_KERNEL_WIDTH:
+    if prefer_triton and weight.shape[1] > MAX_KERNEL_WIDTH:
         raise ValueError(f"the Triton short convolution takes kernel widths up to {MAX_KERNEL_WIDTH}; got "
                          f"{weight.shape[1]} (use prefer_triton=False)")
+    if not prefer_triton or x.numel() == 0:
+        return _short_conv_torch(x, weight, bias, positions, silu)
     if x.stride(-1) != 1:
         x = x.contiguous()
     return _ShortConv.apply(x, weight.contiguous(), None if bias is None else bias.contiguous(), positions, silu)
@@ -101,7 +101,7 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens) -> None:
 
 def _short_conv_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       positions: torch.Tensor | None, silu: bool) -> torch.Tensor:
-    """The torch path: a zero-padded ``F.conv1d`` or, for packed rows and under the compiler (which fuses
+    """The torch path: a zero-padded ``F.conv1d`` or, for packed or empty rows and under the compiler (which fuses
     element-wise work), a sum over taps; in float32 at least, outside autocast."""
     batch, length, dim = x.shape
     width = weight.shape[1]
@@ -109,7 +109,7 @@ def _short_conv_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     with torch.autocast(x.device.type, enabled=False):
         wide, w = x.to(dtype), weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
-        if positions is None and not torch.compiler.is_compiling():
+        if positions is None and length > 0 and not torch.compiler.is_compiling():
             y = F.conv1d(wide.transpose(1, 2), w[:, None], b, padding=width - 1, groups=dim)[..., :length]
             y = y.transpose(1, 2)
         else:
@@ -157,14 +157,14 @@ class _ShortConv(torch.autograd.Function):
         _backward_kernel[(time_blocks, triton.cdiv(dim, block_d), batch)](
             x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim, x.stride(0), x.stride(1),
             WIDTH=width, HAS_BIAS=bias is not None, PACKED=positions is not None, SILU=ctx.silu,
-            BT=block_t, BD=block_d, num_warps=warps)
+            BT=block_t, BD=block_d, TAPS=triton.next_power_of_2(width), num_warps=warps)
         dweight = dweight_parts.sum(0).to(weight.dtype)
         dbias = None if bias is None else dbias_parts.sum(0).to(bias.dtype)
         return dx, dweight, dbias, None, None
 
 
 @_jit
-def _pre_activation(x_row, weight, bias, positions, rows, rows_in, cols, cols_in, length, stride_t,
+def _pre_activation(x_row, weight, bias, positions, rows, rows_in, cols, cols_in, stride_t,
                     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr):
     """``[BT, BD]`` float32: bias + Σ_j weight[:, j] · x[rows − (W − 1 − j)] for one sequence row of x (``x_row``
     points at its first token); taps reaching before the token's sequence start read 0."""
@@ -195,7 +195,7 @@ def _forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     rows_in = rows < length
     cols_in = cols < dim
-    pre = _pre_activation(x + row * stride_b, weight, bias, positions, rows, rows_in, cols, cols_in, length, stride_t,
+    pre = _pre_activation(x + row * stride_b, weight, bias, positions, rows, rows_in, cols, cols_in, stride_t,
                           WIDTH, HAS_BIAS, PACKED)
     if SILU:
         pre = pre * tl.sigmoid(pre)
@@ -206,8 +206,8 @@ def _forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride
 @_jit
 def _backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim, stride_b, stride_t,
                      WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr, SILU: tl.constexpr,
-                     BT: tl.constexpr, BD: tl.constexpr):
-    """One tile ``[BT tokens, BD channels]`` of one sequence row.
+                     BT: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr):
+    """One tile ``[BT tokens, BD channels]`` of one sequence row (``TAPS``: W rounded up to a power of two).
 
     Token s feeds token s + k through tap W − 1 − k, so dx[t] = Σ_k weight[:, W − 1 − k] · d_pre[t + k] over the
     k for which t + k lies in t's sequence; d_pre at the shifted rows is recomputed here (its x rows are mostly
@@ -227,8 +227,8 @@ def _backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_pa
         grad = tl.load(dy_row + shifted.to(tl.int64)[:, None] * dim + cols[None, :], mask=tile_in, other=0.0)
         grad = grad.to(tl.float32)
         if SILU:
-            pre = _pre_activation(x_row, weight, bias, positions, shifted, shifted_in, cols, cols_in, length,
-                                  stride_t, WIDTH, HAS_BIAS, PACKED)
+            pre = _pre_activation(x_row, weight, bias, positions, shifted, shifted_in, cols, cols_in, stride_t,
+                                  WIDTH, HAS_BIAS, PACKED)
             gate = tl.sigmoid(pre)
             grad = grad * gate * (1.0 + pre * (1.0 - gate))
         if PACKED:
@@ -243,13 +243,17 @@ def _backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_pa
                 reach = tl.load(positions + rows, mask=rows_in, other=0)
             else:
                 reach = rows
-            parts = dweight_parts + program.to(tl.int64) * dim * WIDTH + cols * WIDTH
+            taps = tl.arange(0, TAPS)
+            dweight = tl.zeros([BD, TAPS], dtype=tl.float32)
             for j in tl.static_range(WIDTH):
                 back = WIDTH - 1 - j
                 read = rows_in & (reach >= back)
                 src = (rows - back).to(tl.int64) * stride_t
                 xs = tl.load(x_row + src[:, None] + cols[None, :], mask=read[:, None] & cols_in[None, :], other=0.0)
-                tl.store(parts + j, tl.sum(grad * xs.to(tl.float32), axis=0), mask=cols_in)
+                tap_sum = tl.sum(grad * xs.to(tl.float32), axis=0)
+                dweight += tl.where(taps[None, :] == j, tap_sum[:, None], 0.0)
+            parts = dweight_parts + program.to(tl.int64) * dim * WIDTH + cols[:, None] * WIDTH + taps[None, :]
+            tl.store(parts, dweight, mask=cols_in[:, None] & (taps < WIDTH)[None, :])
             if HAS_BIAS:
                 tl.store(dbias_parts + program.to(tl.int64) * dim + cols, tl.sum(grad, axis=0), mask=cols_in)
     out = dx + row * length * dim + rows.to(tl.int64)[:, None] * dim + cols[None, :]
