@@ -73,9 +73,9 @@ def test_dry_run_reports_every_part_from_real_measurements(tmp_path, fla_decodes
     for row in report["decode"]:
         assert row["fla"]["status"] == row["linmem"]["status"] == "ok"
         assert torch.tensor(row["linmem"]["tokens"]).shape == (row["batch"], 3)
-        captured = row["linmem"]["captured"]
-        assert captured is None or captured["agrees"]  # captured decoding: the uncaptured greedy tokens
-        assert 0 <= row["fla_token_agreement"] <= 1
+        for name in ("captured", "reused"):  # captured decoding, where linmem has it: the uncaptured greedy tokens
+            assert row["linmem"][name] is None or row["linmem"][name]["agrees"]
+        assert row["fla_token_agreement"] == 1.0  # float32, the same weights: FLA's greedy tokens
     markdown = (tmp_path / "versus_fla.md").read_text()
     for title in ("## Training step", "## Residual mixer", "## Prefill", "## Greedy decoding"):
         assert title in markdown
@@ -99,7 +99,7 @@ def test_out_of_memory_is_an_oom_cell_and_the_run_goes_on(tmp_path, fla_decodes_
     assert "max_loss_difference" not in train
     assert report["prefill"][0]["linmem"]["status"] == "ok"
     table = versus_fla.format_train(report["train"])
-    assert "| OOM |" in table and table.splitlines()[-1].endswith("| – |")
+    assert "| OOM |" in table and table.splitlines()[-1].endswith("| – | whole |")
 
 
 def test_budget_skips_and_lists_what_it_did_not_start(tmp_path, fla_decodes_on_cpu):

@@ -25,9 +25,13 @@ that cell "OOM" and the run goes on; any other error is recorded in the cell the
   (``use_cache=False`` for both) over ``--steps`` forwards after ``--warmup``.
 - **decode**: greedy ``generate()`` of ``--decode-tokens`` new tokens after a 16-token random prompt, per batch of
   ``--decode-batches``, with no end-of-sequence token (every row makes them all); tokens/s counts every sequence's new
-  tokens. linmem's captured decoding
-  (``linmem.models.decoding.captured_generate``) is timed too when it exists, and its tokens are checked against
-  linmem's uncaptured greedy tokens. Each generator runs once untimed (a few tokens) before its timed run.
+  tokens. linmem's captured decoding is timed too where ``linmem.models.decoding`` has it: ``captured_generate``
+  (its graph captured inside the timed call) and a reused ``StaticDecoder`` (captured before the clock starts); the
+  tokens of each are checked against linmem's uncaptured greedy tokens. Each generator runs once untimed (a few
+  tokens) before its timed run. The last column gives the share of FLA's tokens that linmem's match (bfloat16 may
+  flip near-ties of the flat logits of FLA's initialisation; far below 100% points at a broken path). Where
+  transformers hands the cache over as ``cache=``, which FLA 0.6.0 does not read, the bench routes it to FLA's
+  ``past_key_values`` (``route_generation_cache``) and says so.
 
 Ratios are linmem / FLA: above 1 linmem is slower or larger (time, memory), and faster for tokens/s.
 
@@ -216,13 +220,14 @@ def prefill_forwards(model: torch.nn.Module, ids: torch.Tensor, warmup: int, ste
     return dict(forwards_ms=forwards_ms, ms=statistics.median(forwards_ms), peak_gib=peak_gib(device))
 
 
-def captured_generate_function() -> Callable | None:
-    """``linmem.models.decoding.captured_generate`` when this linmem has it, else None."""
+def captured_decoding() -> tuple[Callable | None, type | None]:
+    """``linmem.models.decoding``'s ``captured_generate`` and ``StaticDecoder`` where this linmem has them (None
+    each where not)."""
     try:
-        from linmem.models.decoding import captured_generate
+        import linmem.models.decoding as decoding
     except ImportError:
-        return None
-    return captured_generate
+        return None, None
+    return getattr(decoding, "captured_generate", None), getattr(decoding, "StaticDecoder", None)
 
 
 @torch.no_grad()
@@ -251,22 +256,46 @@ def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor) -> Callable[[int], t
     return lambda n: model.generate(prompt, max_new_tokens=n, do_sample=False)
 
 
+def route_generation_cache(model: torch.nn.Module) -> dict:
+    """Newer transformers pass the generation cache to the model as ``cache=`` (before: ``past_key_values=``), a
+    name FLA 0.6.0's forward does not read: it would decode every token without its state, fast and wrong. Route
+    ``cache`` to ``past_key_values`` on this model; the returned dict's ``routed`` turns True once that happened."""
+    forward, seen = model.forward, dict(routed=False)
+
+    def forward_with_cache(*args, cache=None, past_key_values=None, **kwargs):
+        if past_key_values is None and cache is not None:
+            past_key_values, seen["routed"] = cache, True
+        return forward(*args, past_key_values=past_key_values, **kwargs)
+
+    model.forward = forward_with_cache
+    return seen
+
+
 def fla_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+    """FLA's ``generate()``; ``cache_routed``: whether ``route_generation_cache`` had to pass the cache on."""
+    seen = route_generation_cache(model)
     tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, prompt.shape[0], device)
-    return dict(numbers, tokens=tokens.tolist())
+    return dict(numbers, tokens=tokens.tolist(), cache_routed=seen["routed"])
 
 
 def linmem_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
-    """linmem's ``generate()`` and, when it exists, its captured decoding on the same model and prompt; the
-    captured tokens are compared with the uncaptured ones (``captured_agrees``)."""
-    tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, prompt.shape[0], device)
-    result = dict(numbers, tokens=tokens.tolist(), captured=None)
-    captured_generate = captured_generate_function()
+    """linmem's ``generate()`` and, where they exist, its captured decoding on the same model and prompt:
+    ``captured`` (``captured_generate``, which captures its graph inside each call) and ``reused`` (one
+    ``StaticDecoder`` built and captured before the clock starts, as a server would keep it); the tokens of each are
+    compared with the uncaptured ones (``agrees``)."""
+    batch = prompt.shape[0]
+    tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, batch, device)
+    result = dict(numbers, tokens=tokens.tolist(), captured=None, reused=None)
+    captured_generate, static_decoder = captured_decoding()
+    generators = {}
     if captured_generate is not None:
-        captured_tokens, captured = timed_generation(
-            lambda n: captured_generate(model, prompt, n, do_sample=False, eos_token_id=[]), new_tokens,
-            prompt.shape[0], device)
-        result["captured"] = dict(captured, agrees=bool(torch.equal(captured_tokens, tokens)))
+        generators["captured"] = lambda n: captured_generate(model, prompt, n, do_sample=False, eos_token_id=[])
+    if static_decoder is not None:
+        decoder = static_decoder(model, batch, eos_token_id=[])
+        generators["reused"] = lambda n: decoder.generate(prompt, n)
+    for name, generate in generators.items():
+        other_tokens, other = timed_generation(generate, new_tokens, batch, device)
+        result[name] = dict(other, agrees=bool(torch.equal(other_tokens, tokens)))
     return result
 
 
@@ -388,6 +417,9 @@ class Run:
                                     device)
                 self.save()
         fla, linmem = row.get("fla"), row.get("linmem")
+        if ok(fla) and fla["cache_routed"] and not any("cache=" in note for note in self.report["notes"]):
+            self.note("transformers passes the generation cache as cache=, which FLA 0.6.0's forward does not read: "
+                      "the bench routed it to FLA's past_key_values")
         if ok(fla) and ok(linmem):
             same = torch.tensor(fla["tokens"]) == torch.tensor(linmem["tokens"])
             row["fla_token_agreement"] = same.double().mean().item()
@@ -439,7 +471,8 @@ def _first_loss(cell: dict | None) -> str:
 
 def format_train(rows: list[dict]) -> str:
     header = ["shape", "B", "T", "mode", "FLA ms/step", "linmem ms/step", "linmem / FLA", "FLA peak GiB",
-              "linmem peak GiB", "linmem / FLA", "first loss FLA", "first loss linmem", "max |Δ loss|"]
+              "linmem peak GiB", "linmem / FLA", "first loss FLA", "first loss linmem", "max |Δ loss|",
+              "linmem loss chunk"]
     body = []
     for r in rows:
         fla, linmem = r.get("fla"), r.get("linmem")
@@ -447,7 +480,8 @@ def format_train(rows: list[dict]) -> str:
         body.append([r["shape"], str(r["batch"]), str(r["seq_len"]), r["mode"], _cell(fla, "step_ms"),
                      _cell(linmem, "step_ms"), _ratio(linmem, fla, "step_ms"), _cell(fla, "peak_gib", 2),
                      _cell(linmem, "peak_gib", 2), _ratio(linmem, fla, "peak_gib"), _first_loss(fla),
-                     _first_loss(linmem), "–" if difference is None else f"{difference:.2e}"])
+                     _first_loss(linmem), "–" if difference is None else f"{difference:.2e}",
+                     str(r["loss_chunk_tokens"] or "whole")])
     return _table(header, body)
 
 
@@ -470,20 +504,25 @@ def format_prefill(rows: list[dict]) -> str:
 
 
 def format_decode(rows: list[dict]) -> str:
-    header = ["shape", "B", "new tokens", "FLA tokens/s", "linmem tokens/s", "linmem / FLA", "captured tokens/s",
-              "captured / FLA", "captured tokens", "linmem = FLA tokens"]
+    header = ["shape", "B", "new tokens", "FLA tokens/s", "linmem tokens/s", "linmem / FLA"]
+    for name in ("captured", "reused"):
+        header += [f"{name} tokens/s", f"{name} / FLA", f"{name} tokens"]
+    header.append("linmem = FLA tokens")
     body = []
     for r in rows:
         fla, linmem = r.get("fla"), r.get("linmem")
-        captured = linmem.get("captured") if ok(linmem) else None
-        captured_cell = None if captured is None else dict(captured, status="ok")
         agreement = r.get("fla_token_agreement")
-        body.append([r["shape"], str(r["batch"]), str(r["new_tokens"]), _cell(fla, "tokens_per_s"),
-                     _cell(linmem, "tokens_per_s"), _ratio(linmem, fla, "tokens_per_s"),
-                     "n/a" if captured is None else _cell(captured_cell, "tokens_per_s"),
-                     "n/a" if captured is None else _ratio(captured_cell, fla, "tokens_per_s"),
-                     "n/a" if captured is None else ("agree" if captured["agrees"] else "DIFFER"),
-                     "–" if agreement is None else f"{agreement:.0%}"])
+        line = [r["shape"], str(r["batch"]), str(r["new_tokens"]), _cell(fla, "tokens_per_s"),
+                _cell(linmem, "tokens_per_s"), _ratio(linmem, fla, "tokens_per_s")]
+        for name in ("captured", "reused"):
+            other = linmem.get(name) if ok(linmem) else None
+            if other is None:
+                line += ["n/a"] * 3
+                continue
+            other = dict(other, status="ok")
+            line += [_cell(other, "tokens_per_s"), _ratio(other, fla, "tokens_per_s"),
+                     "agree" if other["agrees"] else "DIFFER"]
+        body.append(line + ["–" if agreement is None else f"{agreement:.0%}"])
     return _table(header, body)
 
 
@@ -585,8 +624,8 @@ def main(argv: list[str] | None = None) -> dict:
     run.note(bypass_fla_hopper_check())
     if use_sdpa_attention_without_flash_attn():
         run.note("flash-attn is not installed: FLA's attention layers (hybrid shapes) run on an SDPA stand-in")
-    if captured_generate_function() is None:
-        run.note("linmem.models.decoding.captured_generate does not exist here: captured decoding is n/a")
+    if None in captured_decoding():
+        run.note("linmem.models.decoding's captured_generate / StaticDecoder is missing here: its columns are n/a")
     print("\n".join(header_lines(run.report)), flush=True)
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.shapes:
