@@ -6,6 +6,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from linmem.models.cache import AttentionLayerCache, LinMemCache, RecurrentLayerCache
 from linmem.models.configuration import MIXERS, LinMemConfig
+from linmem.models.decoding import StaticDecoder, captured_generate
 from linmem.models.fla_import import convert_fla_checkpoint, fla_config_to_linmem, from_fla, load_fla_checkpoint
 from linmem.models.hf_import import hf_config_to_linmem, load_hf_hybrid
 from linmem.models.modeling import LinMemForCausalLM, LinMemModel, LinMemPreTrainedModel
@@ -31,6 +32,8 @@ __all__ = [
     "LinMemModel",
     "LinMemPreTrainedModel",
     "RecurrentLayerCache",
+    "StaticDecoder",
+    "captured_generate",
     "convert_fla_checkpoint",
     "fla_config_to_linmem",
     "from_fla",
