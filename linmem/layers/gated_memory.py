@@ -39,9 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from linmem.layers.norm import GatedRMSNorm
-from linmem.layers.recurrent import RecurrentMixer, l2_normalize, padding_mask, zero_padding
+from linmem.layers.recurrent import RecurrentMixer, padding_mask, zero_padding
 from linmem.ops import MemoryConfig
 from linmem.ops.config import check_gamma_mode, head_value_dim
+from linmem.ops.fused.conv import short_conv
+from linmem.ops.fused.norms import l2_norm
 
 if TYPE_CHECKING:
     from linmem.models.cache import RecurrentLayerCache
@@ -144,17 +146,41 @@ class GatedMemoryMixer(RecurrentMixer):
         batch, length, _ = hidden_states.shape
         mask = padding_mask(attention_mask, length)
         heads, key_heads = (batch, length, self.num_heads, -1), (batch, length, self.num_key_heads, -1)
-        inputs = dict(cache=cache, silu_without_conv=True, cu_seqlens=cu_seqlens)
-        q = l2_normalize(self.project("q", hidden_states, mask, **inputs).reshape(key_heads))
-        k = l2_normalize(self.project("k", hidden_states, mask, **inputs).reshape(key_heads))
+        q, k, v = self.queries_keys_values(hidden_states, mask, cache, cu_seqlens)
+        q, k = l2_norm(q.reshape(key_heads)), l2_norm(k.reshape(key_heads))
         if self.num_key_heads != self.num_heads:  # each key head serves a group of consecutive value heads
             groups = self.num_heads // self.num_key_heads
             q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
-        v = self.project("v", hidden_states, mask, **inputs).reshape(heads)
+        v = v.reshape(heads)
         g, beta, gamma = self.gates(hidden_states, mask)
         o = self.run_memory(q, k, v, g, beta, gamma, cache, cu_seqlens)
         o = self.o_norm(o, self.g_proj(hidden_states).reshape(heads))
         return self.o_proj(o.reshape(batch, length, -1))
+
+    def queries_keys_values(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: RecurrentLayerCache | None,
+        cu_seqlens: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k ``[B, T, num_key_heads·K]`` and v ``[B, T, H·V]`` after the projections and the short convolutions
+        with SiLU (only SiLU without convolutions), zero at padding.
+
+        Without a cache and padding (training, scoring, packed rows) the three projections run as one matrix
+        product and the three convolutions as one fused convolution over the ``[B, T, 2·num_key_heads·K + H·V]``
+        channels (``linmem.ops.fused.short_conv``); q, k and v are views of its output. With a cache (decoding,
+        prefill into a cache) or padding, each goes through ``project``, which reads and writes the cache's windows."""
+        if not (self.use_short_conv and cache is None and mask is None):
+            inputs = dict(cache=cache, silu_without_conv=True, cu_seqlens=cu_seqlens)
+            return tuple(self.project(name, x, mask, **inputs) for name in ("q", "k", "v"))
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        taps = torch.cat([conv.weight[:, 0] for conv in convs])
+        bias = None if convs[0].bias is None else torch.cat([conv.bias for conv in convs])
+        y = short_conv(F.linear(x, weight), taps, bias, activation="silu", cu_seqlens=cu_seqlens)
+        widths = [conv.hidden_size for conv in convs]
+        return tuple(y.split(widths, dim=-1))
 
 
 def mamba2_decay_init(num_heads: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:

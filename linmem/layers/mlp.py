@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from linmem.ops.fused.swiglu import swiglu_linear
 
 
 def swiglu_intermediate_size(hidden_size: int, hidden_ratio: float = 4) -> int:
@@ -17,7 +18,9 @@ def swiglu_intermediate_size(hidden_size: int, hidden_ratio: float = 4) -> int:
 class SwiGLU(nn.Module):
     """``y = down_proj(silu(gate_proj(x)) ⊙ up_proj(x))``; ``x [..., D]`` → ``[..., D]``.
 
-    ``intermediate_size`` wins over ``hidden_ratio`` when given (see ``swiglu_intermediate_size``).
+    ``intermediate_size`` wins over ``hidden_ratio`` when given (see ``swiglu_intermediate_size``). The product
+    ``silu(gate) ⊙ up`` is not kept for the backward but recomputed there (``linmem.ops.fused.swiglu_linear``): the
+    block keeps two ``[..., I]`` tensors instead of four.
     """
 
     def __init__(self, hidden_size: int, hidden_ratio: float | None = 4, intermediate_size: int | None = None):
@@ -30,4 +33,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return swiglu_linear(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)

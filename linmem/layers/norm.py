@@ -1,23 +1,16 @@
 """RMSNorm and the gated RMSNorm of FLA's output path (``o_norm`` / ``g_norm_swish_gate``).
 
-Both compute in at least float32 (float64 stays float64, so tests can compare tightly) and return the input dtype.
+Both compute in at least float32 (float64 stays float64, so tests can compare tightly) and return the input dtype
+(or the dtype asked for). The arithmetic is ``linmem.ops.fused``'s: one Triton kernel each way on a GPU, which keeps
+only the input and the inverse RMS for the backward; the same formulas in torch elsewhere.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x²) + eps)`` over the last axis, in at least float32."""
-    x = x.to(_compute_dtype(x.dtype))
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+from linmem.ops.fused.norms import gated_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -32,11 +25,14 @@ class RMSNorm(nn.Module):
         self.zero_centered = zero_centered
         self.weight = nn.Parameter(torch.zeros(hidden_size) if zero_centered else torch.ones(hidden_size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = rms_normalize(x, self.eps)
-        if self.zero_centered:
-            return (y * (1 + self.weight.to(y.dtype))).to(x.dtype)
-        return (y * self.weight).to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``x [..., D]`` → ``y [..., D]`` in ``out_dtype`` (None: x's dtype).
+
+        With ``residual`` (the residual stream, same shape) the add is fused: returns ``(y, h)`` with
+        ``h = x + residual`` in residual's dtype, and ``y`` the norm of ``h``."""
+        return rms_norm(x, self.weight, self.eps, residual=residual, zero_centered=self.zero_centered,
+                        out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         centered = ", zero_centered=True" if self.zero_centered else ""
@@ -60,9 +56,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``x, gate [..., D]`` → ``[..., D]`` in x's dtype."""
-        gate = gate.to(_compute_dtype(gate.dtype))
-        gate = torch.sigmoid(gate) if self.activation == "sigmoid" else F.silu(gate)
-        return (rms_normalize(x, self.eps) * self.weight * gate).to(x.dtype)
+        return gated_rms_norm(x, gate, self.weight, self.eps, self.activation)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, activation={self.activation}"

@@ -171,14 +171,18 @@ class LinMemBlock(GradientCheckpointingLayer):
         weights_wanted = output_attentions and isinstance(self.attn, Attention)
         if weights_wanted:
             mixer_inputs["output_attentions"] = True
-        mixed = self.attn(hidden_states if self.post_norm else self.attn_norm(hidden_states), **mixer_inputs)
+        # under autocast the norms hand the projections their inputs already in the autocast dtype
+        activations = torch.get_autocast_dtype(hidden_states.device.type) \
+            if torch.is_autocast_enabled(hidden_states.device.type) else None
+        normed = hidden_states if self.post_norm else self.attn_norm(hidden_states, out_dtype=activations)
+        mixed = self.attn(normed, **mixer_inputs)
         mixed, weights = mixed if weights_wanted else (mixed, None)
         if self.post_norm:
             hidden_states = hidden_states + self.attn_norm(mixed)
             hidden_states = hidden_states + self.mlp_norm(self.mlp(hidden_states))
-        else:
-            hidden_states = hidden_states + mixed
-            hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
+        else:  # the residual add fused into the MLP's norm: h = h + mixed, normed = mlp_norm(h)
+            normed, hidden_states = self.mlp_norm(mixed, residual=hidden_states, out_dtype=activations)
+            hidden_states = hidden_states + self.mlp(normed)
         return (hidden_states, weights) if output_attentions else hidden_states
 
 
@@ -330,15 +334,17 @@ class LinMemModel(LinMemPreTrainedModel):
             raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, D]")
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         padded = None  # (indices, B, T) of an unpadded batch, to put the outputs back in place
-        if cu_seqlens is None and attention_mask is not None and cache is None and not use_cache \
-                and not bool(attention_mask.all()):
+        if cu_seqlens is None and attention_mask is not None and cache is None and not use_cache:
             self._positions(attention_mask, None, 0, hidden_states)  # checks the mask's shape
-            batch, length = hidden_states.shape[:2]
-            indices, cu_seqlens = unpad(attention_mask)
-            hidden_states = hidden_states.flatten(0, 1)[indices][None]
-            if position_ids is not None:
-                position_ids = position_ids.flatten()[indices][None]
-            attention_mask, padded = None, (indices, batch, length)
+            if bool(attention_mask.all()):
+                attention_mask = None  # nothing is padded: the layers take their unmasked paths
+            else:
+                batch, length = hidden_states.shape[:2]
+                indices, cu_seqlens = unpad(attention_mask)
+                hidden_states = hidden_states.flatten(0, 1)[indices][None]
+                if position_ids is not None:
+                    position_ids = position_ids.flatten()[indices][None]
+                attention_mask, padded = None, (indices, batch, length)
         if cu_seqlens is not None:
             if cache is not None or use_cache or attention_mask is not None:
                 raise ValueError("cu_seqlens: packed sequences take no cache, use_cache=False and no attention_mask")
