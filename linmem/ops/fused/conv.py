@@ -14,16 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-
-    _jit = triton.jit
-except ImportError:  # triton is the optional "gpu" extra: without it only the torch path runs
-    triton = None
-
-    def _jit(fn):
-        return fn
+from linmem.ops.fused.optional_triton import jit, tl, triton
 
 ACTIVATIONS = (None, "silu", "swish")
 MAX_KERNEL_WIDTH = 8  # the Triton kernels unroll the taps; wider kernels run on the torch path
@@ -163,7 +154,7 @@ class _ShortConv(torch.autograd.Function):
         return dx, dweight, dbias, None, None
 
 
-@_jit
+@jit
 def _pre_activation(x_row, weight, bias, positions, rows, rows_in, cols, cols_in, stride_t,
                     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr):
     """``[BT, BD]`` float32: bias + Σ_j weight[:, j] · x[rows − (W − 1 − j)] for one sequence row of x (``x_row``
@@ -185,7 +176,7 @@ def _pre_activation(x_row, weight, bias, positions, rows, rows_in, cols, cols_in
     return acc
 
 
-@_jit
+@jit
 def _forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride_t,
                     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr, SILU: tl.constexpr,
                     BT: tl.constexpr, BD: tl.constexpr):
@@ -203,7 +194,7 @@ def _forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride
     tl.store(out, pre.to(y.dtype.element_ty), mask=rows_in[:, None] & cols_in[None, :])
 
 
-@_jit
+@jit
 def _backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim, stride_b, stride_t,
                      WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr, SILU: tl.constexpr,
                      BT: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr):

@@ -11,16 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-
-    _jit = triton.jit
-except ImportError:  # triton is the optional "gpu" extra: without it only the torch path runs
-    triton = None
-
-    def _jit(fn):
-        return fn
+from linmem.ops.fused.optional_triton import jit, tl, triton
 
 AUTOCAST_ELIGIBLE = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes autocast recasts (never float64)
 TILE = (16, 256, 8)  # (rows, columns, warps) of one element-wise program: 16 elements a thread
@@ -122,7 +113,7 @@ def _product_backward(gate: torch.Tensor, up: torch.Tensor, dh: torch.Tensor, dt
     return d_gate, d_up, h
 
 
-@_jit
+@jit
 def _forward_kernel(gate, up, h, rows, cols, stride_gate, stride_up, BR: tl.constexpr, BC: tl.constexpr):
     """One tile ``[BR, BC]``: h = silu(gate) · up, stored contiguous in h's dtype."""
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
@@ -133,7 +124,7 @@ def _forward_kernel(gate, up, h, rows, cols, stride_gate, stride_up, BR: tl.cons
     tl.store(h + r[:, None] * cols + c[None, :], (g * tl.sigmoid(g) * u).to(h.dtype.element_ty), mask=inside)
 
 
-@_jit
+@jit
 def _backward_kernel(gate, up, dh, d_gate, d_up, h, rows, cols, stride_gate, stride_up,
                      BR: tl.constexpr, BC: tl.constexpr):
     """One tile ``[BR, BC]``: d_gate = dh·up·σ(g)(1 + g(1 − σ(g))), d_up = dh·silu(g), h = silu(g)·up, each
