@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import shlex
 import statistics
@@ -143,6 +144,12 @@ class Shape:
         config = LinMemConfig.from_dict({**self.config.to_dict(), "mixer": self.residual_mixer})
         torch.manual_seed(0)
         return LinMemForCausalLM(config).to(device=self.device, dtype=dtype)
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def trainer_loss_chunk_tokens(batch: int, seq_len: int, vocab: int) -> int:
@@ -262,6 +269,7 @@ def route_generation_cache(model: torch.nn.Module) -> dict:
     ``cache`` to ``past_key_values`` on this model; the returned dict's ``routed`` turns True once that happened."""
     forward, seen = model.forward, dict(routed=False)
 
+    @functools.wraps(forward)  # transformers reads the signature (logits_to_keep, ...) through __wrapped__
     def forward_with_cache(*args, cache=None, past_key_values=None, **kwargs):
         if past_key_values is None and cache is not None:
             past_key_values, seen["routed"] = cache, True
@@ -332,8 +340,9 @@ class Run:
         self.deadline = time.perf_counter() + args.budget if args.budget else float("inf")
         self.backend = "triton" if device.type == "cuda" else "chunk"
         self.compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.report = dict(command=command, env=environment(device), settings=settings_of(args, self.backend),
-                           notes=[], train=[], residual=[], prefill=[], decode=[], skipped=[])
+        env = dict(environment(device), transformers=transformers_version())
+        self.report = dict(command=command, env=env, settings=settings_of(args, self.backend), notes=[], train=[],
+                           residual=[], prefill=[], decode=[], skipped=[])
 
     def note(self, line: str) -> None:
         print(line, flush=True)
@@ -529,7 +538,8 @@ def format_decode(rows: list[dict]) -> str:
 def header_lines(report: dict) -> list[str]:
     env, s = report["env"], report["settings"]
     return [f"- device: {env['gpu'] or env['device']}; torch {env['torch']}, triton {env['triton']}, "
-            f"flash-linear-attention {env['fla']}, CUDA {env['cuda']}, Python {env['python']}",
+            f"flash-linear-attention {env['fla']}, transformers {env['transformers']}, CUDA {env['cuda']}, "
+            f"Python {env['python']}",
             f"- train: float32 parameters, {'bfloat16 autocast' if env['gpu'] else 'float32 (no autocast)'}, fused "
             f"AdamW lr {s['learning_rate']:g}, no clipping, no checkpointing, {s['warmup']} warm-up + {s['steps']} "
             f"timed steps, T = {s['seq_len']}; linmem backend {s['backend']}; prefill T = {s['prefill_len']}, B = 1; "
