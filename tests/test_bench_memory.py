@@ -64,3 +64,5 @@ def test_quick_mode_writes_json_and_table(tmp_path, texts, monkeypatch):
                                               gated["clean_recall"]["confirmation"]) >= 0.5)
     table = (tmp_path / "lab_scale.md").read_text()
     assert "| gdn-1.3b |" in table and "extrapolated" in table and results["total_s"] > 0
+    assert row["head_scan_batch"] == "16 of 17 edit sets per batch (the default on cpu)"  # the clean run, 16 heads
+    assert f"gdn-1.3b: head scan (a) ran {row['head_scan_batch']}" in table

@@ -2,7 +2,7 @@
 probe`` protocol and peak GPU memory, on random-weight models of the shapes "How Linear Attention Remembers" used,
 against the naive way (the whole prompt re-run for each head).
 
-    python -m linmem.bench.lab_scale --device cuda --out docs/benchmarks/memory-h200      # both models, ~8 min
+    python -m linmem.bench.lab_scale --device cuda --out docs/benchmarks/memory-h200      # every model
     python -m linmem.bench.lab_scale --quick --out /tmp/lab-quick                         # tiny shapes, CPU, < 60 s
 
 Models (``MODELS``; bf16 weights, float32 recurrent caches as the paper runs them):
@@ -12,10 +12,14 @@ Models (``MODELS``; bf16 weights, float32 recurrent caches as the paper runs the
 - ``qwen3.5-4b``: a Qwen3.5-4B-shaped text model (D = 2560, 32 layers: 24 GDN with 16 key / 32 value heads of
   128 x 128, and full attention in every fourth layer, 16 query / 4 kv heads of 256, MLP 9216, vocabulary 248,320,
   tied embeddings: 4.21B parameters; 768 heads), from transformers' ``Qwen3_5TextConfig`` through
-  ``linmem.models.hf_import.hf_config_to_linmem`` (skipped, with the reason, where that converter is missing).
+  ``linmem.models.hf_import.hf_config_to_linmem`` (skipped, with the reason, where that converter is missing);
+- ``qwen3.5-9b``: a Qwen3.5-9B-shaped text model the same way (D = 4096, 32 layers: 24 GDN with 16 key / 32 value
+  heads of 128 x 128, full attention in every fourth layer, 16 query / 4 kv heads of 256, MLP 12288, vocabulary
+  248,320, separate input and output embeddings: 8.95B parameters; 768 heads).
 
 Per model: (a) ``experiments.head_scan`` on ``--items`` items (one ``StateSwap`` per head, suffix-only re-runs from
-one shared prefix cache, ``--chunk`` heads per batched run); (d) the naive scan: for each head, the recipient's
+one shared prefix cache; heads per batched run chosen from the free GPU memory by ``linmem.memory.batching``, or
+``--chunk``; the output says which and the peak memory); (d) the naive scan: for each head, the recipient's
 whole prompt again (prefix into a fresh cache, the head's state swapped for the donor's, suffix), timed on
 ``--naive-heads`` heads spread over the layers and extrapolated to every head (the output says so), its per-head
 effects checked against (a)'s; (b) ``linmem probe``'s default protocol on the same model, once with the default
@@ -42,7 +46,9 @@ from tqdm import tqdm
 import linmem.memory as mm
 from linmem.bench import environment
 from linmem.io.atomic import write_bytes_atomic
+from linmem.memory import batching
 from linmem.memory import experiments as ex
+from linmem.memory.commands import positive
 from linmem.memory.evaluate import Batch, make_batch
 from linmem.memory.intervene import apply_cache_edit
 from linmem.memory.metrics import choice_logits, donor_margin
@@ -80,24 +86,39 @@ def gdn_config(quick: bool) -> LinMemConfig:
     return fla_config_to_linmem(GatedDeltaNetConfig(**settings).to_dict())
 
 
-def qwen_config(quick: bool) -> LinMemConfig:
-    """A Qwen3.5-4B-shaped text model through ``hf_config_to_linmem`` (or a 4-layer copy of its layout)."""
+# The text models of Qwen3.5-4B and -9B as their model cards give them (layers, hidden size, the Gated DeltaNet's
+# 16 query-key / 32 value heads of 128, the gated attention's 16 query / 4 kv heads of 256 in every fourth layer,
+# MLP, padded vocabulary), as Qwen3_5TextConfig fields. The 4B ties its embeddings; the 9B does not: its reported
+# 8.95B text parameters are this shape with separate input and output embeddings (7.94B if they were tied).
+QWEN_SHAPES = {
+    "4b": dict(hidden_size=2560, num_hidden_layers=32, intermediate_size=9216, tie_word_embeddings=True),
+    "9b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, tie_word_embeddings=False),
+}
+QWEN_HEADS = dict(vocab_size=248320, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                  linear_value_head_dim=128, num_attention_heads=16, num_key_value_heads=4, head_dim=256)
+QWEN_QUICK = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=96, vocab_size=QUICK.tokenizer_vocab,
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def qwen_config(quick: bool, size: str = "4b") -> LinMemConfig:
+    """A Qwen3.5 text model of ``QWEN_SHAPES[size]`` through ``hf_config_to_linmem`` (or a 4-layer copy of its
+    layout, with its embedding tying); full attention in every fourth layer, as the config's default."""
     from transformers import Qwen3_5TextConfig
 
     from linmem.models.hf_import import hf_config_to_linmem
 
-    if quick:
-        shape = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=96, vocab_size=QUICK.tokenizer_vocab,
-                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                     linear_value_head_dim=16, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    else:
-        shape = dict(hidden_size=2560, num_hidden_layers=32, intermediate_size=9216, vocab_size=248320,
-                     linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-                     linear_value_head_dim=128, num_attention_heads=16, num_key_value_heads=4, head_dim=256)
-    return hf_config_to_linmem(Qwen3_5TextConfig(tie_word_embeddings=True, **shape))  # every 4th layer attention
+    shape = QWEN_SHAPES[size]
+    fields = {**QWEN_QUICK, "tie_word_embeddings": shape["tie_word_embeddings"]} if quick else {**QWEN_HEADS, **shape}
+    return hf_config_to_linmem(Qwen3_5TextConfig(**fields))
 
 
-MODELS = {"gdn-1.3b": gdn_config, "qwen3.5-4b": qwen_config}
+def qwen9b_config(quick: bool) -> LinMemConfig:
+    """``qwen_config`` of the Qwen3.5-9B shape."""
+    return qwen_config(quick, "9b")
+
+
+MODELS = {"gdn-1.3b": gdn_config, "qwen3.5-4b": qwen_config, "qwen3.5-9b": qwen9b_config}
 
 
 def build_model(config: LinMemConfig, device: str, dtype: torch.dtype, seed: int = 0) -> LinMemForCausalLM:
@@ -159,23 +180,25 @@ def spread(components: list, count: int) -> list:
 
 
 class Clock:
-    """Wall seconds and peak device memory of one stage (CUDA synchronised at both ends)."""
+    """Wall seconds and peak device memory of one stage (CUDA synchronised at both ends; the peak spans the resets
+    that ``batching`` makes to measure its batches)."""
 
     def __init__(self, device: str):
         self.cuda = device.startswith("cuda")
+        self.device = device
 
     def __enter__(self):
         if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize(self.device)
+            batching.reset_peak(self.device)
         self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         self.seconds = time.perf_counter() - self.start
-        self.peak_gib = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
+        self.peak_gib = batching.peak_allocated(self.device) / 2**30 if self.cuda else None
         return False
 
 
@@ -208,9 +231,10 @@ def bench_model(name: str, args, sizes: Sizes, tokenizer, documents, deadline: f
         scan = ex.head_scan(model, batch.items, components, chunk=args.chunk)
     fast = {r["component"]: r["mean"] for r in scan.rows}
     row.update(head_scan_s=round(clock.seconds, 2), head_scan_peak_gib=clock.peak_gib,
-               clean_accuracy=scan.summary["clean_accuracy"]["mean"])
+               head_scan_batch=scan.summary["batch_choice"], clean_accuracy=scan.summary["clean_accuracy"]["mean"])
     log(f"{name}: (a) head scan over {len(components)} heads x {row['items']} items of {batch.length} tokens: "
-        f"{clock.seconds:.1f} s" + (f", peak {clock.peak_gib:.1f} GiB" if clock.peak_gib else ""))
+        f"{clock.seconds:.1f} s" + (f", peak {clock.peak_gib:.1f} GiB" if clock.peak_gib else "")
+        + f"; {row['head_scan_batch']}")
     timed = spread(components, args.naive_heads)
     with Clock(args.device) as clock:
         slow = naive_scan(model, batch, timed)
@@ -248,7 +272,8 @@ def run_probes(model, tokenizer, documents, sizes: Sizes, args, components, naiv
     result: dict = {}
     for run, gate in (("gated", sizes.probe.min_clean_recall), ("ungated", 0.0)):
         left = max(deadline - time.monotonic(), 0.0)
-        options = replace(sizes.probe, min_clean_recall=gate, time_limit_s=left, cost_estimates=estimates)
+        options = replace(sizes.probe, min_clean_recall=gate, time_limit_s=left, cost_estimates=estimates,
+                          chunk=args.chunk)
         with Clock(args.device) as clock:
             summary = run_protocol(model, tokenizer, documents, options, out / run, header={"model": "random"})
         payload = json.loads((out / run / "results.json").read_text())
@@ -257,13 +282,16 @@ def run_probes(model, tokenizer, documents, sizes: Sizes, args, components, naiv
                        "clean_recall": header["clean_recall"], "warning": payload["warning"],
                        "experiments": sorted(summary), "time_limit_s": round(left, 1),
                        "experiment_seconds": header["seconds"], "not_started": header["not_started_time_limit"],
+                       "batch_choice": header["batch_choice"],
                        "estimated_s": {k: round(v, 1) for k, v in estimates.items()}}
         log(f"  (b) probe, {'gate ' + format(gate, 'g') if gate else 'gate off (timing only)'}: {clock.seconds:.1f} s"
             + (f", peak {clock.peak_gib:.1f} GiB" if clock.peak_gib else "")
             + f"; clean recall {header['clean_recall']}"
             + (f"; not started within the {left:.0f} s left: {header['not_started_time_limit']}"
                if header["not_started_time_limit"] else "")
-            + f"; seconds per experiment {header['seconds']}")
+            + f"; seconds per experiment {header['seconds']}"
+            + (f"; head scan: {header['batch_choice']['head_scan']}" if "head_scan" in header["batch_choice"]
+               else ""))
         if payload["warning"]:
             log(f"  the report says: {payload['warning']}")
         if header["clean_recall_passed"] or args.probe == "gated":
@@ -297,6 +325,9 @@ def markdown(results: dict) -> str:
                      f"{row['suffix_tokens']} | {row['head_scan_s']} s | {gib(row['head_scan_peak_gib'])} | {naive} | "
                      f"{row['speedup']}x | {row['max_effect_difference']:.1e} | "
                      f"{gated.get('seconds', '–')} s | {off} | {gib(ungated.get('peak_gib'))} |")
+    lines.append("")
+    lines += [f"- {row['model']}: head scan (a) ran {row['head_scan_batch']}" for row in results["models"]
+              if row.get("head_scan_batch")]
     for row in results["models"]:
         gated = row.get("probe", {}).get("gated")
         if gated:
@@ -320,7 +351,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny copies of the shapes, small task: CPU, < 60 s")
     parser.add_argument("--items", type=int, default=None, help="prompt pairs of the scans (default 32; 4 quick)")
     parser.add_argument("--filler", type=int, default=None, help="filler tokens per prompt (default 512; 32 quick)")
-    parser.add_argument("--chunk", type=int, default=16, help="heads per batched suffix run of the fast scan")
+    parser.add_argument("--chunk", type=positive, default=None,
+                        help="heads (edit sets) per batched run of the fast scan and the probe (default: as many "
+                             "as the free GPU memory holds, measured on a first batch; 16 on a CPU); halved on an "
+                             "out-of-memory error either way")
     parser.add_argument("--naive-heads", type=int, default=None,
                         help="heads the naive scan is timed on, spread over the layers (default 8; 4 with --quick)")
     parser.add_argument("--probe", default="full", choices=("full", "gated", "skip"),

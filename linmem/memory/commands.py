@@ -26,6 +26,14 @@ def tokens_after(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    """``--chunk``'s value: a whole number >= 1 (argparse says the error)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="a linmem, FLA or Hugging Face hybrid model folder with tokenizer.json, "
                         "zoo:NAME or a Hugging Face model id ORG/NAME[@REVISION] (fetched into the Hugging Face cache)")
@@ -74,6 +82,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "write/read Spearman's writes cover each fact and the D tokens after it (default 0: "
                              "the fact's own tokens, as in the paper); for a model whose write_reach shows it "
                              "writes a fact just after it")
+    parser.add_argument("--chunk", type=positive, default=None, metavar="N",
+                        help="edit sets (in the head scan: heads) per batched run (default: as many as the device's "
+                             "free memory holds, measured on a first batch; a CPU takes 16); halved on an "
+                             "out-of-memory error either way")
     parser.add_argument("--min-clean-recall", type=float, default=CLEAN_RECALL_GATE,
                         help="attribute only if clean recall (4 candidates, chance 0.25) reaches this on both source "
                              "sets; below it the report says so and skips the attributions (0: no gate)")
@@ -154,7 +166,7 @@ def probe(args: argparse.Namespace, docs, filler: str, out: Path, model_folder: 
                            extras=not args.no_extras, only=tuple(args.only), component=args.component,
                            min_clean_recall=args.min_clean_recall, template=args.template, keys=args.keys,
                            values=args.values, transfer_values=args.transfer_values,
-                           write_tokens_after=args.write_tokens_after)
+                           write_tokens_after=args.write_tokens_after, chunk=args.chunk)
     print(f"filler text: {filler}")
     return run_protocol(model, tokenizer, docs, options, out,
                         header={"model": str(args.model_dir), **loaded_from(args.model_dir, model_folder),

@@ -55,18 +55,22 @@ def make_batch(items: Sequence[Item], binding: str | int = "target", device: str
 
 
 def candidate_logits(model: nn.Module, batch: Batch, edit_sets: Sequence[Sequence[Edit]],
-                     chunk: int = 16, use_donor: bool = True, prefix: SharedPrefix | None = None) -> torch.Tensor:
+                     chunk: int | None = None, use_donor: bool = True,
+                     prefix: SharedPrefix | None = None) -> torch.Tensor:
     """``[N, B, 4]`` candidate logits (float64, on the CPU like the batch's labels) at the last position under
-    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device); ``prefix``: as ``run_many``'s.
-    Without ``prefix``, the sets run in the groups of ``shared_prefix_groups``, each from one unedited prefix."""
+    each of ``N`` edit sets (``chunk`` sets per batched run, on the model's device; None: as ``run_many``
+    chooses); ``prefix``: as ``run_many``'s. Without ``prefix``, the sets run in the groups of
+    ``shared_prefix_groups``, each from one unedited prefix. Each batch keeps only its candidates' logits."""
     groups = [(list(range(len(edit_sets))), list(edit_sets))] if prefix is not None else \
         shared_prefix_groups(edit_sets)
+    candidates = lambda logits: choice_logits(  # noqa: E731  [n, B, 1, vocab] -> [n, B, 4]
+        logits[:, :, 0], batch.candidates.expand(len(logits), -1, -1))
     out: list[torch.Tensor | None] = [None] * len(edit_sets)
     for index, sets in groups:
-        logits = run_many(model, batch.recipient, batch.donor if use_donor else None, sets,
-                          logits_at=[batch.length - 1], chunk=chunk, prefix=prefix)
-        for i, l in zip(index, logits):
-            out[i] = choice_logits(l[:, 0], batch.candidates)
+        choice = run_many(model, batch.recipient, batch.donor if use_donor else None, sets,
+                          logits_at=[batch.length - 1], chunk=chunk, prefix=prefix, reduce=candidates)
+        for i, c in zip(index, choice):
+            out[i] = c
     return torch.stack(out).cpu()  # small: metrics on CPU
 
 
@@ -104,7 +108,7 @@ def shared_prefix_groups(edit_sets: Sequence[Sequence[Edit]]) -> list[tuple[list
     return groups + [(rest, [[*edit_sets[i], SplitAt(split)] for i in rest])]
 
 
-def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int = 16) -> torch.Tensor:
+def per_item(model: nn.Module, batch: Batch, make_edits, chunk: int | None = None) -> torch.Tensor:
     """``[N, B, 4]`` for edits that depend on the item (e.g. its fact spans): ``make_edits(item) -> N edit sets``,
     run one item at a time."""
     out = []

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from linmem.memory import plots
+from linmem.memory import batching, plots
 from linmem.memory.components import Component, attention_layers, conv_width, heads, mixer, recurrent_layers
 from linmem.memory.edits import (
     CacheSwap,
@@ -112,16 +112,19 @@ def shifts(choice: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Component] | None = None,
-              chunk: int = 16, min_clean_recall: float | None = None) -> Result:
+              chunk: int | None = None, min_clean_recall: float | None = None) -> Result:
     """Swap one component's pre-query state at a time; rank components by the mean donor-margin shift.
 
     Rank stability: how many sources rank the winner first, and whether it still wins when each source is left
     out. Figure: mean shift per layer × head (one panel per memory). With ``min_clean_recall``, a clean accuracy
-    below it is stated in the summary (``clean_recall_warning``): the ranking then locates no memory.
+    below it is stated in the summary (``clean_recall_warning``): the ranking then locates no memory. ``chunk``:
+    heads per batched run (None: chosen from the device's free memory, ``batching``); the summary's
+    ``batch_choice`` says what ran.
     """
     batch = make_batch(items)
     comps = list(components or heads(model))
-    choice = candidate_logits(model, batch, [[]] + [[StateSwap([c], batch.boundary)] for c in comps], chunk)
+    with batching.recorded() as chosen:
+        choice = candidate_logits(model, batch, [[]] + [[StateSwap([c], batch.boundary)] for c in comps], chunk)
     shift = shifts(choice, batch)
     per_source, names = zip(*[source_means(s.cpu().numpy(), batch.sources) for s in shift])
     table = np.stack(per_source)  # [C, S]
@@ -136,7 +139,8 @@ def head_scan(model: nn.Module, items: Sequence[Item], components: Sequence[Comp
     summary = {"chosen": str(comps[best]), "edit": repr(StateSwap([comps[best]], batch.boundary)),
                "top1_sources": int((table.argmax(0) == best).sum()),
                "sources": table.shape[1], "loso_agreement": int(sum(loso)),
-               "clean_accuracy": bootstrap(clean_correct, batch.sources).as_dict()}
+               "clean_accuracy": bootstrap(clean_correct, batch.sources).as_dict(),
+               "batch_choice": batching.summary(chosen)}
     summary.update(recall_warning(summary["clean_accuracy"]["mean"], min_clean_recall))
     return Result("head_scan", rows, summary, plots.head_scan(rows))
 

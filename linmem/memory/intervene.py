@@ -1,6 +1,7 @@
 """``run``: the recipient prompt's logits with edits applied, through the hook points and the cache.
 
-How a call runs (``N`` edit sets on ``B`` prompt pairs become ``N·B`` rows of one batch, row ``n·B + b``):
+How a call runs (``N`` edit sets on ``B`` prompt pairs become ``N·B`` rows, row ``n·B + b``, run in batches of
+edit sets whose size ``batching.run_in_batches`` chooses from the device's free memory):
 
 1. Cache edits (``StateSwap``, ``StateAdd``, ``CacheSwap``) split the prompt at their common ``at``: the prefix
    ``[0, at)`` runs once for the recipient (once per row only if some edit touches the prefix) and once for the
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
+from linmem.memory.batching import run_in_batches
 from linmem.memory.components import check_component, mixer
 from linmem.memory.edits import Edit, EditContext, PairEdit
 from linmem.memory.recording import Recording, backbone, head_scale, on_model, record_inputs, unembed
@@ -102,19 +104,23 @@ def validate(model: nn.Module, edit_sets: Sequence[Sequence[Edit]], length: int)
 @torch.no_grad()
 def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Tensor | None = None,
              edit_sets: Sequence[Sequence[Edit]] = ((),), logits_at: Sequence[int] | None = None,
-             chunk: int | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
+             chunk: int | None = None, prefix: SharedPrefix | None = None,
+             reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Logits of the recipient under each edit set, in batched runs that share the prefix.
 
     Args:
         recipient_ids, donor_ids: ``[B, T]`` (or ``[T]``) token ids; donors only where an edit needs them.
         edit_sets: ``N`` lists of edits (``linmem.memory.edits``).
         logits_at: the positions to return logits for (default: all ``T``).
-        chunk: edit sets per batched forward (default: all ``N`` at once); the unedited prefix and the donor's
-            cache are computed once for all chunks.
+        chunk: edit sets per batched forward (default: chosen from the device's free memory, see
+            ``linmem.memory.batching``; an out-of-memory error halves it either way); the unedited prefix and the
+            donor's cache are computed once for all batches.
         prefix: the prefix runs made beforehand (``shared_prefix``, rows picked with ``SharedPrefix.select``) for
             prompts whose tokens before the cache edits' ``at`` are these; by default made here.
+        reduce: applied to each batch's logits ``[n, B, P, vocab]`` as it is made, so that only what it returns
+            (``[n, ...]``, e.g. the logits of a few candidates) is kept; the batches' results are concatenated.
     Returns:
-        ``[N, B, P, vocab]``.
+        ``[N, B, P, vocab]`` (or the concatenated ``reduce`` results).
     """
     recipient_ids = on_model(model, recipient_ids.unsqueeze(0) if recipient_ids.dim() == 1 else recipient_ids)
     if donor_ids is not None:
@@ -136,18 +142,24 @@ def run_many(model: nn.Module, recipient_ids: torch.Tensor, donor_ids: torch.Ten
                          f"split at {at}")
     else:
         shared = prefix
-    step = chunk or max(1, len(edit_sets))
-    out = []
-    starts = range(0, len(edit_sets), step)
-    for i in tqdm(starts, desc="edit sets", unit="chunk", leave=False, disable=None if len(starts) > 1 else True):
-        group = edit_sets[i:i + step]
+    progress = tqdm(total=len(edit_sets), desc="edit sets", unit="set", leave=False,
+                    disable=None if len(edit_sets) > 1 else True)
+
+    def run_sets(start: int, stop: int) -> torch.Tensor:
+        group = edit_sets[start:stop]
         plan = Plan(group, batch)
         if at is None:
             hidden = forward(model, recipient_ids.repeat(len(group), 1), None, plan, (0, length), sources)
             logits = unembed(model, hidden[:, positions])
         else:
             logits = _split_run(model, recipient_ids, group, plan, at, positions, sources, shared)
-        out.append(logits.reshape(len(group), batch, len(positions), -1))
+        logits = logits.reshape(len(group), batch, len(positions), -1)
+        kept = logits if reduce is None else reduce(logits)
+        progress.update(len(group))
+        return kept
+
+    with progress:
+        out, _ = run_in_batches(run_sets, len(edit_sets), recipient_ids.device, chunk)
     return torch.cat(out)
 
 

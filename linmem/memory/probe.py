@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from linmem.data.sources import Document
+from linmem.memory import batching
 from linmem.memory import experiments as ex
 from linmem.memory.components import Component, attention_layers, check_component, heads, recurrent_layers
 from linmem.memory.corrector import corrector
@@ -47,7 +48,9 @@ class ProbeOptions:
     report lists the ones left out. ``write_tokens_after``: the write edits of the lifecycle, the head interaction
     and the write/read Spearman cover each presentation of the fact and this many tokens after it (0: the fact's
     own tokens, as in the paper); for a model that writes a fact just after it, inside its short convolutions'
-    reach (``write_reach`` finds that). ``write_reach`` itself always starts from the fact's own tokens."""
+    reach (``write_reach`` finds that). ``write_reach`` itself always starts from the fact's own tokens.
+    ``chunk``: edit sets per batched run in every experiment (None: chosen from the device's free memory, see
+    ``linmem.memory.batching``); the report says what each experiment ran with."""
 
     dev_sources: int = 16
     confirm_sources: int = 16
@@ -69,6 +72,7 @@ class ProbeOptions:
     time_limit_s: float | None = None
     cost_estimates: dict[str, float] = field(default_factory=dict)
     write_tokens_after: int = 0
+    chunk: int | None = None
 
 
 def pick_spec(tokenizer, spec: TaskSpec, notes: list[str] | None = None, keep: Iterable[str] = ()) -> TaskBuilder:
@@ -200,8 +204,12 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
     write_items = [item.writes_widened(options.write_tokens_after) for item in confirm_items]  # the write edits' spans
+    batches: dict[str, str | None] = {}
     clean_start = time.perf_counter()
-    recall = [ex.clean_recall(model, dev_items, "development"), ex.clean_recall(model, confirm_items, "confirmation")]
+    with batching.batch_size(options.chunk), batching.recorded() as batch_choices:
+        recall = [ex.clean_recall(model, dev_items, "development"),
+                  ex.clean_recall(model, confirm_items, "confirmation")]
+    batches["clean_recall"] = batching.summary(batch_choices)
     clean_seconds = time.perf_counter() - clean_start
     gate = ex.recall_gate({r.rows[0]["split"]: r.rows[0]["mean"] for r in recall}, options.min_clean_recall,
                           {r.rows[1]["split"]: r.rows[1]["mean"] for r in recall if len(r.rows) > 1})
@@ -251,13 +259,15 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
             not_started.append(name)
             continue
         begin, cpu_begin = time.monotonic(), time.process_time()
-        if name == "head_scan":
-            scan = ex.head_scan(model, dev_items, min_clean_recall=gated)
-            ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
-            chosen = chosen or ranking[0]
-            results.append(scan)
-        else:
-            results.append(runs[name]())
+        with batching.batch_size(options.chunk), batching.recorded() as batch_choices:
+            if name == "head_scan":
+                scan = ex.head_scan(model, dev_items, min_clean_recall=gated)
+                ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
+                chosen = chosen or ranking[0]
+                results.append(scan)
+            else:
+                results.append(runs[name]())
+        batches[name] = batching.summary(batch_choices)
         seconds[name] = round(time.monotonic() - begin, 2)
         cpu_seconds[name] = round(time.process_time() - cpu_begin, 2)
     results = [r for r in results if r.rows]
@@ -274,6 +284,7 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
               "gaps": gaps if USE_GAPS & set(names) else None,
               "attention_layers": attention_layers(model), "seed": options.seed, "seconds": seconds,
               "cpu_seconds": cpu_seconds, "clean_recall_seconds": float(f"{clean_seconds:.3g}"),
+              "batch_choice": {name: text for name, text in batches.items() if text},
               "estimated_seconds": float(f"{sum(estimate.values()):.3g}"),  # 3 digits: a tiny model's are < 0.1 s
               "write_tokens_after": options.write_tokens_after,
               "time_limit_s": options.time_limit_s, "not_started_time_limit": not_started}

@@ -332,12 +332,14 @@ def header_html(header: dict) -> str:
                       ("not_started_time_limit", "Not started (time limit)")):
         if take(key):
             lines.append(f"{what}: {html.escape(', '.join(h[key]))}.")
-    seconds = take("seconds") or {}
+    seconds, batches = take("seconds") or {}, take("batch_choice") or {}
     other = [{"setting": SUMMARY_LABELS.get(k, k.replace("_", " ")), "value": v} for k, v in h.items()
              if k not in said and k not in ("clean_recall", "clean_recall_no_fact", "clean_recall_passed")]
-    timing = [{"experiment": TITLES.get(k, k), "seconds": v} for k, v in seconds.items()]
+    timing = [{"experiment": TITLES.get(k, k), "seconds": seconds.get(k, "–"), "batches": batches.get(k, "–")}
+              for k in [*[k for k in batches if k not in seconds], *seconds]]
     return (f"<section><h2>Setup</h2><p class='caption'>{' '.join(lines)}</p>{table_html(other)}"
-            f"<details><summary>run time per experiment</summary>{table_html(timing)}</details></section>")
+            f"<details><summary>run time and batch size per experiment</summary>{table_html(timing)}</details>"
+            f"</section>")
 
 
 def write_report(results: Sequence[Result], out_dir: str | Path, header: dict,
