@@ -121,3 +121,142 @@ def test_a_hook_on_a_gate_brings_the_check_back(point, value, message):
         model(ids)
     assert counts["tolist"] == 1  # the one check of that layer's gates, read back together
     handle.remove()
+
+
+def packed_inputs(length=21, heads=2, key_dim=4, value_dim=3, dtype=torch.float32):
+    torch.manual_seed(1)
+    return dict(q=torch.randn(1, length, heads, key_dim, dtype=dtype),
+                k=torch.nn.functional.normalize(torch.randn(1, length, heads, key_dim, dtype=dtype), dim=-1),
+                v=torch.randn(1, length, heads, value_dim, dtype=dtype),
+                g=-0.2 * torch.rand(1, length, heads, dtype=dtype), beta=torch.rand(1, length, heads, dtype=dtype))
+
+
+def test_cu_seqlens_is_read_once_per_tensor_and_again_when_it_changes():
+    """The boundaries of one ``cu_seqlens`` tensor are read back once; an in-place write (also under no_grad, or
+    through a view), a new tensor with other values, or an inference tensor are read again, and each call's output
+    is that of a fresh tensor with its values."""
+    x = packed_inputs()
+
+    def run(cu_seqlens):
+        with counting_host_reads() as (counts, _):
+            o, _ = linear_memory(**x, rule="delta", backend="chunk", cu_seqlens=cu_seqlens, check_values=False)
+        return o, counts["tolist"]
+
+    def fresh(cu_seqlens):
+        return linear_memory(**x, rule="delta", backend="chunk", cu_seqlens=cu_seqlens.clone())[0]
+
+    cu_seqlens = torch.tensor([0, 5, 5, 17, 21], dtype=torch.int32)
+    first, reads = run(cu_seqlens)
+    assert reads == 1
+    again, reads = run(cu_seqlens)
+    assert reads == 0 and torch.equal(again, first)
+    with torch.no_grad():
+        cu_seqlens[1] = 4
+    changed, reads = run(cu_seqlens)
+    assert reads == 1 and torch.equal(changed, fresh(cu_seqlens)) and not torch.equal(changed, first)
+    cu_seqlens[1:3].fill_(2)  # through a view
+    changed, reads = run(cu_seqlens)
+    assert reads == 1 and torch.equal(changed, fresh(cu_seqlens))
+    assert run(cu_seqlens)[1] == 0
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):  # a bad write is caught too
+        cu_seqlens[1] = 30
+        run(cu_seqlens)
+    with pytest.raises(ValueError, match="end at T = 20"):  # the length is checked at every call, read or not
+        linear_memory(**{n: t[:, :20] for n, t in x.items()}, backend="chunk", cu_seqlens=torch.tensor([0, 21]))
+    other = torch.tensor([0, 21])
+    assert run(other)[1] == 1 and run(other)[1] == 0
+    with torch.inference_mode():
+        inference = torch.tensor([0, 4, 21])
+    assert run(inference)[1] == 1 and run(inference)[1] == 1
+
+
+def test_the_cache_keeps_no_tensor_alive():
+    import gc
+    import weakref
+
+    from linmem.ops import backend
+
+    x = packed_inputs()
+    cu_seqlens = torch.tensor([0, 7, 21])
+    linear_memory(**x, backend="chunk", cu_seqlens=cu_seqlens)
+    ref = weakref.ref(cu_seqlens)
+    assert id(cu_seqlens) in backend._PACKED
+    key = id(cu_seqlens)
+    del cu_seqlens
+    gc.collect()
+    assert ref() is None and key not in backend._PACKED
+
+
+def test_unpad_and_document_starts_hand_the_op_their_boundaries():
+    from linmem.layers.packing import document_starts, unpad
+
+    mask = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0], [0, 1, 1, 1]])
+    with counting_host_reads() as (counts, where):
+        indices, cu_seqlens = unpad(mask)
+    assert sum(counts.values()) == 1, where  # the boundaries, read once
+    assert indices.tolist() == [0, 1, 3, 9, 10, 11] and cu_seqlens.tolist() == [0, 3, 3, 6]
+    x = {name: t[:, :6] for name, t in packed_inputs().items()}
+    with counting_host_reads() as (counts, _):
+        linear_memory(**x, backend="chunk", cu_seqlens=cu_seqlens, check_values=False)
+    assert not counts
+    cu_seqlens = document_starts(torch.tensor([[5, 2, 7, 2], [2, 3, 3, 3]]), separator_id=2)
+    assert cu_seqlens.tolist() == [0, 2, 4, 5, 8]
+    x = {name: t[:, :8] for name, t in packed_inputs().items()}
+    with counting_host_reads() as (counts, _):
+        o = linear_memory(**x, backend="chunk", cu_seqlens=cu_seqlens, check_values=False)[0]
+    assert not counts
+    assert torch.equal(o, linear_memory(**x, backend="chunk", cu_seqlens=cu_seqlens.clone())[0])
+
+
+@pytest.fixture
+def counted_layouts(monkeypatch):
+    """Counts of ``SequenceLayout.packed`` builds (the Triton kernels' chunk layout of packed sequences)."""
+    pytest.importorskip("triton")
+    from linmem.ops.triton.layout import SequenceLayout
+
+    built = Counter()
+    original = SequenceLayout.packed.__func__
+
+    def packed(cls, bounds, device, chunk=64):
+        built[tuple(bounds)] += 1
+        return original(cls, bounds, device, chunk)
+
+    monkeypatch.setattr(SequenceLayout, "packed", classmethod(packed))
+    return built
+
+
+def test_a_padded_batch_is_laid_out_once_per_forward(counted_layouts):
+    """A 3-layer GDN on the Triton kernels (interpreted on the CPU) with left and inner padding: the mask is
+    unpadded into one cu_seqlens, whose boundaries are read once and laid out once for all layers, forward and
+    backward; another batch's mask is laid out again."""
+    model = tiny_model("gdn", dtype=torch.float32)
+    model.set_backend("triton")
+    ids = torch.randint(1, VOCAB, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0
+    mask[1, 4] = 0
+    with counting_host_reads() as (counts, _):
+        model(ids, attention_mask=mask).logits.square().mean().backward()
+    assert dict(counted_layouts) == {(0, 6, 14): 1}
+    assert counts["tolist"] == 1  # unpad's; the op reads nothing
+    mask[1, 4] = 1
+    model(ids, attention_mask=mask)
+    assert dict(counted_layouts) == {(0, 6, 14): 1, (0, 6, 15): 1}
+
+
+def test_the_triton_layout_is_built_once_per_cu_seqlens(counted_layouts):
+    pytest.importorskip("triton")
+    x = packed_inputs()
+    cu_seqlens = torch.tensor([0, 3, 3, 17, 21], dtype=torch.int32)
+    first = linear_memory(**x, rule="delta", backend="triton", cu_seqlens=cu_seqlens)[0]
+    again = linear_memory(**x, rule="delta", backend="triton", cu_seqlens=cu_seqlens)[0]
+    assert torch.equal(first, again) and dict(counted_layouts) == {(0, 3, 3, 17, 21): 1}
+    reference = linear_memory(**{n: t.double() for n, t in x.items()}, rule="delta", backend="reference",
+                              cu_seqlens=cu_seqlens)[0]
+    assert (first.double() - reference).abs().max() < 1e-5
+    cu_seqlens[1:3] = 8
+    moved = linear_memory(**x, rule="delta", backend="triton", cu_seqlens=cu_seqlens)[0]
+    reference = linear_memory(**{n: t.double() for n, t in x.items()}, rule="delta", backend="reference",
+                              cu_seqlens=cu_seqlens.clone())[0]
+    assert (moved.double() - reference).abs().max() < 1e-5
+    assert dict(counted_layouts) == {(0, 3, 3, 17, 21): 1, (0, 8, 8, 17, 21): 1}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from linmem.ops.backend import Packed
+
 
 def check_packed_row(cu_seqlens: torch.Tensor, batch: int) -> None:
     """Shape checks that need no host sync (the op checks the boundaries' values): a 1-D integer tensor and
@@ -35,11 +37,17 @@ def sequence_positions(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
 
 def unpad(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices [total], cu_seqlens [B + 1] int32)`` of a 0/1 mask ``[B, T]``: the flat positions of the real
-    tokens, row by row, and the boundaries of the rows' real tokens once packed (padding may sit anywhere)."""
+    tokens, row by row, and the boundaries of the rows' real tokens once packed (padding may sit anywhere).
+
+    One host synchronisation: the boundaries are read back once, they size ``indices`` (``nonzero_static``, which
+    reads nothing), and the op is handed them with the tensor (``Packed.known``), so that no layer reads them again.
+    """
     real = attention_mask.bool()
-    indices = real.flatten().nonzero().flatten()
     lengths = real.sum(-1, dtype=torch.int32)
     cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0, dtype=torch.int32)])
+    bounds = cu_seqlens.tolist()
+    indices = torch.nonzero_static(real.flatten(), size=bounds[-1]).flatten()
+    Packed.known(cu_seqlens, bounds)
     return indices, cu_seqlens
 
 
@@ -53,10 +61,15 @@ def pad(packed: torch.Tensor, indices: torch.Tensor, batch: int, length: int) ->
 def document_starts(input_ids: torch.Tensor, separator_id: int) -> torch.Tensor:
     """``cu_seqlens [N + 1]`` int32 of the rows of ``input_ids [B, T]`` packed into one row ``[1, B·T]``, cut after
     every ``separator_id`` (a document ends with its separator, the next one starts after it) and at every row
-    start, so that no token reads across a document or a row."""
+    start, so that no token reads across a document or a row.
+
+    ``nonzero`` waits for the device (its size depends on the values); the boundaries are then read back while the
+    queue is empty and handed to the op with the tensor (``Packed.known``), so that no layer reads them again."""
     batch, length = input_ids.shape
     starts = torch.zeros_like(input_ids, dtype=torch.bool)
     starts[:, 0] = True
     starts[:, 1:] = input_ids[:, :-1] == separator_id
     bounds = starts.flatten().nonzero().flatten().to(torch.int32)
-    return torch.cat([bounds, bounds.new_tensor([batch * length])])
+    cu_seqlens = torch.cat([bounds, bounds.new_tensor([batch * length])])
+    Packed.known(cu_seqlens, cu_seqlens.tolist())
+    return cu_seqlens

@@ -116,16 +116,24 @@ def check_sequence_inputs(
         check_gate_values(g, beta, gamma if residual else None)
 
 
-def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> list[int]:
-    """``cu_seqlens`` like flash-attention's: int tensor ``[N + 1]``, 0 first, total length last, non-decreasing."""
+def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int, bounds: list[int] | None = None) -> list[int]:
+    """``cu_seqlens`` like flash-attention's: int tensor ``[N + 1]``, 0 first, total length last, non-decreasing;
+    returns its boundaries as a host list.
+
+    Reading them back is a host synchronisation. ``bounds``: this tensor's boundaries as read and checked before
+    (``backend.Packed.of`` keeps them per tensor), so that only the host-side checks against ``batch`` and
+    ``length`` run and nothing is read back.
+    """
     if batch != 1:
         raise ValueError(f"cu_seqlens needs packed sequences in one row (B == 1); got B = {batch}")
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
         raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence boundaries")
-    bounds = [int(x) for x in cu_seqlens.tolist()]
+    fresh = bounds is None
+    if fresh:
+        bounds = [int(x) for x in cu_seqlens.tolist()]
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != length:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {length}; got {bounds}")
-    if any(b < a for a, b in zip(bounds, bounds[1:])):
+    if fresh and any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens must be non-decreasing; got {bounds}")
     return bounds
 

@@ -29,16 +29,15 @@ from linmem.ops.chunk_reads import (
 )
 
 
-def hand_over(increments, log_decay, state, with_state: bool):
+def hand_over(increments, log_decay, state):
     """States ``S_{n+1} = e^{c_n} S_n + ΔS_n`` from ``S_0 = state``, one chunk after the other: the start of every
     chunk ``[m, N, F]`` and the final state ``[m, F]`` for increments ``ΔS [m, N, F]`` and chunk log decays
     ``c [m, N, D]`` (D = 1 per head, or F's key channels per key, broadcast over the value rows). Each step only
     multiplies by ``e^{c_n} ∈ [0, 1]``, so a reset (``c = −∞``) or any decay is exact; the work is linear in N
-    and the memory is the starts themselves. ``with_state=False`` drops the initial state's term (it is zero and
-    needs no gradient)."""
+    and the memory is the starts themselves."""
     decay = chunk_decay_factors(log_decay, increments.shape[-1])
     starts = torch.empty_like(increments)
-    current = state if with_state else torch.zeros_like(increments[:, 0])
+    current = state
     for n, (increment, factor) in enumerate(zip(increments.unbind(1), decay.unbind(1))):
         starts[:, n] = current
         current = torch.addcmul(increment, current, factor)
@@ -90,8 +89,8 @@ class AdditiveHandOver(torch.autograd.Function):
         increments = increments.contiguous().flatten(0, 1).flatten(-2)
         log_decay = log_decay.reshape(increments.shape[0], increments.shape[1], -1)
         state = state.flatten(0, 1).flatten(-2)
-        ctx.with_state = ctx.needs_input_grad[2] or bool(state.any())
-        starts, final = hand_over(increments, log_decay, state, ctx.with_state)
+        ctx.with_state = ctx.needs_input_grad[2]
+        starts, final = hand_over(increments, log_decay, state)
         ctx.save_for_backward(starts, log_decay)
         return starts.view(ctx.shape), final.view(ctx.state_shape)
 
@@ -132,25 +131,25 @@ class ResidualAdditive(torch.autograd.Function):
         log_chunk = b[:, -1].view(batch * heads, n, 1)  # [m, N, 1]
         state_shape = (batch * heads, n, -1)
         states0 = base_state.reshape(batch * heads, -1), residual_state.reshape(batch * heads, -1)
-        ctx.with_states = [ctx.needs_input_grad[i] or bool(s.any()) for i, s in zip((7, 8), states0)]
+        ctx.with_states = [ctx.needs_input_grad[i] for i in (6, 7)]  # base_state, residual_state
 
         to_end = reverse_cumsum(g, exclusive=True).exp_().unsqueeze(-1)
         to_end_keys = k * to_end
         decay_q, decay_k = (b + math.log(scale)).exp().unsqueeze(-1), before.exp().unsqueeze(-1)
         query_decay = segment_decay(g)
 
-        def memory(writes, state0, with_state):
-            starts, final = hand_over((writes.mT @ to_end_keys).view(state_shape), log_chunk, state0, with_state)
+        def memory(writes, state0):
+            starts, final = hand_over((writes.mT @ to_end_keys).view(state_shape), log_chunk, state0)
             return starts, final, starts.view(-1, *writes.shape[-1:], k.shape[-1])
 
         u = beta * v
-        base_flat, base_final, base = memory(u, states0[0], ctx.with_states[0])
+        base_flat, base_final, base = memory(u, states0[0])
         key_scores = shifted_decay(k @ k.mT, query_decay)
         weighted_k = k * decay_k
         error = torch.baddbmm(v, weighted_k, base.mT, alpha=-1).baddbmm_(key_scores, u, alpha=-1)
         r, slope = rho_with_slope(error, target, clip)
         w = gamma * r
-        residual_flat, residual_final, residual = memory(w, states0[1], ctx.with_states[1])
+        residual_flat, residual_final, residual = memory(w, states0[1])
 
         query_scores = scaled_product(q, k.mT, scale).mul_(query_decay)
         strict_scores = query_scores.tril(-1)

@@ -16,7 +16,6 @@ import torch
 
 from linmem.ops.backend import Backend, MemoryInputs, Packed, check_backend
 from linmem.ops.checks import (
-    check_cu_seqlens,
     check_fixed_decay,
     check_sequence_inputs,
     check_state,
@@ -172,7 +171,7 @@ def linear_memory(
     backend = _resolve_backend(backend, MemoryInputs(q, k, v, g, beta, gamma), config)
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
-    packed = None if cu_seqlens is None else Packed(cu_seqlens, check_cu_seqlens(cu_seqlens, batch, length))
+    packed = None if cu_seqlens is None else Packed.of(cu_seqlens, batch, length)
     num_seqs = batch if packed is None else len(packed.bounds) - 1
     base0, residual0 = split_state(initial_state, residual)
     layout = "[N, H, V, K]" if state_v_first else "[N, H, K, V] (state_v_first=False)"

@@ -353,7 +353,7 @@ def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: to
     if packed is None:
         layout = SequenceLayout.fixed(batch, length, q.device)
     else:
-        layout = SequenceLayout.packed(packed.bounds, packed.cu_seqlens.to(q.device))
+        layout = packed.derived(("triton layout", q.device), lambda: SequenceLayout.packed(packed.bounds, q.device))
     flat = lambda t: t.reshape(batch * length, *t.shape[2:]).contiguous()  # noqa: E731
     if g is not None and g.dim() == 4:  # GLA: a decay per key channel, walked token after token (per_key_decay.py)
         o, base_final = PerKeyDecayFunction.apply(flat(q), flat(k), flat(v), flat(g.float()), flat(beta.float()),

@@ -8,6 +8,7 @@ chunk ``j`` of sequence ``n``. Per-chunk tensors (states, the ``[C, C]`` score r
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -68,7 +69,19 @@ class SequenceLayout:
 
     @classmethod
     def fixed(cls, batch: int, length: int, device: torch.device, chunk: int = CHUNK) -> SequenceLayout:
-        """``batch`` sequences of ``length`` tokens each (no host synchronisation)."""
+        """``batch`` sequences of ``length`` tokens each (no host synchronisation).
+
+        Built once per shape and device and shared after that (the kernels only read a layout), so that the layers
+        of a model do not each launch its small constructions again; except while a CUDA graph is being captured,
+        where a new layout's tensors would be filled only when the graph is replayed.
+        """
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if capturing:
+            return cls._build_fixed(batch, length, device, chunk)
+        return _shared_fixed(batch, length, device, chunk)
+
+    @classmethod
+    def _build_fixed(cls, batch: int, length: int, device: torch.device, chunk: int) -> SequenceLayout:
         per_seq = triton.cdiv(length, chunk)
         seqs = torch.arange(batch, device=device, dtype=torch.int32)
         indices = torch.stack([seqs.repeat_interleave(per_seq),
@@ -77,17 +90,31 @@ class SequenceLayout:
         return cls(bounds, indices.contiguous(), seqs * per_seq, batch, batch * per_seq, batch * length)
 
     @classmethod
-    def packed(cls, bounds: list[int], cu_seqlens: torch.Tensor, chunk: int = CHUNK) -> SequenceLayout:
-        """Sequences packed in one row: ``cu_seqlens`` (kept on its device, as int32) and the same boundaries as
-        the host list ``bounds``, from which the chunks are counted."""
+    def packed(cls, bounds: list[int], device: torch.device, chunk: int = CHUNK) -> SequenceLayout:
+        """Sequences packed in one row with the boundaries ``bounds`` (a host list, ``cu_seqlens``'s values), from
+        which the chunks are counted; the tensors are copied to ``device`` without a host synchronisation."""
         counts = [triton.cdiv(end - start, chunk) for start, end in zip(bounds, bounds[1:])]
         offsets = [0]
         for count in counts:
             offsets.append(offsets[-1] + count)
-        indices = [(n, j) for n, count in enumerate(counts) for j in range(count)]
-        as_int = dict(device=cu_seqlens.device, dtype=torch.int32)
-        return cls(cu_seqlens.to(torch.int32).contiguous(), torch.tensor(indices, **as_int).reshape(-1, 2),
-                   torch.tensor(offsets[:-1], **as_int), len(counts), offsets[-1], bounds[-1])
+        indices = [index for n, count in enumerate(counts) for j in range(count) for index in (n, j)]
+        return cls(to_device(bounds, device), to_device(indices, device).reshape(-1, 2),
+                   to_device(offsets[:-1], device), len(counts), offsets[-1], bounds[-1])
+
+
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int32 tensor on ``device``. A plain copy to a GPU from pageable memory would wait for the
+    GPU to finish its queue; from pinned memory it is queued like a kernel (the caching host allocator keeps the
+    pinned buffer until the copy has run)."""
+    host = torch.tensor(values, dtype=torch.int32)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=32)
+def _shared_fixed(batch: int, length: int, device: torch.device, chunk: int) -> SequenceLayout:
+    return SequenceLayout._build_fixed(batch, length, device, chunk)
 
 
 # Tests set this to fill every kernel output buffer with NaN, so that an element no kernel writes shows up.
