@@ -260,3 +260,22 @@ def test_the_triton_layout_is_built_once_per_cu_seqlens(counted_layouts):
                               cu_seqlens=cu_seqlens.clone())[0]
     assert (moved.double() - reference).abs().max() < 1e-5
     assert dict(counted_layouts) == {(0, 3, 3, 17, 21): 1, (0, 8, 8, 17, 21): 1}
+
+
+@pytest.mark.parametrize("zero", ["S0", "R0"])
+def test_a_zero_initial_state_gets_its_gradient(zero):
+    """The chunk backend's RLA no longer asks whether a state is zero (a host read) to decide its gradient: a zero
+    S0 or R0 that requires grad gets the reference's gradient, the other state given or not."""
+    x = gates(length=70, key_dim=4, value_dim=3)
+    x["gamma"] = torch.rand_like(x["beta"])
+    grads = {}
+    for backend in ("chunk", "reference"):
+        states = {"S0": torch.zeros(2, 2, 3, 4, dtype=F64, requires_grad=True),
+                  "R0": 0.3 * torch.randn(2, 2, 3, 4, dtype=F64, generator=torch.Generator().manual_seed(3))}
+        if zero == "R0":
+            states = {"S0": states["R0"], "R0": states["S0"]}
+        o, _ = linear_memory(**x, residual=True, initial_state=(states["S0"], states["R0"]), backend=backend)
+        o.square().sum().backward()
+        grads[backend] = states[zero].grad
+    assert grads["chunk"] is not None and grads["chunk"].abs().max() > 0
+    assert (grads["chunk"] - grads["reference"]).abs().max() < 1e-10
