@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+
+from linmem.ops.fused.optional_triton import jit, tl, triton
 
 IGNORE_INDEX = -100  # Hugging Face's label of a position that is not predicted
 VOCAB_BLOCK = 4096  # vocabulary columns per step of a row's walk (a power of two)
@@ -36,7 +36,8 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_inde
     if targets.is_floating_point():
         raise ValueError(f"targets must be integer class indices; got dtype {targets.dtype}")
     if prefer_triton is None:
-        prefer_triton = (logits.is_cuda and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        prefer_triton = (triton is not None and logits.is_cuda
+                         and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
                          and not torch.compiler.is_compiling())
     if not prefer_triton or logits.shape[0] == 0:
         wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -72,7 +73,7 @@ class _TokenCrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
-@triton.jit
+@jit
 def _forward_kernel(logits, targets, losses, lse_out, row_stride, vocab, ignore_index, BLOCK: tl.constexpr):
     """One row: the running maximum m and sum s of exp(x − m) over the vocabulary, block by block."""
     row = tl.program_id(0)
@@ -97,7 +98,7 @@ def _forward_kernel(logits, targets, losses, lse_out, row_stride, vocab, ignore_
     tl.store(losses + row, tl.where(ignored, 0.0, tl.where(inside, lse - picked, float("nan"))))
 
 
-@triton.jit
+@jit
 def _backward_kernel(logits, targets, lse_in, grad_losses, grad, row_stride, vocab, ignore_index,
                      BLOCK: tl.constexpr):
     """One row: ``g · (exp(x − lse) − [col == target])``, 0 for an ignored row."""
