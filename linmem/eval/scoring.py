@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from linmem.eval.loading import EvalModel
 from linmem.models.modeling import CACHE_FIELD
+from linmem.ops.fused.cross_entropy import token_cross_entropy
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +39,7 @@ def logits_of(em: EvalModel, ids: torch.Tensor, mask: torch.Tensor | None = None
 def window_losses(em: EvalModel, windows: torch.Tensor) -> torch.Tensor:
     """Next-token losses ``[B, T-1]`` (nats) of full windows ``[B, T]``."""
     logits = logits_of(em, windows)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), windows[:, 1:].flatten(), reduction="none").view(
-        windows.shape[0], -1)
+    return token_cross_entropy(logits[:, :-1].flatten(0, 1), windows[:, 1:].flatten()).view(windows.shape[0], -1)
 
 
 def score_continuations(em: EvalModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 16,
