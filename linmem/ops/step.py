@@ -91,20 +91,20 @@ def memory_step_parts(x: MemoryInputs, base_state: torch.Tensor, residual_state:
     written. The reads always use ``x``: ``q``, the decay ``g`` and the output gate γ.
     """
     q, k, v, g, beta, gamma = x
-    base_write = Write(k, v, beta) if base_write is None else base_write
-    new_base = write(base_state, *base_write, g, config.rule)
+    base_k, base_v, base_strength = (k, v, beta) if base_write is None else base_write
+    new_base = write(base_state, base_k, base_v, base_strength, g, config.rule)
     if not config.residual:
         base_read = read(new_base, q)
         return StepParts(scale * base_read, base_read, None, new_base, None)
 
-    residual_write = Write(k, v, gamma) if residual_write is None else residual_write
-    r = rho(residual_write.v - read(base_state, residual_write.k), config.residual_target, config.clip)
+    residual_k, residual_v, residual_strength = (k, v, gamma) if residual_write is None else residual_write
+    r = rho(residual_v - read(base_state, residual_k), config.residual_target, config.clip)
     if edit_target is not None:
         r = edit_target(r)
     if config.fit_history:
-        new_residual = write(residual_state, residual_write.k, r, residual_write.strength, g, config.rule)
+        new_residual = write(residual_state, residual_k, r, residual_strength, g, config.rule)
     else:  # "w/o fitting": the residual memory only holds this step's correction
-        new_residual = torch.einsum("bhv,bhk->bhvk", r, residual_write.k)
+        new_residual = torch.einsum("bhv,bhk->bhvk", r, residual_k)
     if config.output_gates:
         base_read = read(decay_state(base_state, g), q)
         residual_read = gamma[..., None] * read(new_residual, q)
