@@ -25,11 +25,11 @@ def tiny_model(mixer: str = "gdn", dtype=torch.float64, device="cpu", **override
 
 
 def prompt(batch: int, length: int = 7, padded: bool = False, device="cpu"):
-    """Random ids ``[B, T]`` and a left-padded mask (row r padded by ``r % 3`` tokens) or None."""
+    """Random ids ``[B, T]`` and a left-padded mask (row r padded by ``(r + 2) % 3`` tokens) or None."""
     ids = torch.randint(0, VOCAB, (batch, length), device=device)
     if not padded:
         return ids, None
-    pads = torch.tensor([r % 3 for r in range(batch)], device=device)[:, None]
+    pads = torch.tensor([(r + 2) % 3 for r in range(batch)], device=device)[:, None]
     mask = (torch.arange(length, device=device) >= pads).long()
     return ids, mask
 
@@ -130,9 +130,11 @@ def test_sampling_is_reproducible_and_possible(top_k, top_p):
 @pytest.mark.parametrize("top_k", [0, 6])
 @torch.no_grad()
 def test_sampling_follows_the_distribution(top_k):
-    """Many rows of one prompt: the first sampled token's frequencies match the model's (top-k renormalised)
-    probabilities (total variation within sampling noise of 4000 draws)."""
+    """Many rows of one prompt: the first sampled token's frequencies match the model's probabilities at
+    temperature 0.5 (top-k renormalised): total variation below twice what sampling noise of that many draws
+    gives on average. Sampling at temperature 1, or without the top-k cut, lies 4 to 18 times that far off."""
     model = tiny_model("gdn")
+    model.lm_head.weight.mul_(20)  # logits spread like a trained model's, so that temperature and top-k matter
     rows = 4000
     ids = torch.randint(0, VOCAB, (1, 6)).expand(rows, 6).contiguous()
     tokens = captured_generate(model, ids, 1, do_sample=True, temperature=0.5, top_k=top_k,
@@ -142,8 +144,9 @@ def test_sampling_follows_the_distribution(top_k):
         logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
     expected = logits.softmax(-1)
     seen = torch.bincount(tokens[:, -1], minlength=VOCAB).double() / rows
+    noise = 0.5 * (2 * expected * (1 - expected) / (torch.pi * rows)).sqrt().sum()  # mean TV of `rows` draws
     assert (seen[expected == 0] == 0).all()
-    assert 0.5 * (seen - expected).abs().sum() < 0.05
+    assert 0.5 * (seen - expected).abs().sum() < 2 * noise
 
 
 @torch.no_grad()
