@@ -66,9 +66,10 @@ class WriteOverrides:
 
 @dataclass
 class Replay:
-    """``o [n, T, V]`` the read-outs; ``base_read [n, T, V]`` the base-memory part ``scale·α S_{t−1} q`` (or
-    ``scale·S_t q`` without a residual memory) and ``r [n, T, V]`` the residual target, both only filled at the
-    special tokens (zero elsewhere); ``state`` the final ``S [n, V, K]`` and ``R`` (None without one)."""
+    """``o [n, T, V]`` the read-outs; ``base_read [n, T, V]`` the base-memory part ``scale·α S_{t−1} q``
+    (``scale·S_{t−1} q`` without output gates, ``scale·S_t q`` without a residual memory) and ``r [n, T, V]`` the
+    residual target, both only filled at the special tokens (zero elsewhere); ``state`` the final ``S [n, V, K]``
+    and ``R`` (None without one)."""
 
     o: torch.Tensor
     base_read: torch.Tensor

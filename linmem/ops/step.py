@@ -61,7 +61,7 @@ class Write(NamedTuple):
 
     k: torch.Tensor
     v: torch.Tensor
-    strength: torch.Tensor | None
+    strength: torch.Tensor
 
 
 class StepParts(NamedTuple):
