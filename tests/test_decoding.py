@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 import linmem  # noqa: F401  (registers the Auto classes)
 from linmem.models import LinMemConfig, StaticDecoder, captured_generate
 from linmem.models.decoding import EOS_CHECK_EVERY, Sampling
+from tests.test_no_sync import counting_host_reads
 
 VOCAB = 48
 RECURRENT_MIXERS = ["gdn", "rdn", "rla", "sgla", "gla"]
@@ -57,6 +58,22 @@ def test_decoder_reused_across_prompts():
     decoder.generate(first, 6)
     got = decoder.generate(second[0], 6, attention_mask=second[1])
     assert torch.equal(got, model.generate(second[0], attention_mask=second[1], max_new_tokens=6, do_sample=False))
+
+
+@pytest.mark.parametrize("mixer", ["gdn", "rdn", "gla"])
+@pytest.mark.parametrize("do_sample", [False, True])
+@torch.no_grad()
+def test_step_reads_nothing_back_to_the_host(mixer, do_sample):
+    """What a CUDA graph captures must not synchronise: the static step (forward, state write-back, choice of the
+    token, end-of-sequence marks) reads no tensor value back to the host (counted on the CPU)."""
+    model = tiny_model(mixer)
+    sampling = Sampling(do_sample, 0.7, 5, 0.9)
+    generator = torch.Generator().manual_seed(0)
+    decoder = StaticDecoder(model, 2, sampling, generator=generator, eos_token_id=[3, 4], pad_token_id=0)
+    decoder.generate(prompt(2)[0], 2)
+    with counting_host_reads() as (counts, where):
+        decoder._step(generator)
+    assert not counts, "".join(where)
 
 
 @pytest.mark.parametrize("mixer", ["gdn", "rla"])
