@@ -279,11 +279,13 @@ def test_per_key_decay_half_precision():
 
 
 def _bench(monkeypatch):
-    """``linmem.bench.kernels``, with the shape a run sets (``--heads``, ``--head-dim``) put back after the test."""
+    """``linmem.bench.kernels``, with the shape a run sets (``--heads``, ``--head-dim``, ``--value-dim``) put back
+    after the test."""
     from linmem.bench import kernels
 
     monkeypatch.setattr(kernels, "HEADS", kernels.HEADS)
     monkeypatch.setattr(kernels, "HEAD_DIM", kernels.HEAD_DIM)
+    monkeypatch.setattr(kernels, "VALUE_DIM", kernels.VALUE_DIM)
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     return kernels
 
@@ -294,16 +296,24 @@ BENCH_DRY_RUN = ["--skip-check", "--lengths", "64", "--tokens", "64", "--heads",
 
 def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     """``python -m linmem.bench.kernels`` end to end on the CPU (interpreter, tiny shapes): options, timing, the
-    report files and the summary table the GPU run ends with."""
+    report files and the summary table the GPU run ends with; values wider than the keys (``--value-dim``)."""
     kernels = _bench(monkeypatch)
-    kernels.main([*BENCH_DRY_RUN, "--methods", "linmem sGLA,FLA sGLA 2V", "--out", str(tmp_path)])
+    kernels.main([*BENCH_DRY_RUN, "--value-dim", "24", "--methods", "linmem sGLA,FLA sGLA 2V", "--out",
+                  str(tmp_path)])
     out = capsys.readouterr().out.rstrip().splitlines()
     # no linmem / FLA pair was asked for: the summary holds the times (FLA absent on the CPU: a dash)
     assert out[-3] == "| T | linmem sGLA | FLA sGLA 2V |" and out[-1].startswith("| 64 | ")
     assert float(out[-1].split("|")[2]) > 0 and out[-1].split("|")[3].strip() == "–"
     assert (tmp_path / "kernels.json").exists() and (tmp_path / "kernels.md").exists()
-    table = (tmp_path / "kernels.md").read_text().split("## fwd+bwd")[1].strip().splitlines()
+    page = (tmp_path / "kernels.md").read_text()
+    table = page.split("## fwd+bwd")[1].strip().splitlines()
     assert table[0] == "| T | linmem sGLA | FLA sGLA 2V |"
+    assert "H = 1, head dim 16, value dim 24," in page
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert (report["head_dim"], report["value_dim"]) == (16, 24)
+    from linmem.ops.triton import function
+
+    assert report["kernel_options"] == json.loads(json.dumps(function.kernel_options(16, 24)))
 
 
 def _bench_with_gdn_raising(monkeypatch, error: BaseException):
@@ -431,7 +441,8 @@ def test_kernel_report_renders_again_from_its_json(tmp_path, capsys):
 
 def test_kernel_benchmark_warms_only_what_it_times():
     """The compile tasks before the timings warm the methods asked for: linmem's, and each FLA kernel an FLA method
-    runs (the three-call compositions run FLA's sGLA and GDN), once; a sweep adds RDN and RLA under its variants."""
+    runs (the three-call compositions run FLA's sGLA and GDN), once; a sweep adds RDN, RLA and GDN under its
+    variants."""
     from linmem.bench import kernels
 
     def warmed(methods, variants=()):
@@ -441,9 +452,10 @@ def test_kernel_benchmark_warms_only_what_it_times():
     assert warmed(["linmem GLA", "FLA GLA"]) == [("linmem GLA", None, None), ("FLA GLA", None, 8192)]
     assert warmed(["FLA 3-call RDN", "FLA GDN", "SDPA flash"]) == [("FLA GDN", None, 8192)]
     variant = {"scores": {"num_warps": 8}}
-    assert warmed(["linmem GDN"], [variant]) == [("linmem RLA", None, None), ("linmem RLA", variant, None),
-                                                  ("linmem RDN", None, None), ("linmem RDN", variant, None),
-                                                  ("linmem GDN", None, None)]
+    assert warmed(["linmem sGLA"], [variant]) == [("linmem RLA", None, None), ("linmem RLA", variant, None),
+                                                   ("linmem RDN", None, None), ("linmem RDN", variant, None),
+                                                   ("linmem sGLA", None, None),
+                                                   ("linmem GDN", None, None), ("linmem GDN", variant, None)]
 
 
 @pytest.mark.slow
@@ -470,45 +482,90 @@ def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     assert all(r["kernel_options"] == options for r in done)
 
 
-def test_sweep_variants_each_change_one_default():
+@pytest.mark.parametrize("K, V", [(128, 128), (256, 256), (128, 256), (64, 64)])
+def test_sweep_variants_each_change_one_default(K, V):
     """Every variant of the benchmark's sweep changes one kernel's launch options, to something other than the
-    current default (a variant equal to the default would time the default twice), with no unknown option."""
+    row of KERNEL_OPTIONS at the swept widths (a variant equal to it would time the default twice), with no unknown
+    option and no variant twice; with K or V over 128 the wide candidates join (value blocks of 32 and 64, 4 or 8
+    warps, one or two stages), the reverse pass without two stages at K = 256."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
-    variants = kernels.sweep_variants()
+    variants = kernels.sweep_variants(K, V)
+    row = function.kernel_options(K, V)
     assert variants
+    assert len({repr(v) for v in variants}) == len(variants)
     for variant in variants:
         ((name, options),) = variant.items()
-        assert options != function.KERNEL_OPTIONS[name], name
-        assert set(options) == set(function.KERNEL_OPTIONS[name]), name
+        assert options != row[name], name
+        assert set(options) == set(row[name]), name
+    forward = {(o["BV"], o["num_warps"], o["num_stages"]) for v in variants for n, o in v.items() if n == "forward"}
+    wide = {(bv, w, st) for bv in (32, 64) for w in (4, 8) for st in (1, 2)}
+    assert (wide <= forward) == (max(K, V) > 128)
+    reverse_stages = {o["num_stages"] for v in variants for n, o in v.items() if n == "backward_states"}
+    assert (2 in reverse_stages) == (K <= 128 and V > 128)
 
 
-def test_sweep_keeps_the_variant_best_for_both_rules(monkeypatch):
-    """The sweep keeps, per kernel, the variant with the smallest RDN + RLA time: a variant that speeds RDN up and
-    slows RLA down more loses to the default; the KERNEL_OPTIONS it leaves are the winners."""
+def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
+    """The sweep keeps, per kernel, the variant with the smallest RDN + RLA + GDN time, in the row of the swept
+    widths only: a variant that speeds RDN up and slows the others down more loses to the default; the row it
+    leaves holds the winners, the other rows are as they were."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
     monkeypatch.setattr(kernels, "HEADS", 1)
     monkeypatch.setattr(kernels, "HEAD_DIM", 16)
+    monkeypatch.setattr(kernels, "VALUE_DIM", 80)  # the row (64, 128)
     monkeypatch.setattr(function, "KERNEL_OPTIONS", {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()})
-    function.KERNEL_OPTIONS["output"]["BV"] = 128
-    function.KERNEL_OPTIONS["decay_grad"]["num_warps"] = 2
-    rdn_only = {"output": dict(function.KERNEL_OPTIONS["output"], BV=64)}
-    both = {"decay_grad": dict(function.KERNEL_OPTIONS["decay_grad"], num_warps=4)}
-    timings = {  # (output BV, decay_grad warps) -> (RDN, RLA) ms
-        (128, 2): (10.0, 8.0), (64, 2): (9.0, 9.5), (128, 4): (9.8, 7.9)}
+    row = function.KERNEL_OPTIONS[64, 128]
+    others = {k: dict(v) for k, v in function.KERNEL_OPTIONS.items() if k != (64, 128)}
+    row["output"] = dict(row["output"], BV=128)
+    row["decay_grad"] = dict(row["decay_grad"], num_warps=2)
+    rdn_only = {"output": dict(row["output"], BV=64)}
+    every = {"decay_grad": dict(row["decay_grad"], num_warps=4)}
+    timings = {  # (output BV, decay_grad warps) -> (RDN, RLA, GDN) ms
+        (128, 2): (10.0, 8.0, 5.0), (64, 2): (9.0, 8.5, 5.6), (128, 4): (9.8, 7.9, 4.9)}
 
     def fake_time(fn, x, backward):
-        opts = function.KERNEL_OPTIONS
-        rdn, rla = timings[(opts["output"]["BV"], opts["decay_grad"]["num_warps"])]
-        return rdn if fn is kernels.METHODS["linmem RDN"] else rla
+        times = timings[(row["output"]["BV"], row["decay_grad"]["num_warps"])]
+        return times[[kernels.METHODS[name] for name in kernels.SWEPT].index(fn)]
 
     monkeypatch.setattr(kernels, "time_method", fake_time)
-    chosen = kernels.tune([rdn_only, both], 1, 64)
+    chosen = kernels.tune([rdn_only, every], 1, 64)
     assert chosen["output"]["BV"] == 128 and chosen["decay_grad"]["num_warps"] == 4
-    assert function.KERNEL_OPTIONS["decay_grad"]["num_warps"] == 4 and function.KERNEL_OPTIONS["output"]["BV"] == 128
+    assert row["decay_grad"]["num_warps"] == 4 and row["output"]["BV"] == 128
+    assert {k: v for k, v in function.KERNEL_OPTIONS.items() if k != (64, 128)} == others
+
+
+def test_launch_table_by_width_class(monkeypatch):
+    """Each head width takes the row of the smallest class at least as wide, K and V apart; K = V = 128 keeps the
+    options tuned there; a row changed alone changes only the launches of its widths; the row a sweep prints is
+    Python that rebuilds the row."""
+    from linmem.bench import kernels
+    from linmem.ops.triton import function
+
+    assert [function.width_class(d) for d in (1, 32, 64, 65, 128, 129, 200, 256)] == [64, 64, 64, 128, 128, 256,
+                                                                                         256, 256]
+    with pytest.raises(ValueError, match="300"):
+        function.width_class(300)
+    classes = function.WIDTH_CLASSES
+    assert set(function.KERNEL_OPTIONS) == {(k, v) for k in classes for v in classes}
+    assert len({id(row) for row in function.KERNEL_OPTIONS.values()}) == len(classes) ** 2
+    assert function.kernel_options(128, 128) == function.TUNED_AT_128
+    assert function.kernel_options(100, 256) is function.KERNEL_OPTIONS[128, 256]
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(function.KERNEL_OPTIONS, (128, 256), function._row(output=dict(num_warps=8, num_stages=1,
+                                                                                        BV=32)))
+    assert function._options("output", key_dim=128, value_dim=256)[0]["BV"] == 32
+    assert function._options("output", key_dim=128, value_dim=200)[1] == {"num_warps": 8, "num_stages": 1}
+    assert function._options("output", key_dim=128, value_dim=128)[0]["BV"] == 128
+    assert function._options("output", key_dim=256, value_dim=128)[0]["BV"] == 128
+
+    text = kernels.table_row(128, 200, function.KERNEL_OPTIONS[128, 256], "a reason")
+    assert text.splitlines()[0] == "    (128, 256): _row(  # a reason"
+    assert eval("{" + text + "}", vars(function)) == {(128, 256): function.KERNEL_OPTIONS[128, 256]}
+    assert kernels.table_row(64, 64, function.kernel_options(64, 64), "why") == "    (64, 64): _row(),  # why"
 
 
 def test_chunk_fallback_under_autocast():
@@ -533,8 +590,8 @@ def test_key_gradient_launch_options(BK, split, shape, residual, rule, monkeypat
     padded key width; and SPLIT, dk and dq in two launches that each write their own gate partial sums."""
     from linmem.ops.triton import function
 
-    monkeypatch.setitem(function.KERNEL_OPTIONS, "backward_keys",
-                        dict(function.KERNEL_OPTIONS["backward_keys"], BK=BK, SPLIT=split))
+    row = function.kernel_options(shape[3], shape[4])
+    monkeypatch.setitem(row, "backward_keys", dict(row["backward_keys"], BK=BK, SPLIT=split))
     launches = _Counted(function.backward_keys_kernel)
     monkeypatch.setattr(function, "backward_keys_kernel", launches)
     blocks, _ = function._options("backward_keys", value_dim=shape[4], key_dim=shape[3], dtype=torch.float32)

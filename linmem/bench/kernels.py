@@ -10,14 +10,17 @@ One run does five things, so that one GPU session answers both "is it right" and
    final states and every gradient, with every kernel output buffer NaN-poisoned first; one task also runs RDN at
    614K tokens (per-chunk state tensors of more than 2^31 elements) and checks that the last sequence's results
    equal those of the same sequence run alone (64-bit addressing);
-2. optionally (``--sweep``) times alternative launch options of linmem's kernels on RDN and RLA and keeps, per
-   kernel, the one with the smallest sum;
+2. optionally (``--sweep``) times alternative launch options of linmem's kernels on RDN, RLA and GDN at the timed
+   widths (``--head-dim``, ``--value-dim``) and keeps, per kernel, the one with the smallest sum; it prints the
+   row of ``KERNEL_OPTIONS`` (linmem.ops.triton.function, one row per width class) to paste, e.g.
+   ``--sweep --heads 8 --head-dim 256`` for GDN-1.3B's heads or ``--head-dim 128 --value-dim 256`` for GLA-340M's;
 3. optionally (``--profile``) prints per-kernel times of one RDN and one RLA forward+backward;
 4. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
-   head dim 128, bf16: linmem RLA/RDN (and its own sGLA/GDN, ``residual=False``), FLA ``chunk_simple_gla``,
-   ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash attention, and RLA/RDN composed from three FLA
-   calls (queries shifted one step give ``S_{t−1}k_t`` and ``S_{t−1}q_t``; a third call runs the residual memory); on
-   request (``--methods``) FLA's sGLA and GDN at twice the value width, the state work of two memories;
+   head dim 128 (``--heads``, ``--head-dim``, ``--value-dim``), bf16: linmem RLA/RDN (and its own sGLA/GDN,
+   ``residual=False``), FLA ``chunk_simple_gla``, ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash
+   attention, and RLA/RDN composed from three FLA calls (queries shifted one step give ``S_{t−1}k_t`` and
+   ``S_{t−1}q_t``; a third call runs the residual memory); on request (``--methods``) FLA's sGLA and GDN at twice
+   the value width, the state work of two memories;
 5. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions
    and the ratios of the linmem / FLA pairs it timed (``RATIOS``), and ends its output with a short table of those
    ratios at every length (RDN / FLA GDN and RLA / FLA sGLA against the 1.5x goal).
@@ -57,6 +60,7 @@ from linmem.io.atomic import atomic_write
 
 DEFAULT_SHAPE = (16, 128)  # heads, head dim timed unless --heads / --head-dim say otherwise
 HEADS, HEAD_DIM = DEFAULT_SHAPE
+VALUE_DIM = HEAD_DIM  # the value width (--value-dim; the head dim unless it says otherwise)
 MIN_METHOD_SECONDS = 20.0  # a method timed when the budget is nearly spent still gets this long
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
 TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
@@ -135,7 +139,8 @@ def linmem_run(inputs, rule, residual, backend, dtype=None, cu_seqlens=None, gra
 
 def check_cases(quick: bool = False) -> list[dict]:
     """Every rule × residual × dtype at head dim 128, plus head dims 64 and 256, packed sequences, the ablation
-    switches and extreme decays; T is never a multiple of the chunk size (64)."""
+    switches and extreme decays, and RDN and GDN at the timed widths; T is never a multiple of the chunk size
+    (64)."""
     cases = []
     for dtype in ("float32", "bfloat16"):
         for rule in ("additive", "delta"):
@@ -167,8 +172,11 @@ def check_cases(quick: bool = False) -> list[dict]:
         # at both of its launches (per_key_decay.tiling)
         cases = cases[:8] + [cases[8], cases[9], cases[12], cases[14], cases[16], cases[18], cases[19], cases[20]]
     if DEVICE == "cpu":  # dry run in the interpreter: the same code paths at a few tiny shapes
-        cases = [dict(c, T=min(c["T"], 100), K=32, V=32, cu_seqlens=c.get("cu_seqlens") and [0, 30, 30, 100])
-                 for c in cases[::4]]
+        return [dict(c, T=min(c["T"], 100), K=32, V=32, cu_seqlens=c.get("cu_seqlens") and [0, 30, 30, 100])
+                for c in cases[::4]]
+    if (HEAD_DIM, VALUE_DIM) != (128, 128):  # the widths timed (and swept) here
+        cases += [dict(rule=rule, residual=residual, dtype="bfloat16", B=2, T=300, H=3, K=HEAD_DIM, V=VALUE_DIM)
+                  for rule, residual in (("delta", True), ("delta", False))]
     return cases
 
 
@@ -334,7 +342,7 @@ FLA_KERNELS_OF = {"FLA sGLA": ["FLA sGLA"], "FLA GDN": ["FLA GDN"], "FLA GLA": [
 def bench_inputs(B, T, seed=0, wide=False):
     """The timed inputs: q, k, v ``[B, T, H, d]`` in bf16 and the gates; ``wide`` adds ``v_wide [B, T, H, 2d]`` for
     the " 2V" methods."""
-    x = random_inputs(B, T, HEADS, HEAD_DIM, HEAD_DIM, torch.bfloat16, DEVICE, seed)
+    x = random_inputs(B, T, HEADS, HEAD_DIM, VALUE_DIM, torch.bfloat16, DEVICE, seed)
     x["g"] = x["g"] * 0.3  # log decay ≥ −0.09 per token
     x["beta_h"], x["gamma_h"] = x["beta"].bfloat16(), x["gamma"].bfloat16()
     x["g_key"] = -0.05 * torch.rand(B, T, HEADS, HEAD_DIM, device=DEVICE)
@@ -427,8 +435,9 @@ def offsets_check(batch: int = 5, length: int = 122880, heads: int = 16, dim: in
     from linmem.ops import linear_memory
     from linmem.ops.triton import function
 
+    row = function.kernel_options(dim, dim)
     for name in ("forward", "backward_states"):  # the same kernels for the batch and the sequence alone
-        function.KERNEL_OPTIONS[name] = dict(function.KERNEL_OPTIONS[name], BV=16)
+        row[name] = dict(row[name], BV=16)
     gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(4), "little"))
 
     def rand(*shape, dtype=torch.float32):
@@ -472,12 +481,13 @@ def _worker(numbered_task):
 def _run_task(kind, task):
     if os.environ.get("LINMEM_BENCH_SHAPE"):
         _set_shape(*(int(x) for x in os.environ["LINMEM_BENCH_SHAPE"].split(",")))
-    kernel_options = task.get("kernel_options")  # launch options to run with instead of the defaults
+    # launch options to run with instead of those of KERNEL_OPTIONS' row at the timed widths
+    kernel_options = task.get("kernel_options")
     payload = {key: value for key, value in task.items() if key != "kernel_options"}
     if kernel_options:
         from linmem.ops.triton import function
 
-        function.KERNEL_OPTIONS.update(kernel_options)
+        function.kernel_options(HEAD_DIM, VALUE_DIM).update(kernel_options)
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
 
@@ -489,7 +499,8 @@ def _run_task(kind, task):
             result = (run_check(payload) if kind == "check" else offsets_check(**payload) if kind == "offsets"
                       else finite_at_length(**payload))
             if kernel_options:
-                result["kernel_options"] = {name: function.KERNEL_OPTIONS[name] for name in kernel_options}
+                row = function.kernel_options(HEAD_DIM, VALUE_DIM)
+                result["kernel_options"] = {name: row[name] for name in kernel_options}
             return kind, result
         fn = METHODS[payload["method"]]
         # linmem's sequential passes pick their value block by the number of sequences (one long sequence and many
@@ -510,11 +521,11 @@ def _run_task(kind, task):
 
 def warm_tasks(methods: list[str], sweep_variants: list[dict]) -> list[tuple[str, dict]]:
     """The compile tasks that warm Triton's cache for ``methods`` before they are timed: linmem's Triton methods
-    (RDN's and RLA's under every sweep variant as well, when there is a sweep, which times them whatever is asked),
+    (``SWEPT``'s under every sweep variant as well, when there is a sweep, which times them whatever is asked),
     and each FLA kernel an FLA method runs, at B = 2, T = 8K, for its autotune's candidates (FLA's autotune keys do
     not hold the length; the results are not kept, the compiled candidates are)."""
     tasks = []
-    tuned = ["linmem RDN", "linmem RLA"] if sweep_variants else []
+    tuned = SWEPT if sweep_variants else ()
     for method in [m for m in METHODS if m.startswith("linmem ") and (m in methods or m in tuned)]:
         tasks.append(("compile", dict(method=method)))
         if method in tuned:
@@ -588,11 +599,17 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
 # ------------------------------------------------------------------------------------------------ launch options
 
 
-def sweep_variants() -> list[dict]:
-    """One kernel's launch options changed at a time from the defaults in linmem.ops.triton.function (the offline
-    sm_90 compiles say which of them spill: ``--profile``). Every variant computes the same
-    thing to within the checked tolerances: the inverse's PRECISION variants are at least as exact as the default
-    (tf32 for 16-bit inputs)."""
+# the methods a sweep times, each forward+backward: a kernel keeps the variant with the smallest sum of their times
+SWEPT = ("linmem RDN", "linmem RLA", "linmem GDN")
+
+
+def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
+    """One kernel's launch options changed at a time from their row of ``KERNEL_OPTIONS`` in
+    linmem.ops.triton.function at these widths (the offline sm_90 compiles say which of them spill: ``--profile``);
+    with K or V over 128, the wide candidates as well (``wide_variants``). Every variant computes the same thing to
+    within the checked tolerances: the inverse's PRECISION variants are at least as exact as the default (tf32 for
+    16-bit inputs)."""
+    from linmem.ops.triton import function
 
     sequential = [dict(num_warps=4, num_stages=1, BV=16),
                   dict(num_warps=4, num_stages=1, BV=32),
@@ -603,58 +620,106 @@ def sweep_variants() -> list[dict]:
     # the reverse passes: the same, and (where BV=None picks 64: N·H·V/64 programs fill half the GPU) 32, or 64 at
     # 8 warps
     reverse = sequential + [dict(num_warps=None, num_stages=None, BV=32), dict(num_warps=8, num_stages=None, BV=64)]
-    return ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
-            + [{"inverse": o} for o in inverse]
-            + [{"scores": dict(num_warps=2, num_stages=1)}]
-            + [{"output": dict(num_warps=4, num_stages=1, BV=64)}, {"output": dict(num_warps=4, num_stages=1, BV=128)},
-               {"output": dict(num_warps=8, num_stages=1, BV=128)}]
-            + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)},
-               {"backward_scores": dict(num_warps=4, num_stages=None, BV=64)},
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=32)},
-               {"backward_scores": dict(num_warps=8, num_stages=None, BV=128)}]
-            # dk and dq in one launch (five [64, BK] accumulators; offline, bf16 K = 128 RDN spills 392 bytes per
-            # thread, against 16 and 0 in two launches)
-            + [{"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=False)},
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=False)},
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=True)},
-               {"backward_keys": dict(num_warps=4, num_stages=None, BV=32, BK=None, SPLIT=True)},
-               # every key in one program: the token tiles read once per chunk, not once per 64 keys
-               {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128, SPLIT=True)}]
-            + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
+    variants = ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
+                + [{"inverse": o} for o in inverse]
+                + [{"scores": dict(num_warps=2, num_stages=1)}]
+                + [{"output": dict(num_warps=4, num_stages=1, BV=64)},
+                   {"output": dict(num_warps=4, num_stages=1, BV=128)},
+                   {"output": dict(num_warps=8, num_stages=1, BV=128)}]
+                + [{"backward_scores": dict(num_warps=8, num_stages=1, BV=64)},
+                   {"backward_scores": dict(num_warps=4, num_stages=None, BV=64)},
+                   {"backward_scores": dict(num_warps=8, num_stages=None, BV=32)},
+                   {"backward_scores": dict(num_warps=8, num_stages=None, BV=128)}]
+                # dk and dq in one launch (five [64, BK] accumulators; offline, bf16 K = 128 RDN spills 392 bytes per
+                # thread, against 16 and 0 in two launches)
+                + [{"backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=False)},
+                   {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=False)},
+                   {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=None, SPLIT=True)},
+                   {"backward_keys": dict(num_warps=4, num_stages=None, BV=32, BK=None, SPLIT=True)},
+                   # every key in one program: the token tiles read once per chunk, not once per 64 keys
+                   {"backward_keys": dict(num_warps=8, num_stages=None, BV=64, BK=128, SPLIT=True)}]
+                + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
+    if max(key_dim, value_dim) > 128:
+        variants += wide_variants(key_dim)
+    row = function.kernel_options(key_dim, value_dim)
+    kept, seen = [], set()
+    for variant in variants:  # neither the row's own options nor one variant twice
+        ((name, options),) = variant.items()
+        key = (name, repr(sorted(options.items())))
+        if options != row[name] and key not in seen:
+            seen.add(key)
+            kept.append(variant)
+    return kept
+
+
+def wide_variants(key_dim: int) -> list[dict]:
+    """Candidates for heads with K or V over 128, whose row started from the K = 128 sweep (value blocks of 16 in
+    the sequential passes and one stage at K > 128, ``function._sequential_block`` and ``_pipeline_stages``): value
+    blocks of 32 and 64, 4 or 8 warps, one or two stages, for the sequential passes, the read-out and the backward
+    kernels. The reverse pass at K > 128 gets one stage only: two asked for 237–277 KiB of shared memory at K = 256
+    with BV = 16 on an H200 (the limit is 227 KiB), more with wider blocks; a variant that does not compile is
+    reported and not chosen."""
+    grid = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)]
+    reverse_stages = (1,) if key_dim > 128 else (1, 2)
+    return ([{"forward": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
+            + [{"backward_states": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid
+               if st in reverse_stages]
+            + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
+            + [{"backward_scores": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
+            + [{"backward_keys": dict(num_warps=w, num_stages=st, BV=bv, BK=None, SPLIT=True)}
+               for bv, w, st in grid])
 
 
 def tune(variants, B, T) -> dict:
-    """Time RDN and RLA forward+backward with each variant; keep, per kernel, the variant (default included) with the
-    smallest sum of the two (the kernels are specialised per rule, and a change can help one rule and cost the
-    other)."""
+    """Time ``SWEPT`` forward+backward with each variant at the timed widths; keep, per kernel, the variant (default
+    included) with the smallest sum (the kernels are specialised per rule, and a change can help one rule and cost
+    another). Changes, and returns, the row of ``KERNEL_OPTIONS`` at these widths."""
     from linmem.ops.triton import function
 
-    default = {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()}
+    row = function.kernel_options(HEAD_DIM, VALUE_DIM)
+    default = dict(row)
     x = bench_inputs(B, T)
 
-    def both() -> tuple[float, str]:
-        times = [time_method(METHODS[name], x, True) for name in ("linmem RDN", "linmem RLA")]
-        return sum(times), f"RDN {times[0]:.2f} + RLA {times[1]:.2f} = {sum(times):.2f} ms"
+    def total() -> tuple[float, str]:
+        times = [time_method(METHODS[name], x, True) for name in SWEPT]
+        return sum(times), " + ".join(f"{name.removeprefix('linmem ')} {ms:.2f}" for name, ms in zip(SWEPT, times))
 
-    base_ms, shown = both()
-    print(f"sweep: default fwd+bwd {shown} at B={B} T={T}", flush=True)
+    base_ms, shown = total()
+    print(f"sweep: default fwd+bwd {shown} = {base_ms:.2f} ms at B={B} T={T}", flush=True)
     best = {name: (base_ms, opts) for name, opts in default.items()}
     for variant in variants:
-        function.KERNEL_OPTIONS.update(variant)
+        row.update(variant)
         try:
-            ms, shown = both()
+            ms, shown = total()
         except Exception as exc:  # noqa: BLE001 (a variant that does not run is not chosen)
             ms, shown = math.inf, "failed"
             print(f"sweep: {variant}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         (name, opts), = variant.items()
-        print(f"sweep: {name} {opts}: {shown}", flush=True)
+        print(f"sweep: {name} {opts}: {shown} = {ms:.2f} ms", flush=True)
         if ms < best[name][0]:
             best[name] = (ms, opts)
-        function.KERNEL_OPTIONS.clear()
-        function.KERNEL_OPTIONS.update({k: dict(v) for k, v in default.items()})
+        row.clear()
+        row.update(default)
     chosen = {name: opts for name, (_, opts) in best.items()}
-    function.KERNEL_OPTIONS.update(chosen)
+    row.update(chosen)
     return chosen
+
+
+def table_row(key_dim: int, value_dim: int, row: dict, reason: str) -> str:
+    """``row`` as the lines of ``KERNEL_OPTIONS`` (linmem.ops.triton.function) to paste: its changes to
+    ``TUNED_AT_128``, with ``reason`` as the comment."""
+    from linmem.ops.triton import function
+
+    def literal(value):
+        if isinstance(value, dict):
+            return "dict(" + ", ".join(f"{key}={literal(v)}" for key, v in value.items()) + ")"
+        return f'"{value}"' if isinstance(value, str) else repr(value)
+
+    cls = (function.width_class(key_dim), function.width_class(value_dim))
+    changes = [f"        {name}={literal(opts)}," for name, opts in row.items() if opts != function.TUNED_AT_128[name]]
+    if not changes:
+        return f"    {cls}: _row(),  # {reason}"
+    return "\n".join([f"    {cls}: _row(  # {reason}", *changes, "    ),"])
 
 
 def profile_kernels(B, T, method: str = "linmem RDN") -> list[tuple[str, float]]:
@@ -694,10 +759,10 @@ def markdown(report: dict) -> str:
     names = _timed(report)
     ratios = [pair for pair in RATIOS if pair[1] in names and pair[2] in names]
     lengths = sorted({r["T"] for r in results})
-    heads, head_dim = _shape(report)
+    heads, widths = _shape(report)
     lines = [f"# Kernel benchmark: {report['env']['gpu']}", "",
              f"torch {report['env']['torch']}, triton {report['env']['triton']}, FLA {report['env']['fla']}, "
-             f"CUDA {report['env']['cuda']}. bf16, H = {heads}, head dim {head_dim}, {report['tokens']} tokens per "
+             f"CUDA {report['env']['cuda']}. bf16, H = {heads}, {widths}, {report['tokens']} tokens per "
              "batch (B = tokens / T), `triton.testing.do_bench` medians in ms; A / B: the two methods' times, "
              "measured side by side in this run. Command: `python -m linmem.bench.kernels`.", ""]
     for mode in ("fwd+bwd", "fwd"):
@@ -765,8 +830,8 @@ def summary(report: dict) -> str:
         verdicts.append(f"{len(unfinished)} correctness/compile tasks not finished")
     names = _timed(report)
     pairs = [pair for pair in RATIOS + THREE_CALL_RATIOS if pair[1] in names and pair[2] in names]
-    heads, head_dim = _shape(report)
-    lines = ["", f"Summary: forward+backward, bf16, H = {heads}, d = {head_dim}, {report['tokens']} tokens per batch"
+    heads, widths = _shape(report)
+    lines = ["", f"Summary: forward+backward, bf16, H = {heads}, {widths}, {report['tokens']} tokens per batch"
              f" (goal for RDN / GDN and RLA / sGLA: <= {GOAL}); " + ", ".join(verdicts)]
     if pairs:  # each cell "A ms / B ms = A / B"
         lines += ["| T | " + " | ".join(label for label, _, _ in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
@@ -785,10 +850,13 @@ def _timed(report: dict) -> list[str]:
     return [name for name in METHODS if any(r["method"] == name for r in report["results"])]
 
 
-def _shape(report: dict) -> tuple[int, int]:
-    """``(heads, head_dim)`` the report's timings used (reports written before they were recorded: the defaults,
-    which those runs used)."""
-    return report.get("heads", DEFAULT_SHAPE[0]), report.get("head_dim", DEFAULT_SHAPE[1])
+def _shape(report: dict) -> tuple[int, str]:
+    """The heads and the head widths the report's timings used ("head dim 128", or "head dim 128, value dim 256"
+    where they differ; reports written before they were recorded: the defaults, which those runs used)."""
+    head_dim = report.get("head_dim", DEFAULT_SHAPE[1])
+    value_dim = report.get("value_dim", head_dim)
+    widths = f"head dim {head_dim}" + (f", value dim {value_dim}" if value_dim != head_dim else "")
+    return report.get("heads", DEFAULT_SHAPE[0]), widths
 
 
 def _ms(ms, name):
@@ -807,8 +875,8 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    heads, head_dim = _shape(report)
-    title = f"{report['env']['gpu']}: bf16, H={heads}, d={head_dim}, {report['tokens']} tokens per batch"
+    heads, widths = _shape(report)
+    title = f"{report['env']['gpu']}: bf16, H={heads}, {widths}, {report['tokens']} tokens per batch"
     lengths = sorted({r["T"] for r in report["results"]})
     if len(lengths) == 1:  # one length: bars from zero, not points on log axes
         _plot_one_length(report, path, title.replace(": ", "\n", 1) + f", T = {lengths[0]}")
@@ -865,10 +933,10 @@ def _plot_one_length(report: dict, path: Path, title: str) -> None:
 # ------------------------------------------------------------------------------------------------ main
 
 
-def _set_shape(heads: int, head_dim: int) -> None:
-    global HEADS, HEAD_DIM
-    HEADS, HEAD_DIM = heads, head_dim
-    os.environ["LINMEM_BENCH_SHAPE"] = f"{heads},{head_dim}"  # for the worker processes
+def _set_shape(heads: int, head_dim: int, value_dim: int | None = None) -> None:
+    global HEADS, HEAD_DIM, VALUE_DIM
+    HEADS, HEAD_DIM, VALUE_DIM = heads, head_dim, head_dim if value_dim is None else value_dim
+    os.environ["LINMEM_BENCH_SHAPE"] = f"{HEADS},{HEAD_DIM},{VALUE_DIM}"  # for the worker processes
 
 
 def _write(report: dict, out: Path, with_plot: bool) -> None:
@@ -909,7 +977,8 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true", help="per-kernel times of RDN and RLA fwd+bwd")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
     parser.add_argument("--heads", type=int, default=HEADS)
-    parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help="the key width (and the value width)")
+    parser.add_argument("--value-dim", type=int, default=None, help="the value width, if not the head dim")
     parser.add_argument("--render", action="store_true",
                         help="write kernels.md and kernels.png again from the kernels.json in --out; times nothing")
     args = parser.parse_args(argv)
@@ -925,7 +994,7 @@ def main(argv=None) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "linmem.bench.kernels",
                                   *(sys.argv[1:] if argv is None else argv)])
-    _set_shape(args.heads, args.head_dim)
+    _set_shape(args.heads, args.head_dim, args.value_dim)
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
@@ -936,7 +1005,7 @@ def main(argv=None) -> None:
     start = time.time()
     left = lambda: args.budget - (time.time() - start)  # noqa: E731
     lengths = [int(t) for t in args.lengths.split(",")]
-    variants = sweep_variants() if args.sweep else []
+    variants = sweep_variants(HEAD_DIM, VALUE_DIM) if args.sweep else []
     correctness, failures = warm_and_check(variants, args.workers, args.skip_check, args.quick_check, lengths,
                                            args.tokens, deadline=start + 0.6 * args.budget,
                                            methods=args.methods.split(","))
@@ -944,14 +1013,20 @@ def main(argv=None) -> None:
     print(f"compile + checks: {time.time() - start:.0f} s; {sum(c['passed'] for c in checks)} of {len(checks)} "
           "checks passed", flush=True)
 
-    report = dict(env=run_environment(), tokens=args.tokens, heads=args.heads, head_dim=args.head_dim, checks=checks,
+    report = dict(env=run_environment(), tokens=args.tokens, heads=HEADS, head_dim=HEAD_DIM,
+                  value_dim=VALUE_DIM, checks=checks,
                   offsets=correctness["offsets"], finite=correctness["finite"], results=[],
                   skipped=list(correctness["unfinished"]), compile_failures=[f["task"] for f in failures])
     from linmem.ops.triton import function
 
     if args.sweep and left() > 0.3 * args.budget:
-        defaults = {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()}
-        report["kernel_options"] = tune(variants, max(1, args.tokens // 32768), min(32768, args.tokens))
+        defaults = dict(function.kernel_options(HEAD_DIM, VALUE_DIM))
+        B, T = max(1, args.tokens // 32768), min(32768, args.tokens)
+        report["kernel_options"] = tune(variants, B, T)
+        reason = (f"{report['env']['gpu']} sweep (triton {report['env']['triton']}), "
+                  f"{'+'.join(name.removeprefix('linmem ') for name in SWEPT)} fwd+bwd, B={B}, T={T}, H={HEADS}")
+        print("the row of linmem.ops.triton.function.KERNEL_OPTIONS to paste:\n"
+              + table_row(HEAD_DIM, VALUE_DIM, report["kernel_options"], reason), flush=True)
         changed = {k: v for k, v in report["kernel_options"].items() if v != defaults[k]}
         if changed and not args.skip_check:  # the options about to be timed, against float64 like the defaults
             print(f"re-checking with the sweep's winners: {changed}", flush=True)
@@ -961,7 +1036,7 @@ def main(argv=None) -> None:
     else:
         if args.sweep:
             print(f"sweep skipped: {left():.0f} s of the budget left", flush=True)
-        report["kernel_options"] = function.KERNEL_OPTIONS
+        report["kernel_options"] = function.kernel_options(HEAD_DIM, VALUE_DIM)
     if args.profile and DEVICE == "cuda":
         for T in (8192, args.tokens):
             for method in ("linmem RDN", "linmem RLA"):

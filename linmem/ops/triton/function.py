@@ -55,10 +55,10 @@ from linmem.ops.triton.scores import chunk_scores
 # inputs. PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for
 # float32 ones (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles
 # load during this one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys'
-# dk and dq in two launches of one kernel (fewer live accumulators, no register spills). The values are the fastest
-# of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K (docs/benchmarks/kernels.md); each was checked against
-# float64 on the GPU.
-KERNEL_OPTIONS = {
+# dk and dq in two launches of one kernel (fewer live accumulators, no register spills). These are the fastest of
+# ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128 (docs/benchmarks/kernels.md); each was
+# checked against float64 on the GPU.
+TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
     "forward": dict(num_warps=None, num_stages=None, BV=None),
@@ -68,12 +68,48 @@ KERNEL_OPTIONS = {
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
 }
-# float32 inputs (a test path, not a speed target) take narrower tiles and more warps: the options above spill
-# registers with float32 tiles (offline sm_90 compiles: the inverse at 2 warps, output at BV 128, backward_keys and
-# backward_scores at BV 64).
+WIDTH_CLASSES = (64, 128, 256)  # a head width takes the row of the smallest class at least as wide
+
+
+def _row(**changes) -> dict:
+    """A row of ``KERNEL_OPTIONS``: ``TUNED_AT_128`` with some kernels' options replaced (a new dict per row, so that
+    changing one row leaves the others as they are)."""
+    return {**TUNED_AT_128, **changes}
+
+
+# The launch options by width class (K, V), each width rounded up to 64, 128 or 256: one row each, with the sweep
+# (and GPU) that chose it. ``python -m linmem.bench.kernels --sweep --heads 8 --head-dim K [--value-dim V]`` times
+# the candidates at one width and prints its row to paste here.
+KERNEL_OPTIONS = {
+    (64, 64): _row(),  # from K=128, not swept
+    (64, 128): _row(),  # from K=128, not swept
+    (64, 256): _row(),  # from K=128, not swept
+    (128, 64): _row(),  # from K=128, not swept
+    (128, 128): _row(),  # H200 sweep, RDN fwd+bwd, B=4, T=32K, H=16 (TUNED_AT_128)
+    (128, 256): _row(),  # from K=128, not swept
+    (256, 64): _row(),  # from K=128, not swept
+    (256, 128): _row(),  # from K=128, not swept
+    (256, 256): _row(),  # from K=128, not swept
+}
+# float32 inputs (a test path, not a speed target) take narrower tiles and more warps at every width: the options
+# above spill registers with float32 tiles (offline sm_90 compiles: the inverse at 2 warps, output at BV 128,
+# backward_keys and backward_scores at BV 64).
 FLOAT32_OPTIONS = {"inverse": dict(num_warps=4), "output": dict(BV=64),
                    "backward_scores": dict(BV=32), "backward_keys": dict(BV=32)}
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
+
+
+def width_class(dim: int) -> int:
+    """The ``KERNEL_OPTIONS`` class of a head width: the smallest of ``WIDTH_CLASSES`` at least ``dim``."""
+    for width in WIDTH_CLASSES:
+        if dim <= width:
+            return width
+    raise ValueError(f"a head width of {dim} is over the widest launch class, {WIDTH_CLASSES[-1]}")
+
+
+def kernel_options(key_dim: int, value_dim: int) -> dict:
+    """The ``KERNEL_OPTIONS`` row (kernel name → launch options) of heads ``key_dim`` × ``value_dim`` wide."""
+    return KERNEL_OPTIONS[width_class(key_dim), width_class(value_dim)]
 
 
 @functools.cache
@@ -108,10 +144,11 @@ def _pipeline_stages(key_dim: int, dtype: torch.dtype | None) -> int:
     return 2 if dtype in (torch.bfloat16, torch.float16) and key_dim <= 128 else 1
 
 
-def _options(name: str, *, value_dim: int = 0, key_dim: int = 0, dtype: torch.dtype | None = None,
+def _options(name: str, *, key_dim: int, value_dim: int, dtype: torch.dtype | None = None,
              sequences: int = 0) -> tuple[dict, dict]:
-    """(block sizes, launch options) of one kernel for these widths (``sequences``: N·H of a sequential pass)."""
-    opts = dict(KERNEL_OPTIONS[name])
+    """(block sizes, launch options) of one kernel for heads of these widths, from their row of ``KERNEL_OPTIONS``
+    (``sequences``: N·H of a sequential pass)."""
+    opts = dict(kernel_options(key_dim, value_dim)[name])
     if dtype == torch.float32:
         opts.update(FLOAT32_OPTIONS.get(name, {}))
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
@@ -161,12 +198,13 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
     value_dim = v.shape[-1]
     dev = k.device
     bk, nk = key_tiling(key_dim)
+    widths = dict(key_dim=key_dim, value_dim=value_dim)
     b, key_scores, base_scores, res_scores = chunk_scores(q, k, g, layout, delta=flags.delta,
                                                           residual=flags.residual, output_gates=flags.gates,
-                                                          launch=_options("scores")[1])
+                                                          launch=_options("scores", **widths)[1])
     inv_beta = inv_gamma = None
     if flags.delta:
-        inverse_opts, inverse_launch = _options("inverse", dtype=k.dtype)
+        inverse_opts, inverse_launch = _options("inverse", **widths, dtype=k.dtype)
         inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
                                             inverse_launch, inverse_opts["PRECISION"])
 
@@ -301,7 +339,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     decay_grad_kernel[(layout.num_chunks, heads)](
         db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, dg, dbeta, _or(dgamma, dummy), part_stride,
         layout.cu_seqlens, layout.chunk_indices, layout.num_chunks,
-        H=heads, C=CHUNK, PARTS=n_parts, END_PARTS=keys_nk, RESIDUAL=flags.residual, **_options("decay_grad")[1],
+        H=heads, C=CHUNK, PARTS=n_parts, END_PARTS=keys_nk, RESIDUAL=flags.residual,
+        **_options("decay_grad", key_dim=key_dim, value_dim=value_dim)[1],
     )
     return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
 

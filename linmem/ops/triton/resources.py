@@ -6,8 +6,8 @@ registers, spilled stack and shared memory per kernel.
 
 The launches are recorded by running the backend's own host code (``function._forward``/``_backward``) on CPU
 tensors with every kernel replaced by a recorder, so the compiled signatures, block sizes and launch options are
-exactly those of a GPU run (``KERNEL_OPTIONS``). Pointer arguments and integers divisible by 16 get Triton's
-16-divisibility hint, as its launcher gives them. Must run without ``TRITON_INTERPRET``.
+exactly those of a GPU run (``KERNEL_OPTIONS``, the row of each width). Pointer arguments and integers divisible
+by 16 get Triton's 16-divisibility hint, as its launcher gives them. Must run without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
@@ -164,15 +164,16 @@ def _compile_one(args):
 def _override(overrides: dict | None) -> None:
     from linmem.ops.triton import function
 
-    for name, opts in (overrides or {}).items():
-        function.KERNEL_OPTIONS[name] = dict(function.KERNEL_OPTIONS[name], **opts)
+    for name, opts in (overrides or {}).items():  # at every width
+        for row in function.KERNEL_OPTIONS.values():
+            row[name] = dict(row[name], **opts)
 
 
 def resource_table(memories, dtypes, widths, workers: int = 1, arch: int = 90, overrides: dict | None = None,
                    kernels: list[str] | None = None) -> list[dict]:
     """Compile every distinct kernel launch of these configurations (in ``workers`` processes) and return a row per
     configuration and launch (launches that compile to the same kernel share one compile); ``overrides`` changes
-    ``KERNEL_OPTIONS`` entries, ``kernels`` keeps only these kernels (names without ``_kernel``)."""
+    ``KERNEL_OPTIONS`` entries (in every row), ``kernels`` keeps only these kernels (names without ``_kernel``)."""
     _override(overrides)
     jobs, keys, found = [], {}, []
     for memory in memories:
