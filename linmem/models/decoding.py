@@ -242,7 +242,7 @@ class StaticDecoder:
         check_prompt(input_ids, max_new_tokens, attention_mask, self.batch_size, self.device)
         if self.captured and hooks_attached(self.model):
             raise ValueError("the model has forward hooks, which a captured step does not run: remove them")
-        with torch.no_grad():
+        with torch.no_grad(), self._on_device():
             prefill = LinMemCache.from_config(self.model.config)
             logits = self.model(input_ids, attention_mask=attention_mask, cache=prefill, use_cache=True,
                                 logits_to_keep=1).logits[:, -1]
@@ -265,6 +265,10 @@ class StaticDecoder:
             self.steps_run = made - 1
             tokens = tokens[:, :self._length_until_all_ended(tokens[:, :made])]
         return torch.cat([input_ids, tokens], dim=1)
+
+    def _on_device(self):
+        """Make the model's GPU the current one (graphs capture and replay on the current device's stream)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _length_until_all_ended(self, tokens: torch.Tensor) -> int:
         """How many of the new ``tokens [B, n]`` to keep: up to the step where the last row ended, else all."""
@@ -303,7 +307,7 @@ class StaticDecoder:
         warmup_generator = torch.Generator(self.device).manual_seed(0) if self.sampling.do_sample else None
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.no_grad(), casting:
+        with torch.no_grad(), casting, self._on_device():
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_STEPS):
                     self._step(warmup_generator)
