@@ -130,6 +130,61 @@ def _resolved(name, dtype, width=128, sequences=256):
     return function._options(name, value_dim=width, key_dim=width, dtype=dtype, sequences=sequences)
 
 
+def _autograd_node(t, name):
+    """The node of the graph behind ``t`` whose class is ``name`` (a custom Function's node is its ctx)."""
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == name:
+            return node
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    raise AssertionError(f"no {name} behind the tensor")
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_recomputed_states_are_bit_identical(rule, residual, monkeypatch):
+    """recompute_states: the forward keeps none of its state passes' results (per-chunk states, writes, error),
+    the backward runs those passes again (one more launch per memory), and the output, final states and every
+    gradient are bit for bit those of the run that keeps them."""
+    from linmem.ops.triton import function
+
+    inputs = make_inputs(2, 70, 2, 32, 16, seed=19)
+    launches = _Counted(function.state_pass_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", launches)
+    kept = run("triton", inputs, torch.float32, residual, rule=rule)
+    passes = len(launches.grids)
+    assert passes == (2 if residual else 1)
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "recompute_states", True)
+    recomputed = run("triton", inputs, torch.float32, residual, rule=rule)
+    assert len(launches.grids) == 3 * passes  # the forward's passes, then again in the backward
+    assert torch.equal(recomputed[0], kept[0])
+    for got, want in zip(recomputed[1], kept[1], strict=True):
+        assert torch.equal(got, want)
+    assert recomputed[2].keys() == kept[2].keys()
+    for name, want in kept[2].items():
+        assert torch.equal(recomputed[2][name], want), name
+
+    leaves = {n: t.float().requires_grad_(True) for n, t in inputs.items()}
+    o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                         leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
+    saved = _autograd_node(o, "LinearMemoryFunctionBackward").saved
+    assert all(saved[name] is None for name in function.RECOMPUTED)
+    monkeypatch.undo()
+    o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                         leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
+    saved = _autograd_node(o, "LinearMemoryFunctionBackward").saved
+    flags = function._Flags(function.MemoryConfig(rule=rule, residual=residual), torch.float32)
+    shapes = function.state_pass_outputs(140, 4, 2, 2, 32, 16, flags, "meta")
+    assert function.recomputed_bytes(saved) == function.recomputed_bytes(shapes) > 0
+    assert function.recomputed_bytes(shapes) == 4 * (4 * 2 * 32 * 16 * (1 + residual)
+                                                     + 140 * 2 * 16 * ((rule == "delta") + 2 * residual))
+
+
 def test_sequential_pass_launch_options(monkeypatch):
     """The sequential passes' options where they say None: 4 warps (8 for float32 inputs), two stages, and the
     widest value block that keeps the multiprocessors busy."""
@@ -487,7 +542,8 @@ def test_sweep_variants_each_change_one_default(K, V):
     """Every variant of the benchmark's sweep changes one kernel's launch options, to something other than the
     row of KERNEL_OPTIONS at the swept widths (a variant equal to it would time the default twice), with no unknown
     option and no variant twice; with K or V over 128 the wide candidates join (value blocks of 32 and 64, 4 or 8
-    warps, one or two stages), the reverse pass without two stages at K = 256."""
+    warps, one or two stages), the reverse pass without two stages at K = 256; recompute_states is timed the other
+    way too."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -495,10 +551,12 @@ def test_sweep_variants_each_change_one_default(K, V):
     row = function.kernel_options(K, V)
     assert variants
     assert len({repr(v) for v in variants}) == len(variants)
+    assert {"recompute_states": not row["recompute_states"]} in variants  # the other way, timed
     for variant in variants:
         ((name, options),) = variant.items()
         assert options != row[name], name
-        assert set(options) == set(row[name]), name
+        if name != "recompute_states":
+            assert set(options) == set(row[name]), name
     forward = {(o["BV"], o["num_warps"], o["num_stages"]) for v in variants for n, o in v.items() if n == "forward"}
     wide = {(bv, w, st) for bv in (32, 64) for w in (4, 8) for st in (1, 2)}
     assert (wide <= forward) == (max(K, V) > 128)
@@ -509,7 +567,7 @@ def test_sweep_variants_each_change_one_default(K, V):
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     """The sweep keeps, per kernel, the variant with the smallest RDN + RLA + GDN time, in the row of the swept
     widths only: a variant that speeds RDN up and slows the others down more loses to the default; the row it
-    leaves holds the winners, the other rows are as they were."""
+    leaves holds the winners, the other rows are as they were; recompute_states is timed but not chosen."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -528,11 +586,13 @@ def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
 
     def fake_time(fn, x, backward):
         times = timings[(row["output"]["BV"], row["decay_grad"]["num_warps"])]
-        return times[[kernels.METHODS[name] for name in kernels.SWEPT].index(fn)]
+        faster = 0.5 if row["recompute_states"] else 1.0
+        return faster * times[[kernels.METHODS[name] for name in kernels.SWEPT].index(fn)]
 
     monkeypatch.setattr(kernels, "time_method", fake_time)
-    chosen = kernels.tune([rdn_only, every], 1, 64)
+    chosen = kernels.tune([rdn_only, every, {"recompute_states": True}], 1, 64)
     assert chosen["output"]["BV"] == 128 and chosen["decay_grad"]["num_warps"] == 4
+    assert chosen["recompute_states"] is False  # timed (here the fastest), never chosen by time
     assert row["decay_grad"]["num_warps"] == 4 and row["output"]["BV"] == 128
     assert {k: v for k, v in function.KERNEL_OPTIONS.items() if k != (64, 128)} == others
 

@@ -642,10 +642,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     if max(key_dim, value_dim) > 128:
         variants += wide_variants(key_dim)
     row = function.kernel_options(key_dim, value_dim)
+    variants.append({"recompute_states": not row["recompute_states"]})  # timed and reported, never chosen (tune)
     kept, seen = [], set()
     for variant in variants:  # neither the row's own options nor one variant twice
         ((name, options),) = variant.items()
-        key = (name, repr(sorted(options.items())))
+        key = (name, repr(sorted(options.items())) if isinstance(options, dict) else repr(options))
         if options != row[name] and key not in seen:
             seen.add(key)
             kept.append(variant)
@@ -673,12 +674,16 @@ def wide_variants(key_dim: int) -> list[dict]:
 def tune(variants, B, T) -> dict:
     """Time ``SWEPT`` forward+backward with each variant at the timed widths; keep, per kernel, the variant (default
     included) with the smallest sum (the kernels are specialised per rule, and a change can help one rule and cost
-    another). Changes, and returns, the row of ``KERNEL_OPTIONS`` at these widths."""
+    another). ``recompute_states`` is timed and its saving printed, but the row's own value is kept: it trades time
+    for memory, a choice the times alone do not make. Changes, and returns, the row of ``KERNEL_OPTIONS`` at these
+    widths."""
     from linmem.ops.triton import function
 
     row = function.kernel_options(HEAD_DIM, VALUE_DIM)
     default = dict(row)
     x = bench_inputs(B, T)
+    print(f"sweep: recompute_states leaves {saved_states_text(B, T)} for the backward (the forward's state "
+          "passes, run again there)", flush=True)
 
     def total() -> tuple[float, str]:
         times = [time_method(METHODS[name], x, True) for name in SWEPT]
@@ -695,14 +700,64 @@ def tune(variants, B, T) -> dict:
             ms, shown = math.inf, "failed"
             print(f"sweep: {variant}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         (name, opts), = variant.items()
-        print(f"sweep: {name} {opts}: {shown} = {ms:.2f} ms", flush=True)
-        if ms < best[name][0]:
+        print(f"sweep: {name} {opts}: {shown} = {ms:.2f} ms ({ms / base_ms - 1:+.1%} against the default)",
+              flush=True)
+        if name == "recompute_states" and DEVICE == "cuda":
+            print(f"sweep: peak memory of one fwd+bwd with recompute_states {opts}: {peak_memory_text(x)}; "
+                  f"{not opts}: {peak_memory_text(x, dict(default, recompute_states=not opts))}", flush=True)
+        if ms < best[name][0] and name != "recompute_states":
             best[name] = (ms, opts)
         row.clear()
         row.update(default)
     chosen = {name: opts for name, (_, opts) in best.items()}
     row.update(chosen)
     return chosen
+
+
+def peak_memory_text(x: dict, row: dict | None = None) -> str:
+    """The CUDA memory each of ``SWEPT`` allocates at its peak over one forward+backward on ``x`` (above what was
+    allocated before), with ``row`` as the launch options of the timed widths if given."""
+    from linmem.ops.triton import function
+
+    current = function.kernel_options(HEAD_DIM, VALUE_DIM)
+    saved = dict(current)
+    current.update(row or {})
+    parts = []
+    try:
+        for name in SWEPT:
+            leaves = grad_leaves(x)
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            o = METHODS[name](leaves)
+            o.backward(torch.ones_like(o))
+            torch.cuda.synchronize()
+            parts.append(f"{name.removeprefix('linmem ')} {(torch.cuda.max_memory_allocated() - before) / 2**20:.0f} "
+                         "MiB")
+            del leaves, o
+    finally:
+        current.clear()
+        current.update(saved)
+    return ", ".join(parts)
+
+
+def saved_states_text(B: int, T: int) -> str:
+    """What ``recompute_states`` does not keep between the forward and the backward of each swept memory at
+    ``B × T`` tokens and the timed heads (``function.recomputed_bytes`` of a forward on meta tensors: the shapes
+    without the work)."""
+    from linmem.ops.config import MemoryConfig
+    from linmem.ops.triton import function
+    from linmem.ops.triton.layout import CHUNK
+
+    chunks = B * -(-T // CHUNK)
+    parts = []
+    for name in SWEPT:
+        rule, residual = {"linmem RDN": ("delta", True), "linmem RLA": ("additive", True),
+                          "linmem GDN": ("delta", False)}[name]
+        flags = function._Flags(MemoryConfig(rule=rule, residual=residual), torch.bfloat16)
+        saved = function.state_pass_outputs(B * T, chunks, B, HEADS, HEAD_DIM, VALUE_DIM, flags, "meta")
+        parts.append(f"{name.removeprefix('linmem ')} {function.recomputed_bytes(saved) / 2**20:.0f} MiB")
+    return ", ".join(parts) + f" per layer at B={B}, T={T}, H={HEADS}, K={HEAD_DIM}, V={VALUE_DIM}"
 
 
 def table_row(key_dim: int, value_dim: int, row: dict, reason: str) -> str:

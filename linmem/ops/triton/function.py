@@ -57,7 +57,11 @@ from linmem.ops.triton.scores import chunk_scores
 # load during this one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys'
 # dk and dq in two launches of one kernel (fewer live accumulators, no register spills). These are the fastest of
 # ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128 (docs/benchmarks/kernels.md); each was
-# checked against float64 on the GPU.
+# checked against float64 on the GPU. recompute_states: the backward runs the forward's state passes again instead
+# of keeping their results (each memory's per-chunk states [NT, H, K, V], the writes u, w and the error err, what
+# ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24 layers at B = 4, T = 2048), one
+# more sequential pass per memory for that memory; off until a GPU run weighs the two (``--sweep`` times it and
+# prints the bytes, never choosing it by time alone).
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
@@ -67,6 +71,7 @@ TUNED_AT_128 = {
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
+    "recompute_states": False,
 }
 WIDTH_CLASSES = (64, 128, 256)  # a head width takes the row of the smallest class at least as wide
 
@@ -108,7 +113,8 @@ def width_class(dim: int) -> int:
 
 
 def kernel_options(key_dim: int, value_dim: int) -> dict:
-    """The ``KERNEL_OPTIONS`` row (kernel name → launch options) of heads ``key_dim`` × ``value_dim`` wide."""
+    """The ``KERNEL_OPTIONS`` row (kernel name → launch options, and ``recompute_states``) of heads ``key_dim`` ×
+    ``value_dim`` wide."""
     return KERNEL_OPTIONS[width_class(key_dim), width_class(value_dim)]
 
 
@@ -208,46 +214,78 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
         inv_beta, inv_gamma = chunk_inverse(key_scores, g, beta, gamma if flags.residual else None, layout,
                                             inverse_launch, inverse_opts["PRECISION"])
 
-    per_chunk = (layout.num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
-    per_token = (n_tok, heads, value_dim)
-    final = (layout.num_seqs, heads, value_dim, key_dim)
-    base_chunks = _buf(per_chunk, dev, flags.store_dtype)
-    u = _buf(per_token, dev, flags.store_dtype) if flags.delta else None
-    err = _buf(per_token, dev) if flags.residual else None
-    base_final = _buf(final, dev)
+    states = _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, flags, layout)
+    o = _buf((n_tok, heads, value_dim), dev, v.dtype)
+    dummy = b
+    blocks, launch = _options("output", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
+    output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
+        q, v, b, g, beta, _or(gamma, dummy), base_scores, _or(res_scores, dummy), states["base_chunks"],
+        _or(states["res_chunks"], dummy), _or(states["u"], dummy), _or(states["w"], dummy), o, layout.cu_seqlens,
+        layout.chunk_indices, scale, H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates,
+        **blocks, **flags.kernel_args(), **launch,
+    )
+    base_final, res_final = states.pop("base_final"), states.pop("res_final")
+    saved = dict(b=b, key_scores=key_scores, base_scores=base_scores, res_scores=res_scores, inv_beta=inv_beta,
+                 inv_gamma=inv_gamma, **states)
+    return o, base_final, res_final, saved
+
+
+def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, flags: _Flags,
+                  layout: SequenceLayout) -> dict:
+    """The sequential forward passes (forward.py ``state_pass_kernel``): each memory's state before every chunk
+    (``base_chunks``, ``res_chunks`` ``[NT, H, K, V]``), its writes (u with the delta rule, w with a residual memory,
+    ``[N_tok, H, V]``), the prediction error ``err`` (residual) and the final states (``[N, H, V, K]``); None where
+    the memory has none. Run again in the backward with ``recompute_states``: the same launches give the same
+    bits."""
+    n_tok, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    bk, nk = key_tiling(key_dim)
+    out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device)
     dummy = b
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
-    res_chunks = w = res_final = None
     # the base memory (values v, strength β), emitting the prediction error for the residual memory
     state_pass_kernel[grid](
-        k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, base_final, base_chunks,
-        _or(u, dummy), _or(err, dummy), layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-        FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
+        k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, out["base_final"],
+        out["base_chunks"], _or(out["u"], dummy), _or(out["err"], dummy), layout.cu_seqlens, layout.chunk_offsets,
+        flags.clip, FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
     )
     if flags.residual:  # the residual memory (values ρ(err), strength γ)
-        res_chunks = _buf(per_chunk, dev, flags.store_dtype)
-        w = _buf(per_token, dev, flags.store_dtype)
-        res_final = _buf(final, dev)
         state_pass_kernel[grid](
-            k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), err, res0, res_final, res_chunks, w, dummy,
-            layout.cu_seqlens, layout.chunk_offsets, flags.clip,
+            k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), out["err"], res0, out["res_final"],
+            out["res_chunks"], out["w"], dummy, layout.cu_seqlens, layout.chunk_offsets, flags.clip,
             FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
         )
-    o = _buf(per_token, dev, v.dtype)
-    blocks, launch = _options("output", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
-    output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
-        q, v, b, g, beta, _or(gamma, dummy), base_scores, _or(res_scores, dummy), base_chunks,
-        _or(res_chunks, dummy), _or(u, dummy), _or(w, dummy), o, layout.cu_seqlens, layout.chunk_indices, scale,
-        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates,
-        **blocks, **flags.kernel_args(), **launch,
-    )
-    saved = dict(b=b, key_scores=key_scores, base_scores=base_scores, res_scores=res_scores, inv_beta=inv_beta,
-                 inv_gamma=inv_gamma, base_chunks=base_chunks, res_chunks=res_chunks, u=u, w=w, err=err)
-    return o, base_final, res_final, saved
+    return out
+
+
+def state_pass_outputs(num_tokens: int, num_chunks: int, num_seqs: int, heads: int, key_dim: int, value_dim: int,
+                       flags: _Flags, device) -> dict:
+    """The buffers ``_state_passes`` fills (None where the memory has none): per-chunk states ``[NT, H, K, V]`` and
+    the writes u, w in the storage type, the error err in float32, the final states ``[N, H, V, K]`` float32."""
+    per_chunk = (num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
+    per_token = (num_tokens, heads, value_dim)
+    final = (num_seqs, heads, value_dim, key_dim)
+    residual = flags.residual
+    return dict(base_chunks=_buf(per_chunk, device, flags.store_dtype),
+                res_chunks=_buf(per_chunk, device, flags.store_dtype) if residual else None,
+                u=_buf(per_token, device, flags.store_dtype) if flags.delta else None,
+                w=_buf(per_token, device, flags.store_dtype) if residual else None,
+                err=_buf(per_token, device) if residual else None,
+                base_final=_buf(final, device), res_final=_buf(final, device) if residual else None)
+
+
+# what ``recompute_states`` leaves out of the forward's saved tensors: the state passes' results but the final states
+RECOMPUTED = ("base_chunks", "res_chunks", "u", "w", "err")
+
+
+def recomputed_bytes(saved: dict) -> int:
+    """Bytes of a forward's saved tensors (or of ``state_pass_outputs``) that ``recompute_states`` does not keep for
+    the backward."""
+    return sum(saved[name].numel() * saved[name].element_size() for name in RECOMPUTED if saved[name] is not None)
 
 
 def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, saved):
@@ -355,14 +393,24 @@ class LinearMemoryFunction(torch.autograd.Function):
         store = any(ctx.needs_input_grad)
         o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout)
         if store:
+            # with recompute_states the backward runs the state passes again, from the initial states
+            ctx.recompute = kernel_options(k.shape[-1], v.shape[-1])["recompute_states"]
+            if ctx.recompute:
+                saved.update(dict.fromkeys(RECOMPUTED))
             ctx.flags, ctx.scale, ctx.layout, ctx.saved = flags, scale, layout, saved
-            ctx.save_for_backward(q, k, v, g, beta, gamma)
+            ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else ()))
         return o, base_final, res_final
 
     @staticmethod
     def backward(ctx, do, d_base_final, d_res_final):
-        q, k, v, g, beta, gamma = ctx.saved_tensors
+        q, k, v, g, beta, gamma = ctx.saved_tensors[:6]
         flags = ctx.flags
+        saved = ctx.saved
+        if ctx.recompute:
+            base0, res0 = ctx.saved_tensors[6:]
+            states = _state_passes(k, v, saved["b"], g, beta, gamma, saved["key_scores"], saved["inv_beta"],
+                                   saved["inv_gamma"], base0, res0, flags, ctx.layout)
+            saved = dict(saved, **{name: states[name] for name in RECOMPUTED})
         state_shape = (ctx.layout.num_seqs, k.shape[1], v.shape[2], k.shape[2])
         if d_base_final is None:
             d_base_final = torch.zeros(state_shape, device=k.device, dtype=torch.float32)
@@ -370,7 +418,7 @@ class LinearMemoryFunction(torch.autograd.Function):
             d_res_final = torch.zeros_like(d_base_final) if d_res_final is None else d_res_final.float().contiguous()
         d_base_final = d_base_final.float().contiguous()
         grads = _backward(do.contiguous(), d_base_final, d_res_final, q, k, v, g, beta, gamma, flags, ctx.scale,
-                          ctx.layout, ctx.saved)
+                          ctx.layout, saved)
         dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0 = grads
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
 
