@@ -130,6 +130,71 @@ def _resolved(name, dtype, width=128, sequences=256):
     return function._options(name, value_dim=width, key_dim=width, dtype=dtype, sequences=sequences)
 
 
+class _Recorded(_Counted):
+    """Stands in for a kernel, launching it and recording the arguments of every launch."""
+
+    def __init__(self, kernel):
+        super().__init__(kernel)
+        self.calls = []
+
+    def __getitem__(self, grid):
+        launch = super().__getitem__(grid)
+
+        def recorded(*args, **kwargs):
+            self.calls.append((args, kwargs))
+            return launch(*args, **kwargs)
+
+        return recorded
+
+
+@pytest.mark.parametrize("memory", ["RDN", "GDN", "RLA", "GLA"])
+def test_kernels_are_launched_by_keyword_with_none_for_absent_tensors(memory, monkeypatch):
+    """Every kernel launch of a forward and backward passes its arguments by keyword, and a tensor the call does not
+    have as None (the kernels' ``triton.heuristics`` flags follow from it), never another tensor standing in; with no
+    gradient reaching the final states and initial states that need none, the reverse passes start from zero and
+    store no initial-state gradient, against float64."""
+    from linmem.ops.triton import function, inverse, per_key_decay, scores
+
+    recorded = {}
+    for module in (function, scores, inverse, per_key_decay):
+        for name in [n for n in vars(module) if n.endswith("_kernel")]:
+            recorded[module.__name__, name] = _Recorded(getattr(module, name))
+            monkeypatch.setattr(module, name, recorded[module.__name__, name])
+    rule, residual = {"RDN": ("delta", True), "GDN": ("delta", False), "RLA": ("additive", True),
+                      "GLA": ("additive", False)}[memory]
+    inputs = (per_key_inputs if memory == "GLA" else make_inputs)(1, 70, 2, 16, 8, seed=20)
+    got, want = ({name: t.to(DEVICE) if backend == "triton" else t for name, t in inputs.items()}
+                 for backend in ("triton", "reference"))
+    for leaves in (got, want):
+        for name in ("q", "k", "v", "g", "beta", "gamma"):
+            leaves[name] = (leaves[name].float() if leaves is got else leaves[name]).requires_grad_(True)
+        o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                             leaves["gamma"] if residual else None, rule=rule, residual=residual,
+                             initial_state=(leaves["S0"], leaves["R0"]) if residual else leaves["S0"],
+                             backend="triton" if leaves is got else "reference")
+        (o.double() * torch.linspace(-1, 1, o.numel(), dtype=torch.float64).reshape(o.shape).to(o.device)).sum(
+            ).backward()
+    for name in ("q", "k", "v", "g", "beta") + (("gamma",) if residual else ()):
+        assert_close(f"d{name}", got[name].grad, want[name].grad, TOL)
+
+    launches = [(key, args, kwargs) for key, r in recorded.items() for args, kwargs in r.calls]
+    assert len({key for key, _, _ in launches}) == (4 if memory == "GLA" else 8 if rule == "delta" else 7)
+    for key, args, kwargs in launches:
+        assert args == (), f"{key}: {len(args)} positional arguments"
+        by_tensor = {}
+        for name, value in kwargs.items():
+            if isinstance(value, torch.Tensor):
+                by_tensor.setdefault(id(value), []).append(name)
+        shared = [sorted(names) for names in by_tensor.values() if len(names) > 1]
+        # the residual memory's reverse pass reads γ as its write strength and as its read gate
+        assert shared in ([], [["gamma", "strength"]]), f"{key}: one tensor passed for {shared}"
+    if memory != "GLA":
+        for _, _, kwargs in [c for c in launches if c[0][1] == "reverse_pass_kernel"]:
+            assert kwargs["d_final"] is None and kwargs["d_initial"] is None
+        absent = [name for c in launches for name, value in c[2].items() if value is None]
+        assert ("gamma" in absent) == (not residual)
+
+
 def _autograd_node(t, name):
     """The node of the graph behind ``t`` whose class is ``name`` (a custom Function's node is its ctx)."""
     stack, seen = [t.grad_fn], set()

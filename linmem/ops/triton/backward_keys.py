@@ -26,6 +26,7 @@ import triton.language as tl
 from linmem.ops.triton.primitives import (
     at_token,
     chunk_at,
+    given,
     key_block,
     load_block,
     load_decays,
@@ -50,6 +51,7 @@ def _gated_term(acc, exponent, gate, keys):
     return gate[:, None] * term, dots, gate * dots
 
 
+@triton.heuristics(given(QUERIES="dq", KEYS="dk"))
 @triton.jit
 def backward_keys_kernel(
     q, k, v, do, b, g, beta, gamma, e_q, e_k, u_in, w_in, err_in, dx_in, dy_in, derr_in,
@@ -60,15 +62,19 @@ def backward_keys_kernel(
     DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
     TARGET: tl.constexpr, QUERIES: tl.constexpr, KEYS: tl.constexpr,
 ):
-    """dq (QUERIES) and dk (KEYS) of one chunk, head and key block, with their partial gate sums in slot
-    ``first_slot + program_id(2)``; the launch option SPLIT runs the two as separate launches (two and three
-    accumulators instead of five), the default as one."""
+    """dq (where ``dq`` is given) and dk (where ``dk`` is) of one chunk, head and key block, with their partial gate
+    sums in slot ``first_slot + program_id(2)``; the launch option SPLIT runs the two as separate launches (two and
+    three accumulators instead of five), the default as one. The tensors of a memory or rule the call does not have
+    are None: ``u_in`` without DELTA, ``v`` with it; ``gamma``, ``w_in``, ``dy_in``, ``derr_in``, ``res_chunks``
+    and ``d_res_chunks`` without RESIDUAL; ``err_in`` but with RESIDUAL and the additive rule; ``dx_in`` but with
+    DELTA."""
     i_c, i_h, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     base_chunks = state_at(base_chunks, i_c, i_h, H, K * V)
-    res_chunks = state_at(res_chunks, i_c, i_h, H, K * V)
     d_base_chunks = state_at(d_base_chunks, i_c, i_h, H, K * V)
-    d_res_chunks = state_at(d_res_chunks, i_c, i_h, H, K * V)
+    if RESIDUAL:
+        res_chunks = state_at(res_chunks, i_c, i_h, H, K * V)
+        d_res_chunks = state_at(d_res_chunks, i_c, i_h, H, K * V)
     pos = tl.arange(0, C)
     m_t = pos < n_valid
     bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)

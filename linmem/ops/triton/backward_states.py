@@ -29,6 +29,7 @@ import triton.language as tl
 from linmem.ops.triton.primitives import (
     at_token,
     chunk_of_sequence,
+    given,
     load_blocks,
     load_decays,
     mm,
@@ -61,21 +62,30 @@ def _input_grad(kp, to_end, s0, s1, s2, s3, scores, d_read, key_scores, d_err, i
     return dx
 
 
+@triton.heuristics(given(ERR_IN="d_err_in", ERR_OUT="d_err_out", HAS_FINAL="d_final", STORE_INITIAL="d_initial"))
 @triton.jit
 def reverse_pass_kernel(
     q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks,
     dx_out, d_err_out, cu_seqlens, chunk_offsets, scale, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr, GATED: tl.constexpr,
-    ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, TARGET: tl.constexpr,
+    TARGET: tl.constexpr, ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, HAS_FINAL: tl.constexpr,
+    STORE_INITIAL: tl.constexpr,
 ):
-    """One memory's reverse pass (module docstring)."""
+    """One memory's reverse pass (module docstring). ``d_err_in`` (with ``key_scores``) for the base memory of
+    RLA/RDN, ``d_err_out`` (with ``err``) for the residual memory, ``gamma`` only with GATED, ``inverse`` only with
+    DELTA; from ``d_final``, or zeros where it is None; the initial state's gradient into ``d_initial`` where
+    given."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
     pos = tl.arange(0, C)
 
     # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
-    s0, s1, s2, s3 = load_blocks(state_at(d_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    if HAS_FINAL:
+        s0, s1, s2, s3 = load_blocks(state_at(d_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        s0 = tl.zeros([BK, BV], dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
     for jj in range(n_chunks):
         j = n_chunks - 1 - jj
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
@@ -114,4 +124,5 @@ def reverse_pass_kernel(
             else:
                 through_keys = tl.exp(bm)[:, None] * d_err
             s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
-    store_blocks(state_at(d_initial, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+    if STORE_INITIAL:
+        store_blocks(state_at(d_initial, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linmem.ops.triton.primitives import at_token, chunk_at, store_token_gate
+from linmem.ops.triton.primitives import at_token, chunk_at, given, store_token_gate
 
 
 @triton.jit
@@ -25,11 +25,13 @@ def _part_sum(part, part_stride, tok, i_h, pos, m_t, H: tl.constexpr, PARTS: tl.
     return total
 
 
+@triton.heuristics(given(RESIDUAL="dgamma"))
 @triton.jit
 def decay_grad_kernel(db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, dg, dbeta, dgamma, part_stride,
                       cu_seqlens, chunk_indices, n_chunks_total,
                       H: tl.constexpr, C: tl.constexpr, PARTS: tl.constexpr, END_PARTS: tl.constexpr,
                       RESIDUAL: tl.constexpr):
+    """dg, dβ and (where ``dgamma`` and ``dgamma_part`` are given: RLA/RDN) dγ of one chunk and head."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     pos = tl.arange(0, C)

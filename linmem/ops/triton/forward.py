@@ -33,6 +33,7 @@ from linmem.ops.triton.primitives import (
     at_token,
     chunk_at,
     chunk_of_sequence,
+    given,
     key_block,
     load_block,
     load_blocks,
@@ -52,21 +53,28 @@ from linmem.ops.triton.primitives import (
 )
 
 
+@triton.heuristics(given(FROM_ERR="err", ERR_OUT="err_out", STORE_WRITES="writes_out", HAS_STATE0="state0"))
 @triton.jit
 def state_pass_kernel(
     k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out,
     cu_seqlens, chunk_offsets, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, FROM_ERR: tl.constexpr, ERR_OUT: tl.constexpr,
-    STORE_WRITES: tl.constexpr, TARGET: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
+    ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr,
 ):
-    """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x`` (or
-    ``ρ(err)`` with FROM_ERR), strength σ; with ERR_OUT it also emits the prediction error."""
+    """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x``, or ``ρ(err)``
+    where ``err`` is given (x None), strength σ; the prediction error into ``err_out`` and the writes into
+    ``writes_out`` where given; from ``state0``, or zeros where it is None. ``key_scores`` only with ``err_out``,
+    ``inverse`` only with DELTA."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
 
     # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
-    s0, s1, s2, s3 = load_blocks(state_at(state0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    if HAS_STATE0:
+        s0, s1, s2, s3 = load_blocks(state_at(state0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        s0 = tl.zeros([BK, BV], dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
     for j in range(tl.cdiv(length, C)):
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
         m_t = pos < n_valid
@@ -101,9 +109,11 @@ def state_pass_kernel(
 def _read_states(q, base_chunks, res_chunks, i_c, i_h, pos, m_t, vc, m_v, H: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
                  DT: tl.constexpr, RESIDUAL: tl.constexpr):
-    """``Q S_0ᵀ`` and ``Q R_0ᵀ`` ([C, BV]) from the chunk's stored states ([NT, H, K, V])."""
+    """``Q S_0ᵀ`` and ``Q R_0ᵀ`` ([C, BV]) from the chunk's stored states ([NT, H, K, V]; ``res_chunks`` only with
+    RESIDUAL)."""
     base_chunks = state_at(base_chunks, i_c, i_h, H, K * V)
-    res_chunks = state_at(res_chunks, i_c, i_h, H, K * V)
+    if RESIDUAL:
+        res_chunks = state_at(res_chunks, i_c, i_h, H, K * V)
     read_base = tl.zeros([C, BV], dtype=tl.float32)
     read_res = tl.zeros([C, BV], dtype=tl.float32)
     for i in tl.static_range(NK):
@@ -123,6 +133,8 @@ def output_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
 ):
+    """The read-outs of one chunk and head for value columns ``vc``. ``u_in`` only with DELTA; ``gamma``,
+    ``res_scores``, ``res_chunks`` and ``w_in`` only with RESIDUAL (None without)."""
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     pos = tl.arange(0, C)

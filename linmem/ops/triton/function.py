@@ -195,14 +195,9 @@ def _buf(shape, device, dtype=torch.float32):
     return _layout.new_buffer(shape, device, dtype)
 
 
-def _or(t, dummy):
-    return dummy if t is None else t
-
-
 def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, layout: SequenceLayout):
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
-    dev = k.device
     bk, nk = key_tiling(key_dim)
     widths = dict(key_dim=key_dim, value_dim=value_dim)
     b, key_scores, base_scores, res_scores = chunk_scores(q, k, g, layout, delta=flags.delta,
@@ -215,13 +210,13 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
                                             inverse_launch, inverse_opts["PRECISION"])
 
     states = _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, flags, layout)
-    o = _buf((n_tok, heads, value_dim), dev, v.dtype)
-    dummy = b
-    blocks, launch = _options("output", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
+    o = _buf((n_tok, heads, value_dim), k.device, v.dtype)
+    blocks, launch = _options("output", **widths, dtype=k.dtype)
     output_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
-        q, v, b, g, beta, _or(gamma, dummy), base_scores, _or(res_scores, dummy), states["base_chunks"],
-        _or(states["res_chunks"], dummy), _or(states["u"], dummy), _or(states["w"], dummy), o, layout.cu_seqlens,
-        layout.chunk_indices, scale, H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates,
+        q=q, v=v, b=b, g=g, beta=beta, gamma=gamma, base_scores=base_scores, res_scores=res_scores,
+        base_chunks=states["base_chunks"], res_chunks=states["res_chunks"], u_in=states["u"], w_in=states["w"], o=o,
+        cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, scale=scale,
+        H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, OUTPUT_GATES=flags.gates,
         **blocks, **flags.kernel_args(), **launch,
     )
     base_final, res_final = states.pop("base_final"), states.pop("res_final")
@@ -241,23 +236,22 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
     out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device)
-    dummy = b
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
-    common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
+    common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
+                  H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     # the base memory (values v, strength β), emitting the prediction error for the residual memory
     state_pass_kernel[grid](
-        k, v, b, g, beta, _or(key_scores, dummy), _or(inv_beta, dummy), dummy, base0, out["base_final"],
-        out["base_chunks"], _or(out["u"], dummy), _or(out["err"], dummy), layout.cu_seqlens, layout.chunk_offsets,
-        flags.clip, FROM_ERR=False, ERR_OUT=flags.residual, STORE_WRITES=flags.delta, **common,
+        x=v, err=None, strength=beta, inverse=inv_beta, key_scores=key_scores if flags.residual else None,
+        state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"], writes_out=out["u"],
+        err_out=out["err"], **common,
     )
     if flags.residual:  # the residual memory (values ρ(err), strength γ)
         state_pass_kernel[grid](
-            k, dummy, b, g, gamma, dummy, _or(inv_gamma, dummy), out["err"], res0, out["res_final"],
-            out["res_chunks"], out["w"], dummy, layout.cu_seqlens, layout.chunk_offsets, flags.clip,
-            FROM_ERR=True, ERR_OUT=False, STORE_WRITES=True, **common,
+            x=None, err=out["err"], strength=gamma, inverse=inv_gamma, key_scores=None, state0=res0,
+            state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None, **common,
         )
     return out
 
@@ -288,14 +282,17 @@ def recomputed_bytes(saved: dict) -> int:
     return sum(saved[name].numel() * saved[name].element_size() for name in RECOMPUTED if saved[name] is not None)
 
 
-def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, saved):
+def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, saved,
+              initial_grads=(True, True)):
+    """The gradients of q, k, v, g, β, γ and the initial states (None for γ without a residual memory, and for an
+    initial state whose entry of ``initial_grads`` is False); ``d_base_final``, ``d_res_final`` may be None (no
+    gradient reaches the final states)."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     dev = k.device
     bk, nk = key_tiling(key_dim)
-    dummy = saved["b"]
-    s = {name: _or(t, dummy) for name, t in saved.items()}
-    gamma_ = _or(gamma, dummy)
+    widths = dict(key_dim=key_dim, value_dim=value_dim)
+    b = saved["b"]
 
     per_chunk = (layout.num_chunks, heads, key_dim, value_dim)
     per_token = (n_tok, heads, value_dim)
@@ -304,81 +301,79 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     # stored in it (the elementwise uses, dv and the gate sums, are rounded to that precision anyway)
     dx = _buf(per_token, dev, flags.store_dtype)
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
-    d_base0 = _buf(initial, dev)
-    blocks, launch = _options("backward_states", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
-                              sequences=layout.num_seqs * heads)
+    d_base0 = _buf(initial, dev) if initial_grads[0] else None
+    blocks, launch = _options("backward_states", **widths, dtype=k.dtype, sequences=layout.num_seqs * heads)
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
-    common = dict(H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
+    common = dict(q=q, k=k, do=do, b=b, g=g, gamma=gamma, cu_seqlens=layout.cu_seqlens,
+                  chunk_offsets=layout.chunk_offsets, scale=scale, clip=flags.clip,
+                  H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     dy = d_err = d_res_chunks = d_res0 = None
-
-    def reverse_pass(strength, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks, out,
-                     d_err_out, *, read_bm, gated):
-        # ERR_IN / ERR_OUT: the pass takes (base memory of RLA/RDN) or emits (residual memory) the error's gradient
-        reverse_pass_kernel[grid](
-            q, k, do, s["b"], g, strength, gamma_, key_scores, scores, inverse, err, d_err_in, d_final, d_initial,
-            d_chunks, out, d_err_out, layout.cu_seqlens, layout.chunk_offsets, scale, flags.clip,
-            READ_BM=read_bm, GATED=gated, ERR_IN=d_err_in is not dummy, ERR_OUT=d_err_out is not dummy, **common,
-        )
-
     if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
         dy = _buf(per_token, dev, flags.store_dtype)
         d_err = _buf(per_token, dev, flags.store_dtype)
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
-        d_res0 = _buf(initial, dev)
-        reverse_pass(gamma_, dummy, s["res_scores"], s["inv_gamma"], s["err"], dummy, d_res_final, d_res0,
-                     d_res_chunks, dy, d_err, read_bm=False, gated=flags.gates)
-    reverse_pass(beta, s["key_scores"], s["base_scores"], s["inv_beta"], dummy, _or(d_err, dummy),
-                 d_base_final, d_base0, d_base_chunks, dx, dummy, read_bm=flags.residual and not flags.gates,
-                 gated=False)
-    dy, d_err, d_res_chunks = (_or(t, dummy) for t in (dy, d_err, d_res_chunks))
+        d_res0 = _buf(initial, dev) if initial_grads[1] else None
+        reverse_pass_kernel[grid](
+            strength=gamma, key_scores=None, scores=saved["res_scores"], inverse=saved["inv_gamma"],
+            err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
+            dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
+        )
+    # the base memory, taking the error's gradient (RLA/RDN)
+    reverse_pass_kernel[grid](
+        strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
+        inverse=saved["inv_beta"], err=None, d_err_in=d_err, d_final=d_base_final, d_initial=d_base0,
+        d_chunks=d_base_chunks, dx_out=dx, d_err_out=None, READ_BM=flags.residual and not flags.gates, GATED=False,
+        **common,
+    )
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
     # backward_scores, then (SPLIT) one per key block of its query launch
-    key_blocks, key_launch = _options("backward_keys", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
+    key_blocks, key_launch = _options("backward_keys", **widths, dtype=k.dtype)
     keys_bk = key_blocks.pop("BK")
     split = key_blocks.pop("SPLIT")
     keys_nk = triton.cdiv(key_dim, keys_bk)
     n_parts = 2 * keys_nk + 1 if split else keys_nk + 1
-    parts = _buf((4, n_parts, n_tok, heads), dev)
-    db_part, dbm_part, dbeta_part, dgamma_part = parts.unbind(0)
-    score_parts = [part[keys_nk] for part in (db_part, dbm_part, dbeta_part, dgamma_part)]
+    part_names = ("db_part", "dbm_part", "dbeta_part", "dgamma_part")[:4 if flags.residual else 3]
+    parts = dict(zip(part_names, _buf((len(part_names), n_parts, n_tok, heads), dev).unbind(0)))
+    parts.setdefault("dgamma_part", None)
+    score_parts = {name: None if part is None else part[keys_nk] for name, part in parts.items()}
     part_stride = n_tok * heads
     dv = _buf(per_token, dev, v.dtype)
     e_q = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
     e_k = _buf((n_tok, heads, CHUNK), dev, flags.store_dtype)
-    blocks, launch = _options("backward_scores", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype)
+    # what the chunk-parallel kernels read of the forward and of the reverse passes (None where a memory or rule has
+    # no such tensor)
+    inputs = dict(v=v, do=do, b=b, g=g, beta=beta, gamma=gamma, u_in=saved["u"], w_in=saved["w"],
+                  err_in=saved["err"], dx_in=dx, dy_in=dy, derr_in=d_err, cu_seqlens=layout.cu_seqlens,
+                  chunk_indices=layout.chunk_indices, scale=scale, clip=flags.clip, H=heads, V=value_dim, C=CHUNK,
+                  OUTPUT_GATES=flags.gates, TARGET=flags.target, **flags.kernel_args())
+    blocks, launch = _options("backward_scores", **widths, dtype=k.dtype)
     backward_scores_kernel[(layout.num_chunks, heads)](
-        v, do, s["b"], g, beta, gamma_, s["key_scores"], s["base_scores"], s["res_scores"], s["u"], s["w"],
-        s["err"], dx, dy, d_err, dv, e_q, e_k, *score_parts,
-        layout.cu_seqlens, layout.chunk_indices, scale, flags.clip,
-        H=heads, V=value_dim, C=CHUNK, OUTPUT_GATES=flags.gates, TARGET=flags.target,
-        **blocks, **flags.kernel_args(), **launch,
+        key_scores=saved["key_scores"], base_scores=saved["base_scores"], res_scores=saved["res_scores"], dv=dv,
+        e_q=e_q, e_k=e_k, **score_parts, **inputs, **blocks, **launch,
     )
 
     dq = _buf(q.shape, dev, q.dtype)
     dk = _buf(k.shape, dev, k.dtype)
     db_end_part = _buf((keys_nk, layout.num_chunks, heads), dev)
     # dq and dk in one launch, or (SPLIT) dk then dq, each with fewer accumulators
-    for queries, keys, first_slot in ([(False, True, 0), (True, False, keys_nk + 1)] if split else
-                                      [(True, True, 0)]):
+    for queries, keys, first_slot in ([(None, dk, 0), (dq, None, keys_nk + 1)] if split else [(dq, dk, 0)]):
         backward_keys_kernel[(layout.num_chunks, heads, keys_nk)](
-            q, k, v, do, s["b"], g, beta, gamma_, e_q, e_k, s["u"], s["w"], s["err"], dx, dy, d_err,
-            s["base_chunks"], s["res_chunks"], d_base_chunks, d_res_chunks, dq, dk,
-            db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, part_stride, first_slot,
-            layout.cu_seqlens, layout.chunk_indices, scale, flags.clip, layout.num_chunks,
-            H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=keys_bk, OUTPUT_GATES=flags.gates, TARGET=flags.target,
-            QUERIES=queries, KEYS=keys, **key_blocks, **flags.kernel_args(), **key_launch,
+            q=q, k=k, e_q=e_q, e_k=e_k, base_chunks=saved["base_chunks"], res_chunks=saved["res_chunks"],
+            d_base_chunks=d_base_chunks, d_res_chunks=d_res_chunks, dq=queries, dk=keys, db_end_part=db_end_part,
+            part_stride=part_stride, first_slot=first_slot, n_chunks_total=layout.num_chunks, K=key_dim,
+            BK=keys_bk, **parts, **inputs, **key_blocks, **key_launch,
         )
 
     dg = _buf((n_tok, heads), dev)
     dbeta = _buf((n_tok, heads), dev)
     dgamma = _buf((n_tok, heads), dev) if flags.residual else None
     decay_grad_kernel[(layout.num_chunks, heads)](
-        db_part, dbm_part, dbeta_part, dgamma_part, db_end_part, dg, dbeta, _or(dgamma, dummy), part_stride,
-        layout.cu_seqlens, layout.chunk_indices, layout.num_chunks,
-        H=heads, C=CHUNK, PARTS=n_parts, END_PARTS=keys_nk, RESIDUAL=flags.residual,
-        **_options("decay_grad", key_dim=key_dim, value_dim=value_dim)[1],
+        **parts, db_end_part=db_end_part, dg=dg, dbeta=dbeta, dgamma=dgamma, part_stride=part_stride,
+        cu_seqlens=layout.cu_seqlens,
+        chunk_indices=layout.chunk_indices, n_chunks_total=layout.num_chunks, H=heads, C=CHUNK, PARTS=n_parts,
+        END_PARTS=keys_nk, **_options("decay_grad", **widths)[1],
     )
     return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
 
@@ -399,6 +394,7 @@ class LinearMemoryFunction(torch.autograd.Function):
                 saved.update(dict.fromkeys(RECOMPUTED))
             ctx.flags, ctx.scale, ctx.layout, ctx.saved = flags, scale, layout, saved
             ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else ()))
+            ctx.set_materialize_grads(False)  # no gradient of the final states: the reverse passes start from zero
         return o, base_final, res_final
 
     @staticmethod
@@ -411,14 +407,10 @@ class LinearMemoryFunction(torch.autograd.Function):
             states = _state_passes(k, v, saved["b"], g, beta, gamma, saved["key_scores"], saved["inv_beta"],
                                    saved["inv_gamma"], base0, res0, flags, ctx.layout)
             saved = dict(saved, **{name: states[name] for name in RECOMPUTED})
-        state_shape = (ctx.layout.num_seqs, k.shape[1], v.shape[2], k.shape[2])
-        if d_base_final is None:
-            d_base_final = torch.zeros(state_shape, device=k.device, dtype=torch.float32)
-        if flags.residual:
-            d_res_final = torch.zeros_like(d_base_final) if d_res_final is None else d_res_final.float().contiguous()
-        d_base_final = d_base_final.float().contiguous()
-        grads = _backward(do.contiguous(), d_base_final, d_res_final, q, k, v, g, beta, gamma, flags, ctx.scale,
-                          ctx.layout, saved)
+        do = torch.zeros_like(v) if do is None else do.contiguous()
+        finals = [None if d is None else d.float().contiguous() for d in (d_base_final, d_res_final)]
+        grads = _backward(do, *finals, q, k, v, g, beta, gamma, flags, ctx.scale, ctx.layout, saved,
+                          initial_grads=ctx.needs_input_grad[6:8])
         dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0 = grads
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
 

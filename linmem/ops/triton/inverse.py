@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from linmem.ops.triton.layout import CHUNK, SequenceLayout, new_buffer
-from linmem.ops.triton.primitives import at_token, chunk_at, stored
+from linmem.ops.triton.primitives import at_token, chunk_at, given, stored
 
 
 @triton.jit
@@ -69,15 +69,18 @@ def _store_block(out, block, len_left, H: tl.constexpr, C: tl.constexpr, I: tl.c
              mask=(row < len_left)[:, None])
 
 
+@triton.heuristics(given(HAS_GAMMA="gamma"))
 @triton.jit
 def chunk_inverse_kernel(key_scores, g, beta, gamma, inv_beta, inv_gamma, cu_seqlens, chunk_indices,
-                         H: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr):
+                         H: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, HAS_GAMMA: tl.constexpr):
+    """``T_β`` (program_id(2) = 0) or, where ``gamma`` and ``inv_gamma`` are given, ``T_γ`` (1) of one chunk and
+    head."""
     i_c, i_h, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, left = chunk_at(cu_seqlens, chunk_indices, i_c, C)
-    if which == 0:
-        strength, out = beta, inv_beta
-    else:
-        strength, out = gamma, inv_gamma
+    strength, out = beta, inv_beta
+    if HAS_GAMMA:
+        if which == 1:
+            strength, out = gamma, inv_gamma
     key_scores = at_token(key_scores, tok, i_h, H, C)
     out = at_token(out, tok, i_h, H, C)
     strength = at_token(strength, tok, i_h, H, 1)
@@ -132,8 +135,8 @@ def chunk_inverse(key_scores, g, beta, gamma, layout: SequenceLayout, launch: di
     inv_gamma = new_buffer(key_scores.shape, key_scores.device, key_scores.dtype) if gamma is not None else None
     heads = key_scores.shape[1]
     chunk_inverse_kernel[(layout.num_chunks, heads, 1 if gamma is None else 2)](
-        key_scores, g, beta, gamma if gamma is not None else beta, inv_beta,
-        inv_gamma if inv_gamma is not None else inv_beta, layout.cu_seqlens, layout.chunk_indices, H=heads, C=CHUNK,
-        PRECISION=precision, **(launch or {}),
+        key_scores=key_scores, g=g, beta=beta, gamma=gamma, inv_beta=inv_beta, inv_gamma=inv_gamma,
+        cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, C=CHUNK, PRECISION=precision,
+        **(launch or {}),
     )
     return inv_beta, inv_gamma

@@ -157,8 +157,9 @@ class PerKeyDecayFunction(torch.autograd.Function):
         bk, bv, nv, warps = tiling(key_dim, value_dim)
         o = new_buffer((num_tokens, heads, value_dim), q.device)
         final = new_buffer(state0.shape, q.device)
-        forward_kernel[(nv, num_seqs, heads)](q, k, v, g, beta, state0, o, final, cu_seqlens, scale,
-                                              H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
+        forward_kernel[(nv, num_seqs, heads)](q=q, k=k, v=v, g=g, beta=beta, state0=state0, o=o, final=final,
+                                              cu_seqlens=cu_seqlens, scale=scale, H=heads, K=key_dim, V=value_dim,
+                                              BK=bk, BV=bv, num_warps=warps)
         ctx.save_for_backward(q, k, v, g, beta, state0, final, cu_seqlens)
         ctx.scale = scale
         return o, final
@@ -172,19 +173,21 @@ class PerKeyDecayFunction(torch.autograd.Function):
         bk, bv, nv, warps = tiling(key_dim, value_dim)
         do = do.float().contiguous()
         d_final = torch.zeros_like(final) if d_final is None else d_final.float().contiguous()
-        dims = dict(H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
+        # what every walk reads: the writes, the sequences and the widths
+        walk = dict(k=k, v=v, g=g, beta=beta, do=do, cu_seqlens=cu_seqlens, scale=ctx.scale, num_tokens=num_tokens,
+                    H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
         grid = (nv, num_seqs, heads)
         dq_parts = new_buffer((nv, num_tokens, heads, key_dim), q.device)
-        query_grad_kernel[grid](k, v, g, beta, state0, do, dq_parts, cu_seqlens, ctx.scale, num_tokens, **dims)
+        query_grad_kernel[grid](state0=state0, dq_parts=dq_parts, **walk)
         dk_parts = new_buffer((nv, num_tokens, heads, key_dim), q.device)
         du = new_buffer((num_tokens, heads, value_dim), q.device)
         d_state0 = new_buffer(state0.shape, q.device)
-        state_grad_kernel[grid](q, k, v, g, beta, do, d_final, dk_parts, du, d_state0, cu_seqlens, ctx.scale,
-                                num_tokens, **dims)
+        state_grad_kernel[grid](q=q, d_final=d_final, dk_parts=dk_parts, du=du, d_state0=d_state0, **walk)
         dq, dk = dq_parts.sum(0), dk_parts.sum(0)
         end_term = (d_final * final).sum(2).contiguous()  # [N, H, K]
         dg = new_buffer((num_tokens, heads, key_dim), q.device)
-        decay_grad_kernel[(num_seqs, heads)](q, k, dq, dk, end_term, dg, cu_seqlens, H=heads, K=key_dim, BK=bk)
+        decay_grad_kernel[(num_seqs, heads)](q=q, k=k, dq=dq, dk=dk, end_term=end_term, dg=dg, cu_seqlens=cu_seqlens,
+                                             H=heads, K=key_dim, BK=bk)
         dv = du * beta.unsqueeze(-1)
         dbeta = (du * v.float()).sum(-1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dbeta, d_state0, None, None

@@ -29,6 +29,14 @@ TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def given(**flags: str) -> dict:
+    """``triton.heuristics`` rules that set each compile-time flag to whether its tensor argument was passed (not
+    None): ``@triton.heuristics(given(HAS_X="x"))`` on a kernel with ``x`` and ``HAS_X: tl.constexpr`` lets a launch
+    pass ``x=None`` where there is no such tensor, and the kernel read ``x`` only under ``if HAS_X``. An optional
+    input is then one keyword at the launch and one entry here."""
+    return {flag: (lambda args, name=name: args[name] is not None) for flag, name in flags.items()}
+
+
 @triton.jit
 def stored(value, dtype: tl.constexpr):
     """``value`` converted to the storage type ``dtype`` (round to nearest even)."""

@@ -97,12 +97,24 @@ def record_launches(memory: str, dtype: torch.dtype, width: int, output_gates: b
     return log
 
 
-def _signature(launch: Launch):
+def _unwrapped(launch: Launch):
+    """The jit function under a launch's ``triton.heuristics`` wrappers, and every argument by name (those the
+    heuristics derive included)."""
     kernel = launch.kernel
+    named = dict(launch.kwargs)
+    while isinstance(kernel, triton.runtime.Heuristics):
+        named.update(zip(kernel.arg_names, launch.args))
+        named.update({name: rule(named) for name, rule in kernel.values.items()})
+        kernel = kernel.fn
+    return kernel, named
+
+
+def _signature(launch: Launch):
+    kernel, named = _unwrapped(launch)
     signature, constants, attrs = {}, {}, {}
     for i, param in enumerate(kernel.params):
         name = param.name
-        value = launch.args[i] if i < len(launch.args) else launch.kwargs[name]
+        value = launch.args[i] if i < len(launch.args) else named[name]
         if param.is_constexpr or value is None or (isinstance(value, int) and not isinstance(value, bool)
                                                    and value == 1):
             signature[name], constants[name] = "constexpr", value
@@ -133,7 +145,7 @@ def compile_launch(launch: Launch, arch: int = 90) -> dict:
     backend = triton.compiler.make_backend(target)
     start = time.time()
     try:
-        compiled = triton.compile(ASTSource(launch.kernel, signature, constexprs=constants, attrs=attrs),
+        compiled = triton.compile(ASTSource(_unwrapped(launch)[0], signature, constexprs=constants, attrs=attrs),
                                   target=target, options=backend.parse_options(options).__dict__)
     except Exception as exc:  # noqa: BLE001 (reported in the table)
         return dict(launch.info, kernel=launch.name, error=f"{type(exc).__name__}: {str(exc)[:300]}", **options)

@@ -22,6 +22,7 @@ from linmem.ops.triton.primitives import (
     at_token,
     chunk_at,
     decay,
+    given,
     key_block,
     mm_acc,
     store_rows,
@@ -30,12 +31,15 @@ from linmem.ops.triton.primitives import (
 )
 
 
+@triton.heuristics(given(KEY_SCORES="key_scores", RESIDUAL="res_scores"))
 @triton.jit
 def chunk_scores_kernel(
     q, k, g, b_out, key_scores, base_scores, res_scores, cu_seqlens, chunk_indices,
     H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, DT: tl.constexpr,
     KEY_SCORES: tl.constexpr, RESIDUAL: tl.constexpr, OUTPUT_GATES: tl.constexpr,
 ):
+    """b and the score rows of one chunk and head: ``key_scores`` where given, ``res_scores`` (and the base read's
+    masks of a memory with a residual one) where given."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     q = at_token(q, tok, i_h, H, K)
@@ -84,9 +88,9 @@ def chunk_scores(q, k, g, layout: SequenceLayout, *, delta: bool, residual: bool
     res_scores = rows() if residual else None
     bk, nk = key_tiling(key_dim)
     chunk_scores_kernel[(layout.num_chunks, heads)](
-        q, k, g, b, key_scores if key_scores is not None else b, base_scores,
-        res_scores if res_scores is not None else b, layout.cu_seqlens, layout.chunk_indices,
-        H=heads, K=key_dim, C=CHUNK, BK=bk, NK=nk, DT=dot_dtype(k.dtype),
-        KEY_SCORES=key_scores is not None, RESIDUAL=residual, OUTPUT_GATES=output_gates, **(launch or {}),
+        q=q, k=k, g=g, b_out=b, key_scores=key_scores, base_scores=base_scores, res_scores=res_scores,
+        cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices,
+        H=heads, K=key_dim, C=CHUNK, BK=bk, NK=nk, DT=dot_dtype(k.dtype), OUTPUT_GATES=output_gates,
+        **(launch or {}),
     )
     return b, key_scores, base_scores, res_scores
