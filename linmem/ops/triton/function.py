@@ -9,7 +9,7 @@ Forward (grids in brackets; NT chunks of 64 tokens, N sequences, H heads):
    launch carries R on ``ρ(err)`` and stores w;
 4. forward.py ``output_kernel`` [V/BV, NT, H]: the read-outs from the stored states.
 
-Backward:
+Backward (with ``recompute_states`` in the heads' row of ``KERNEL_OPTIONS``, step 3 runs again first):
 
 5. backward_states.py ``reverse_pass_kernel`` [V/BV, N·H], reverse over chunks, once per memory (the residual one
    first, emitting dy and d_err): dS (dR) at every chunk end, dx per token, the initial states' gradients;
@@ -59,8 +59,8 @@ from linmem.ops.triton.scores import chunk_scores
 # ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128 (docs/benchmarks/kernels.md); each was
 # checked against float64 on the GPU. recompute_states: the backward runs the forward's state passes again instead
 # of keeping their results (each memory's per-chunk states [NT, H, K, V], the writes u, w and the error err, what
-# ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24 layers at B = 4, T = 2048), one
-# more sequential pass per memory for that memory; off until a GPU run weighs the two (``--sweep`` times it and
+# ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24 layers at B = 4, T = 2048), at
+# the cost of one more sequential pass per memory; off until a GPU run weighs the two (``--sweep`` times it and
 # prints the bytes, never choosing it by time alone).
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
