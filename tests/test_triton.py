@@ -632,7 +632,8 @@ def test_sweep_variants_each_change_one_default(K, V):
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     """The sweep keeps, per kernel, the variant with the smallest RDN + RLA + GDN time, in the row of the swept
     widths only: a variant that speeds RDN up and slows the others down more loses to the default; the row it
-    leaves holds the winners, the other rows are as they were; recompute_states is timed but not chosen."""
+    leaves holds the winners, the other rows are as they were; recompute_states is timed but not chosen; past the
+    deadline no variant is timed."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -649,7 +650,10 @@ def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     timings = {  # (output BV, decay_grad warps) -> (RDN, RLA, GDN) ms
         (128, 2): (10.0, 8.0, 5.0), (64, 2): (9.0, 8.5, 5.6), (128, 4): (9.8, 7.9, 4.9)}
 
+    calls = []
+
     def fake_time(fn, x, backward):
+        calls.append(fn)
         times = timings[(row["output"]["BV"], row["decay_grad"]["num_warps"])]
         faster = 0.5 if row["recompute_states"] else 1.0
         return faster * times[[kernels.METHODS[name] for name in kernels.SWEPT].index(fn)]
@@ -660,6 +664,9 @@ def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     assert chosen["recompute_states"] is False  # timed (here the fastest), never chosen by time
     assert row["decay_grad"]["num_warps"] == 4 and row["output"]["BV"] == 128
     assert {k: v for k, v in function.KERNEL_OPTIONS.items() if k != (64, 128)} == others
+    before, timed = dict(row), len(calls)
+    assert kernels.tune([rdn_only], 1, 64, deadline=0.0) == before  # past the deadline: nothing but the default
+    assert len(calls) == timed + len(kernels.SWEPT)
 
 
 def test_launch_table_by_width_class(monkeypatch):

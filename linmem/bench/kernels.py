@@ -671,12 +671,12 @@ def wide_variants(key_dim: int) -> list[dict]:
                for bv, w, st in grid])
 
 
-def tune(variants, B, T) -> dict:
+def tune(variants, B, T, deadline: float | None = None) -> dict:
     """Time ``SWEPT`` forward+backward with each variant at the timed widths; keep, per kernel, the variant (default
     included) with the smallest sum (the kernels are specialised per rule, and a change can help one rule and cost
     another). ``recompute_states`` is timed and its saving printed, but the row's own value is kept: it trades time
-    for memory, a choice the times alone do not make. Changes, and returns, the row of ``KERNEL_OPTIONS`` at these
-    widths."""
+    for memory, a choice the times alone do not make. Variants left when ``deadline`` (``time.time()``) has passed
+    are not timed (listed). Changes, and returns, the row of ``KERNEL_OPTIONS`` at these widths."""
     from linmem.ops.triton import function
 
     row = function.kernel_options(HEAD_DIM, VALUE_DIM)
@@ -692,7 +692,10 @@ def tune(variants, B, T) -> dict:
     base_ms, shown = total()
     print(f"sweep: default fwd+bwd {shown} = {base_ms:.2f} ms at B={B} T={T}", flush=True)
     best = {name: (base_ms, opts) for name, opts in default.items()}
-    for variant in variants:
+    for index, variant in enumerate(variants):
+        if deadline is not None and time.time() > deadline:
+            print(f"sweep: the time budget is spent; not timed: {variants[index:]}", flush=True)
+            break
         row.update(variant)
         try:
             ms, shown = total()
@@ -1077,7 +1080,7 @@ def main(argv=None) -> None:
     if args.sweep and left() > 0.3 * args.budget:
         defaults = dict(function.kernel_options(HEAD_DIM, VALUE_DIM))
         B, T = max(1, args.tokens // 32768), min(32768, args.tokens)
-        report["kernel_options"] = tune(variants, B, T)
+        report["kernel_options"] = tune(variants, B, T, deadline=start + 0.8 * args.budget)
         reason = (f"{report['env']['gpu']} sweep (triton {report['env']['triton']}), "
                   f"{'+'.join(name.removeprefix('linmem ') for name in SWEPT)} fwd+bwd, B={B}, T={T}, H={HEADS}")
         print("the row of linmem.ops.triton.function.KERNEL_OPTIONS to paste:\n"
