@@ -19,19 +19,10 @@ from linmem.cli import main
 from linmem.memory.commands import DEFAULT_SOURCES
 from linmem.memory.corrector import fit_corrector
 from linmem.memory.evaluate import candidate_logits, make_batch
+from linmem.memory.fact_formats import HELD_OUT, TEMPLATES, Template, Vocabulary, load_template, load_vocabulary
 from linmem.memory.probe import ProbeOptions, task_builder
 from linmem.memory.subspace import edit_directions, project, random_rank_k, truncate, value_basis
-from linmem.memory.tasks import (
-    HELD_OUT,
-    TEMPLATES,
-    TaskBuilder,
-    TaskSpec,
-    Template,
-    Vocabulary,
-    build_items,
-    load_template,
-    load_vocabulary,
-)
+from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items
 from tests.test_memory_experiments import SPEC, lab, tiny  # noqa: F401  (the fixture and the tiny-model factory)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from linmem.memory import metrics
 from linmem.memory.components import mixer
 from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.stats import bootstrap
-from linmem.memory.tasks import TaskBuilder, TaskSpec, Tokenize, build_items, passages
+from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemConfig
 
 WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()

@@ -11,7 +11,9 @@ from linmem.data.sources import Document
 from linmem.data.synthetic import check_sample, make_generator
 from linmem.data.tokenizer import train_tokenizer
 from linmem.memory import metrics, stats
-from linmem.memory.tasks import KeyValueFiller, TaskBuilder, TaskSpec, Tokenize, build_items, passages
+from linmem.memory.kv_filler import KeyValueFiller
+from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
+from linmem.memory.tokenizer_adapter import Tokenize
 
 WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
 

@@ -18,7 +18,8 @@ from linmem.memory import experiments as ex
 from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.metrics import compare
 from linmem.memory.stats import bootstrap
-from linmem.memory.tasks import TaskSpec, Tokenize, build_items, passages
+from linmem.memory.tasks import TaskSpec, build_items, passages
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.memory.toy import train_toy
 
 MODULES = ["json", "collections", "os", "re", "string", "textwrap", "pathlib", "typing", "functools", "itertools",

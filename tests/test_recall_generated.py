@@ -19,7 +19,7 @@ from linmem.data.shards import TokenShards
 from linmem.data.synthetic import check_sample
 from linmem.data.tokenizer import load_tokenizer
 from linmem.eval.runner import EvalOptions
-from linmem.memory.tasks import (
+from linmem.memory.fact_formats import (
     FORMAT_PARTS,
     GENERATED,
     HELD_OUT,
@@ -27,18 +27,19 @@ from linmem.memory.tasks import (
     TEMPLATES,
     TEXT,
     VALUE_WORDS,
-    KeyValueFiller,
-    TaskBuilder,
-    TaskSpec,
-    Tokenize,
+    load_template,
+    load_vocabulary,
+)
+from linmem.memory.generated_formats import (
     format_ids,
     format_words,
     held_out_tokens,
-    load_template,
-    load_vocabulary,
     punctuation_tokens,
     text_template_parts,
 )
+from linmem.memory.kv_filler import KeyValueFiller
+from linmem.memory.tasks import TaskBuilder, TaskSpec
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.train.data import resolve_generator
 
 ROOT = Path(__file__).resolve().parents[1]

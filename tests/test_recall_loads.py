@@ -21,17 +21,9 @@ from linmem.cli import main
 from linmem.eval.loading import EvalModel, load_model, open_heldout
 from linmem.eval.memory_recall import RecallFormat, builders, memory_recall
 from linmem.eval.runner import EvalOptions, evaluate
-from linmem.memory.tasks import (
-    GENERATED,
-    HELD_OUT,
-    KEY_WORDS,
-    TEMPLATES,
-    TEXT,
-    VALUE_WORDS,
-    KeyValueFiller,
-    TaskBuilder,
-    TaskSpec,
-)
+from linmem.memory.fact_formats import GENERATED, HELD_OUT, KEY_WORDS, TEMPLATES, TEXT, VALUE_WORDS
+from linmem.memory.kv_filler import KeyValueFiller
+from linmem.memory.tasks import TaskBuilder, TaskSpec
 from linmem.models import LinMemConfig
 from linmem.study.definition import load_study, resolve_model
 from linmem.study.items import agreement, item_records, ratio

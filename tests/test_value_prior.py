@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from linmem.eval.loading import load_model
-from linmem.memory.tasks import KEY_WORDS, TEMPLATES, VALUE_WORDS
+from linmem.memory.fact_formats import KEY_WORDS, TEMPLATES, VALUE_WORDS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "recall" / "value_prior.py"
 

@@ -55,7 +55,8 @@ from linmem.memory.metrics import choice_logits, donor_margin
 from linmem.memory.probe import ProbeOptions, pick_spec, run_protocol
 from linmem.memory.recording import backbone, unembed
 from linmem.memory.stats import source_means
-from linmem.memory.tasks import TaskSpec, Tokenize, build_items, passages
+from linmem.memory.tasks import TaskSpec, build_items, passages
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemCache, LinMemConfig, LinMemForCausalLM
 
 

@@ -26,7 +26,8 @@ from linmem.memory.evaluate import make_batch
 from linmem.memory.intervene import apply_cache_edit
 from linmem.memory.probe import pick_spec
 from linmem.memory.recording import backbone, unembed
-from linmem.memory.tasks import TaskSpec, Tokenize, build_items, passages
+from linmem.memory.tasks import TaskSpec, build_items, passages
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemCache, LinMemConfig, LinMemForCausalLM
 
 

@@ -55,7 +55,7 @@ GENERATORS: dict[str, Callable[..., RecallGenerator]] = {}
 # (options, dataset, seq_len, key) -> generator; completes ``options`` in place with the values used
 DatasetBuilder = Callable[[dict[str, Any], TokenShards, "int | None", str], RecallGenerator]
 DATASET_BUILDERS: dict[str, DatasetBuilder] = {}
-PROVIDERS = {"kv-filler": "linmem.memory.tasks", "niah": "linmem.eval.niah"}  # name -> the module registering it
+PROVIDERS = {"kv-filler": "linmem.memory.kv_filler", "niah": "linmem.eval.niah"}  # name -> the module registering it
 FILLER_TOKENS = 1_000_000  # dataset-built generators take filler text from the training split's first tokens
 
 

@@ -55,8 +55,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recall-items", type=int, default=64, help="memory-lab recall items")
     parser.add_argument("--recall-filler", type=int, default=256, help="filler tokens per memory-lab item")
     parser.add_argument("--recall-template", default="code",
-                        help="memory-lab fact template: a name of linmem.memory.tasks.TEMPLATES, a file or a text "
-                             "with {key} and {value} (code)")
+                        help="memory-lab fact template: a name of linmem.memory.fact_formats.TEMPLATES, a file or a "
+                             "text with {key} and {value} (code)")
     parser.add_argument("--recall-keys", default="names", help="key vocabulary: a name of KEY_WORDS or a word file "
                         "(names)")
     parser.add_argument("--recall-values", default="colors", help="value vocabulary: a name of VALUE_WORDS or a "

@@ -27,8 +27,10 @@ from linmem.data.sources import Document
 from linmem.eval.loading import EvalModel
 from linmem.memory import tasks
 from linmem.memory.evaluate import make_batch
+from linmem.memory.fact_formats import label, load_template, load_vocabulary
 from linmem.memory.metrics import choice_logits
 from linmem.memory.stats import bootstrap
+from linmem.memory.tokenizer_adapter import Tokenize
 
 DEFAULT_LOADS = (4,)
 CHANCE = 0.25
@@ -86,9 +88,9 @@ def check_loads(loads: Sequence[int], name: str = "loads") -> tuple[int, ...]:
 
 def check_format(fmt: RecallFormat, where: str = "recall") -> None:
     """``ValueError`` naming the field for an unknown template or vocabulary (names, files or template texts)."""
-    for part, check in (("template", lambda v: tasks.load_template(v)),
-                         ("keys", lambda v: tasks.load_vocabulary(v, "keys")),
-                         ("values", lambda v: tasks.load_vocabulary(v, "values"))):
+    for part, check in (("template", lambda v: load_template(v)),
+                         ("keys", lambda v: load_vocabulary(v, "keys")),
+                         ("values", lambda v: load_vocabulary(v, "values"))):
         value = getattr(fmt, part)
         if not isinstance(value, str):
             raise ValueError(f"{where}_{part} must be a name or a file path; got {value!r}")
@@ -102,8 +104,8 @@ def builders(tokenizer, fmt: RecallFormat, loads: Sequence[int]) -> dict[int, ta
     """One lab ``TaskBuilder`` per load. ``FormatUnavailable`` when the smallest load cannot be built with this
     tokenizer; ``ValueError`` naming every larger load the key vocabulary cannot supply."""
     loads = check_loads(loads)
-    template = tasks.load_template(fmt.template)
-    keys, values = tasks.load_vocabulary(fmt.keys, "keys"), tasks.load_vocabulary(fmt.values, "values")
+    template = load_template(fmt.template)
+    keys, values = load_vocabulary(fmt.keys, "keys"), load_vocabulary(fmt.values, "values")
 
     def build(k: int) -> tasks.TaskBuilder:
         spec = tasks.TaskSpec(num_bindings=k, repeats=fmt.repeats, filler_tokens=fmt.filler_tokens,
@@ -118,7 +120,7 @@ def builders(tokenizer, fmt: RecallFormat, loads: Sequence[int]) -> dict[int, ta
     refused = sorted(k for k in loads if k > supplied)
     if refused:
         raise ValueError(f"recall loads {refused} are refused: a load of K bindings needs K distinct single-token "
-                         f"keys, and vocabulary {tasks.label(keys)!r} has {supplied} with this tokenizer (the largest "
+                         f"keys, and vocabulary {label(keys)!r} has {supplied} with this tokenizer (the largest "
                          f"load it supplies is {supplied}); choose smaller loads or another key vocabulary")
     return {k: smallest if k == smallest.spec.num_bindings else build(k) for k in loads}
 
@@ -136,7 +138,7 @@ def filler_passages(em: EvalModel, split: SplitTokens, filler_tokens: int) -> li
     """The lab's filler passages (``tasks.passages``) of the documents of ``split`` with at least ``filler_tokens``
     tokens; ``ValueError`` when no document has that many."""
     documents = [Document(source, sid, em.decode(tokens.tolist())) for source, sid, tokens in split.documents()]
-    sources = tasks.passages(documents, tasks.Tokenize(em.tokenizer), min_tokens=filler_tokens)
+    sources = tasks.passages(documents, Tokenize(em.tokenizer), min_tokens=filler_tokens)
     if not sources:
         raise ValueError(f"no held-out document of split {split.name!r} has {filler_tokens} tokens of filler")
     return sources

@@ -17,20 +17,11 @@ from linmem.memory import experiments as ex
 from linmem.memory.components import Component, attention_layers, check_component, heads, recurrent_layers
 from linmem.memory.corrector import corrector
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE, EXPERIMENTS
+from linmem.memory.fact_formats import KEY_WORDS, VALUE_WORDS, label, load_template, load_vocabulary
 from linmem.memory.report import write_report
 from linmem.memory.subspace import subspace_transfer
-from linmem.memory.tasks import (
-    KEY_WORDS,
-    VALUE_WORDS,
-    TaskBuilder,
-    TaskSpec,
-    Tokenize,
-    build_items,
-    label,
-    load_template,
-    load_vocabulary,
-    passages,
-)
+from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
+from linmem.memory.tokenizer_adapter import Tokenize
 
 
 @dataclass

@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from linmem.data.tokenizer import train_tokenizer
-from linmem.memory.tasks import KEY_WORDS, TEMPLATES, VALUE_WORDS, KeyValueFiller, TaskBuilder, TaskSpec, Tokenize
+from linmem.memory.fact_formats import KEY_WORDS, TEMPLATES, VALUE_WORDS
+from linmem.memory.kv_filler import KeyValueFiller
+from linmem.memory.tasks import TaskBuilder, TaskSpec
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemConfig, LinMemForCausalLM
 
 

@@ -29,8 +29,8 @@ Each line printed is JSON: the arm, the model, the text's loss weight (LM arms),
 language-model loss on 32 windows of 512 tokens of the test split (``test_loss``, nats per token; also over the
 positions within the fine-tuning samples' length and beyond it), and per held-out format the clean recall at 1, 4 and
 8 facts (1 and 4 for names: 7 are single tokens), --items per load (128), 128 filler tokens. Held-out formats
-(linmem.memory.tasks.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template and
-words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at --lr (3e-4), no
+(linmem.memory.fact_formats.HELD_OUT): went / roles -> directions and keeps / roles -> materials are new in template
+and words; went / names -> colours only in template; code / roles -> directions only in words. AdamW at --lr (3e-4), no
 weight decay, gradient clip 1, bf16 autocast on a GPU; the loss is the answers' cross-entropy (plus --lm-weight times
 the text's, for text-lm and ids-lm, after the first --facts-first updates). --seed draws the fine-tune's batches
 (facts and text windows); the held-out items are the lab's own whatever the seed. --save DIR writes the fine-tuned
@@ -60,7 +60,8 @@ from linmem.eval.memory_recall import memory_recall
 from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import check_replaceable, mark_output_folder, staged_folder
 from linmem.io.run_info import TRAIN_INFO
-from linmem.memory.tasks import Tokenize, held_out_tokens
+from linmem.memory.generated_formats import held_out_tokens
+from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.train.checkpoint import copy_tokenizer, write_model
 from linmem.train.data import resolve_generator
 

@@ -19,7 +19,8 @@ from collections import Counter
 import torch
 
 from linmem.eval.loading import load_model
-from linmem.memory.tasks import Tokenize, template_tokens, vocabulary_tokens
+from linmem.memory.fact_formats import template_tokens, vocabulary_tokens
+from linmem.memory.tokenizer_adapter import Tokenize
 
 
 def value_prior(em, template: str, keys: str, values: str) -> dict:
