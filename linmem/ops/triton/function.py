@@ -60,8 +60,10 @@ from linmem.ops.triton.scores import chunk_scores
 # checked against float64 on the GPU. recompute_states: the backward runs the forward's state passes again instead
 # of keeping their results (each memory's per-chunk states [NT, H, K, V], the writes u, w and the error err, what
 # ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24 layers at B = 4, T = 2048), at
-# the cost of one more sequential pass per memory; off until a GPU run weighs the two (``--sweep`` times it and
-# prints the bytes, never choosing it by time alone).
+# the cost of one more sequential pass per memory. On, as in FLA's own chunked delta rule: in ``versus_fla`` on an
+# H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept stepped in 0.81x FLA's time
+# but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the binding cost
+# (``--sweep`` prints the bytes and times both, never choosing by time alone).
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
@@ -71,7 +73,7 @@ TUNED_AT_128 = {
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
-    "recompute_states": False,
+    "recompute_states": True,
 }
 WIDTH_CLASSES = (64, 128, 256)  # a head width takes the row of the smallest class at least as wide
 
