@@ -20,9 +20,10 @@ Hook points (identity modules, see ``linmem.layers.hooks``), per head, after all
 
 In a decoding step T = 1. What a hook returns replaces the tensor: a replaced ``hook_state`` is what the cache keeps
 for the next tokens. A hook may also edit the tensor in place (``out.mul_(0)``, ``out[:, 3] = 0``), also under
-autograd: the points whose tensor autograd could not follow through an in-place edit (β and γ, which their sigmoid
-keeps for its backward; the read-out and the states, views of buffers made inside the op's autograd Functions) get a
-tensor of their own when gradients are recorded (``editable``).
+autograd: the points whose tensor autograd could not follow through an in-place edit get a tensor of their own when
+gradients are recorded (``editable``): q, k and v (q and k are what the L2 norm keeps for its backward; q, k and v
+are views of one fused projection), g, β and γ (kept by the functions that made them), the read-out and the states
+(views of buffers made inside the op's autograd Functions).
 
 A point costs nothing while no hook is on it (``HookPoint.is_hooked``): no copy is made for it, and without a cache
 and a hook on ``hook_state`` / ``hook_residual_state`` the op is not asked for its final states at all.
@@ -155,7 +156,8 @@ class RecurrentMixer(nn.Module):
         """
         if cu_seqlens is not None and cache is not None:
             raise ValueError("cu_seqlens: packed sequences run from zero states and keep none; pass cache=None")
-        q, k, v, g = self.hook_q(q), self.hook_k(k), self.hook_v(v), self.hook_g(g)
+        q, k, v = self._through(self.hook_q, q), self._through(self.hook_k, k), self._through(self.hook_v, v)
+        g = self._through(self.hook_g, g)
         beta = self._through(self.hook_beta, beta)
         if self.memory.residual:
             gamma = self._through(self.hook_gamma, gamma)
