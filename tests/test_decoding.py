@@ -36,7 +36,7 @@ def prompt(batch: int, length: int = 7, padded: bool = False, device="cpu"):
 
 
 @pytest.mark.parametrize("mixer", RECURRENT_MIXERS)
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("padded", [False, True])
 @torch.no_grad()
 def test_greedy_equals_generate(mixer, batch, padded):
@@ -145,6 +145,7 @@ def test_sampling_is_reproducible_and_possible(top_k, top_p):
         assert nucleus(allowed.softmax(-1), top_p).gather(-1, chosen[..., None]).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k", [0, 6])
 @torch.no_grad()
 def test_sampling_follows_the_distribution(top_k):
@@ -167,6 +168,7 @@ def test_sampling_follows_the_distribution(top_k):
     assert 0.5 * (seen - expected).abs().sum() < 2 * noise
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_low_temperature_is_greedy():
     model = tiny_model("sgla")

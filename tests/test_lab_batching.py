@@ -140,6 +140,7 @@ def setup(lab):  # noqa: F811
     return tiny(tokenizer, mixer="gdn", num_hidden_layers=2, num_heads=3), build_items(builder, sources[:4], seed=0)
 
 
+@pytest.mark.slow
 def test_head_scan_that_backs_off_equals_one_that_did_not(setup, monkeypatch):
     """Backing off leaves nothing behind: the scan equals one run at the size it backed off to, exactly, and the
     one-batch scan to rounding (a batch's rows are computed alike at any size, up to the order of float sums)."""
@@ -156,6 +157,7 @@ def test_head_scan_that_backs_off_equals_one_that_did_not(setup, monkeypatch):
         assert a["component"] == b["component"] and a["mean"] == pytest.approx(b["mean"], rel=1e-12, abs=1e-14)
 
 
+@pytest.mark.slow
 def test_write_and_readout_edits_that_back_off_give_the_same_logits(setup, monkeypatch):
     model, items = setup
     batch = make_batch(items[:2])

@@ -270,6 +270,7 @@ def test_probe_reports_bad_options_before_running(model_dir, capsys):
     assert "rule" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_benchmark_scans_agree(lab):
     """``python -m linmem.bench.memory`` times two ways of one head scan: they must compute the same logits."""
     from linmem.bench.memory import full_reruns, suffix_only

@@ -489,6 +489,7 @@ def test_detached_watch_waits_for_every_queue_started_on_a_folder(tmp_path):
     assert sum(line.endswith("queue done") for line in log.read_text().splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
     """scripts/study/detached.sh: a queue that outlives its command, a watch that waits for it, and a pack of the
     evaluated runs (no checkpoints) that rebuilds the same tables in another folder."""
