@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib.util
-import io
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_modules import load_script, printed
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "study" / "rate_race.py"
 STUDY = ROOT / "configs" / "study" / "remember-dictionary-lr.yaml"
 TABLES = ROOT / "docs" / "study" / "remember-dictionary-lr" / "results.json"
 
-spec = importlib.util.spec_from_file_location("rate_race", SCRIPT)
-rate_race = importlib.util.module_from_spec(spec)
-sys.modules["rate_race"] = rate_race  # its dataclass looks its module up there
-spec.loader.exec_module(rate_race)
+rate_race = load_script(SCRIPT, "rate_race")
 
 
 def race(*args: str) -> str:
-    """What the script prints (run in this process: it imports torch, slow to start again per call)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rate_race.main(list(args))
-    return out.getvalue()
+    """What the script prints."""
+    return printed(rate_race.main, *args)
 
 
 def refused(*args: str) -> str:

@@ -2,36 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib.util
-import io
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_modules import load_script, printed
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "probes" / "seed_verdicts.py"
 PROBES = ROOT / "docs" / "study" / "probes"
 SEED_1 = PROBES / "dictionary" / "gdn-small-seed-1.json"
 
-if str(SCRIPT.parent) not in sys.path:
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports probe_table from its own folder
-spec = importlib.util.spec_from_file_location("seed_verdicts", SCRIPT)
-seed_verdicts = importlib.util.module_from_spec(spec)
-sys.modules["seed_verdicts"] = seed_verdicts  # its dataclasses look their module up there
-spec.loader.exec_module(seed_verdicts)
+seed_verdicts = load_script(SCRIPT, "seed_verdicts")  # it imports probe_table from its own folder
 
 
 def verdicts(*args: str) -> str:
-    """What the script prints (run in this process: it imports torch, slow to start again per call)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        seed_verdicts.main(list(args))
-    return out.getvalue()
+    """What the script prints."""
+    return printed(seed_verdicts.main, *args)
 
 
 def columns(text: str, row: str) -> tuple[list[str], dict[str, str]]:
