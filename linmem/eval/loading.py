@@ -34,6 +34,7 @@ class EvalModel:
     eos_id: int
     info: dict[str, Any] = field(default_factory=dict)
     start_id: int | None = None  # the token a document starts after (None: eos_id); see ``find_document_start``
+    decoders: dict = field(default_factory=dict, repr=False)  # eos id -> StaticDecoder (eval.scoring)
 
     @property
     def document_start(self) -> int:

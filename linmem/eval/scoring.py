@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from linmem.eval.loading import EvalModel
+from linmem.models.decoding import StaticDecoder, check_decodable, hooks_attached
 from linmem.models.modeling import CACHE_FIELD
 from linmem.ops.fused.cross_entropy import token_cross_entropy
 
@@ -75,9 +76,22 @@ def score_continuations(em: EvalModel, pairs: Sequence[tuple[Sequence[int], Sequ
 
 @torch.no_grad()
 def greedy_generate(em: EvalModel, context: Sequence[int], max_new_tokens: int,
-                    stop: Callable[[list[int]], bool] | None = None) -> list[int]:
-    """Greedy tokens after ``context`` (recurrent cache, one token per step) until ``max_new_tokens``, the EOS
-    token, or ``stop(generated)`` is true."""
+                    stop: Callable[[list[int]], bool] | None = None, *, static: bool | None = None) -> list[int]:
+    """Greedy tokens after ``context`` until ``max_new_tokens``, the EOS token, or ``stop(generated)`` is true
+    (the token that made it true is kept).
+
+    ``static=None``: on CUDA, a model that captured decoding covers (``check_decodable``: linear-memory layers, plain
+    MLPs, no hooks) decodes with a ``StaticDecoder`` kept per model, each token one replay of a CUDA graph; it makes
+    all ``max_new_tokens`` (or up to EOS) and cuts at the first prefix ``stop`` accepts, which gives the same tokens
+    as the step-by-step loop. Elsewhere the loop runs one cached forward per token. ``static=True`` / ``False``
+    forces the path (True on the CPU runs the static step uncaptured: tests)."""
+    if static is None:
+        static = em.device.type == "cuda" and _captured_decoding_covers(em.model)
+    if static:
+        generated = _static_generate(em, context, max_new_tokens)
+        if stop is not None and generated and stop(generated):
+            return next(generated[:n] for n in range(1, len(generated) + 1) if stop(generated[:n]))
+        return generated
     ids = torch.as_tensor([list(context)], dtype=torch.long, device=em.device)
     out = em.model(input_ids=ids, use_cache=True)
     generated: list[int] = []
@@ -91,3 +105,25 @@ def greedy_generate(em: EvalModel, context: Sequence[int], max_new_tokens: int,
         out = em.model(input_ids=torch.tensor([[token]], device=em.device), cache=getattr(out, CACHE_FIELD),
                        use_cache=True)
     return generated
+
+
+def _captured_decoding_covers(model) -> bool:
+    try:
+        check_decodable(model)
+    except ValueError:
+        return False
+    return not hooks_attached(model)
+
+
+def _static_generate(em: EvalModel, context: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens of a batch-1 ``StaticDecoder`` (built once per ``EvalModel`` and EOS id, kept in its
+    ``decoders``), cut before the EOS token."""
+    if max_new_tokens < 1:
+        return []
+    decoders = em.decoders
+    if em.eos_id not in decoders:
+        decoders[em.eos_id] = StaticDecoder(em.model, 1, eos_token_id=[em.eos_id], pad_token_id=em.eos_id,
+                                            capture=em.device.type == "cuda")
+    ids = torch.as_tensor([list(context)], dtype=torch.long, device=em.device)
+    tokens = decoders[em.eos_id].generate(ids, max_new_tokens)[0, ids.shape[1]:].tolist()
+    return tokens[:tokens.index(em.eos_id)] if em.eos_id in tokens else tokens
