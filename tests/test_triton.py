@@ -795,3 +795,18 @@ def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
         assert_close(f"{edits[0]!r}", got, want, max(TOL, 1e-5))
         assert not torch.allclose(want, chunk(ids).logits.detach(), atol=1e-4), "the edit changed nothing"
     assert all(c.grids for c in counted.values())  # the triton model ran on the walk, not on the chunk fallback
+
+
+def test_swept_option_limits_what_the_sweep_compiles(monkeypatch):
+    import linmem.bench.kernels as bench
+
+    monkeypatch.setattr(bench, "SWEPT", bench.SWEPT)  # restored after the test
+    with pytest.raises(SystemExit):
+        bench.main(["--swept", "linmem GDN,FLA GDN", "--sweep"])
+    variant = {"forward": dict(num_warps=4, num_stages=1, BV=32)}
+    everything = {task["method"] for _, task in bench.warm_tasks(["linmem GDN"], [variant])}
+    assert everything == {"linmem GDN", "linmem RDN", "linmem RLA"}
+    bench._set_swept(["linmem GDN"])
+    tasks = bench.warm_tasks(["linmem GDN"], [variant])
+    assert tasks == [("compile", dict(method="linmem GDN")),
+                     ("compile", dict(method="linmem GDN", kernel_options=variant))]

@@ -991,6 +991,11 @@ def _plot_one_length(report: dict, path: Path, title: str) -> None:
 # ------------------------------------------------------------------------------------------------ main
 
 
+def _set_swept(names: list[str]) -> None:
+    global SWEPT
+    SWEPT = tuple(names)
+
+
 def _set_shape(heads: int, head_dim: int, value_dim: int | None = None) -> None:
     global HEADS, HEAD_DIM, VALUE_DIM
     HEADS, HEAD_DIM, VALUE_DIM = heads, head_dim, head_dim if value_dim is None else value_dim
@@ -1032,6 +1037,9 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--quick-check", action="store_true", help="a subset of the float64 checks")
     parser.add_argument("--sweep", action="store_true", help="time alternative launch options and keep the best")
+    parser.add_argument("--swept", default=",".join(SWEPT),
+                        help="the linmem methods --sweep compiles and times under every variant (fewer: a sweep "
+                             "that fits a shorter budget; the chosen row then rests on these only)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times of RDN and RLA fwd+bwd")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
     parser.add_argument("--heads", type=int, default=HEADS)
@@ -1052,6 +1060,10 @@ def main(argv=None) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "linmem.bench.kernels",
                                   *(sys.argv[1:] if argv is None else argv)])
+    swept = args.swept.split(",")
+    if not swept or any(name not in SWEPT for name in swept):
+        parser.error(f"--swept: a comma list of {', '.join(SWEPT)}; got {args.swept!r}")
+    _set_swept(swept)
     _set_shape(args.heads, args.head_dim, args.value_dim)
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
     try:
