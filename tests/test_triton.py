@@ -810,3 +810,11 @@ def test_swept_option_limits_what_the_sweep_compiles(monkeypatch):
     tasks = bench.warm_tasks(["linmem GDN"], [variant])
     assert tasks == [("compile", dict(method="linmem GDN")),
                      ("compile", dict(method="linmem GDN", kernel_options=variant))]
+
+
+def test_profile_methods_are_checked_before_any_work():
+    import linmem.bench.kernels as bench
+
+    for bad in ("linmem XYZ", "FLA GDN 2V"):
+        with pytest.raises(SystemExit):
+            bench.main(["--profile", "--profile-methods", bad])

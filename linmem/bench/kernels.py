@@ -1040,7 +1040,9 @@ def main(argv=None) -> None:
     parser.add_argument("--swept", default=",".join(SWEPT),
                         help="the linmem methods --sweep compiles and times under every variant (fewer: a sweep "
                              "that fits a shorter budget; the chosen row then rests on these only)")
-    parser.add_argument("--profile", action="store_true", help="per-kernel times of RDN and RLA fwd+bwd")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times of fwd+bwd (--profile-methods)")
+    parser.add_argument("--profile-methods", default="linmem RDN,linmem RLA",
+                        help="the methods --profile profiles, at the timed widths (not the 2V methods)")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help="the key width (and the value width)")
@@ -1051,9 +1053,12 @@ def main(argv=None) -> None:
     if args.render:
         render(Path(args.out))
         return
-    unknown = [name for name in args.methods.split(",") if name not in METHODS]
+    unknown = [name for name in args.methods.split(",") + args.profile_methods.split(",") if name not in METHODS]
     if unknown:
-        parser.error(f"--methods: unknown {', '.join(map(repr, unknown))}; known: {', '.join(METHODS)}")
+        parser.error(f"--methods / --profile-methods: unknown {', '.join(map(repr, unknown))}; known: "
+                     f"{', '.join(METHODS)}")
+    if any(name.endswith(" 2V") for name in args.profile_methods.split(",")):
+        parser.error("--profile-methods: the 2V methods are not profiled (their inputs are built for timing only)")
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         # the dry run needs the interpreter, and Triton fixes its own jit helpers (tl.sum, …) as compiled or
         # interpreted when it is first imported, which the linmem package did before this ran: start again
@@ -1109,7 +1114,7 @@ def main(argv=None) -> None:
         report["kernel_options"] = function.kernel_options(HEAD_DIM, VALUE_DIM)
     if args.profile and DEVICE == "cuda":
         for T in (8192, args.tokens):
-            for method in ("linmem RDN", "linmem RLA"):
+            for method in args.profile_methods.split(","):
                 rows = profile_kernels(max(1, args.tokens // T), T, method)
                 report.setdefault("profile", {})[f"{method} T={T}"] = rows
                 print(f"profile {method} fwd+bwd T={T}:\n"
