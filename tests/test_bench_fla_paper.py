@@ -38,7 +38,7 @@ def test_scaled_paper_checkpoints_import_with_fla_logits(name, tmp_path, fla_on_
                                             dtype=torch.float64)
     model = load_fla_checkpoint(tmp_path, dtype=torch.float64, backend="chunk")
     assert sum(p.numel() for p in model.parameters()) == count
-    assert model.config.attn_layers == ([2] if "attn" in settings else [])
+    assert model.config.attention.layers == ([2] if "attn" in settings else [])
     ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(seed))
     expected = fla_model.double()(ids, use_cache=False).logits
     assert relative_error(model(ids, use_cache=False).logits, expected) < 1e-5  # FLA's references: float32 inside

@@ -113,10 +113,10 @@ def test_output_attentions_gives_each_attention_layers_weights_and_none_for_memo
     out = model(ids, output_attentions=True)
     assert len(out.attentions) == model.config.num_hidden_layers
     for layer, weights in enumerate(out.attentions):
-        if layer not in model.config.attn_layers:
+        if layer not in model.config.attention.layers:
             assert weights is None
             continue
-        assert weights.shape == (2, model.config.attn_num_heads, 9, 9)
+        assert weights.shape == (2, model.config.attention.num_heads, 9, 9)
         torch.testing.assert_close(weights, reference_weights(model, ids, layer))
     assert model(ids).attentions is None
     _, fused_grads = loss_and_grads(model, ids)
@@ -134,7 +134,7 @@ def test_output_attentions_with_padding_and_a_cache_match_each_row_alone():
     attention layers gives one None per layer."""
     torch.manual_seed(2)
     model = tiny_model(HYBRID).eval()
-    layer = model.config.attn_layers[0]
+    layer = model.config.attention.layers[0]
     ids = torch.randint(0, VOCAB, (2, 8))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding
@@ -150,7 +150,7 @@ def test_output_attentions_with_padding_and_a_cache_match_each_row_alone():
     prefix = model(ids[:, :-1], use_cache=True)
     step = model(ids[:, -1:], cache=prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values,
                  use_cache=True, output_attentions=True).attentions[layer]
-    assert step.shape == (2, model.config.attn_num_heads, 1, 8)
+    assert step.shape == (2, model.config.attention.num_heads, 1, 8)
     torch.testing.assert_close(step, full[:, :, -1:])
     plain = tiny_model(MIXER_CASES["rla"])
     assert plain(ids, output_attentions=True).attentions == (None,) * plain.config.num_hidden_layers

@@ -313,12 +313,12 @@ def test_config_mapping():
     assert (config.mixer, config.num_heads, config.head_dim, config.expand_v) == ("gla", 4, 12, 2.0)
     assert (config.num_kv_heads, config.clamp_min, config.conv_size, config.conv_bias) == (2, -0.1, 3, False)
     assert (config.intermediate_size, config.norm_eps, config.tie_word_embeddings) == (96, 1e-5, False)
-    assert config.attn_layers == [1]
-    assert (config.attn_num_heads, config.attn_num_kv_heads, config.attn_qkv_bias) == (4, 2, True)
-    assert (config.attn_window_size, config.rope_theta, config.attn_qk_norm) == (5, 500.0, False)
+    assert config.attention.layers == [1]
+    assert (config.attention.num_heads, config.attention.num_kv_heads, config.attention.qkv_bias) == (4, 2, True)
+    assert (config.attention.window_size, config.attention.rope_theta, config.attention.qk_norm) == (5, 500.0, False)
     config = fla_config_to_linmem(GatedDeltaNetConfig(**GDN_HYBRID).to_dict())
     assert (config.mixer, config.head_dim, config.expand_v, config.use_short_conv) == ("gdn", 16, 1.5, True)
-    assert (config.hidden_ratio, config.tie_word_embeddings, config.attn_layers) == (3, True, [2])
+    assert (config.hidden_ratio, config.tie_word_embeddings, config.attention.layers) == (3, True, [2])
     # fields missing from config.json take FLA 0.6.0's defaults
     config = fla_config_to_linmem({"model_type": "gated_deltanet"})
     assert (config.hidden_size, config.num_heads, config.head_dim, config.num_hidden_layers) == (2048, 6, 256, 21)
@@ -360,7 +360,7 @@ def test_attention_spec_list_of_one_shape_is_merged():
     attn = [dict(layers=[2], num_heads=2, window_size=8), dict(layers=[0], num_heads=2, window_size=8)]
     config = fla_config_to_linmem({"model_type": "gla", "hidden_size": 64, "num_heads": 2, "num_hidden_layers": 3,
                                    "attn": attn})
-    assert config.attn_layers == [0, 2] and config.attn_window_size == 8
+    assert config.attention.layers == [0, 2] and config.attention.window_size == 8
 
 
 def test_unknown_fields_are_refused_unless_allowed():

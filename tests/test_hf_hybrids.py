@@ -179,7 +179,9 @@ def test_write_block_forgets_prefix_without_attention(monkeypatch, family):
 def without_attention(model):
     """The converted model with its attention layers removed (the recurrent layers keep their weights)."""
     keep = mm.recurrent_layers(model)
-    config = LinMemConfig(**{**model.config.to_dict(), "num_hidden_layers": len(keep), "attn_layers": []})
+    fields = model.config.to_dict()
+    config = LinMemConfig(**{**fields, "num_hidden_layers": len(keep),
+                             "attention": {**fields["attention"], "layers": []}})
     weights = {}
     for name, tensor in model.state_dict().items():
         if name.startswith("model.layers."):

@@ -219,7 +219,7 @@ def test_benchmark_qwen_shapes(name, parameters, tied):
     with torch.device("meta"):
         model = LinMemForCausalLM(config)
     assert abs(sum(p.numel() for p in model.parameters()) / parameters - 1) < 0.005
-    assert len(mm.heads(model)) == 768 and list(config.attn_layers) == list(range(3, 32, 4))
+    assert len(mm.heads(model)) == 768 and list(config.attention.layers) == list(range(3, 32, 4))
     assert config.tie_word_embeddings is tied and lab_scale.MODELS[name](quick=True).tie_word_embeddings is tied
 
 

@@ -58,8 +58,13 @@ def zoo_copy(folder: Path) -> Path:
 
 
 def edit_config(folder: Path, drop: tuple[str, ...] = (), **changes) -> None:
+    """Set (or ``drop``) fields of ``folder``'s ``config.json``; ``"attention.rope_theta"`` names a sub-config's
+    field."""
     config = json.loads((folder / "config.json").read_text())
-    config = {key: value for key, value in {**config, **changes}.items() if key not in drop}
+    config = {key: value for key, value in config.items() if key not in drop}
+    for key, value in changes.items():
+        table, _, field = key.rpartition(".")
+        (config.setdefault(table, {}) if table else config)[field] = value
     (folder / "config.json").write_text(json.dumps(config))
 
 
@@ -134,7 +139,8 @@ def test_an_absurd_vocabulary_is_refused_before_anything_is_allocated(tmp_path, 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("norm_eps", "abc", "norm_eps must be a finite number; got 'abc'"),
     ("scale", math.nan, "scale must be a finite number; got nan"),
-    ("rope_theta", math.inf, "rope_theta must be a finite number; got inf"),
+    ("attention.rope_theta", math.inf, "attention.rope_theta must be a finite number; got inf"),
+    ("attention.heads", 4, "attention has no field 'heads'; its fields: layers, num_heads"),
     ("fit_history", "yes", "fit_history must be true or false; got 'yes'"),
 ])
 def test_a_bad_value_in_config_json_is_one_line_naming_the_file(tmp_path, capsys, field, value, message):

@@ -57,7 +57,7 @@ def test_components_and_layers(case):
     model = build(case)
     comps = mm.heads(model)
     residual = case.startswith("r")
-    recurrent = [i for i in mm.layers(model) if i not in model.config.attn_layers]
+    recurrent = [i for i in mm.layers(model) if i not in model.config.attention.layers]
     assert len(comps) == len(recurrent) * 2 * (2 if residual else 1)
     assert {c.layer for c in comps} == set(recurrent)
     assert mm.Component.parse("L1H0R") == mm.Component(1, 0, "R") == mm.Component.parse((1, 0, "R"))
@@ -90,8 +90,8 @@ def test_patch_every_readout_gives_donor(case):
     model = build(case)
     recipient, donor = pair(at=8)
     edits = [mm.OutputPatch(mm.heads(model), positions=range(8, 14))]
-    if model.config.attn_layers:  # the attention layers read the prefix from their KV cache
-        edits.append(mm.CacheSwap(model.config.attn_layers, at=8, kinds="kv"))
+    if model.config.attention.layers:  # the attention layers read the prefix from their KV cache
+        edits.append(mm.CacheSwap(model.config.attention.layers, at=8, kinds="kv"))
     out = mm.run(model, recipient, donor, edits)
     assert close(out[:, 8:], logits(model, donor)[:, 8:])
 

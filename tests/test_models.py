@@ -77,7 +77,7 @@ def test_prefill_then_steps_equal_forward(case, monkeypatch):
         out = model(x[:, t: t + 1], cache=cache, use_cache=True)
         logits.append(out.logits)
     assert close(torch.cat(logits, 1), full)
-    assert len(steps) == 5 * (model.config.num_hidden_layers - len(model.config.attn_layers))
+    assert len(steps) == 5 * (model.config.num_hidden_layers - len(model.config.attention.layers))
     check_cache_contents(model.config, cache, batch=2, seen=11)
 
 
@@ -86,10 +86,10 @@ def check_cache_contents(config: LinMemConfig, cache: LinMemCache, batch: int, s
     assert isinstance(cache, LinMemCache) and cache.get_seq_length() == seen
     head_v = int(config.head_dim * config.expand_v)
     for i, layer in enumerate(cache.layers):
-        if i in config.attn_layers:
+        if i in config.attention.layers:
             assert isinstance(layer, AttentionLayerCache)
-            head_dim = config.hidden_size // config.attn_num_heads
-            assert layer.keys.shape == layer.values.shape == (batch, seen, config.attn_num_kv_heads, head_dim)
+            head_dim = config.hidden_size // config.attention.num_heads
+            assert layer.keys.shape == layer.values.shape == (batch, seen, config.attention.num_kv_heads, head_dim)
             continue
         assert isinstance(layer, RecurrentLayerCache) and layer.seen_tokens == seen
         assert layer.base_state.shape == (batch, config.num_heads, head_v, config.head_dim)

@@ -143,9 +143,9 @@ def test_tiny_cpu_example_parses():
 
 def test_hybrid_and_transformer_layers():
     hybrid = build_model_config(load_config(CONFIGS / "zoo" / "gdn-hybrid.yaml"), 4096)
-    assert hybrid.attn_layers == [2, 5]  # one layer of three
+    assert hybrid.attention.layers == [2, 5]  # one layer of three
     transformer = build_model_config(load_config(CONFIGS / "zoo" / "transformer.yaml"), 4096)
-    assert transformer.attn_layers == list(range(transformer.num_hidden_layers))
+    assert transformer.attention.layers == list(range(transformer.num_hidden_layers))
 
 
 # --- include: a shared base --------------------------------------------------------------------------------

@@ -37,12 +37,12 @@ def flops_per_token(config: LinMemConfig, seq_len: int) -> dict[str, float]:
     "total"}`` (see the module doc for the formula)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1; got {seq_len}")
-    attention_layers = len(config.attn_layers)
+    attention_layers = len(config.attention.layers)
     linear_layers = config.num_hidden_layers - attention_layers
     value_width = round(config.head_dim * config.expand_v)
     memory = 6.0 * linear_layers * config.num_heads * MEMORY_PRODUCTS[config.mixer] * config.head_dim * value_width
-    head_dim = getattr(config, "attn_head_dim", None) or config.hidden_size // config.attn_num_heads
-    attention = 6.0 * attention_layers * config.attn_num_heads * head_dim * seq_len
+    head_dim = config.attention.head_dim or config.hidden_size // config.attention.num_heads
+    attention = 6.0 * attention_layers * config.attention.num_heads * head_dim * seq_len
     matmul = 6.0 * matmul_parameters(config)
     return dict(matmul=matmul, memory=memory, attention=attention, total=matmul + memory + attention)
 

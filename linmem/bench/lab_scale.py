@@ -220,7 +220,7 @@ def bench_model(name: str, args, sizes: Sizes, tokenizer, documents, deadline: f
         model = build_model(config, args.device, dtype)
     components = mm.heads(model)
     row.update(parameters=sum(p.numel() for p in model.parameters()), heads=len(components),
-               layers=config.num_hidden_layers, attention_layers=list(config.attn_layers), dtype=args.dtype,
+               layers=config.num_hidden_layers, attention_layers=list(config.attention.layers), dtype=args.dtype,
                build_s=round(clock.seconds, 1))
     log(f"{name}: {row['parameters'] / 1e9:.3f}B parameters, {len(components)} recurrent heads, built in "
         f"{clock.seconds:.1f} s")

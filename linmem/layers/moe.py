@@ -40,21 +40,22 @@ class SparseMoE(nn.Module):
     """Top-k routed experts plus an optional gated shared expert: ``[B, T, D] → [B, T, D]``.
 
     Args:
-        hidden_size: D. num_experts: E. top_k: experts per token. intermediate_size: I of each expert.
-        shared_intermediate_size: I of the shared expert (None: no shared expert).
-        norm_topk_prob: renormalise the k kept probabilities to sum to 1.
+        hidden_size: D. num_experts: E. num_experts_per_tok: k, the experts each token goes to.
+        intermediate_size: I of each expert. shared_expert_intermediate_size: I of the shared expert (None: no
+        shared expert). norm_topk_prob: renormalise the k kept probabilities to sum to 1.
     """
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-                 shared_intermediate_size: int | None = None, norm_topk_prob: bool = True):
+    def __init__(self, hidden_size: int, num_experts: int, num_experts_per_tok: int, intermediate_size: int,
+                 shared_expert_intermediate_size: int | None = None, norm_topk_prob: bool = True):
         super().__init__()
-        if not 1 <= top_k <= num_experts:
-            raise ValueError(f"top_k must be in [1, num_experts = {num_experts}]; got {top_k}")
-        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        if not 1 <= num_experts_per_tok <= num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, num_experts = {num_experts}]; got "
+                             f"{num_experts_per_tok}")
+        self.top_k, self.norm_topk_prob = num_experts_per_tok, norm_topk_prob
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = Experts(hidden_size, intermediate_size, num_experts)
-        if shared_intermediate_size:
-            self.shared_expert = SwiGLU(hidden_size, intermediate_size=shared_intermediate_size)
+        if shared_expert_intermediate_size:
+            self.shared_expert = SwiGLU(hidden_size, intermediate_size=shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -91,7 +91,7 @@ class LinMemCache(Cache):
     @classmethod
     def from_config(cls, config) -> LinMemCache:
         """An empty cache for a ``LinMemConfig``."""
-        return cls(config.num_hidden_layers, config.attn_layers)
+        return cls(config.num_hidden_layers, config.attention.layers)
 
     def __repr__(self) -> str:
         kinds = ["attention" if isinstance(layer, AttentionLayerCache) else "recurrent" for layer in self.layers]

@@ -2,25 +2,81 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from transformers import PretrainedConfig
 from transformers.utils import logging
 
+from linmem.models.sub_configs import (
+    NORM_PLACEMENTS,
+    AttentionConfig,
+    MoEConfig,
+    build_settings,
+    check_choice,
+    check_number,
+    check_positive_int,
+)
 from linmem.ops.backend import check_backend
 from linmem.ops.config import RESIDUAL_TARGETS, check_gamma_mode, head_value_dim
 
 logger = logging.get_logger(__name__)
 
 MIXERS = ("sgla", "gla", "gdn", "rla", "rdn")
-NORM_PLACEMENTS = ("pre", "post")
-QK_NORM_SCOPES = ("head", "all")
-NUMBER_FIELDS = ("expand_v", "clip", "gate_logit_normalizer", "norm_eps", "initializer_range", "partial_rotary_factor")
-OPTIONAL_NUMBER_FIELDS = ("rope_theta", "clamp_min", "hidden_ratio", "mixer_norm_eps")
-FLAG_FIELDS = ("fit_history", "output_gates", "use_short_conv", "conv_bias", "attn_qkv_bias", "attn_qk_norm",
-               "tie_word_embeddings", "allow_neg_eigval", "attn_output_gate", "attn_o_bias", "norm_zero_centered",
-               "norm_topk_prob")
+NUMBER_FIELDS = ("expand_v", "clip", "gate_logit_normalizer", "norm_eps", "initializer_range")
+OPTIONAL_NUMBER_FIELDS = ("clamp_min", "hidden_ratio", "mixer_norm_eps")
+FLAG_FIELDS = ("fit_history", "output_gates", "use_short_conv", "conv_bias", "tie_word_embeddings",
+               "allow_neg_eigval", "norm_zero_centered")
+SUB_CONFIGS = {"attention": AttentionConfig, "moe": MoEConfig}  # LinMemConfig fields that are tables of settings
+# The flat names older config.json files, weights records and keyword arguments use for the settings that now live
+# in a sub-config: flat name -> (sub-config, its field). ``nest_flat_fields`` is the one place that reads them.
+FLAT_FIELDS: dict[str, tuple[str, str]] = {
+    "attn_layers": ("attention", "layers"), "attn_num_heads": ("attention", "num_heads"),
+    "attn_num_kv_heads": ("attention", "num_kv_heads"), "attn_head_dim": ("attention", "head_dim"),
+    "attn_qkv_bias": ("attention", "qkv_bias"), "attn_qk_norm": ("attention", "qk_norm"),
+    "attn_qk_norm_over": ("attention", "qk_norm_over"), "attn_output_gate": ("attention", "output_gate"),
+    "attn_o_bias": ("attention", "o_bias"), "attn_window_size": ("attention", "window_size"),
+    "rope_theta": ("attention", "rope_theta"), "partial_rotary_factor": ("attention", "partial_rotary_factor"),
+    "attn_norm_placement": ("attention", "norm_placement"),
+    "num_experts": ("moe", "num_experts"), "num_experts_per_tok": ("moe", "num_experts_per_tok"),
+    "moe_intermediate_size": ("moe", "intermediate_size"),
+    "shared_expert_intermediate_size": ("moe", "shared_expert_intermediate_size"),
+    "norm_topk_prob": ("moe", "norm_topk_prob"), "moe_layers": ("moe", "layers"),
+}
+
+
+def nest_flat_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` (config arguments, a ``config.json`` or a weights record) with every name of ``FLAT_FIELDS`` moved
+    into its sub-config's table; each sub-config present becomes a plain dict (an ``AttentionConfig`` given as it is
+    is read field by field). A flat name and its sub-config's field both given with different values is a
+    ``ValueError`` naming both."""
+    nested = {name: value for name, value in fields.items() if name not in FLAT_FIELDS}
+    for sub in SUB_CONFIGS:
+        value = nested.get(sub)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            nested[sub] = dataclasses.asdict(value)
+        elif isinstance(value, Mapping):
+            nested[sub] = dict(value)
+    for flat, (sub, name) in FLAT_FIELDS.items():
+        if flat not in fields:
+            continue
+        if nested.get(sub) is None:
+            nested[sub] = {}
+        table = nested[sub]
+        if not isinstance(table, dict):
+            raise ValueError(f"{sub} must be a table of its fields; got {table!r}")
+        if name in table and table[name] != fields[flat]:
+            raise ValueError(f"{flat} = {fields[flat]!r} and {sub}.{name} = {table[name]!r} are both given; keep "
+                             f"{sub}.{name} only")
+        table[name] = fields[flat]
+    return nested
+
+
+def attention_layers(fields: Mapping[str, Any]) -> list[int]:
+    """The softmax attention layers a config's fields name (a ``config.json`` as a dict, flat or nested)."""
+    return list((nest_flat_fields(fields).get("attention") or {}).get("layers") or [])
 
 
 class LinMemConfig(PretrainedConfig):
@@ -35,23 +91,21 @@ class LinMemConfig(PretrainedConfig):
     ``expand_v = 2``); its gate uses ``gate_logit_normalizer``, ``gate_low_rank_dim`` and ``clamp_min``, and
     ``num_kv_heads`` (None: H; GLA only) shares k, v and the gate across groups of query heads (FLA's GQA option).
 
-    Hybrids: ``attn_layers`` lists the layer indices that are softmax attention, with ``attn_num_heads`` (None: H;
-    head_dim = D / attn_num_heads), ``attn_num_kv_heads`` (None: attn_num_heads), ``attn_qkv_bias`` (biases on the
-    q/k/v projections), ``attn_qk_norm``, ``attn_window_size`` and ``rope_theta``.
+    Hybrids: ``attention`` (``AttentionConfig``, or a dict of its fields) holds the softmax attention layers:
+    ``attention.layers`` lists their indices, with their heads, RoPE, norms, gates and biases. Mixture of experts:
+    ``moe`` (``MoEConfig``, or a dict) with ``moe.num_experts`` > 0 replaces the MLP of ``moe.layers`` (None: every
+    layer) by ``SparseMoE``. ``config.json`` saves both as tables. The flat names of older files and keyword
+    arguments (``attn_layers``, ``attn_num_heads``, ``rope_theta``, ``num_experts``, ``moe_layers``, ...; the
+    table ``FLAT_FIELDS``) are still read, into the same sub-configs: ``LinMemConfig(attn_layers=[1])`` is
+    ``LinMemConfig(attention={"layers": [1]})``.
 
     Options of the Hugging Face GDN hybrids (``linmem.models.hf_import``; every default keeps the behaviour above):
     ``num_key_heads`` (None: H; the linear mixers other than GLA) gives q and k fewer heads than v, each key head
     serving ``num_heads / num_key_heads`` consecutive value heads (the H heads of the states are the value heads);
     ``allow_neg_eigval`` makes β = 2·sigmoid (in [0, 2]); ``mixer_norm_eps`` (None: ``norm_eps``) is the eps of the
-    mixers' gated output norm. Attention: ``attn_head_dim`` (None: D / attn_num_heads), ``partial_rotary_factor``
-    (RoPE on the first ``attn_head_dim · factor`` channels of each head), ``rope_theta=None`` (no RoPE),
-    ``attn_output_gate`` (``o_proj(attn · sigmoid(g_proj x))``), ``attn_qk_norm_over`` (``"head"``: a norm per head,
-    ``"all"``: one over all heads' channels), ``attn_o_bias``. Norms: ``norm_zero_centered`` (every RMSNorm outside
-    the mixers' gated output norm scales by ``1 + w``), ``norm_placement`` / ``attn_norm_placement`` (None: the same)
-    for the linear and the attention blocks: ``"pre"`` (``h + f(norm(h))``) or ``"post"`` (``h + norm(f(h))``, OLMo's
-    attention blocks). Mixture of experts: ``num_experts`` > 0 replaces the MLP of ``moe_layers`` (None: every layer)
-    by ``SparseMoE`` with ``num_experts_per_tok`` routed experts of width ``moe_intermediate_size``,
-    ``norm_topk_prob`` and a gated shared expert of width ``shared_expert_intermediate_size`` (None: none).
+    mixers' gated output norm. Norms: ``norm_zero_centered`` (every RMSNorm outside the mixers' gated output norm
+    scales by ``1 + w``), ``norm_placement`` for the linear blocks (``attention.norm_placement`` for the attention
+    blocks, None: the same): ``"pre"`` (``h + f(norm(h))``) or ``"post"`` (``h + norm(f(h))``).
 
     Memory switches (docs/math.md): ``residual_target`` (``"clip"`` | ``"tanh"`` | ``"identity"``), ``clip``,
     ``fit_history``, ``output_gates`` (RLA/RDN only) and ``gamma`` (``"independent"`` | ``"tied"``: γ = β).
@@ -79,13 +133,8 @@ class LinMemConfig(PretrainedConfig):
         expand_v: float = 2.0,
         mixer: str = "rdn",
         num_kv_heads: int | None = None,
-        attn_layers: list[int] | tuple[int, ...] = (),
-        attn_num_heads: int | None = None,
-        attn_num_kv_heads: int | None = None,
-        attn_qkv_bias: bool = False,
-        attn_qk_norm: bool = False,
-        attn_window_size: int | None = None,
-        rope_theta: float = 10000.0,
+        attention: AttentionConfig | Mapping[str, Any] | None = None,
+        moe: MoEConfig | Mapping[str, Any] | None = None,
         max_position_embeddings: int = 2048,
         residual_target: str = "clip",
         clip: float = 1.0,
@@ -111,30 +160,13 @@ class LinMemConfig(PretrainedConfig):
         num_key_heads: int | None = None,
         allow_neg_eigval: bool = False,
         mixer_norm_eps: float | None = None,
-        attn_head_dim: int | None = None,
-        partial_rotary_factor: float = 1.0,
-        attn_output_gate: bool = False,
-        attn_qk_norm_over: str = "head",
-        attn_o_bias: bool = False,
         norm_zero_centered: bool = False,
         norm_placement: str = "pre",
-        attn_norm_placement: str | None = None,
-        num_experts: int = 0,
-        num_experts_per_tok: int = 1,
-        moe_intermediate_size: int | None = None,
-        shared_expert_intermediate_size: int | None = None,
-        norm_topk_prob: bool = True,
-        moe_layers: list[int] | tuple[int, ...] | None = None,
         **kwargs,
     ):
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_heads, self.head_dim, self.expand_v, self.mixer = num_heads, head_dim, expand_v, mixer
         self.num_kv_heads = num_kv_heads
-        self.attn_layers = list(attn_layers)
-        self.attn_num_heads = num_heads if attn_num_heads is None else attn_num_heads
-        self.attn_num_kv_heads = self.attn_num_heads if attn_num_kv_heads is None else attn_num_kv_heads
-        self.attn_qkv_bias = attn_qkv_bias
-        self.attn_qk_norm, self.attn_window_size, self.rope_theta = attn_qk_norm, attn_window_size, rope_theta
         self.max_position_embeddings = max_position_embeddings
         self.residual_target, self.clip, self.fit_history, self.output_gates = (residual_target, clip,
                                                                                 fit_history, output_gates)
@@ -145,16 +177,13 @@ class LinMemConfig(PretrainedConfig):
         self.hidden_ratio, self.intermediate_size = hidden_ratio, intermediate_size
         self.norm_eps, self.initializer_range, self.use_cache = norm_eps, initializer_range, use_cache
         self.num_key_heads, self.allow_neg_eigval, self.mixer_norm_eps = num_key_heads, allow_neg_eigval, mixer_norm_eps
-        self.attn_head_dim, self.partial_rotary_factor = attn_head_dim, partial_rotary_factor
-        self.attn_output_gate, self.attn_qk_norm_over, self.attn_o_bias = (attn_output_gate, attn_qk_norm_over,
-                                                                           attn_o_bias)
         self.norm_zero_centered, self.norm_placement = norm_zero_centered, norm_placement
-        self.attn_norm_placement = norm_placement if attn_norm_placement is None else attn_norm_placement
-        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
-        self.moe_intermediate_size, self.shared_expert_intermediate_size = (moe_intermediate_size,
-                                                                            shared_expert_intermediate_size)
-        self.norm_topk_prob = norm_topk_prob
-        self.moe_layers = None if moe_layers is None else list(moe_layers)
+        kwargs = nest_flat_fields({**kwargs, "attention": attention, "moe": moe})
+        check_positive_int("num_heads", num_heads)  # the defaults of the attention layers' heads and placement
+        check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
+        self.attention = build_settings(AttentionConfig, kwargs.pop("attention"), "attention").resolved(
+            num_heads, norm_placement)
+        self.moe = build_settings(MoEConfig, kwargs.pop("moe"), "moe")
         check_backend(backend)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -175,9 +204,12 @@ class LinMemConfig(PretrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
-        """The saved fields (``config.json``): every field but the run-time ``backend``."""
+        """The saved fields (``config.json``): every field but the run-time ``backend``, the sub-configs as
+        tables."""
         fields = super().to_dict()
         fields.pop("backend", None)
+        for name in SUB_CONFIGS:
+            fields[name] = dataclasses.asdict(getattr(self, name))
         return fields
 
     def validate_architecture(self) -> None:
@@ -185,40 +217,42 @@ class LinMemConfig(PretrainedConfig):
         ``__init__``, so also when a config is loaded)."""
         self._validate_values()
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "conv_size",
-                     "attn_num_heads", "attn_num_kv_heads", "gate_low_rank_dim"):
-            _check_positive_int(name, getattr(self, name))
-        _check_choice("mixer", self.mixer, MIXERS)
+                     "gate_low_rank_dim"):
+            check_positive_int(name, getattr(self, name))
+        check_choice("mixer", self.mixer, MIXERS)
         check_gamma_mode(self.gamma)
-        _check_choice("residual_target", self.residual_target, RESIDUAL_TARGETS)
+        check_choice("residual_target", self.residual_target, RESIDUAL_TARGETS)
         head_value_dim(self.head_dim, self.expand_v)
         if not self.clip > 0:
             raise ValueError(f"clip must be > 0; got {self.clip}")
         if self.num_kv_heads is not None:
-            _check_positive_int("num_kv_heads", self.num_kv_heads)
+            check_positive_int("num_kv_heads", self.num_kv_heads)
             if self.mixer != "gla" or self.num_heads % self.num_kv_heads:
                 raise ValueError(f"num_kv_heads (grouped k/v heads) needs mixer='gla' and num_heads ({self.num_heads}) "
                                  f"divisible by it; got mixer={self.mixer!r}, num_kv_heads={self.num_kv_heads}")
         if self.num_key_heads is not None:
-            _check_positive_int("num_key_heads", self.num_key_heads)
+            check_positive_int("num_key_heads", self.num_key_heads)
             if self.mixer == "gla" or self.num_heads % self.num_key_heads:
                 raise ValueError(f"num_key_heads (grouped key heads) needs a mixer other than 'gla' and num_heads "
                                  f"({self.num_heads}) divisible by it; got mixer={self.mixer!r}, "
                                  f"num_key_heads={self.num_key_heads}")
         if self.allow_neg_eigval and self.mixer == "gla":
             raise ValueError("allow_neg_eigval scales the write strength β, which mixer='gla' does not have")
-        _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
-        _check_choice("attn_norm_placement", self.attn_norm_placement, NORM_PLACEMENTS)
-        self._validate_attention()
-        self._validate_experts()
+        check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        for name, kind in SUB_CONFIGS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} must be a {kind.__name__}; got {getattr(self, name)!r}")
+        self.attention.check_fits(self.hidden_size, self.num_hidden_layers)
+        self.moe.check_fits(self.num_hidden_layers)
 
     def _validate_values(self) -> None:
         """Numbers are finite numbers and switches are true or false, in every field (a ``config.json`` edited by
         hand may hold ``"abc"``, ``NaN`` or ``Infinity``, which would otherwise fail mid-forward or silently)."""
         for name in NUMBER_FIELDS:
-            _check_number(name, getattr(self, name))
+            check_number(name, getattr(self, name))
         for name in OPTIONAL_NUMBER_FIELDS:
             if getattr(self, name) is not None:
-                _check_number(name, getattr(self, name))
+                check_number(name, getattr(self, name))
         for name in FLAG_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
@@ -226,68 +260,5 @@ class LinMemConfig(PretrainedConfig):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number; got {value!r}")
         if self.intermediate_size is not None:
-            _check_positive_int("intermediate_size", self.intermediate_size)
+            check_positive_int("intermediate_size", self.intermediate_size)
 
-    def _validate_experts(self) -> None:
-        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int) or self.num_experts < 0:
-            raise ValueError(f"num_experts must be a non-negative integer; got {self.num_experts!r}")
-        if not self.num_experts:
-            return
-        _check_positive_int("moe_intermediate_size", self.moe_intermediate_size)
-        _check_positive_int("num_experts_per_tok", self.num_experts_per_tok)
-        if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"num_experts_per_tok must be <= num_experts ({self.num_experts}); got "
-                             f"{self.num_experts_per_tok}")
-        if self.shared_expert_intermediate_size is not None:
-            _check_positive_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size)
-        layers = self.moe_layers
-        if layers is not None and (any(not isinstance(i, int) or not 0 <= i < self.num_hidden_layers for i in layers)
-                                   or len(set(layers)) != len(layers)):
-            raise ValueError(f"moe_layers must be distinct layer indices in [0, {self.num_hidden_layers}); got "
-                             f"{layers}")
-
-    def is_moe_layer(self, layer_idx: int) -> bool:
-        """Whether layer ``layer_idx``'s MLP is the routed ``SparseMoE``."""
-        return self.num_experts > 0 and (self.moe_layers is None or layer_idx in self.moe_layers)
-
-    def _validate_attention(self) -> None:
-        layers = self.attn_layers
-        if any(not isinstance(i, int) or isinstance(i, bool) for i in layers) or len(set(layers)) != len(layers):
-            raise ValueError(f"attn_layers must be distinct integer layer indices; got {layers}")
-        if layers and not 0 <= min(layers) <= max(layers) < self.num_hidden_layers:
-            raise ValueError(f"attn_layers must lie in [0, num_hidden_layers = {self.num_hidden_layers}); got {layers}")
-        if self.attn_head_dim is not None:
-            _check_positive_int("attn_head_dim", self.attn_head_dim)
-        _check_choice("attn_qk_norm_over", self.attn_qk_norm_over, QK_NORM_SCOPES)
-        if not 0 < self.partial_rotary_factor <= 1:
-            raise ValueError(f"partial_rotary_factor must be in (0, 1]; got {self.partial_rotary_factor}")
-        if self.attn_head_dim is None:
-            if layers and (self.hidden_size % self.attn_num_heads or (self.hidden_size // self.attn_num_heads) % 2
-                           or self.attn_num_heads % self.attn_num_kv_heads):
-                raise ValueError(f"attention layers need hidden_size ({self.hidden_size}) = attn_num_heads "
-                                 f"({self.attn_num_heads}) x an even head dim, and attn_num_heads divisible by "
-                                 f"attn_num_kv_heads ({self.attn_num_kv_heads})")
-        elif layers and self.attn_num_heads % self.attn_num_kv_heads:
-            raise ValueError(f"attn_num_heads ({self.attn_num_heads}) must be divisible by attn_num_kv_heads "
-                             f"({self.attn_num_kv_heads})")
-        head_dim = self.attn_head_dim or self.hidden_size // self.attn_num_heads
-        if layers and self.rope_theta is not None and int(head_dim * self.partial_rotary_factor) % 2:
-            raise ValueError(f"the rotary width attn_head_dim x partial_rotary_factor = {head_dim} x "
-                             f"{self.partial_rotary_factor} must be even")
-        if self.attn_window_size is not None:
-            _check_positive_int("attn_window_size", self.attn_window_size)
-
-
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
-
-
-def _check_number(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number; got {value!r}")
-
-
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}; got {value!r}")

@@ -123,10 +123,11 @@ def check_decodable(model: nn.Module) -> None:
     if not isinstance(model, LinMemForCausalLM):
         raise ValueError(f"captured decoding runs a LinMemForCausalLM; got {type(model).__name__}")
     config = model.config
-    if config.attn_layers:
-        raise ValueError(f"captured decoding covers linear-memory layers only; layers {list(config.attn_layers)} "
-                         f"are softmax attention, whose KV cache grows every token: use model.generate(...)")
-    moe = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
+    if config.attention.layers:
+        raise ValueError(f"captured decoding covers linear-memory layers only; layers "
+                         f"{list(config.attention.layers)} are softmax attention, whose KV cache grows every token: "
+                         f"use model.generate(...)")
+    moe = [i for i in range(config.num_hidden_layers) if config.moe.routes(i)]
     if moe:
         raise ValueError(f"captured decoding cannot route mixture-of-experts MLPs (layers {moe}: their routing reads "
                          f"the chosen experts back to the host every token): use model.generate(...)")

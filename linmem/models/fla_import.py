@@ -32,6 +32,7 @@ from torch import nn
 
 from linmem.models.configuration import LinMemConfig
 from linmem.models.modeling import LinMemForCausalLM
+from linmem.models.sub_configs import AttentionConfig
 
 FLA_MODEL_TYPES = ("gla", "gated_deltanet")
 
@@ -119,7 +120,7 @@ def fla_config_to_linmem(
     ``num_kv_heads``, ``clamp_min``, short convs as given; gate normaliser and low-rank dim FLA's fixed 16.
     Gated DeltaNet: ``head_dim``, ``num_heads``, ``expand_v`` as given. Both: sizes, ``hidden_ratio`` /
     ``intermediate_size``, ``norm_eps``, ``tie_word_embeddings``, special token ids, and the ``attn`` block (layers,
-    num_heads, num_kv_heads, qkv_bias, window_size, rope_theta) → ``attn_*`` fields.
+    num_heads, num_kv_heads, qkv_bias, window_size, rope_theta) → ``attention`` (``AttentionConfig``).
 
     Args:
         fla_config: the FLA config dict; fields it leaves out take FLA 0.6.0's defaults.
@@ -135,7 +136,7 @@ def fla_config_to_linmem(
                          f"{FLA_MODEL_TYPES}")
     cfg = {**_DEFAULTS[model_type], **fla_config}
     _check_fields(model_type, fla_config, cfg, allow_unknown_fields)
-    attention = _attention_fields(cfg["attn"], cfg["num_hidden_layers"])
+    attention = _attention_config(cfg["attn"], cfg["num_hidden_layers"])
     hidden, heads = cfg["hidden_size"], cfg["num_heads"]
     if model_type == "gla":
         mixer = dict(mixer="gla", num_kv_heads=cfg["num_kv_heads"], clamp_min=cfg["clamp_min"],
@@ -144,7 +145,7 @@ def fla_config_to_linmem(
         mixer = dict(mixer="gdn", head_dim=cfg["head_dim"], expand_v=cfg["expand_v"])
     return LinMemConfig(
         vocab_size=cfg["vocab_size"], hidden_size=hidden, num_hidden_layers=cfg["num_hidden_layers"],
-        num_heads=heads, **mixer, **attention,
+        num_heads=heads, **mixer, attention=attention,
         use_short_conv=cfg["use_short_conv"], conv_size=cfg["conv_size"], conv_bias=False,
         hidden_ratio=cfg["hidden_ratio"], intermediate_size=cfg["intermediate_size"], norm_eps=cfg["norm_eps"],
         tie_word_embeddings=cfg["tie_word_embeddings"], max_position_embeddings=cfg["max_position_embeddings"],
@@ -182,11 +183,11 @@ def _gla_widths(hidden: int, heads: int, cfg: Mapping[str, Any]) -> dict[str, An
     return dict(head_dim=widths["expand_k"], expand_v=widths["expand_v"] / widths["expand_k"])
 
 
-def _attention_fields(attn: Any, num_layers: int) -> dict[str, Any]:
-    """``attn_*`` LinMemConfig fields for FLA's ``attn`` block: one dict, or a list of dicts that may differ only in
-    ``layers`` (linmem's hybrids give every softmax layer the same shape)."""
+def _attention_config(attn: Any, num_layers: int) -> AttentionConfig | None:
+    """The ``AttentionConfig`` of FLA's ``attn`` block (None: no attention layers): one dict, or a list of dicts
+    that may differ only in ``layers`` (linmem's hybrids give every softmax layer the same shape)."""
     if attn is None:
-        return {}
+        return None
     specs = [attn] if isinstance(attn, Mapping) else list(attn) if isinstance(attn, (list, tuple)) else None
     if not specs or any(not isinstance(spec, Mapping) for spec in specs):
         raise _refuse("attn", attn, "expected a dict or a non-empty list of dicts")
@@ -206,15 +207,14 @@ def _attention_fields(attn: Any, num_layers: int) -> dict[str, Any]:
         layers += list(spec["layers"])
         heads = spec["num_heads"]
         kv_heads = heads if spec.get("num_kv_heads") is None else spec["num_kv_heads"]
-        shapes.append(dict(attn_num_heads=heads, attn_num_kv_heads=kv_heads,
-                           attn_qkv_bias=bool(spec.get("qkv_bias", False)),
-                           attn_window_size=spec.get("window_size"), rope_theta=float(spec.get("rope_theta", 1e4))))
+        shapes.append(dict(num_heads=heads, num_kv_heads=kv_heads, qkv_bias=bool(spec.get("qkv_bias", False)),
+                           window_size=spec.get("window_size"), rope_theta=float(spec.get("rope_theta", 1e4))))
     if any(shape != shapes[0] for shape in shapes[1:]):
         raise _refuse("attn", attn, "attention specs of different shapes (heads, bias, window, rope_theta); linmem's "
                                     "hybrids give all attention layers one shape")
     if any(not 0 <= i < num_layers for i in layers) or len(set(layers)) != len(layers):
         raise _refuse("attn.layers", layers, f"layer indices must be distinct and in [0, {num_layers})")
-    return dict(attn_layers=sorted(layers), **shapes[0])
+    return AttentionConfig(layers=sorted(layers), **shapes[0])
 
 
 # Streaming: a checkpoint's tensors go, one at a time, into a model whose parameters were allocated on the target
@@ -359,7 +359,7 @@ def _fill_fla(model: LinMemForCausalLM, files: list[Path], fla_config: Mapping[s
                 continue
             writer.write(name, fla_tensor_name(name, model_type), tensor)
         if model_type == "gla" and not {**_DEFAULTS["gla"], **fla_config}["elementwise_affine"]:
-            for i in (i for i in range(config.num_hidden_layers) if i not in config.attn_layers):
+            for i in (i for i in range(config.num_hidden_layers) if i not in config.attention.layers):
                 target = f"model.layers.{i}.attn.g_norm_swish_gate.weight"
                 if not writer.is_written(target):
                     writer.write("(no weight: ones)", target, torch.ones_like(writer.params[target]))

@@ -17,11 +17,11 @@ The converted model is linmem's one model class, so the memory lab (``linmem.mem
   (OLMo-Hybrid's ``linear_allow_neg_eigval``: ``2·sigmoid(b)``), L2-normalised q and k, read-out scale ``K^-½``.
 - **states**: HF keeps a recurrent state ``[B, H_v, K, V]`` and a conv state ``[B, 2·H_k·K + H_v·V, W]``; linmem keeps
   ``S [B, H_v, V, K]`` (the transpose) and one conv state ``[B, channels, W − 1]`` per q, k, v.
-- **attention layers** → ``Attention`` with ``attn_head_dim`` = HF ``head_dim``, ``partial_rotary_factor``, q/k
+- **attention layers** → ``Attention`` with ``attention.head_dim`` = HF ``head_dim``, ``partial_rotary_factor``, q/k
   RMSNorm (per head for Qwen, over all heads for OLMo), and for Qwen the sigmoid output gate: HF's ``q_proj`` holds
   ``[query | gate]`` per head, split here into ``q_proj`` and ``g_proj``.
 - **norms**: Qwen's RMSNorms scale by ``1 + w`` (``norm_zero_centered``); OLMo-Hybrid's attention blocks norm the
-  outputs of attention and MLP (``attn_norm_placement="post"``: its ``post_attention_layernorm`` →
+  outputs of attention and MLP (``attention.norm_placement="post"``: its ``post_attention_layernorm`` →
   ``attn_norm``, ``post_feedforward_layernorm`` → ``mlp_norm``).
 - **MLPs**: SwiGLU, or ``SparseMoE`` (router ``gate``, stacked ``experts``, gated ``shared_expert``) for the MoE
   layers of ``qwen3_next`` (``decoder_sparse_step``, ``mlp_only_layers``) and every layer of ``qwen3_5_moe``.
@@ -48,6 +48,7 @@ from torch import nn
 from linmem.models.configuration import LinMemConfig
 from linmem.models.fla_import import WeightWriter, empty_model, safetensors_files, stored_dtype, stream_safetensors
 from linmem.models.modeling import LinMemForCausalLM
+from linmem.models.sub_configs import AttentionConfig, MoEConfig
 
 # text-model types (a composite Qwen3.5 config's text_config has the "_text" type)
 QWEN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -78,7 +79,8 @@ def check_model_type(model_type: str | None) -> None:
 
 
 def _rope(config, model_type: str) -> dict[str, Any]:
-    """``rope_theta`` (None: no RoPE) and ``partial_rotary_factor`` of the attention layers."""
+    """``rope_theta`` (None: no RoPE) and ``partial_rotary_factor`` of the attention layers (``AttentionConfig``
+    fields)."""
     params = getattr(config, "rope_parameters", None)
     if params is None or params.get("rope_theta") is None:
         if model_type == "olmo_hybrid":
@@ -96,19 +98,20 @@ def _rope(config, model_type: str) -> dict[str, Any]:
         "partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0)))
 
 
-def _moe_fields(config, model_type: str) -> dict[str, Any]:
+def _moe_config(config, model_type: str) -> MoEConfig | None:
+    """The routed experts of a Qwen3-Next / Qwen3.5-MoE config (None: a dense model)."""
     if model_type in ("qwen3_5", "qwen3_5_text", "olmo_hybrid") or not getattr(config, "num_experts", 0):
-        return {}
+        return None
     layers = list(range(config.num_hidden_layers))
     norm_topk = True  # Qwen3.5-MoE's router always renormalises the kept probabilities
     if model_type == "qwen3_next":
         step, dense = config.decoder_sparse_step, set(config.mlp_only_layers or ())
         layers = [i for i in layers if i not in dense and (i + 1) % step == 0]
         norm_topk = bool(config.norm_topk_prob)
-    return dict(num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
-                moe_intermediate_size=config.moe_intermediate_size,
-                shared_expert_intermediate_size=config.shared_expert_intermediate_size or None,
-                norm_topk_prob=norm_topk, moe_layers=layers)
+    return MoEConfig(num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
+                     intermediate_size=config.moe_intermediate_size,
+                     shared_expert_intermediate_size=config.shared_expert_intermediate_size or None,
+                     norm_topk_prob=norm_topk, layers=layers)
 
 
 def hf_config_to_linmem(hf_config, *, backend: str = "auto", tie_word_embeddings: bool | None = None) -> LinMemConfig:
@@ -148,13 +151,14 @@ def hf_config_to_linmem(hf_config, *, backend: str = "auto", tie_word_embeddings
         expand_v=value_dim / key_dim, use_short_conv=True, conv_size=config.linear_conv_kernel_dim, conv_bias=False,
         allow_neg_eigval=bool(getattr(config, "linear_allow_neg_eigval", False)),
         mixer_norm_eps=config.rms_norm_eps if qwen else 1e-5,  # OLMo-Hybrid's o_norm has a fixed eps
-        attn_layers=[i for i, kind in enumerate(config.layer_types) if kind == "full_attention"],
-        attn_num_heads=attn_heads, attn_num_kv_heads=config.num_key_value_heads, attn_head_dim=attn_head_dim,
-        attn_qkv_bias=bias, attn_o_bias=bias, attn_qk_norm=True, attn_qk_norm_over="head" if qwen else "all",
-        attn_output_gate=qwen, **_rope(config, model_type),
-        norm_zero_centered=qwen, norm_placement="pre", attn_norm_placement="pre" if qwen else "post",
+        attention=AttentionConfig(
+            layers=[i for i, kind in enumerate(config.layer_types) if kind == "full_attention"],
+            num_heads=attn_heads, num_kv_heads=config.num_key_value_heads, head_dim=attn_head_dim, qkv_bias=bias,
+            o_bias=bias, qk_norm=True, qk_norm_over="head" if qwen else "all", output_gate=qwen,
+            norm_placement="pre" if qwen else "post", **_rope(config, model_type)),
+        norm_zero_centered=qwen, norm_placement="pre",
         intermediate_size=_int_field(config, "intermediate_size"), hidden_ratio=None,
-        **_moe_fields(config, model_type),
+        moe=_moe_config(config, model_type),
         norm_eps=config.rms_norm_eps, tie_word_embeddings=bool(tie),
         max_position_embeddings=config.max_position_embeddings, initializer_range=config.initializer_range,
         backend=backend, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=eos,
@@ -245,7 +249,7 @@ def _attention_tensor(name: str, w: torch.Tensor, config: LinMemConfig, hf_type:
     head ``[query (d) | gate (d)]``, split into ``q_proj`` and ``g_proj``; every other name is linmem's."""
     if hf_type not in QWEN_TYPES or name not in ("q_proj.weight", "q_proj.bias"):
         return {name: w}
-    heads, head_dim, suffix = config.attn_num_heads, config.attn_head_dim, name.split(".")[1]
+    heads, head_dim, suffix = config.attention.num_heads, config.attention.head_dim, name.split(".")[1]
     pairs = w.reshape(heads, 2, head_dim, *w.shape[1:])
     return {f"q_proj.{suffix}": pairs[:, 0].reshape(heads * head_dim, *w.shape[1:]),
             f"g_proj.{suffix}": pairs[:, 1].reshape(heads * head_dim, *w.shape[1:])}
@@ -258,7 +262,7 @@ def _mlp_pieces(name: str, w: torch.Tensor, config: LinMemConfig) -> list[Piece]
     expert = _EXPERT_TENSOR.fullmatch(name)
     if expert is None:
         return [(name, None, w)]
-    e, kind, size = int(expert[1]), expert[2], config.moe_intermediate_size
+    e, kind, size = int(expert[1]), expert[2], config.moe.intermediate_size
     if kind == "down":
         return [("experts.down_proj", e, w)]
     return [("experts.gate_up_proj", (e, slice(0, size) if kind == "gate" else slice(size, 2 * size)), w)]
@@ -269,7 +273,7 @@ def _norm_name(name: str, layer: int, config: LinMemConfig, hf_type: str) -> str
     if hf_type != "olmo_hybrid":
         return {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}.get(name)
     name = _OLMO_CHECKPOINT_NORMS.get(name, name)
-    if layer in config.attn_layers:  # OLMo-Hybrid norms the outputs of attention and MLP
+    if layer in config.attention.layers:  # OLMo-Hybrid norms the outputs of attention and MLP
         return {"post_attention_layernorm": "attn_norm", "post_feedforward_layernorm": "mlp_norm"}.get(name)
     return {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}.get(name)
 
@@ -277,7 +281,7 @@ def _norm_name(name: str, layer: int, config: LinMemConfig, hf_type: str) -> str
 def _layer_pieces(layer: int, block: str, rest: str, w: torch.Tensor, config: LinMemConfig,
                   hf_type: str) -> list[Piece] | None:
     """A tensor ``model.layers.<layer>.<block>.<rest>`` as pieces of linmem parameters (None: not a known name)."""
-    attention = layer in config.attn_layers
+    attention = layer in config.attention.layers
     if block == "mlp":
         pieces = _mlp_pieces(rest, w, config)
         return [(f"model.layers.{layer}.mlp.{name}", index, value) for name, index, value in pieces]

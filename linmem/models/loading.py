@@ -150,10 +150,11 @@ def _quiet_load_report():
 
 def architecture_record(config) -> dict[str, Any]:
     """``config``'s fields that define what its weights compute (every ``LinMemConfig`` argument but
-    ``RUNTIME_FIELDS``), as JSON values."""
+    ``RUNTIME_FIELDS``), as JSON values (the sub-configs ``attention`` and ``moe`` as tables)."""
     names = [name for name in inspect.signature(type(config).__init__).parameters
              if name not in ("self", "kwargs") and name not in RUNTIME_FIELDS]
-    return json.loads(json.dumps({name: getattr(config, name) for name in names if hasattr(config, name)}))
+    fields = config.to_dict()
+    return json.loads(json.dumps({name: fields[name] for name in names if name in fields}))
 
 
 def weights_metadata(config) -> dict[str, str]:
@@ -276,18 +277,39 @@ def _zoo_record(folder: Path) -> tuple[dict[str, Any], str] | None:
 
 def check_architecture(folder: Path, config, headers: Mapping[Path, dict[str, str]]) -> None:
     """Refuse (``ValueError`` naming both values) a ``config.json`` that differs from the architecture the weights
-    were saved as, in any field of ``architecture_record``."""
+    were saved as, in any field of ``architecture_record``. A record of the flat fields older versions saved
+    (``attn_layers``, ``num_experts``, ...) is read into the sub-configs first (``nest_flat_fields``); a field the
+    record does not have is not compared."""
+    from linmem.models.configuration import nest_flat_fields
+
     for path, metadata in headers.items():
         saved = saved_architecture(path, metadata)
         if saved is None:
             continue
         record, where = saved
-        current = architecture_record(config)
+        try:
+            record = _dotted(nest_flat_fields(record))
+        except ValueError as error:
+            raise ValueError(f"{path}: the architecture in {where} is not readable ({error})") from None
+        current = _dotted(architecture_record(config))
         differ = [f"{name} {record[name]!r} in {where}, {current[name]!r} in config.json"
                   for name in current if name in record and record[name] != current[name]]
         if differ:
             raise ValueError(f"{folder}: config.json does not describe the model its weights were saved as "
                              f"({'; '.join(differ)}); put the saved values back into config.json")
+
+
+def _dotted(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with each sub-config's table spread into ``"attention.layers"``-style names."""
+    from linmem.models.configuration import SUB_CONFIGS
+
+    flat = {}
+    for name, value in record.items():
+        if name in SUB_CONFIGS and isinstance(value, Mapping):
+            flat.update({f"{name}.{field}": inner for field, inner in value.items()})
+        else:
+            flat[name] = value
+    return flat
 
 
 def check_weights_fit(folder: Path, config, shapes: Mapping[str, tuple[int, ...]]) -> None:

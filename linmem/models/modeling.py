@@ -1,9 +1,10 @@
 """One Hugging Face model for every linmem mixer: ``LinMemModel`` and ``LinMemForCausalLM``.
 
 ids → ``embeddings`` → blocks (``attn_norm`` → mixer ``attn`` → residual add → ``mlp_norm`` → SwiGLU ``mlp`` →
-residual add) → ``norm`` → ``lm_head``. The mixer of layer i is softmax ``Attention`` if i is in ``attn_layers``,
-else the linear memory named by ``config.mixer``. Module names follow FLA 0.6.0 (``model.embeddings``,
-``model.layers.{i}.attn_norm|attn|mlp_norm|mlp``, ``model.norm``, ``lm_head``) so its checkpoints map one to one.
+residual add) → ``norm`` → ``lm_head``. The mixer of layer i is softmax ``Attention`` if i is in
+``config.attention.layers``, else the linear memory named by ``config.mixer``. Module names follow FLA 0.6.0
+(``model.embeddings``, ``model.layers.{i}.attn_norm|attn|mlp_norm|mlp``, ``model.norm``, ``lm_head``) so its
+checkpoints map one to one.
 
 Padding: ``attention_mask [B, past + T]`` (1 real, 0 padding, padding on the left) keeps padded tokens out of every
 memory and every attention, and RoPE positions count real tokens only, so each row gives the logits it would
@@ -103,14 +104,9 @@ GATED_MEMORY_MIXERS = {
 
 def build_mixer(config: LinMemConfig, layer_idx: int) -> nn.Module:
     """The mixer of layer ``layer_idx``: ``Attention`` for hybrid layers, else the config's linear memory."""
-    if layer_idx in config.attn_layers:
-        return Attention(config.hidden_size, config.attn_num_heads, config.attn_num_kv_heads,
-                         qkv_bias=config.attn_qkv_bias, qk_norm=config.attn_qk_norm,
-                         window_size=config.attn_window_size, rope_theta=config.rope_theta, norm_eps=config.norm_eps,
-                         layer_idx=layer_idx, head_dim=config.attn_head_dim,
-                         partial_rotary_factor=config.partial_rotary_factor, output_gate=config.attn_output_gate,
-                         qk_norm_over=config.attn_qk_norm_over, zero_centered_norms=config.norm_zero_centered,
-                         o_bias=config.attn_o_bias)
+    if layer_idx in config.attention.layers:
+        return Attention(config.hidden_size, **config.attention.layer_arguments(), norm_eps=config.norm_eps,
+                         layer_idx=layer_idx, zero_centered_norms=config.norm_zero_centered)
     key_width = config.num_heads * config.head_dim
     conv = dict(use_short_conv=config.use_short_conv, conv_size=config.conv_size, conv_bias=config.conv_bias)
     norm_eps = config.norm_eps if config.mixer_norm_eps is None else config.mixer_norm_eps
@@ -132,9 +128,8 @@ def build_mixer(config: LinMemConfig, layer_idx: int) -> nn.Module:
 
 def build_mlp(config: LinMemConfig, layer_idx: int) -> nn.Module:
     """The feed-forward block of layer ``layer_idx``: ``SparseMoE`` where the config routes experts, else SwiGLU."""
-    if config.is_moe_layer(layer_idx):
-        return SparseMoE(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                         config.moe_intermediate_size, config.shared_expert_intermediate_size, config.norm_topk_prob)
+    if config.moe.routes(layer_idx):
+        return SparseMoE(config.hidden_size, **config.moe.layer_arguments())
     return SwiGLU(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
 
@@ -158,7 +153,8 @@ class LinMemBlock(GradientCheckpointingLayer):
         self.attn = build_mixer(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, zero_centered=centered)
         self.mlp = build_mlp(config, layer_idx)
-        placement = config.attn_norm_placement if layer_idx in config.attn_layers else config.norm_placement
+        placement = config.attention.norm_placement if layer_idx in config.attention.layers else \
+            config.norm_placement
         self.post_norm = placement == "post"  # h + norm(f(h)) (OLMo's attention blocks) instead of h + f(norm(h))
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -317,7 +313,7 @@ class LinMemModel(LinMemPreTrainedModel):
         cache = cache if cache is not None else past_key_values
         if output_attentions is None:
             output_attentions = bool(getattr(self.config, "output_attentions", False))
-        if output_attentions and not self.config.attn_layers:
+        if output_attentions and not self.config.attention.layers:
             logger.warning_once("output_attentions: this model has no softmax attention layers; every entry of "
                                 "`attentions` is None (read the linear memories through their hook points)")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from linmem.io.backend_names import BACKENDS
-from linmem.models.configuration import LinMemConfig
+from linmem.models.configuration import FLAT_FIELDS, SUB_CONFIGS, LinMemConfig
 from linmem.train.compile import compile_mode
 from linmem.train.lab_recall import parse_entries
 
@@ -293,11 +293,15 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
 
 
 def _check_model_section(model: dict[str, Any], where: str) -> dict[str, Any]:
-    """Model keys must be ``LinMemConfig`` arguments; defaults the init std to the recipe's 0.006."""
+    """Model keys must be ``LinMemConfig`` arguments (the sub-configs ``attention`` and ``moe`` as mappings of
+    their fields, or their older flat names, ``FLAT_FIELDS``); defaults the init std to the recipe's 0.006."""
     if not isinstance(model, dict):
         raise ValueError(f"{where}: model must be a mapping of LinMemConfig fields")
     known = set(inspect.signature(LinMemConfig.__init__).parameters) - MODEL_KEYS_OWNED
-    _reject_unknown(model, known, "model.", where)
+    _reject_unknown(model, known | set(FLAT_FIELDS), "model.", where)
+    for name, kind in SUB_CONFIGS.items():
+        if isinstance(model.get(name), dict):
+            _reject_unknown(model[name], {f.name for f in dataclasses.fields(kind)}, f"model.{name}.", where)
     return {"initializer_range": DEFAULT_INIT_STD, "vocab_size": "auto", **model}
 
 

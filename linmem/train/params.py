@@ -96,7 +96,7 @@ def count_model_parameters(config: LinMemConfig) -> ParameterCount:
     tied = model.lm_head.weight is backbone.embeddings.weight
     kinds: dict[str, BlockKind] = {}
     for i, block in enumerate(backbone.layers):
-        name = "attention" if i in config.attn_layers else config.mixer
+        name = "attention" if i in config.attention.layers else config.mixer
         parts = _children_numel(block)
         if name in kinds:
             if parts != kinds[name].parts:

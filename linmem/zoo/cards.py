@@ -61,8 +61,11 @@ def duration(seconds: float | None) -> str:
 
 
 def mixer_label(config: dict[str, Any]) -> str:
-    """``gdn``, ``gdn + attention in 2, 5``, or ``attention`` (every layer softmax attention)."""
-    attn = list(config.get("attn_layers") or [])
+    """``gdn``, ``gdn + attention in 2, 5``, or ``attention`` (every layer softmax attention), for a
+    ``config.json`` as a dict."""
+    from linmem.models.configuration import attention_layers
+
+    attn = attention_layers(config)
     if attn and len(attn) == config.get("num_hidden_layers"):
         return "attention"
     return config["mixer"] + (f" + attention in {', '.join(map(str, attn))}" if attn else "")
@@ -245,7 +248,10 @@ def front_matter(record: dict[str, Any]) -> list[str]:
 
 def model_card(record: dict[str, Any]) -> str:
     """The ``README.md`` of a shipped model: YAML front matter, then the card."""
+    from linmem.models.configuration import attention_layers
+
     name, config, h = record["name"], record["model_config"], headline(record["eval"]["tasks"])
+    config = {**config, "attn_layers": attention_layers(config)}  # the card's row, from a flat or a nested config
     mixer = MIXERS.get(record["mixer"], record["mixer"])
     attn = record.get("attn_layers") or []
     if attn and len(attn) == config["num_hidden_layers"]:

@@ -36,6 +36,7 @@ from linmem.io.manifest import MANIFEST_NAME, write_manifest
 from linmem.io.manifest import sha256_file as sha256
 from linmem.io.run_info import TRAIN_INFO
 from linmem.models import LinMemConfig
+from linmem.models.configuration import attention_layers
 from linmem.models.special_tokens import declare_special_tokens
 from linmem.train.checkpoint import copy_tokenizer, write_model
 from linmem.train.init_from import earlier_stages
@@ -201,7 +202,7 @@ def evaluate_run(run: Run, options: EvalOptions = SHIP_EVAL, data: str | Path | 
     card = dataset / "data_card.json"
     record = {
         "name": run.name, "description": run.info.get("description", ""), "run": str(run.folder),
-        "mixer": config.get("mixer"), "attn_layers": config.get("attn_layers", []),
+        "mixer": config.get("mixer"), "attn_layers": attention_layers(config),
         "parameters": report["parameters"], "model_sha256": weights, "model_config": config,
         "model_bytes": (staged / "model.safetensors").stat().st_size,
         "training": training_summary(run), "train_config": run.info.get("config", {}),

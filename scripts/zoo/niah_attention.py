@@ -63,7 +63,7 @@ def main() -> None:
     for name in args.models.split(","):
         em = load_model(name if "/" in name else f"zoo:{name}", device="cpu")
         model = em.model
-        if not model.config.attn_layers:
+        if not model.config.attention.layers:
             raise SystemExit(f"{name} has no attention layers")
         query = {}
         rows = query_weights(model, query)
@@ -89,7 +89,7 @@ def main() -> None:
         mean = np.array(shares).mean(0)
         print(f"{name}: in {args.trials} trials of {args.length} tokens, the first answer token right in "
               f"{first_right}, every answer token in {all_right}")
-        for layer, heads in zip(model.config.attn_layers, mean):
+        for layer, heads in zip(model.config.attention.layers, mean):
             print(f"  layer {layer}: attention on the needle's number, per head: "
                   + " ".join(f"{x:.2f}" for x in heads))
 
