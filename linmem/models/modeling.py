@@ -263,6 +263,39 @@ def pad_attention_weights(packed: torch.Tensor, indices: torch.Tensor, batch: in
     return out.permute(0, 3, 1, 2)
 
 
+@dataclass
+class BatchLayout:
+    """The batch as the blocks see it: ``hidden_states [B, T, D]``, its ``attention_mask``, ``position_ids`` and
+    ``cu_seqlens``; after ``unpad``, the real tokens of a padded batch in one packed row ``[1, N, D]`` and
+    ``padded = (indices, B, T)``, which ``restore`` uses to put the outputs back in place."""
+
+    hidden_states: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    padded: tuple[torch.Tensor, int, int] | None = None
+
+    def unpad(self) -> None:
+        """Pack the real tokens (``attention_mask`` 1; padding anywhere in a row) into one row with
+        ``cu_seqlens``, given positions along with them; the mask is then dropped."""
+        batch, length = self.hidden_states.shape[:2]
+        indices, self.cu_seqlens = unpad(self.attention_mask)
+        self.hidden_states = self.hidden_states.flatten(0, 1)[indices][None]
+        if self.position_ids is not None:
+            self.position_ids = self.position_ids.flatten()[indices][None]
+        self.attention_mask, self.padded = None, (indices, batch, length)
+
+    def restore(self, hidden_states: torch.Tensor, all_hidden: list | None,
+                all_weights: list | None) -> tuple[torch.Tensor, list | None, list | None]:
+        """The outputs of an unpadded batch back at their tokens' places: hidden states ``[B, T, D]`` (zeros at
+        padding) and attention weights ``[B, H, T, T]`` (0 at padded queries and keys)."""
+        hidden_states = pad(hidden_states, *self.padded)
+        all_hidden = None if all_hidden is None else [pad(h, *self.padded) for h in all_hidden]
+        all_weights = None if all_weights is None else [
+            None if w is None else pad_attention_weights(w, *self.padded) for w in all_weights]
+        return hidden_states, all_hidden, all_weights
+
+
 class LinMemModel(LinMemPreTrainedModel):
     """The backbone: ``input_ids [B, T]`` → final hidden states ``[B, T, D]`` (after ``norm``).
 
@@ -311,14 +344,40 @@ class LinMemModel(LinMemPreTrainedModel):
                 Padded queries and keys of an unpadded batch get weight 0.
         """
         cache = cache if cache is not None else past_key_values
+        output_attentions = self._attentions_wanted(output_attentions)
+        use_cache = self._cache_wanted(cache, use_cache)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, D]")
+        hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        layout = self._lay_out(hidden_states, attention_mask, position_ids, cu_seqlens, cache, use_cache)
+        if use_cache and cache is None:
+            cache = LinMemCache.from_config(self.config)
+        past = 0 if cache is None else cache.get_seq_length()
+        layout.position_ids = self._positions(layout.attention_mask, layout.position_ids, past, layout.hidden_states)
+        hidden_states, all_hidden, all_weights = self._run_blocks(layout, cache, output_hidden_states,
+                                                                  output_attentions)
+        if layout.padded is not None:
+            hidden_states, all_hidden, all_weights = layout.restore(hidden_states, all_hidden, all_weights)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None},
+                                       hidden_states=None if all_hidden is None else tuple(all_hidden),
+                                       attentions=None if all_weights is None else tuple(all_weights))
+
+    def _attentions_wanted(self, output_attentions: bool | None) -> bool:
+        """``output_attentions``, or the config's when None; a model without attention layers warns that every entry
+        will be None."""
         if output_attentions is None:
             output_attentions = bool(getattr(self.config, "output_attentions", False))
         if output_attentions and not self.config.attention.layers:
             logger.warning_once("output_attentions: this model has no softmax attention layers; every entry of "
                                 "`attentions` is None (read the linear memories through their hook points)")
+        return bool(output_attentions)
+
+    def _cache_wanted(self, cache: LinMemCache | None, use_cache: bool | None) -> bool:
+        """Whether this forward returns a cache (None: the config's ``use_cache`` outside training). A training
+        forward under gradient checkpointing recomputes the blocks in the backward pass, where a cache would be
+        written a second time: it refuses a cache and runs without filling one."""
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            # the blocks are recomputed in the backward pass, where a cache would be written a second time
             if cache is not None:
                 raise ValueError("cache: a training forward under gradient checkpointing cannot continue or fill a "
                                  "cache; pass cache=None (or call model.eval() / torch.no_grad())")
@@ -326,53 +385,49 @@ class LinMemModel(LinMemPreTrainedModel):
                 logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; "
                                     "running with use_cache=False")
                 use_cache = False
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids [B, T] and inputs_embeds [B, T, D]")
-        hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-        padded = None  # (indices, B, T) of an unpadded batch, to put the outputs back in place
+        return bool(use_cache)
+
+    def _lay_out(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, cache: LinMemCache | None,
+                 use_cache: bool) -> BatchLayout:
+        """How the batch runs through the blocks. Without a cache a mask with padding is unpadded: the real tokens
+        of ``[B, T, D]`` go into one packed row ``[1, N, D]`` with ``cu_seqlens`` (a mask without padding is
+        dropped, so the layers take their unmasked paths). Packed sequences (given or unpadded) take no cache and
+        no mask, and count their positions from each sequence's start unless given."""
+        layout = BatchLayout(hidden_states, attention_mask, position_ids, cu_seqlens)
         if cu_seqlens is None and attention_mask is not None and cache is None and not use_cache:
             self._positions(attention_mask, None, 0, hidden_states)  # checks the mask's shape
             if bool(attention_mask.all()):
-                attention_mask = None  # nothing is padded: the layers take their unmasked paths
+                layout.attention_mask = None
             else:
-                batch, length = hidden_states.shape[:2]
-                indices, cu_seqlens = unpad(attention_mask)
-                hidden_states = hidden_states.flatten(0, 1)[indices][None]
-                if position_ids is not None:
-                    position_ids = position_ids.flatten()[indices][None]
-                attention_mask, padded = None, (indices, batch, length)
-        if cu_seqlens is not None:
-            if cache is not None or use_cache or attention_mask is not None:
+                layout.unpad()
+        if layout.cu_seqlens is not None:
+            if cache is not None or use_cache or layout.attention_mask is not None:
                 raise ValueError("cu_seqlens: packed sequences take no cache, use_cache=False and no attention_mask")
-            if position_ids is None:
-                position_ids = sequence_positions(cu_seqlens, hidden_states.shape[1])[None]
-        if use_cache and cache is None:
-            cache = LinMemCache.from_config(self.config)
-        past = 0 if cache is None else cache.get_seq_length()
-        position_ids = self._positions(attention_mask, position_ids, past, hidden_states)
+            if layout.position_ids is None:
+                layout.position_ids = sequence_positions(layout.cu_seqlens, layout.hidden_states.shape[1])[None]
+        return layout
 
+    def _run_blocks(self, layout: BatchLayout, cache: LinMemCache | None, output_hidden_states: bool | None,
+                    output_attentions: bool) -> tuple[torch.Tensor, list | None, list | None]:
+        """``(hidden states after the final norm, each block's input and the final states when
+        output_hidden_states, each layer's attention weights when output_attentions)``."""
+        hidden_states = layout.hidden_states
         all_hidden = [] if output_hidden_states else None
         all_weights = [] if output_attentions else None
         for i, block in enumerate(self.layers):
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
-            hidden_states = block(hidden_states, attention_mask, position_ids,
-                                  cache=None if cache is None else cache.layers[i], cu_seqlens=cu_seqlens,
-                                  output_attentions=bool(output_attentions))
+            hidden_states = block(hidden_states, layout.attention_mask, layout.position_ids,
+                                  cache=None if cache is None else cache.layers[i], cu_seqlens=layout.cu_seqlens,
+                                  output_attentions=output_attentions)
             if all_weights is not None:
                 hidden_states, weights = hidden_states
                 all_weights.append(weights)
         hidden_states = self.norm(hidden_states)
         if all_hidden is not None:
             all_hidden.append(hidden_states)
-        if padded is not None:
-            hidden_states = pad(hidden_states, *padded)
-            all_hidden = None if all_hidden is None else [pad(h, *padded) for h in all_hidden]
-            all_weights = None if all_weights is None else [
-                None if w is None else pad_attention_weights(w, *padded) for w in all_weights]
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{CACHE_FIELD: cache if use_cache else None},
-                                       hidden_states=None if all_hidden is None else tuple(all_hidden),
-                                       attentions=None if all_weights is None else tuple(all_weights))
+        return hidden_states, all_hidden, all_weights
 
     @staticmethod
     def _positions(attention_mask, position_ids, past: int, hidden_states: torch.Tensor) -> torch.Tensor:
