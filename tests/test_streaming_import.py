@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,10 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from linmem.models import LinMemForCausalLM, fla_config_to_linmem, fla_import, hf_import
 from linmem.models import modeling as linmem_modeling
 from linmem.models.hf_import import load_hf_hybrid
+from linmem.models.loading import load_weights
 from tests.test_hf_hybrids import FAMILIES, _torch_gdn_paths, hf_model  # noqa: F401  (autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +147,69 @@ def test_a_tensor_no_checkpoint_holds_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(linmem_modeling.LinMemModel, "__init__", with_table)
     with pytest.raises(ValueError, match=r"does not compute.*model\.rope_table"):
         load_hf_hybrid(tmp_path)
+
+
+GDN_FIELDS = dict(model_type="gated_deltanet", vocab_size=64, hidden_size=32, num_hidden_layers=2, num_heads=2,
+                  head_dim=8)
+
+
+def fla_folder(folder: Path, **changes) -> LinMemForCausalLM:
+    """A tiny FLA Gated DeltaNet folder written without FLA (its parameter names are linmem's): ``config.json`` with
+    ``changes`` over the fields the weights were made with. Returns the model the weights come from."""
+    torch.manual_seed(0)
+    model = LinMemForCausalLM(fla_config_to_linmem(GDN_FIELDS)).eval()
+    folder.mkdir()
+    save_file(dict(model.state_dict()), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({**GDN_FIELDS, **changes}))
+    return model
+
+
+def refuse_allocation(monkeypatch) -> None:
+    """Fail the allocation of any model's weights: what is refused must be refused before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model's weights were allocated")
+    monkeypatch.setattr(fla_import, "empty_model", refuse)
+    monkeypatch.setattr(hf_import, "empty_model", refuse)
+
+
+def one_line_refusal(folder: Path) -> str:
+    started = time.perf_counter()
+    with pytest.raises(ValueError) as error:
+        load_weights(folder)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and time.perf_counter() - started < 10, message
+    return message
+
+
+def test_an_fla_folder_loads_after_its_shapes_are_checked(tmp_path):
+    source = fla_folder(tmp_path / "fla")
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(load_weights(tmp_path / "fla")[0](ids).logits, source(ids).logits)
+
+
+def test_an_fla_config_of_absurd_vocabulary_is_one_line_before_allocating(tmp_path, monkeypatch):
+    fla_folder(tmp_path / "fla", vocab_size=10**12)
+    refuse_allocation(monkeypatch)
+    message = one_line_refusal(tmp_path / "fla")
+    assert message.startswith(f"{tmp_path / 'fla' / 'config.json'}: the weights do not match")
+    assert "model.embeddings.weight: checkpoint [64, 32], linmem model.embeddings.weight [1000000000000, 32]" in \
+        message and "nothing was allocated" in message
+
+
+def test_an_fla_config_of_other_shapes_is_refused_before_allocating(tmp_path, monkeypatch):
+    fla_folder(tmp_path / "fla", head_dim=16)
+    refuse_allocation(monkeypatch)
+    assert "model.layers.0.attn.q_proj.weight: checkpoint [16, 32]" in one_line_refusal(tmp_path / "fla")
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "hidden_size"])
+def test_an_hf_config_of_absurd_size_is_one_line_before_allocating(field, tmp_path, monkeypatch):
+    hf_model("qwen3_5", torch.float32).save_pretrained(tmp_path)
+    fields = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**fields, field: 10**12}))
+    refuse_allocation(monkeypatch)
+    block_transformers_models(monkeypatch)
+    message = one_line_refusal(tmp_path)
+    assert message.startswith(f"{tmp_path / 'config.json'}: the weights do not match")
+    assert "model.embed_tokens.weight: checkpoint [64, 32]" in message and "nothing was allocated" in message

@@ -7,7 +7,9 @@ that linmem cannot reproduce exactly raises a ``ValueError`` naming the field an
 compute something else is never built. Parameter names are FLA's, so weights load as they are; the two exceptions
 are GLA's un-fused norm (``g_norm`` → ``g_norm_swish_gate``, same math) and a norm without weights
 (``elementwise_affine=False`` → a weight of ones). Weights are read with ``safetensors`` only (nothing is
-unpickled), one tensor at a time, into a model allocated on the target device (``empty_model``, ``WeightWriter``).
+unpickled), one tensor at a time, into a model allocated on the target device (``empty_model``, ``WeightWriter``),
+after the names and shapes of the files' headers were checked against the model the config describes, built on the
+meta device (``check_checkpoint_shapes``): a config of absurd size is one line, and nothing is allocated for it.
 
 ``AutoModelForCausalLM.from_pretrained`` cannot take such a directory directly: ``"gla"`` and ``"gated_deltanet"``
 are FLA's own model types (FLA registers them with the Auto classes when imported), so linmem does not claim them.
@@ -22,7 +24,7 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +221,9 @@ def _attention_config(attn: Any, num_layers: int) -> AttentionConfig | None:
 
 # Streaming: a checkpoint's tensors go, one at a time, into a model whose parameters were allocated on the target
 # device without being initialised, so host memory holds one tensor beyond the model (and nothing beyond one tensor
-# when the model is on a GPU) and device memory holds the weights only. The HF hybrids' loader uses the same steps.
+# when the model is on a GPU) and device memory holds the weights only. Before that, the same writes run on the
+# meta device with the shapes of the files' headers, so weights that do not fit the config are refused before
+# anything is allocated. The HF hybrids' loader uses the same steps.
 
 _STORED_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -252,6 +256,15 @@ def stream_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, handle.get_tensor(name)
 
 
+def header_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor of ``files`` as ``stream_safetensors`` gives them, but on the meta device:
+    the shapes come from the file headers and nothing is read or allocated."""
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, torch.empty(handle.get_slice(name).get_shape(), device="meta")
+
+
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (``safetensors_files``) on the CPU, read with ``safetensors``."""
     return dict(stream_safetensors(safetensors_files(path)))
@@ -274,8 +287,7 @@ def empty_model(config: LinMemConfig, dtype: torch.dtype, device: torch.device |
     """``LinMemForCausalLM(config)`` in eval mode with uninitialised ``dtype`` parameters on ``device`` (built on the
     meta device, so no memory is taken twice and no random init runs); ``lm_head`` tied to the embedding where the
     config ties them. Buffers stay on the meta device: ``WeightWriter.finish`` refuses a model that has any."""
-    with _no_init_weights(), torch.device("meta"):
-        model = LinMemForCausalLM(config)
+    model = _meta_model(config)
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             kind = dtype if param.is_floating_point() else param.dtype
@@ -284,6 +296,35 @@ def empty_model(config: LinMemConfig, dtype: torch.dtype, device: torch.device |
     if config.tie_word_embeddings:
         model.tie_weights()
     return model.eval()
+
+
+def _meta_model(config: LinMemConfig) -> LinMemForCausalLM:
+    """``LinMemForCausalLM(config)`` on the meta device, without random init, ``lm_head`` tied where the config
+    ties it."""
+    with _no_init_weights(), torch.device("meta"):
+        model = LinMemForCausalLM(config)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+def check_checkpoint_shapes(config: LinMemConfig, files: list[Path],
+                            write: Callable[[WeightWriter, Iterable[tuple[str, torch.Tensor]]], object],
+                            what: str) -> None:
+    """Refuse (one ``ValueError`` line starting with ``what``) a checkpoint whose tensors do not fill the model
+    ``config`` describes exactly, before anything is allocated: ``write`` (the loader's own writes, given a
+    ``WeightWriter`` and ``(name, tensor)`` pairs) runs on a model built on the meta device with the shapes of the
+    files' headers (``header_tensors``). The message names the tensors and both parameter counts, so a config of
+    absurd size (a vocabulary of 10^12) is plain."""
+    writer = WeightWriter(_meta_model(config))
+    with torch.no_grad():
+        write(writer, header_tensors(files))
+    mismatch = writer.mismatch()
+    if mismatch:
+        described = sum(param.numel() for param in writer.params.values())
+        held = sum(tensor.numel() for _, tensor in header_tensors(files))
+        raise ValueError(f"{what}: {mismatch} (the config describes {described:,} parameters, the weights hold "
+                         f"{held:,}); nothing was allocated")
 
 
 class WeightWriter:
@@ -317,15 +358,21 @@ class WeightWriter:
     def is_written(self, target: str) -> bool:
         return self.written.get(target, 0) > 0
 
-    def finish(self, what: str) -> None:
-        """Raise ``ValueError`` naming ``what`` (the checkpoint) unless the model was filled exactly."""
+    def mismatch(self) -> str | None:
+        """What keeps the model from being filled exactly, for an error message (None: nothing)."""
         missing = [name for name, param in self.params.items() if self.written[name] < param.numel()]
         twice = [name for name, param in self.params.items() if self.written[name] > param.numel()]
-        if missing or twice or self.unexpected or self.wrong:
-            repeated = f", written more than once {_few(twice)}" if twice else ""
-            raise ValueError(f"{what}: the weights do not match the model its config describes: missing "
-                             f"{_few(missing)}, unexpected {_few(self.unexpected)}, wrong shapes {_few(self.wrong)}"
-                             f"{repeated}")
+        if not (missing or twice or self.unexpected or self.wrong):
+            return None
+        repeated = f", written more than once {_few(twice)}" if twice else ""
+        return (f"the weights do not match the model its config describes: missing {_few(missing)}, unexpected "
+                f"{_few(self.unexpected)}, wrong shapes {_few(self.wrong)}{repeated}")
+
+    def finish(self, what: str) -> None:
+        """Raise ``ValueError`` naming ``what`` (the checkpoint) unless the model was filled exactly."""
+        mismatch = self.mismatch()
+        if mismatch:
+            raise ValueError(f"{what}: {mismatch}")
         tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
         meta = [name for name, tensor in tensors if tensor.is_meta]
         if meta:
@@ -347,22 +394,32 @@ def fla_tensor_name(name: str, model_type: str) -> str:
     return name
 
 
+def _write_fla(writer: WeightWriter, tensors: Iterable[tuple[str, torch.Tensor]],
+               fla_config: Mapping[str, Any]) -> torch.Tensor | None:
+    """Write an FLA checkpoint's ``tensors`` through ``writer``; GLA with ``elementwise_affine=False`` gets
+    output-norm weights of ones (a norm without weight). Returns the checkpoint's ``lm_head.weight`` where the
+    config ties it to the embedding (not written: the caller compares it), else None."""
+    config, model_type = writer.model.config, fla_config["model_type"]
+    head = None
+    for name, tensor in tensors:
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            head = tensor
+            continue
+        writer.write(name, fla_tensor_name(name, model_type), tensor)
+    if model_type == "gla" and not {**_DEFAULTS["gla"], **fla_config}["elementwise_affine"]:
+        for i in (i for i in range(config.num_hidden_layers) if i not in config.attention.layers):
+            target = f"model.layers.{i}.attn.g_norm_swish_gate.weight"
+            if not writer.is_written(target):
+                writer.write("(no weight: ones)", target, torch.ones_like(writer.params[target]))
+    return head
+
+
 def _fill_fla(model: LinMemForCausalLM, files: list[Path], fla_config: Mapping[str, Any]) -> None:
-    """Stream ``files`` into ``empty_model`` ``model``. A tied ``lm_head.weight`` in the checkpoint must equal the
-    embedding; GLA with ``elementwise_affine=False`` gets output-norm weights of ones (a norm without weight)."""
-    config, model_type = model.config, fla_config["model_type"]
-    writer, head = WeightWriter(model), None
+    """Stream ``files`` into ``empty_model`` ``model`` (``_write_fla``). A tied ``lm_head.weight`` in the checkpoint
+    must equal the embedding."""
+    writer = WeightWriter(model)
     with torch.no_grad():
-        for name, tensor in stream_safetensors(files):
-            if name == "lm_head.weight" and config.tie_word_embeddings:
-                head = tensor
-                continue
-            writer.write(name, fla_tensor_name(name, model_type), tensor)
-        if model_type == "gla" and not {**_DEFAULTS["gla"], **fla_config}["elementwise_affine"]:
-            for i in (i for i in range(config.num_hidden_layers) if i not in config.attention.layers):
-                target = f"model.layers.{i}.attn.g_norm_swish_gate.weight"
-                if not writer.is_written(target):
-                    writer.write("(no weight: ones)", target, torch.ones_like(writer.params[target]))
+        head = _write_fla(writer, stream_safetensors(files), fla_config)
     writer.finish(str(files[0].parent))
     embedding = model.model.embeddings.weight
     if head is not None and not torch.equal(head.to(embedding), embedding):
@@ -411,6 +468,8 @@ def load_fla_checkpoint(
     fla_config = json.loads((path / "config.json").read_text())
     config = fla_config_to_linmem(fla_config, backend=backend, allow_unknown_fields=allow_unknown_fields)
     files = safetensors_files(path)
+    check_checkpoint_shapes(config, files, lambda writer, tensors: _write_fla(writer, tensors, fla_config),
+                            str(path / "config.json"))
     model = empty_model(config, _resolve_dtype(dtype, files), device or "cpu")
     _fill_fla(model, files, fla_config)
     return model

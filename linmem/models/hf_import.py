@@ -26,9 +26,11 @@ The converted model is linmem's one model class, so the memory lab (``linmem.mem
 - **MLPs**: SwiGLU, or ``SparseMoE`` (router ``gate``, stacked ``experts``, gated ``shared_expert``) for the MoE
   layers of ``qwen3_next`` (``decoder_sparse_step``, ``mlp_only_layers``) and every layer of ``qwen3_5_moe``.
 
-A folder streams (``load_hf_folder``): the config comes from ``AutoConfig``, the linmem model is built on the meta
-device and allocated on the target device, and each safetensors tensor is converted on its own
-(``hf_tensor_to_linmem``) and copied in, one shard open at a time; the transformers model is never built.
+A folder streams (``load_hf_folder``): the config comes from ``AutoConfig``; the conversion first runs on the
+shapes of the safetensors headers into a model on the meta device, so weights that do not fit the config (a
+vocabulary of 10^12) are one line before anything is allocated; then the linmem model is allocated on the target
+device and each safetensors tensor is converted on its own (``hf_tensor_to_linmem``) and copied in, one shard open at
+a time; the transformers model is never built.
 
 Anything linmem cannot reproduce exactly raises a ``ValueError`` naming the model type and the reason (another
 activation, a RoPE scaling type, ``kimi_linear``'s per-channel decay with the delta rule, ...).
@@ -46,7 +48,14 @@ import torch
 from torch import nn
 
 from linmem.models.configuration import LinMemConfig
-from linmem.models.fla_import import WeightWriter, empty_model, safetensors_files, stored_dtype, stream_safetensors
+from linmem.models.fla_import import (
+    WeightWriter,
+    check_checkpoint_shapes,
+    empty_model,
+    safetensors_files,
+    stored_dtype,
+    stream_safetensors,
+)
 from linmem.models.modeling import LinMemForCausalLM
 from linmem.models.sub_configs import AttentionConfig, MoEConfig
 
@@ -324,14 +333,20 @@ def fill_from_hf(model: LinMemForCausalLM, tensors: Iterable[tuple[str, torch.Te
     """
     writer = WeightWriter(model)
     with torch.no_grad():
-        for name, tensor in tensors:
-            pieces = hf_tensor_to_linmem(name, tensor, model.config, hf_type)
-            if pieces is None:
-                writer.reject(name)
-                continue
-            for target, index, value in pieces:
-                writer.write(name, target, value, index)
+        write_from_hf(writer, tensors, hf_type)
     writer.finish(what)
+
+
+def write_from_hf(writer: WeightWriter, tensors: Iterable[tuple[str, torch.Tensor]], hf_type: str) -> None:
+    """Write ``(name, tensor)`` of a transformers model of type ``hf_type`` through ``writer``, each tensor as the
+    pieces ``hf_tensor_to_linmem`` makes of it (a name it does not know is recorded as unexpected)."""
+    for name, tensor in tensors:
+        pieces = hf_tensor_to_linmem(name, tensor, writer.model.config, hf_type)
+        if pieces is None:
+            writer.reject(name)
+            continue
+        for target, index, value in pieces:
+            writer.write(name, target, value, index)
 
 
 def _is_tied(hf_model: nn.Module) -> bool:
@@ -377,8 +392,11 @@ def load_hf_folder(path: str | Path, *, dtype: torch.dtype | str | None = "auto"
     config = hf_config_to_linmem(hf_config, backend=backend,
                                  tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)))
     files = safetensors_files(path)
+    hf_type = text_config(hf_config).model_type
+    check_checkpoint_shapes(config, files, lambda writer, tensors: write_from_hf(writer, tensors, hf_type),
+                            str(path / "config.json"))
     model = empty_model(config, _folder_dtype(dtype, hf_config, files), device or "cpu")
-    fill_from_hf(model, stream_safetensors(files), text_config(hf_config).model_type, str(path))
+    fill_from_hf(model, stream_safetensors(files), hf_type, str(path))
     return model
 
 
