@@ -141,7 +141,9 @@ def heldout_documents(name: str, zoo_dir: str | None):
 
     tokenizer = load_tokenizer(zoo.path(name, zoo_dir))
     split = TokenShards(zoo.heldout_dir(name, zoo_dir)).split("test")
-    return [Document(source, sid, tokenizer.decode(ids.tolist())) for source, sid, ids in split.documents()]
+    return [Document(source, sid, tokenizer.decode(ids.tolist(), skip_special_tokens=True,
+                                                   clean_up_tokenization_spaces=False))
+            for source, sid, ids in split.documents()]
 
 
 def run_probe(name: str, options: ProbeOptions, device: str, out: Path, zoo_dir: str | None,

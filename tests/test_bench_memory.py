@@ -14,7 +14,7 @@ import torch
 import linmem.memory as mm
 from linmem.bench import lab_scale
 from linmem.data.sources import Document
-from linmem.data.tokenizer import train_tokenizer
+from linmem.data.tokenizer import train_tokenizer, wrap_tokenizer
 from linmem.memory import experiments as ex
 from tests.test_memory_experiments import KEYS, VALUES, WORDS
 
@@ -25,16 +25,16 @@ def texts():
     words = [WORDS[i] for i in torch.randint(0, len(WORDS), (16 * 150,), generator=rng).tolist()]
     docs = [Document("toy", f"toy:{i}", " ".join(words[150 * i: 150 * (i + 1)])) for i in range(16)]
     facts = [f" The code of {k} is {v}." for k, v in itertools.product(KEYS, VALUES)] * 5
-    tokenizer = train_tokenizer([d.text for d in docs] + facts, vocab_size=400)
-    return docs, tokenizer
+    return docs, train_tokenizer([d.text for d in docs] + facts, vocab_size=400)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(lab_scale.MODELS))
 def test_naive_and_fast_head_scans_measure_the_same_effects(name, texts):
-    docs, tokenizer = texts
+    docs, engine = texts
+    tokenizer = wrap_tokenizer(engine)
     config = lab_scale.MODELS[name](quick=True)
-    config.vocab_size = tokenizer.get_vocab_size()
+    config.vocab_size = len(tokenizer)
     seed = int(torch.randint(0, 2**31, ()).item())
     model = lab_scale.build_model(config, "cpu", torch.float32, seed=seed)
     batch = lab_scale.task_batch(tokenizer, docs, lab_scale.Sizes(items=3, filler=24))
@@ -47,9 +47,9 @@ def test_naive_and_fast_head_scans_measure_the_same_effects(name, texts):
 
 
 def test_quick_mode_writes_json_and_table(tmp_path, texts, monkeypatch):
-    docs, tokenizer = texts
+    docs, engine = texts
     monkeypatch.setattr("linmem.memory.commands.documents", lambda specs: docs)
-    monkeypatch.setattr("linmem.data.tokenizer.train_tokenizer", lambda texts, vocab_size: tokenizer)
+    monkeypatch.setattr("linmem.data.tokenizer.train_tokenizer", lambda texts, vocab_size: engine)
     probe = replace(lab_scale.QUICK.probe, filler_tokens=24)
     monkeypatch.setattr(lab_scale, "QUICK", lab_scale.Sizes(items=2, filler=24, probe=probe))
     results = lab_scale.main(["--quick", "--models", "gdn-1.3b", "--probe", "gated", "--naive-heads", "3",

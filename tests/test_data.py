@@ -29,6 +29,7 @@ from linmem.data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
     train_tokenizer,
+    wrap_tokenizer,
 )
 from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_window_sources, sequential_windows
 from linmem.io import atomic
@@ -275,26 +276,29 @@ def test_each_sequential_window_gets_the_source_of_most_of_its_targets(tmp_path:
 
 
 def test_tokenizer_trains_saves_and_loads_with_auto_tokenizer(tmp_path: Path):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     rng = np.random.default_rng(4)
     texts = [_text(rng, 50) for _ in range(100)] + ["def f(x):\n    return x  # ünïcode ✓"]
     tokenizer = train_tokenizer(texts, vocab_size=400)
     assert tokenizer.token_to_id(EOS_TOKEN) == 0 and tokenizer.get_vocab_size() <= 400
-    save_tokenizer(tokenizer, tmp_path / "tok")
+    save_tokenizer(wrap_tokenizer(tokenizer), tmp_path / "tok")
     auto = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     sample = "the lazy wizard ✓ returns\n\tx"
     ids = auto(sample)["input_ids"]
     assert ids == tokenizer.encode(sample, add_special_tokens=False).ids
     assert auto.decode(ids) == sample  # byte-level: exact round trip, no unknown tokens
     assert auto.eos_token == EOS_TOKEN and auto.eos_token_id == 0 and auto.pad_token == "<|pad|>"
-    assert load_tokenizer(tmp_path / "tok" / "tokenizer.json").get_vocab() == tokenizer.get_vocab()
+    loaded = load_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    assert loaded.get_vocab() == tokenizer.get_vocab() and loaded.pad_token == "<|pad|>"
     with pytest.raises(ValueError, match="vocab_size must be in"):
         train_tokenizer(texts, vocab_size=100)
     foreign = train_tokenizer(texts, vocab_size=300, special_tokens=["</s>"])
-    assert find_eos(foreign) == ("</s>", 0)
+    assert find_eos(PreTrainedTokenizerFast(tokenizer_object=foreign)) == ("</s>", 0)  # none configured: the list
     with pytest.raises(ValueError, match="--eos-token"):
-        find_eos(foreign, "<end>")
+        find_eos(PreTrainedTokenizerFast(tokenizer_object=foreign), "<end>")
+    with pytest.raises(ValueError, match="--eos-token"):
+        wrap_tokenizer(foreign)  # no <|endoftext|>
 
 
 def test_document_start_is_the_configured_bos_else_the_eos(tmp_path: Path):
@@ -307,15 +311,18 @@ def test_document_start_is_the_configured_bos_else_the_eos(tmp_path: Path):
     foreign = train_tokenizer(texts, vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"])
     folder = tmp_path / "imported"
     folder.mkdir()
-    _, eos_id = find_eos(foreign)
+    foreign.save(str(folder / "tokenizer.json"))
+    _, eos_id = find_eos(load_tokenizer(folder))
     assert (eos_id, foreign.token_to_id("<s>")) == (2, 1)
-    assert find_document_start(foreign, folder, eos_id) == eos_id  # no tokenizer_config.json
+    assert find_document_start(load_tokenizer(folder), eos_id) == eos_id  # no tokenizer_config.json
     for bos, expected in (({"content": "<s>", "special": True}, 1), ("<s>", 1), ("<bos>", eos_id), (None, eos_id)):
         (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": bos, "eos_token": "</s>"}))
-        assert find_document_start(foreign, folder, eos_id) == expected, bos
+        loaded = load_tokenizer(folder)
+        assert find_document_start(loaded, eos_id) == expected and len(loaded) == foreign.get_vocab_size(), bos
     own = train_tokenizer(texts, vocab_size=300)
-    save_tokenizer(own, tmp_path / "own")
-    assert find_document_start(own, tmp_path / "own", own.token_to_id(EOS_TOKEN)) == own.token_to_id(EOS_TOKEN)
+    save_tokenizer(wrap_tokenizer(own), tmp_path / "own")
+    eos_id = own.token_to_id(EOS_TOKEN)
+    assert find_document_start(load_tokenizer(tmp_path / "own"), eos_id) == eos_id
 
 
 # ---------------------------------------------------------------- MQAR and the mix

@@ -433,8 +433,8 @@ def test_lm_eval_harness_on_a_shipped_model(tmp_path, monkeypatch):
                                   bootstrap_iters=0, log_samples=False)["results"]
     assert 0 <= out["linmem_local_cloze"]["acc,none"] <= 1
     tokenizer = load_tokenizer(model_dir)
-    tokens = sum(len(tokenizer.encode(t).ids) for t in texts)
-    uniform = tokens * math.log2(tokenizer.get_vocab_size()) / sum(len(t.encode()) for t in texts)
+    tokens = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts)
+    uniform = tokens * math.log2(len(tokenizer)) / sum(len(t.encode()) for t in texts)
     assert 0 < out["linmem_local_rolling"]["bits_per_byte,none"] < 0.6 * uniform
 
 

@@ -74,11 +74,10 @@ def test_asked_vocabulary_is_refused_not_switched(lab, tmp_path):  # noqa: F811
 def test_automatic_vocabulary_and_shortened_sweep_are_stated():
     if "gdn" not in linmem.zoo.names():
         pytest.skip("zoo model gdn is not shipped in this checkout")
-    from tokenizers import Tokenizer
-
+    from linmem.data.tokenizer import load_tokenizer
     from linmem.memory.probe import shortened
 
-    tokenizer = Tokenizer.from_file(str(linmem.zoo.path("gdn") / "tokenizer.json"))
+    tokenizer = load_tokenizer(linmem.zoo.path("gdn"))
     notes: list[str] = []  # 'names' has 7 single-token words with the zoo's 4,096-token vocabulary
     builder = task_builder(tokenizer, ProbeOptions(num_bindings=8), notes)
     assert builder.spec.keys != "names" and len(notes) == 1 and "chosen automatically" in notes[0]

@@ -16,14 +16,13 @@ import linmem  # noqa: F401
 import linmem.memory as mm
 from linmem.cli import main
 from linmem.data.sources import Document
-from linmem.data.tokenizer import save_tokenizer, train_tokenizer
+from linmem.data.tokenizer import save_tokenizer, train_tokenizer, wrap_tokenizer
 from linmem.memory import experiments as ex
 from linmem.memory import metrics
 from linmem.memory.components import mixer
 from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.stats import bootstrap
 from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemConfig
 
 WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
@@ -37,8 +36,8 @@ def lab():
     rng = np.random.default_rng(0)
     docs = [Document("toy", f"toy:{i}", " ".join(rng.choice(WORDS, 150))) for i in range(10)]
     facts = [f" The code of {k} is {v}." for k in KEYS for v in VALUES] * 5
-    tokenizer = train_tokenizer([d.text for d in docs] + facts, vocab_size=400)
-    sources = passages(docs, Tokenize(tokenizer), 40)
+    tokenizer = wrap_tokenizer(train_tokenizer([d.text for d in docs] + facts, vocab_size=400))
+    sources = passages(docs, tokenizer, 40)
     return docs, tokenizer, TaskBuilder(tokenizer, SPEC), sources
 
 
@@ -58,7 +57,7 @@ def tiny_model(vocab_size: int, seed: int = 0, **settings) -> torch.nn.Module:
 
 def tiny(tokenizer, **settings) -> torch.nn.Module:
     """``tiny_model`` for this tokenizer, in float64, in eval mode."""
-    return tiny_model(tokenizer.get_vocab_size(), **settings).to(torch.float64).eval()
+    return tiny_model(len(tokenizer), **settings).to(torch.float64).eval()
 
 
 def rows_of(result, **match) -> list[dict]:
@@ -280,7 +279,7 @@ def test_benchmark_scans_agree(lab):
     batch = make_batch(build_items(builder, sources)[:3])
     components = mm.heads(model)
     fast, slow = suffix_only(model, batch, components, chunk=3), full_reruns(model, batch, components)
-    assert fast.shape == slow.shape == (len(components), 3, tokenizer.get_vocab_size())
+    assert fast.shape == slow.shape == (len(components), 3, len(tokenizer))
     assert (fast - slow).abs().max() < 1e-9
 
 

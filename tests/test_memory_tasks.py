@@ -9,11 +9,10 @@ import torch
 
 from linmem.data.sources import Document
 from linmem.data.synthetic import check_sample, make_generator
-from linmem.data.tokenizer import train_tokenizer
+from linmem.data.tokenizer import train_tokenizer, wrap_tokenizer
 from linmem.memory import metrics, stats
 from linmem.memory.kv_filler import KeyValueFiller
 from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
-from linmem.memory.tokenizer_adapter import Tokenize
 
 WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
 
@@ -25,14 +24,14 @@ def corpus():
     spec = TaskSpec()
     extra = [f" The code of {k} is {v}." for k in "Alice Bob Carol David Emma Frank Grace Henry".split()
              for v in "red blue green yellow black white brown pink".split()] * 5
-    tokenizer = train_tokenizer([d.text for d in docs] + extra, vocab_size=400)
+    tokenizer = wrap_tokenizer(train_tokenizer([d.text for d in docs] + extra, vocab_size=400))
     return docs, tokenizer, spec
 
 
 def test_pairs_align_and_differ_only_in_the_target_value(corpus):
     docs, tokenizer, _ = corpus
     builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=3, repeats=2, filler_tokens=64))
-    sources = passages(docs, Tokenize(tokenizer), 80)
+    sources = passages(docs, tokenizer, 80)
     assert {s[1] for s in sources} == {"dev", "confirm"}
     for item in build_items(builder, sources, seed=int(torch.randint(0, 1000, ()))):
         assert len(item.recipient) == len(item.donor)
@@ -47,7 +46,7 @@ def test_pairs_align_and_differ_only_in_the_target_value(corpus):
 
 def test_variants(corpus):
     docs, tokenizer, _ = corpus
-    sources = passages(docs, Tokenize(tokenizer), 80)
+    sources = passages(docs, tokenizer, 80)
     latest = build_items(TaskBuilder(tokenizer, TaskSpec(variant="latest", repeats=3, filler_tokens=64)), sources)
     for item in latest:
         assert len(item.value_positions) == 1  # only the last presentation carries the answer
@@ -79,7 +78,7 @@ def test_no_fact_prompt_drops_every_presentation_of_the_asked_fact_and_nothing_e
     docs, tokenizer, _ = corpus
     spec = TaskSpec(num_bindings=3, repeats=3, filler_tokens=64, variant=variant)
     builder = TaskBuilder(tokenizer, spec)
-    sources = passages(docs, Tokenize(tokenizer), 80)
+    sources = passages(docs, tokenizer, 80)
     fact_length = len(builder.fact(0, 0))
     for item in build_items(builder, sources, seed=int(np.random.default_rng().integers(1000))):
         assert len(item.no_fact) == len(item.recipient)
@@ -110,7 +109,7 @@ def test_no_fact_filler_draws_leave_the_items_as_they_were(corpus, monkeypatch):
 
     docs, tokenizer, _ = corpus
     builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=2, repeats=2, filler_tokens=64))
-    sources = passages(docs, Tokenize(tokenizer), 80)
+    sources = passages(docs, tokenizer, 80)
     seed = int(np.random.default_rng().integers(1000))
     before = build_items(builder, sources, seed=seed)
     monkeypatch.setattr(tasks, "NO_FACT_SALT", "another salt")
@@ -125,7 +124,7 @@ def test_filler_sits_between_the_last_fact_and_the_query_by_default(corpus):
     """``gap=None``: the stretch before the query is a stretch like the others (K·R + 1 equal shares of the
     filler), not an empty one that puts the last fact right before the query."""
     docs, tokenizer, _ = corpus
-    sources = passages(docs, Tokenize(tokenizer), 80)
+    sources = passages(docs, tokenizer, 80)
     builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=2, repeats=2, filler_tokens=50))
     for item in build_items(builder, sources):
         end = item.boundary - 10  # 50 filler tokens in 5 stretches of 10
@@ -148,12 +147,12 @@ def test_rules_raise_clear_errors(corpus):
 def test_kv_filler_generator(corpus):
     docs, tokenizer, _ = corpus
     builder = TaskBuilder(tokenizer, TaskSpec())
-    stream = Tokenize(tokenizer)(docs[0].text)
+    stream = tokenizer.encode(docs[0].text, add_special_tokens=False)
     generator = KeyValueFiller.from_builder(builder, stream, num_bindings=3)
     assert isinstance(make_generator("kv-filler", filler=np.array(stream), keys=builder.keys,
                                      values=builder.values), KeyValueFiller)
     sample = generator.sample(np.random.default_rng(int(torch.randint(0, 999, ()))), 120)
-    check_sample(sample, 120, tokenizer.get_vocab_size())
+    check_sample(sample, 120, len(tokenizer))
     answers = sample.tokens[sample.loss_mask]
     assert 1 <= len(answers) <= 3 and set(answers) <= set(builder.values)
     for t in np.flatnonzero(sample.loss_mask):  # each answer follows "... key is" and that binding was shown before

@@ -19,7 +19,6 @@ from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.metrics import compare
 from linmem.memory.stats import bootstrap
 from linmem.memory.tasks import TaskSpec, build_items, passages
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.memory.toy import train_toy
 
 MODULES = ["json", "collections", "os", "re", "string", "textwrap", "pathlib", "typing", "functools", "itertools",
@@ -39,7 +38,7 @@ def trained():
         setup = train_toy([d.text[:4000] for d in docs], spec, mixer="gdn", steps=250, seq_len=96, batch_size=32)
     finally:
         torch.set_num_threads(threads)
-    sources = passages(docs, Tokenize(setup.tokenizer), 40)
+    sources = passages(docs, setup.tokenizer, 40)
     return setup, docs, sources
 
 

@@ -108,13 +108,13 @@ def test_eval_report_does_not_write_through_a_link(tmp_path, name):
 
 
 def test_tokenizer_is_not_saved_through_a_link(tmp_path):
-    from linmem.data.tokenizer import save_tokenizer, train_tokenizer
+    from linmem.data.tokenizer import save_tokenizer, train_tokenizer, wrap_tokenizer
 
     out = tmp_path / "data"
     prepare_output_folder(out, overwrite=False, kind="data")
     target = linked(out, "tokenizer.json", tmp_path)
     with pytest.raises(ValueError, match="symbolic link"):
-        save_tokenizer(train_tokenizer(["a small text to learn from"] * 4, vocab_size=300), out)
+        save_tokenizer(wrap_tokenizer(train_tokenizer(["a small text to learn from"] * 4, vocab_size=300)), out)
     assert target.read_text() == "the user's"
 
 

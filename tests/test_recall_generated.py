@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from linmem.data.shards import TokenShards
 from linmem.data.synthetic import check_sample
@@ -39,7 +40,6 @@ from linmem.memory.generated_formats import (
 )
 from linmem.memory.kv_filler import KeyValueFiller
 from linmem.memory.tasks import TaskBuilder, TaskSpec
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.train.data import resolve_generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,37 +48,46 @@ SEQ_LEN = 320  # 8 facts of the longest generated template, twice each, and 8 qu
 
 
 @pytest.fixture(scope="module")
-def tokenize() -> Tokenize:
-    return Tokenize(load_tokenizer(ZOO_TOKENIZER))
+def tokenizer() -> PreTrainedTokenizerFast:
+    return load_tokenizer(ZOO_TOKENIZER)
 
 
-def held_out(tokenize: Tokenize) -> tuple[set[int], set[str]]:
+def encode(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def decode(tokenizer: PreTrainedTokenizerFast, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def held_out(tokenizer: PreTrainedTokenizerFast) -> tuple[set[int], set[str]]:
     """The held-out formats' token ids and lower-case words, listed here from ``HELD_OUT`` and the tables."""
     texts = [piece for name in HELD_OUT["template"] for piece in TEMPLATES[name]]
     texts += [" " + w for name in HELD_OUT["keys"] for w in KEY_WORDS[name].split()]
     texts += [" " + w for name in HELD_OUT["values"] for w in VALUE_WORDS[name].split()]
-    return {i for t in texts for i in tokenize(t)}, {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
+    ids = {i for t in texts for i in encode(tokenizer, t)}
+    return ids, {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
 
 
 @pytest.fixture(scope="module")
-def stream(tokenize) -> np.ndarray:
+def stream(tokenizer) -> np.ndarray:
     """A token stream in which the held-out formats' tokens are the most frequent (so a pool that did not leave
     them out would hold them), the rest random ids."""
     rng = np.random.default_rng()
-    vocab = tokenize.tokenizer.get_vocab_size()
-    banned = np.asarray(sorted(held_out(tokenize)[0]))
+    vocab = len(tokenizer)
+    banned = np.asarray(sorted(held_out(tokenizer)[0]))
     words = np.empty(80_000, dtype=np.int64)  # each random id followed by a comma: every one ends a word
-    words[0::2], words[1::2] = rng.integers(0, vocab, 40_000), tokenize(",")[0]
+    words[0::2], words[1::2] = rng.integers(0, vocab, 40_000), encode(tokenizer, ",")[0]
     return np.concatenate([words, np.repeat(banned, 200)])
 
 
-def generator(tokenize, stream, generated=FORMAT_PARTS, num_bindings=8, **fixed) -> KeyValueFiller:
+def generator(tokenizer, stream, generated=FORMAT_PARTS, num_bindings=8, **fixed) -> KeyValueFiller:
     """A generator over ``stream``'s word pool whose filler shares no token with the formats (fixed parts from the
     lab's ``code`` / ``names`` / ``colors``)."""
-    builder = TaskBuilder(tokenize.tokenizer, TaskSpec(num_bindings=num_bindings, keys="letters", **fixed))
-    words, marks = format_words(tokenize, stream, 600), punctuation_tokens(tokenize)
+    builder = TaskBuilder(tokenizer, TaskSpec(num_bindings=num_bindings, keys="letters", **fixed))
+    words, marks = format_words(tokenizer, stream, 600), punctuation_tokens(tokenizer)
     used = {*words, *marks, *builder.keys, *builder.values, *builder.before, *builder.middle, *builder.after}
-    filler = np.asarray([t for t in range(tokenize.tokenizer.get_vocab_size()) if t not in used])
+    filler = np.asarray([t for t in range(len(tokenizer)) if t not in used])
     return KeyValueFiller(filler, builder.keys, builder.values, builder.before, builder.middle, builder.after,
                           num_bindings=num_bindings, generated=generated, words=words, punctuation=marks)
 
@@ -106,20 +115,20 @@ def parse(g: KeyValueFiller, sample) -> tuple[list[tuple[int, ...]], list[tuple[
     return list(runs[:-n]), list(runs[-n:]), answers
 
 
-def test_generated_samples_never_hold_a_held_out_token(tokenize, stream):
-    banned_ids, banned_words = held_out(tokenize)
-    g = generator(tokenize, stream)
+def test_generated_samples_never_hold_a_held_out_token(tokenizer, stream):
+    banned_ids, banned_words = held_out(tokenizer)
+    g = generator(tokenizer, stream)
     pool = set(g.words)
     assert len(pool) == 600 and not pool & banned_ids
     for token in pool:  # whole words, one token each, in no case a held-out word
-        text = tokenize.decode([token])
-        assert text[0] == " " and text[1:].isalpha() and tokenize(text) == [token]
+        text = decode(tokenizer, [token])
+        assert text[0] == " " and text[1:].isalpha() and encode(tokenizer, text) == [token]
         assert text[1:].lower() not in banned_words, text
-    assert not set(g.punctuation) & banned_ids and tokenize(".")[0] in banned_ids
+    assert not set(g.punctuation) & banned_ids and encode(tokenizer, ".")[0] in banned_ids
     seen = set()
     for seed in range(300):
         sample = g.sample(np.random.default_rng(seed), SEQ_LEN)
-        check_sample(sample, SEQ_LEN, tokenize.tokenizer.get_vocab_size())
+        check_sample(sample, SEQ_LEN, len(tokenizer))
         facts, queries, _ = parse(g, sample)
         words = {t for f in facts + queries for t in f}
         assert words <= pool | set(g.punctuation) and not words & banned_ids
@@ -134,18 +143,18 @@ def structure(fact: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, int]:
     return differ[0], differ[1]
 
 
-def test_the_pool_takes_whole_words_not_first_pieces(tokenize):
+def test_the_pool_takes_whole_words_not_first_pieces(tokenizer):
     """A token the text mostly continues with letters (the first piece of a longer word) is no pool word; the same
     kind of token followed by punctuation is."""
-    piece, word, suffix, comma = tokenize(" file")[0], tokenize(" name")[0], tokenize("s")[0], tokenize(",")[0]
+    piece, word, suffix, comma = (encode(tokenizer, text)[0] for text in (" file", " name", "s", ","))
     ends_word = np.tile([piece, suffix, word, comma], 100)
-    assert format_words(tokenize, ends_word, 10) == [word]  # " file" always continues as " files"
+    assert format_words(tokenizer, ends_word, 10) == [word]  # " file" always continues as " files"
     mostly = np.concatenate([np.tile([piece, comma], 95), np.tile([piece, suffix], 5), np.tile([word, comma], 50)])
-    assert format_words(tokenize, mostly, 10) == [piece, word]  # 95 % of " file" end a word: kept
+    assert format_words(tokenizer, mostly, 10) == [piece, word]  # 95 % of " file" end a word: kept
 
 
-def test_answers_are_the_values_bound_to_the_queried_keys_and_templates_vary(tokenize, stream):
-    g = generator(tokenize, stream)
+def test_answers_are_the_values_bound_to_the_queried_keys_and_templates_vary(tokenizer, stream):
+    g = generator(tokenizer, stream)
     middles, loads = set(), set()
     for seed in range(200):
         facts, queries, answers = parse(g, g.sample(np.random.default_rng(seed), SEQ_LEN))
@@ -171,8 +180,8 @@ def test_answers_are_the_values_bound_to_the_queried_keys_and_templates_vary(tok
 
 
 @pytest.mark.parametrize("generated", [("template",), ("keys",), ("values",), ("keys", "values")])
-def test_fixed_parts_stay_and_generated_ones_avoid_them(tokenize, stream, generated):
-    g = generator(tokenize, stream, generated, num_bindings=4)
+def test_fixed_parts_stay_and_generated_ones_avoid_them(tokenizer, stream, generated):
+    g = generator(tokenizer, stream, generated, num_bindings=4)
     pool, fixed_keys, fixed_values = set(g.words), set(g.keys), set(g.values)
     for seed in range(60):
         facts, queries, answers = parse(g, g.sample(np.random.default_rng(seed), SEQ_LEN))
@@ -194,8 +203,8 @@ def test_fixed_parts_stay_and_generated_ones_avoid_them(tokenize, stream, genera
                 assert value not in fixed_keys and key not in fixed_values
 
 
-def test_same_seed_same_sample(tokenize, stream):
-    g = generator(tokenize, stream)
+def test_same_seed_same_sample(tokenizer, stream):
+    g = generator(tokenizer, stream)
     seed = int(np.random.default_rng().integers(2**31))
     a, b = (g.sample(np.random.default_rng(seed), SEQ_LEN) for _ in range(2))
     assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask)
@@ -208,8 +217,8 @@ def test_training_config_builds_generated_formats_and_records_the_pool(dataset):
     g, _, resolved = resolve_generator(spec, 0, TokenShards(dataset), "test", seq_len=128)
     assert resolved == {**spec, "weight": 1.0, "repeats": 2, "word_pool": 1000}
     assert set(g.generated) == set(FORMAT_PARTS) and len(g.free_words) >= 14
-    tokenize = Tokenize(load_tokenizer(dataset))
-    assert all(tokenize.decode([w])[1:].isalpha() for w in g.free_words)
+    tokenizer = load_tokenizer(dataset)
+    assert all(decode(tokenizer, [w])[1:].isalpha() for w in g.free_words)
     counts = np.bincount(g.filler, minlength=max(g.free_words) + 1)
     assert list(counts[g.free_words]) == sorted(counts[g.free_words], reverse=True)  # the most frequent first
     for seed in range(20):
@@ -259,26 +268,26 @@ def test_recall_measurement_refuses_generated(part):
 
 
 @pytest.fixture(scope="module")
-def text_stream(tokenize) -> np.ndarray:
+def text_stream(tokenizer) -> np.ndarray:
     """Words and marks of the zoo tokenizer in random order, the held-out templates' pieces spliced in often (so a
     generator that did not refuse them would cut templates holding them)."""
     rng = np.random.default_rng()
-    vocab = tokenize.tokenizer.get_vocab_size()
-    texts = [tokenize.decode([i]) for i in range(vocab)]
+    vocab = len(tokenizer)
+    texts = [decode(tokenizer, [i]) for i in range(vocab)]
     plain = [i for i, t in enumerate(texts) if (t[:1] == " " and t[1:].isalpha()) or t in (",", ".", ";")]
-    pieces = [tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
+    pieces = [encode(tokenizer, p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
     chunks = [list(rng.choice(plain, 14)) + pieces[int(rng.integers(len(pieces)))] for _ in range(3000)]
     return np.asarray([t for c in chunks for t in c], dtype=np.int64)
 
 
-def text_generator(tokenize, stream, num_bindings=4) -> KeyValueFiller:
-    return KeyValueFiller(stream, generated=("keys", "values"), words=format_words(tokenize, stream, 600),
-                          num_bindings=num_bindings, **text_template_parts(tokenize, int(stream.max()) + 1))
+def text_generator(tokenizer, stream, num_bindings=4) -> KeyValueFiller:
+    return KeyValueFiller(stream, generated=("keys", "values"), words=format_words(tokenizer, stream, 600),
+                          num_bindings=num_bindings, **text_template_parts(tokenizer, int(stream.max()) + 1))
 
 
-def test_text_templates_are_stretches_of_the_text_without_held_out_pieces(tokenize, text_stream):
-    g = text_generator(tokenize, text_stream)
-    pieces = [tokenize(p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
+def test_text_templates_are_stretches_of_the_text_without_held_out_pieces(tokenizer, text_stream):
+    g = text_generator(tokenizer, text_stream)
+    pieces = [encode(tokenizer, p) for name in HELD_OUT["template"] for p in TEMPLATES[name]]
     text = " ".join(map(str, text_stream.tolist())) + " "
     wordings = set()
     for seed in range(300):
@@ -303,14 +312,14 @@ def _run_in(tokens, piece) -> bool:
     return any(list(tokens[i:i + len(piece)]) == list(piece) for i in range(len(tokens) - len(piece) + 1))
 
 
-def test_text_template_samples_ask_the_bound_values(tokenize, text_stream):
+def test_text_template_samples_ask_the_bound_values(tokenizer, text_stream):
     """Each query (the last ``n`` facts, one after another) repeats a fact whose stem appears ``repeats`` times
     before it, always followed by the value the mask asks for."""
-    g = text_generator(tokenize, text_stream)
+    g = text_generator(tokenizer, text_stream)
     checked = 0
     for seed in range(150):
         sample = g.sample(np.random.default_rng(seed), SEQ_LEN)
-        check_sample(sample, SEQ_LEN, tokenize.tokenizer.get_vocab_size())
+        check_sample(sample, SEQ_LEN, len(tokenizer))
         tokens, answers = sample.tokens.tolist(), np.flatnonzero(sample.loss_mask)
         if len(answers) < 2:
             continue
@@ -341,18 +350,18 @@ def test_word_pool_ids_draws_keys_and_values_from_every_token_but_the_held_out_o
     """``word_pool: ids``: keys and values come from the whole vocabulary (subword pieces and marks too) except the
     end-of-text token and every token of ``HELD_OUT``, whatever its case or spacing; the choice is recorded."""
     shards = TokenShards(dataset)
-    tokenize = Tokenize(load_tokenizer(dataset))
+    tokenizer = load_tokenizer(dataset)
     spec = {"name": "kv-filler", "template": TEXT, "keys": GENERATED, "values": GENERATED, "num_bindings": 3,
             "word_pool": "ids"}
     g, _, resolved = resolve_generator(spec, 0, shards, "test", seq_len=128)
     assert resolved == {**spec, "weight": 1.0, "repeats": 2}
-    banned_ids, banned_words = held_out_tokens(tokenize)
-    pool = set(format_ids(tokenize, shards.vocab_size, [shards.eos_id]))
+    banned_ids, banned_words = held_out_tokens(tokenizer)
+    pool = set(format_ids(tokenizer, shards.vocab_size, [shards.eos_id]))
     assert set(g.free_words.tolist()) == pool - set(g.punctuation)  # the pool, less the generator's fixed marks
     assert shards.eos_id not in pool and not pool & banned_ids
-    assert not {tokenize.decode([i]).strip().lower() for i in pool} & banned_words
-    assert len(pool) > 2 * len(format_words(tokenize, g.filler, 10**6))  # far more than the whole words
-    spelled = {i for i in range(shards.vocab_size) if tokenize.decode([i]).strip().lower() in banned_words}
+    assert not {decode(tokenizer, [i]).strip().lower() for i in pool} & banned_words
+    assert len(pool) > 2 * len(format_words(tokenizer, g.filler, 10**6))  # far more than the whole words
+    spelled = {i for i in range(shards.vocab_size) if decode(tokenizer, [i]).strip().lower() in banned_words}
     assert spelled - banned_ids <= set(range(shards.vocab_size)) - pool  # other spellings of held-out words too
     answers = set()
     for seed in range(40):
@@ -360,24 +369,24 @@ def test_word_pool_ids_draws_keys_and_values_from_every_token_but_the_held_out_o
         check_sample(sample, 127)
         answers |= set(sample.tokens[sample.loss_mask].tolist())
     assert answers <= pool
-    words = set(format_words(tokenize, g.filler, 10**6))
+    words = set(format_words(tokenizer, g.filler, 10**6))
     assert answers - words  # tokens that are no whole word are asked for as well
     with pytest.raises(ValueError, match=r"word_pool must be an integer >= 1 .* or 'ids'"):
         resolve_generator({**spec, "word_pool": "every"}, 0, shards, "test", seq_len=128)
 
 
-def test_text_templates_are_drawn_however_rare_their_stretches(tokenize):
+def test_text_templates_are_drawn_however_rare_their_stretches(tokenizer):
     """A filler of marks with a few stretches of words spliced in: every draw is one of those stretches (none fails
     for want of trying), and a filler without any is refused when the generator is built."""
     rng = np.random.default_rng()
-    marks = [tokenize(m)[0] for m in ("(", ")", "=", "[", "]")]
-    words = [tokenize(" " + w)[0] for w in ("river", "stone", "light", "water", "house", "bread", "field", "glass",
-                                            "horse", "paper", "chair", "table", "sword", "crown")]
+    marks = [encode(tokenizer, m)[0] for m in ("(", ")", "=", "[", "]")]
+    words = [encode(tokenizer, " " + w)[0] for w in ("river", "stone", "light", "water", "house", "bread", "field",
+                                                     "glass", "horse", "paper", "chair", "table", "sword", "crown")]
     stream = list(rng.choice(marks, 50_000))
     for at in rng.choice(49_000, 30, replace=False):
         stream[at:at + 12] = list(rng.choice(words, 12))
     stream = np.asarray(stream, dtype=np.int64)
-    g = text_generator(tokenize, np.concatenate([stream, [max(words + marks)]]), num_bindings=2)
+    g = text_generator(tokenizer, np.concatenate([stream, [max(words + marks)]]), num_bindings=2)
     g.free_words = np.arange(3000, 3400)  # keys and values from elsewhere in the vocabulary
     text = " " + " ".join(map(str, stream.tolist())) + " "
     for seed in range(2000):
@@ -385,4 +394,4 @@ def test_text_templates_are_drawn_however_rare_their_stretches(tokenize):
         assert re.search(" ".join([*map(str, before), r"\d+", *map(str, middle), r"\d+", *map(str, after)]), text)
         assert set(before + middle + after) <= set(words) | set(marks)
     with pytest.raises(ValueError, match=r"rule 'text template': the filler holds no stretch"):
-        text_generator(tokenize, np.asarray(rng.choice(marks, 5_000), dtype=np.int64))
+        text_generator(tokenizer, np.asarray(rng.choice(marks, 5_000), dtype=np.int64))

@@ -12,7 +12,7 @@ import pytest
 
 from linmem.cli import main
 from linmem.data.sources import Document
-from linmem.data.tokenizer import save_tokenizer, train_tokenizer
+from linmem.data.tokenizer import save_tokenizer, train_tokenizer, wrap_tokenizer
 from linmem.memory.experiments import additivity
 from linmem.memory.report import spelled
 from tests.test_memory_experiments import KEYS, VALUES, WORDS, tiny
@@ -48,7 +48,7 @@ def probe_page(tmp_path_factory) -> str:
     rng = np.random.default_rng(0)
     docs = [Document("toy", f"toy:{i}", " ".join(rng.choice(WORDS, 150))) for i in range(10)]
     facts = [f" The code of {k} is {v}." for k in KEYS for v in VALUES] * 5
-    tokenizer = train_tokenizer([d.text for d in docs] + facts, vocab_size=400)
+    tokenizer = wrap_tokenizer(train_tokenizer([d.text for d in docs] + facts, vocab_size=400))
     (root / "texts").mkdir()
     for i, doc in enumerate(docs):
         (root / "texts" / f"{i:02d}.txt").write_text(doc.text)

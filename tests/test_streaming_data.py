@@ -105,7 +105,7 @@ def test_streamed_shards_equal_the_in_memory_reference(tmp_path, kind):
     data.verify()
     expected: dict[str, list[int]] = {s: [] for s in SPLITS}
     for text, sid in zip(texts, ids):  # one document at a time, all in memory
-        expected[split_of(sid, fractions)] += tokenizer.encode(text, add_special_tokens=False).ids + [data.eos_id]
+        expected[split_of(sid, fractions)] += tokenizer.encode(text, add_special_tokens=False) + [data.eos_id]
     for name in SPLITS:
         split = data.split(name)
         got = np.concatenate([np.asarray(s) for s in split.shards]) if split.shards else np.zeros(0)

@@ -36,7 +36,7 @@ def seed() -> int:
 def em(dataset, shards) -> EvalModel:
     """An ``EvalModel`` over the dataset's tokenizer (an untrained tiny model: only its tokenizer is used)."""
     tokenizer = load_tokenizer(dataset)
-    config = LinMemConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=1, num_heads=2,
+    config = LinMemConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_heads=2,
                           head_dim=8, hidden_ratio=2)
     return EvalModel(LinMemForCausalLM(config).eval(), tokenizer, dataset, torch.device("cpu"), shards.eos_id)
 

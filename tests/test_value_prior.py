@@ -27,7 +27,7 @@ def script():
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False).ids  # a tokenizers.Tokenizer, as models load it
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def single_token_ids(tokenizer, words: str) -> dict[str, int]:

@@ -56,7 +56,6 @@ from linmem.memory.probe import ProbeOptions, pick_spec, run_protocol
 from linmem.memory.recording import backbone, unembed
 from linmem.memory.stats import source_means
 from linmem.memory.tasks import TaskSpec, build_items, passages
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemCache, LinMemConfig, LinMemForCausalLM
 
 
@@ -140,7 +139,7 @@ def task_batch(tokenizer, documents, sizes: Sizes) -> Batch:
     """``sizes.items`` prompt pairs of ``sizes.filler`` filler tokens (4 bindings, 3 presentations)."""
     spec = TaskSpec(num_bindings=4, repeats=3, filler_tokens=sizes.filler)
     builder = pick_spec(tokenizer, spec)
-    found = passages(documents, Tokenize(tokenizer), sizes.filler + 16)[: sizes.items]
+    found = passages(documents, tokenizer, sizes.filler + 16)[: sizes.items]
     if len(found) < sizes.items:
         raise ValueError(f"need {sizes.items} passages of {sizes.filler + 16}+ tokens; the sources hold "
                          f"{len(found)}: lower --items or --filler")
@@ -372,12 +371,12 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = replace(base, items=args.items or base.items, filler=args.filler or base.filler)
     start = time.monotonic()
     deadline = start + args.budget
-    from linmem.data.tokenizer import train_tokenizer
+    from linmem.data.tokenizer import train_tokenizer, wrap_tokenizer
     from linmem.memory.commands import documents as probe_documents
 
     docs = list(itertools.islice(probe_documents(args.sources), 400))
-    tokenizer = train_tokenizer((d.text for d in docs), vocab_size=sizes.tokenizer_vocab)
-    log(f"tokenizer: {tokenizer.get_vocab_size()} tokens from {len(docs)} documents "
+    tokenizer = wrap_tokenizer(train_tokenizer((d.text for d in docs), vocab_size=sizes.tokenizer_vocab))
+    log(f"tokenizer: {len(tokenizer)} tokens from {len(docs)} documents "
         f"({time.monotonic() - start:.1f} s)")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"environment": environment(args.device), "dtype": args.dtype, "quick": args.quick,

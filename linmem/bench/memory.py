@@ -27,23 +27,22 @@ from linmem.memory.intervene import apply_cache_edit
 from linmem.memory.probe import pick_spec
 from linmem.memory.recording import backbone, unembed
 from linmem.memory.tasks import TaskSpec, build_items, passages
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemCache, LinMemConfig, LinMemForCausalLM
 
 
 def setup(args):
     """A tokenizer trained on the filler text, a random model of its vocabulary, and a batch of items."""
     from linmem.data.builtin import open_source
-    from linmem.data.tokenizer import train_tokenizer
+    from linmem.data.tokenizer import train_tokenizer, wrap_tokenizer
 
     docs = list(itertools.islice(open_source(args.source).documents(), 200))
-    tokenizer = train_tokenizer((d.text for d in docs), vocab_size=args.vocab)
+    tokenizer = wrap_tokenizer(train_tokenizer((d.text for d in docs), vocab_size=args.vocab))
     spec = TaskSpec(num_bindings=4, repeats=3, filler_tokens=args.filler, keys="letters", values="numbers")
     builder = pick_spec(tokenizer, spec)
-    found = passages(docs, Tokenize(tokenizer), args.filler + 16)[: args.prompts]
+    found = passages(docs, tokenizer, args.filler + 16)[: args.prompts]
     batch = make_batch(build_items(builder, found, seed=0), device=args.device)
     torch.manual_seed(0)
-    config = LinMemConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=args.hidden,
+    config = LinMemConfig(vocab_size=len(tokenizer), hidden_size=args.hidden,
                           num_hidden_layers=args.layers, num_heads=args.heads, head_dim=args.hidden // args.heads,
                           expand_v=1.0, mixer=args.mixer)
     return LinMemForCausalLM(config).to(args.device).eval(), batch

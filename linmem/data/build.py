@@ -53,13 +53,16 @@ from linmem.data.shards import (
 from linmem.data.sources import Document, FileDocument, Source, UnreadableText
 from linmem.data.splits import SPLITS, SplitFractions, split_of
 from linmem.data.tokenizer import (
-    configured_tokens,
+    EOS_TOKEN,
+    PAD_TOKEN,
     find_eos,
     load_tokenizer,
     save_tokenizer,
     special_token_ids,
+    token_id,
     tokenizer_hash,
     train_tokenizer,
+    wrap_tokenizer,
 )
 from linmem.io import zoo_dir
 from linmem.io.atomic import fsync_dir, write_json_atomic
@@ -115,8 +118,8 @@ def _readable(doc: AnyDocument, opts: BuildOptions, warn: bool = False) -> bool:
 
 
 def _prepare_tokenizer(sources: Sequence[Source], out: Path, opts: BuildOptions) -> tuple[Tokenizer, dict]:
-    """Train (on the training split) or load the tokenizer and save it into ``out``; returns the tokenizer as
-    saved and its data-card entry."""
+    """Train (on the training split) or load the tokenizer and save it into ``out``; returns the engine of the
+    tokenizer as saved and its data-card entry."""
     start = time.perf_counter()
     if opts.tokenizer == "train":
         seen = {"documents": 0, "chars": 0}
@@ -131,27 +134,26 @@ def _prepare_tokenizer(sources: Sequence[Source], out: Path, opts: BuildOptions)
                         seen["chars"] += len(piece)
                         yield piece
 
-        tokenizer = train_tokenizer(texts(), opts.vocab_size, opts.min_frequency, show_progress=opts.progress)
+        engine = train_tokenizer(texts(), opts.vocab_size, opts.min_frequency, show_progress=opts.progress)
         if seen["documents"] == 0:
             raise ValueError("no training documents to train a tokenizer on (sources empty, or every document "
                              "fell into validation/test): add data or change --splits")
-        eos_token, _ = find_eos(tokenizer, opts.eos_token)
+        eos_token = opts.eos_token or EOS_TOKEN  # one of its special tokens (wrap_tokenizer checks it is there)
         entry = {"kind": "byte-level BPE, trained", "requested_vocab_size": opts.vocab_size,
                  "min_frequency": opts.min_frequency, "train_documents": seen["documents"],
                  "train_chars": seen["chars"]}
-        configured = {}
+        specials = {}
     else:
-        path = tokenizer_path(opts.tokenizer)
-        tokenizer = load_tokenizer(path)
-        eos_token, _ = find_eos(tokenizer, opts.eos_token, path)
-        configured = configured_tokens(path)  # keep a given tokenizer's own BOS and pad tokens
+        given = load_tokenizer(tokenizer_path(opts.tokenizer))
+        engine = given.backend_tokenizer
+        eos_token, _ = find_eos(given, opts.eos_token)
+        specials = {"bos_token": given.bos_token, "pad_token": given.pad_token or PAD_TOKEN}  # keep its own
         entry = {"kind": "given", "path": str(opts.tokenizer)}
     seconds = time.perf_counter() - start
-    written = save_tokenizer(tokenizer, out, eos_token=eos_token, **configured)
-    saved = load_tokenizer(written)  # hash what was written
-    return saved, {**entry, "vocab_size": saved.get_vocab_size(with_added_tokens=True), "eos_token": eos_token,
-                   "eos_id": saved.token_to_id(eos_token), "special_token_ids": special_token_ids(out),
-                   "hash": tokenizer_hash(saved), "seconds": round(seconds, 3)}
+    saved = load_tokenizer(save_tokenizer(wrap_tokenizer(engine, eos_token, **specials), out))  # as written
+    return saved.backend_tokenizer, {
+        **entry, "vocab_size": len(saved), "eos_token": eos_token, "eos_id": token_id(saved, eos_token),
+        "special_token_ids": special_token_ids(out), "hash": tokenizer_hash(saved), "seconds": round(seconds, 3)}
 
 
 def tokenizer_path(spec: str) -> Path:

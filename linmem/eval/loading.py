@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
 
 from linmem.data.shards import INDEX_NAME, SplitTokens, TokenShards
 from linmem.data.tokenizer import find_document_start, find_eos, tokenizer_hash
@@ -28,7 +28,7 @@ class EvalModel:
     """A model ready for evaluation (eval mode, on ``device``) with its tokenizer and training record."""
 
     model: LinMemForCausalLM
-    tokenizer: Tokenizer
+    tokenizer: PreTrainedTokenizerFast
     folder: Path
     device: torch.device
     eos_id: int
@@ -42,10 +42,11 @@ class EvalModel:
         return self.eos_id if self.start_id is None else self.start_id
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        """The text of ``ids`` as the tokenizer's engine decodes it (special tokens kept, spaces never cleaned)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     @property
     def seq_len(self) -> int:
@@ -58,9 +59,9 @@ def load_model(path: str | Path, device: str = "auto", dtype: torch.dtype = torc
     """Load a model (a folder, a run folder or ``zoo:NAME``: ``linmem.io.models.resolve_model_folder``) with its
     tokenizer and training record; weights as ``dtype`` on ``device``, mixers on the op ``backend``."""
     model, tokenizer, folder = open_model(path, device=device, dtype=dtype, backend=backend)
-    _, eos_id = find_eos(tokenizer, None, folder)
+    _, eos_id = find_eos(tokenizer)
     return EvalModel(model, tokenizer, folder, pick_device(device), eos_id, read_train_info(folder),
-                     find_document_start(tokenizer, folder, eos_id))
+                     find_document_start(tokenizer, eos_id))
 
 
 def open_heldout(em: EvalModel, data_dir: str | Path | None, split: str) -> SplitTokens:

@@ -30,7 +30,6 @@ from linmem.memory.evaluate import make_batch
 from linmem.memory.fact_formats import label, load_template, load_vocabulary
 from linmem.memory.metrics import choice_logits
 from linmem.memory.stats import bootstrap
-from linmem.memory.tokenizer_adapter import Tokenize
 
 DEFAULT_LOADS = (4,)
 CHANCE = 0.25
@@ -138,7 +137,7 @@ def filler_passages(em: EvalModel, split: SplitTokens, filler_tokens: int) -> li
     """The lab's filler passages (``tasks.passages``) of the documents of ``split`` with at least ``filler_tokens``
     tokens; ``ValueError`` when no document has that many."""
     documents = [Document(source, sid, em.decode(tokens.tolist())) for source, sid, tokens in split.documents()]
-    sources = tasks.passages(documents, Tokenize(em.tokenizer), min_tokens=filler_tokens)
+    sources = tasks.passages(documents, em.tokenizer, min_tokens=filler_tokens)
     if not sources:
         raise ValueError(f"no held-out document of split {split.name!r} has {filler_tokens} tokens of filler")
     return sources

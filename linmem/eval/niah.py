@@ -176,7 +176,7 @@ def niah_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len: int 
     tokenizer = load_tokenizer(shards.folder)
 
     def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids
+        return tokenizer.encode(text, add_special_tokens=False)
 
     if low is not None:  # needs at least: the longest pieces over a sample of numbers, and one haystack token
         needed, longest = max((sum(map(len, niah_pieces(encode, n, number))) + 1, n)

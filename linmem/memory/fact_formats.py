@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from linmem.memory.tokenizer_adapter import Tokenize
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 KEY_WORDS = {
     "names": "Alice Bob Carol David Emma Frank Grace Henry Jack Kate Laura Mark Nancy Oliver Paul Peter Rachel "
@@ -173,12 +174,13 @@ def label(choice: str | Template | Vocabulary) -> str:
     return choice if isinstance(choice, str) else choice.name
 
 
-def single_tokens(tokenize: Tokenize, words: Iterable[str], rule: str, need: int, name: str = "") -> list[int]:
+def single_tokens(tokenizer: PreTrainedTokenizerFast, words: Iterable[str], rule: str, need: int,
+                  name: str = "") -> list[int]:
     """The ids of the distinct words (with a leading space) that are one token; ``ValueError`` naming ``rule``
     (and the vocabulary ``name``) when fewer than ``need``."""
     ids, seen = [], set()
     for word in words:
-        pieces = tokenize(" " + word)
+        pieces = tokenizer.encode(" " + word, add_special_tokens=False)
         if len(pieces) == 1 and pieces[0] not in seen:
             ids.append(pieces[0])
             seen.add(pieces[0])
@@ -198,15 +200,17 @@ def check_choice(part: str, value: object) -> None:
         raise ValueError(f"{part} must be one of {sorted(_choices(part))} or a {kind.__name__}; got {value!r}")
 
 
-def template_tokens(tokenize: Tokenize, template: str | Template) -> tuple[list[int], list[int], list[int]]:
+def template_tokens(tokenizer: PreTrainedTokenizerFast,
+                    template: str | Template) -> tuple[list[int], list[int], list[int]]:
     """The token ids of ``template``'s ``(before, middle, after)``; ``ValueError`` if ``middle`` is empty."""
-    before, middle, after = (tokenize(p) for p in template_pieces(template))
+    before, middle, after = (tokenizer.encode(p, add_special_tokens=False) for p in template_pieces(template))
     if not middle:
         raise ValueError(f"rule 'query template': template {label(template)!r} tokenizes to nothing")
     return before, middle, after
 
 
-def vocabulary_tokens(tokenize: Tokenize, vocabulary: str | Vocabulary, kind: str, need: int) -> list[int]:
+def vocabulary_tokens(tokenizer: PreTrainedTokenizerFast, vocabulary: str | Vocabulary, kind: str,
+                      need: int) -> list[int]:
     """The single-token ids of ``vocabulary``'s words (``kind``: ``"keys"`` or ``"values"``), at least ``need``."""
-    return single_tokens(tokenize, vocabulary_words(vocabulary, kind), f"single-token {kind}", need,
+    return single_tokens(tokenizer, vocabulary_words(vocabulary, kind), f"single-token {kind}", need,
                          label(vocabulary))

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from linmem.memory.fact_formats import HELD_OUT, TEMPLATES, vocabulary_words
-from linmem.memory.tokenizer_adapter import Tokenize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 # A generated template's words (fewest, most): before the key, between key and value, after the value; one mark of
 # PUNCTUATION closes the fact. A training query repeats the whole fact with its value under the loss mask.
@@ -63,36 +65,44 @@ def held_out_template_pieces() -> list[str]:
     return [piece for name in HELD_OUT["template"] for piece in TEMPLATES[name]]
 
 
-def word_continuations(tokenize: Tokenize, size: int) -> np.ndarray:
+def token_texts(tokenizer: PreTrainedTokenizerFast, ids: Sequence[int]) -> list[str]:
+    """The text of each token id of ``ids`` decoded alone (special tokens drop to ``""``), in one call of the
+    tokenizer's engine: a vocabulary-wide scan decodes every id."""
+    return tokenizer.backend_tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=True)
+
+
+def word_continuations(tokenizer: PreTrainedTokenizerFast, size: int) -> np.ndarray:
     """``[size]`` bool per token id: its text begins with a letter or a digit, so it continues the word before it."""
-    return np.asarray([tokenize.decode([i])[:1].isalnum() for i in range(size)])
+    return np.asarray([text[:1].isalnum() for text in token_texts(tokenizer, range(size))], dtype=bool)
 
 
-def text_template_parts(tokenize: Tokenize, size: int) -> dict[str, Any]:
+def text_template_parts(tokenizer: PreTrainedTokenizerFast, size: int) -> dict[str, Any]:
     """``KeyValueFiller``'s text-template options for token ids below ``size``: the held-out templates' pieces as
     token runs, and per id whether it begins a word (a space and a letter) and whether it continues one."""
-    return dict(text_template=True, held_out_pieces=[tokenize(piece) for piece in held_out_template_pieces()],
+    return dict(text_template=True,
+                held_out_pieces=[tokenizer.encode(piece, add_special_tokens=False)
+                                 for piece in held_out_template_pieces()],
                 word_starts=np.asarray([text[:1] == " " and text[1:2].isalpha()
-                                        for text in (tokenize.decode([i]) for i in range(size))]),
-                word_continues=word_continuations(tokenize, size))
+                                        for text in token_texts(tokenizer, range(size))], dtype=bool),
+                word_continues=word_continuations(tokenizer, size))
 
 
-def held_out_tokens(tokenize: Tokenize) -> tuple[set[int], set[str]]:
+def held_out_tokens(tokenizer: PreTrainedTokenizerFast) -> tuple[set[int], set[str]]:
     """The token ids of every ``HELD_OUT`` template piece and vocabulary word (after a space), and the lower-case
     words they spell (with each such token's own text), so that training can leave out every case of them."""
     texts = held_out_template_pieces()
     texts += [" " + word for kind in ("keys", "values") for name in HELD_OUT[kind]
               for word in vocabulary_words(name, kind)]
-    ids = {i for text in texts for i in tokenize(text)}
+    ids = {i for text in texts for i in tokenizer.encode(text, add_special_tokens=False)}
     words = {word.lower() for text in texts for word in re.findall(r"[A-Za-z]+", text)}
-    words |= {tokenize.decode([i]).strip().lower() for i in ids}
+    words |= {text.strip().lower() for text in token_texts(tokenizer, sorted(ids))}
     return ids, words
 
 
-def word_endings(tokenize: Tokenize, stream: np.ndarray) -> np.ndarray:
+def word_endings(tokenizer: PreTrainedTokenizerFast, stream: np.ndarray) -> np.ndarray:
     """Per token id, the share of its occurrences in ``stream`` (all but the last) that end a word: the next token
     does not continue it with a letter or a digit. ``[max id + 1]``, NaN for ids that do not occur."""
-    continues = word_continuations(tokenize, int(stream.max()) + 1)
+    continues = word_continuations(tokenizer, int(stream.max()) + 1)
     current, following = stream[:-1], stream[1:]
     seen = np.bincount(current, minlength=len(continues)).astype(np.float64)
     ended = np.bincount(current, weights=~continues[following], minlength=len(continues))
@@ -100,7 +110,7 @@ def word_endings(tokenize: Tokenize, stream: np.ndarray) -> np.ndarray:
         return ended / seen
 
 
-def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POOL) -> list[int]:
+def format_words(tokenizer: PreTrainedTokenizerFast, filler: Sequence[int], size: int = WORD_POOL) -> list[int]:
     """The ``size`` most frequent tokens of ``filler`` (ties: the lower id first) that are one whole alphabetic
     ASCII word after a space (`` the``, `` King``), encode back to that one token and end a word in ``filler`` at
     least ``WHOLE_WORD_SHARE`` of the times they occur (so that a word's first piece, `` mon`` of `` money``, is
@@ -109,37 +119,39 @@ def format_words(tokenize: Tokenize, filler: Sequence[int], size: int = WORD_POO
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f"word_pool must be an integer >= 1 (words generated formats draw from) or {EVERY_ID!r} "
                          f"(every token id); got {size!r}")
-    banned_ids, banned_words = held_out_tokens(tokenize)
+    banned_ids, banned_words = held_out_tokens(tokenizer)
     stream = np.asarray(filler, dtype=np.int64)
     counts = np.bincount(stream)
-    ends = word_endings(tokenize, stream)
+    ends = word_endings(tokenizer, stream)
+    texts = token_texts(tokenizer, range(len(counts)))
     words: list[int] = []
     for token in (int(t) for t in np.argsort(-counts, kind="stable")):
         if counts[token] == 0 or len(words) == size:
             break
-        text = tokenize.decode([token])
+        text = texts[token]
         word = text[1:]
         if (token in banned_ids or not text.startswith(" ") or not (word.isascii() and word.isalpha())
-                or word.lower() in banned_words or not ends[token] >= WHOLE_WORD_SHARE or tokenize(text) != [token]):
+                or word.lower() in banned_words or not ends[token] >= WHOLE_WORD_SHARE
+                or tokenizer.encode(text, add_special_tokens=False) != [token]):
             continue
         words.append(token)
     return words
 
 
-def format_ids(tokenize: Tokenize, vocab_size: int, exclude: Sequence[int] = ()) -> list[int]:
+def format_ids(tokenizer: PreTrainedTokenizerFast, vocab_size: int, exclude: Sequence[int] = ()) -> list[int]:
     """Every token id below ``vocab_size`` but ``exclude`` (the end-of-text token, say) and ``HELD_OUT``'s: the ids
     of its pieces and words, and any token that spells a held-out word in another case or spacing (`` North``,
     ``north``): the pool of ``word_pool: ids``."""
-    banned_ids, banned_words = held_out_tokens(tokenize)
+    banned_ids, banned_words = held_out_tokens(tokenizer)
     banned_ids |= {int(t) for t in exclude}
-    return [i for i in range(vocab_size)
-            if i not in banned_ids and tokenize.decode([i]).strip().lower() not in banned_words]
+    return [i for i, text in enumerate(token_texts(tokenizer, range(vocab_size)))
+            if i not in banned_ids and text.strip().lower() not in banned_words]
 
 
-def punctuation_tokens(tokenize: Tokenize) -> list[int]:
+def punctuation_tokens(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     """The ids of the marks of ``PUNCTUATION`` that are one token and no token of ``HELD_OUT`` (its templates end
     in ``"."``, so generated facts do not)."""
-    banned, _ = held_out_tokens(tokenize)
-    marks = [tokenize(mark) for mark in PUNCTUATION]
+    banned, _ = held_out_tokens(tokenizer)
+    marks = [tokenizer.encode(mark, add_special_tokens=False) for mark in PUNCTUATION]
     return list(dict.fromkeys(ids[0] for ids in marks if len(ids) == 1 and ids[0] not in banned))
 

@@ -31,7 +31,6 @@ from linmem.memory.generated_formats import (
     text_template_parts,
     text_template_starts,
 )
-from linmem.memory.tokenizer_adapter import Tokenize
 
 if TYPE_CHECKING:
     from linmem.memory.tasks import TaskBuilder
@@ -231,23 +230,23 @@ def kv_filler_for_dataset(options: dict[str, Any], shards: TokenShards, seq_len:
     for part in FORMAT_PARTS:
         if part not in generated and not (part == "template" and text):
             check_choice(part, options[part])
-    tokenize = Tokenize(load_tokenizer(shards.folder))
+    tokenizer = load_tokenizer(shards.folder)
     filler = np.concatenate([np.asarray(s[:FILLER_TOKENS], dtype=np.int64) for s in shards.split("train").shards])
     filler = filler[:FILLER_TOKENS]
     parts: dict[str, Any] = {}
     if text:
-        parts.update(text_template_parts(tokenize, int(filler.max()) + 1))
+        parts.update(text_template_parts(tokenizer, int(filler.max()) + 1))
     elif "template" not in generated:
-        parts.update(zip(("before", "middle", "after"), template_tokens(tokenize, options["template"])))
+        parts.update(zip(("before", "middle", "after"), template_tokens(tokenizer, options["template"])))
     if "keys" not in generated:
         check_count("num_bindings", options["num_bindings"])
-        parts["keys"] = vocabulary_tokens(tokenize, options["keys"], "keys", options["num_bindings"])
+        parts["keys"] = vocabulary_tokens(tokenizer, options["keys"], "keys", options["num_bindings"])
     if "values" not in generated:
-        parts["values"] = vocabulary_tokens(tokenize, options["values"], "values", 4)
+        parts["values"] = vocabulary_tokens(tokenizer, options["values"], "values", 4)
     if generated:
-        words = (format_ids(tokenize, shards.vocab_size, [shards.eos_id]) if options["word_pool"] == EVERY_ID
-                 else format_words(tokenize, filler, options["word_pool"]))
-        parts.update(generated=generated, words=words, punctuation=punctuation_tokens(tokenize))
+        words = (format_ids(tokenizer, shards.vocab_size, [shards.eos_id]) if options["word_pool"] == EVERY_ID
+                 else format_words(tokenizer, filler, options["word_pool"]))
+        parts.update(generated=generated, words=words, punctuation=punctuation_tokens(tokenizer))
     generator_options = {k: v for k, v in options.items() if k not in (*FORMAT_PARTS, "word_pool")}
     generator = KeyValueFiller(filler, **parts, **generator_options)
     if (generated or text) and seq_len is not None and generator.longest() > seq_len:

@@ -21,7 +21,6 @@ from linmem.memory.fact_formats import KEY_WORDS, VALUE_WORDS, label, load_templ
 from linmem.memory.report import write_report
 from linmem.memory.subspace import subspace_transfer
 from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
-from linmem.memory.tokenizer_adapter import Tokenize
 
 
 @dataclass
@@ -116,9 +115,9 @@ def shortened(asked: Iterable[int], kept: list[int], what: str, why: str) -> lis
 
 def split_sources(documents: Iterable[Document], tokenizer, options: ProbeOptions):
     """Passages long enough for the filler, as ``(dev, confirm)`` lists (disjoint by source id)."""
-    tokenize, dev, confirm = Tokenize(tokenizer), [], []
+    dev, confirm = [], []
     for doc in documents:  # stop reading as soon as both sets are full
-        for found in passages([doc], tokenize, options.filler_tokens + 16):
+        for found in passages([doc], tokenizer, options.filler_tokens + 16):
             (dev if found[1] == "dev" else confirm).append(found)
         if len(dev) >= options.dev_sources and len(confirm) >= options.confirm_sources:
             break

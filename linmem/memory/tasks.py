@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from linmem.data.sources import Document
 from linmem.data.splits import unit_hash
 from linmem.memory.fact_formats import Template, Vocabulary, check_choice, template_tokens, vocabulary_tokens
-from linmem.memory.tokenizer_adapter import Tokenize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 VARIANTS = ("retrieval", "latest", "neutral")
 SPLIT_SALT = "linmem-memory-lab"
@@ -117,13 +120,13 @@ class Item:
                                             for start, end in self.target_writes])
 
 
-def passages(documents: Iterable[Document], tokenize: Tokenize, min_tokens: int,
+def passages(documents: Iterable[Document], tokenizer: PreTrainedTokenizerFast, min_tokens: int,
              confirm_fraction: float = 0.5) -> list[tuple[str, str, list[int]]]:
     """``(source_id, split, token ids)`` for each document with at least ``min_tokens`` tokens; ``split`` is
     ``"dev"`` or ``"confirm"`` by a hash of the source id, so the two sets never share a document."""
     out = []
     for doc in documents:
-        ids = tokenize(" " + " ".join(doc.text.split()))
+        ids = tokenizer.encode(" " + " ".join(doc.text.split()), add_special_tokens=False)
         if len(ids) >= min_tokens:
             split = "confirm" if unit_hash(doc.source_id, SPLIT_SALT) < confirm_fraction else "dev"
             out.append((doc.source_id, split, ids))
@@ -133,11 +136,11 @@ def passages(documents: Iterable[Document], tokenize: Tokenize, min_tokens: int,
 class TaskBuilder:
     """Builds ``Item``s for one tokenizer and ``TaskSpec`` (see the module docstring)."""
 
-    def __init__(self, tokenizer, spec: TaskSpec = TaskSpec()):
-        self.spec, self.tokenize = spec, Tokenize(tokenizer)
-        self.keys = vocabulary_tokens(self.tokenize, spec.keys, "keys", spec.num_bindings)
-        self.values = vocabulary_tokens(self.tokenize, spec.values, "values", 5 if spec.variant == "latest" else 4)
-        self.before, self.middle, self.after = template_tokens(self.tokenize, spec.template)
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, spec: TaskSpec = TaskSpec()):
+        self.spec = spec
+        self.keys = vocabulary_tokens(tokenizer, spec.keys, "keys", spec.num_bindings)
+        self.values = vocabulary_tokens(tokenizer, spec.values, "values", 5 if spec.variant == "latest" else 4)
+        self.before, self.middle, self.after = template_tokens(tokenizer, spec.template)
 
     def fact(self, key: int, value: int) -> list[int]:
         return self.before + [key] + self.middle + [value] + self.after

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from linmem.data.tokenizer import train_tokenizer
+from linmem.data.tokenizer import train_tokenizer, wrap_tokenizer
 from linmem.memory.fact_formats import KEY_WORDS, TEMPLATES, VALUE_WORDS
 from linmem.memory.kv_filler import KeyValueFiller
 from linmem.memory.tasks import TaskBuilder, TaskSpec
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.models import LinMemConfig, LinMemForCausalLM
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 
 @dataclass
@@ -27,18 +30,18 @@ class ToySetup:
     """What ``train_toy`` needs and returns: the spec, tokenizer, builder and, after training, model and losses."""
 
     spec: TaskSpec
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerFast
     builder: TaskBuilder
     model: LinMemForCausalLM | None = None
     losses: list[float] | None = None
 
 
-def toy_tokenizer(texts: Sequence[str], spec: TaskSpec, vocab_size: int = 1024):
+def toy_tokenizer(texts: Sequence[str], spec: TaskSpec, vocab_size: int = 1024) -> PreTrainedTokenizerFast:
     """A byte-level BPE on ``texts`` plus the task's template and vocabulary words (repeated so they merge)."""
     before, middle, after = TEMPLATES[spec.template]
     words = KEY_WORDS[spec.keys].split() + VALUE_WORDS[spec.values].split()
     task_text = [f"{before} {w}{middle} {w}{after}" for w in words] * 50
-    return train_tokenizer(list(texts) + task_text, vocab_size=vocab_size)
+    return wrap_tokenizer(train_tokenizer(list(texts) + task_text, vocab_size=vocab_size))
 
 
 def train_toy(texts: Sequence[str], spec: TaskSpec, mixer: str = "gdn", steps: int = 400, seq_len: int = 96,
@@ -47,10 +50,11 @@ def train_toy(texts: Sequence[str], spec: TaskSpec, mixer: str = "gdn", steps: i
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer(texts, spec)
     builder = TaskBuilder(tokenizer, spec)
-    stream = np.asarray([i for t in texts for i in Tokenize(tokenizer)(" " + " ".join(t.split()))], dtype=np.int64)
+    encoded = (tokenizer.encode(" " + " ".join(t.split()), add_special_tokens=False) for t in texts)
+    stream = np.asarray([i for ids in encoded for i in ids], dtype=np.int64)
     generator = KeyValueFiller.from_builder(builder, stream, num_bindings=spec.num_bindings, repeats=spec.repeats)
     sizes = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0, hidden_ratio=2)
-    model = LinMemForCausalLM(LinMemConfig(vocab_size=tokenizer.get_vocab_size(), mixer=mixer,
+    model = LinMemForCausalLM(LinMemConfig(vocab_size=len(tokenizer), mixer=mixer,
                                            **{**sizes, **config}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng, losses = np.random.default_rng(seed), []

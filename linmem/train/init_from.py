@@ -61,10 +61,9 @@ def tokenizer_difference(folder: Path, dataset: Path, dataset_hash: str) -> str 
         return None if saved_hash == dataset_hash else (
             f"its tokenizer (hash {saved_hash[:12]}) is not the dataset's ({dataset_hash[:12]})")
     if (folder / "tokenizer.json").is_file() and (dataset / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+        from linmem.data.tokenizer import load_tokenizer
 
-        saved = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
-        ours = Tokenizer.from_file(str(dataset / "tokenizer.json")).get_vocab()
+        saved, ours = load_tokenizer(folder).get_vocab(), load_tokenizer(dataset).get_vocab()
         return None if saved == ours else "its tokenizer.json vocabulary is not the dataset's"
     return None
 

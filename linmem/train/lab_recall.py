@@ -104,11 +104,11 @@ class LabRecall:
                  device: torch.device):
         folder = Path(data_folder)
         tokenizer = load_tokenizer(folder)
-        _, eos_id = find_eos(tokenizer, None, folder)
+        _, eos_id = find_eos(tokenizer)
         self.entries = entries
         self.split = TokenShards(folder).split(split)
         self.eval_model = EvalModel(model, tokenizer, folder, device, eos_id, {},
-                                    find_document_start(tokenizer, folder, eos_id))
+                                    find_document_start(tokenizer, eos_id))
         for entry in entries:
             try:
                 builders(tokenizer, entry.fmt, entry.loads)

@@ -61,7 +61,6 @@ from linmem.io.atomic import write_json_atomic
 from linmem.io.folders import check_replaceable, mark_output_folder, staged_folder
 from linmem.io.run_info import TRAIN_INFO
 from linmem.memory.generated_formats import held_out_tokens
-from linmem.memory.tokenizer_adapter import Tokenize
 from linmem.train.checkpoint import copy_tokenizer, write_model
 from linmem.train.data import resolve_generator
 
@@ -109,7 +108,7 @@ def generators(arm: str, shards: TokenShards, tokenizer) -> tuple[list, np.ndarr
             for i, s in enumerate(specs)]
     gens, weights = [m[0] for m in made], [m[1] for m in made]
     if arm in ("wide", "oracle", *IDS_ARMS):
-        held, _ = held_out_tokens(Tokenize(tokenizer))
+        held, _ = held_out_tokens(tokenizer)
         allowed = np.asarray([i for i in range(shards.vocab_size)
                               if i != shards.eos_id and (arm == "oracle" or i not in held)])
     if arm in ("wide", "oracle"):

@@ -20,21 +20,20 @@ import torch
 
 from linmem.eval.loading import load_model
 from linmem.memory.fact_formats import template_tokens, vocabulary_tokens
-from linmem.memory.tokenizer_adapter import Tokenize
 
 
 def value_prior(em, template: str, keys: str, values: str) -> dict:
     """The guess over ``values`` after ``template``'s query, for each single-token word of ``keys``."""
-    tokenize = Tokenize(em.tokenizer)
-    before, middle, _ = template_tokens(tokenize, template)
-    key_ids = vocabulary_tokens(tokenize, keys, "keys", 1)
-    value_ids = vocabulary_tokens(tokenize, values, "values", 2)
+    before, middle, _ = template_tokens(em.tokenizer, template)
+    key_ids = vocabulary_tokens(em.tokenizer, keys, "keys", 1)
+    value_ids = vocabulary_tokens(em.tokenizer, values, "values", 2)
     prompts = torch.tensor([[em.document_start, *before, key, *middle] for key in key_ids], device=em.device)
     with torch.no_grad():
         logits = em.model(prompts).logits[:, -1].double()
     p = torch.softmax(logits[:, value_ids], dim=-1)  # [keys, values]
     entropy = -(p * p.clamp_min(1e-300).log()).sum(-1) / math.log(len(value_ids))
-    likeliest = Counter(tokenize.decode([value_ids[i]]).strip() for i in p.argmax(-1).tolist())
+    likeliest = Counter(em.tokenizer.decode([value_ids[i]], skip_special_tokens=True).strip()
+                        for i in p.argmax(-1).tolist())
     return dict(keys=len(key_ids), values=len(value_ids), top2_share=p.topk(2, dim=-1).values.sum(-1).mean().item(),
                 uniform_top2_share=2 / len(value_ids), entropy_fraction=entropy.mean().item(),
                 value_mass=torch.softmax(logits, -1)[:, value_ids].sum(-1).mean().item(),
