@@ -89,8 +89,8 @@ def greedy_generate(em: EvalModel, context: Sequence[int], max_new_tokens: int,
         static = em.device.type == "cuda" and _captured_decoding_covers(em.model)
     if static:
         generated = _static_generate(em, context, max_new_tokens)
-        if stop is not None and generated and stop(generated):
-            return next(generated[:n] for n in range(1, len(generated) + 1) if stop(generated[:n]))
+        if stop is not None:  # every prefix, as the loop asks: ``stop`` need not stay true once it is
+            return next((generated[:n] for n in range(1, len(generated) + 1) if stop(generated[:n])), generated)
         return generated
     ids = torch.as_tensor([list(context)], dtype=torch.long, device=em.device)
     out = em.model(input_ids=ids, use_cache=True)
