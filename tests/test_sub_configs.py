@@ -203,3 +203,16 @@ def test_a_training_config_takes_either_spelling(model):
 def test_a_training_config_refuses_an_unknown_sub_config_key():
     with pytest.raises(ValueError, match=r"unknown key model\.attention\.heads"):
         parse_config({"model": {"attention": {"heads": 4}}})
+
+
+def test_from_pretrained_overrides_a_sub_config_field_flat_or_as_a_table(tmp_path):
+    saved = LinMemConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=8,
+                         attn_layers=[1], attn_window_size=8, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=16)
+    saved.save_pretrained(tmp_path)
+    assert LinMemConfig.from_pretrained(tmp_path).attention.window_size == 8
+    flat = LinMemConfig.from_pretrained(tmp_path, attn_window_size=3)
+    assert flat.attention.window_size == 3 and flat.attention.layers == [1]
+    table = LinMemConfig.from_pretrained(tmp_path, attention={"window_size": 5}, num_experts_per_tok=1)
+    assert table.attention.window_size == 5 and table.attention.layers == [1]
+    assert table.moe.num_experts_per_tok == 1 and table.moe.num_experts == 4

@@ -193,7 +193,8 @@ class LinMemConfig(PretrainedConfig):
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> LinMemConfig | tuple[LinMemConfig, dict[str, Any]]:
         """``PretrainedConfig.from_dict`` without the ``backend`` an older save recorded (a warning says so when it
         was not ``"auto"``); a ``backend`` in ``kwargs`` (``from_pretrained(path, backend="chunk")``) is checked like
-        one given to ``__init__``."""
+        one given to ``__init__``. Sub-config settings in ``kwargs``, flat (``attn_window_size=3``) or as a table
+        (``attention={"window_size": 3}``), replace those fields of the loaded sub-config."""
         saved = config_dict.get("backend", "auto")
         config_dict = {name: value for name, value in config_dict.items() if name != "backend"}
         if "backend" in kwargs:
@@ -201,6 +202,12 @@ class LinMemConfig(PretrainedConfig):
         elif saved != "auto":
             logger.warning(f"config.json's backend {saved!r} is not used: the backend is chosen when a model runs "
                            f"(--backend, from_pretrained(..., backend=...) or model.set_backend); running on 'auto'")
+        overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in FLAT_FIELDS or name in SUB_CONFIGS}
+        if overrides:  # from_pretrained(path, attn_window_size=3) or (path, attention={...}): replace loaded fields
+            config_dict = nest_flat_fields(config_dict)
+            for name, value in nest_flat_fields(overrides).items():
+                loaded = config_dict.get(name) or {}
+                config_dict[name] = None if value is None else {**loaded, **value}
         return super().from_dict(config_dict, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
