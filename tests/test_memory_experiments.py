@@ -24,11 +24,14 @@ from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.stats import bootstrap
 from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
 from linmem.models import LinMemConfig
+from tests.test_train_support import one_thread  # noqa: F401
 
 WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
 KEYS = "Alice Bob Carol David Emma Frank".split()
 VALUES = "red blue green yellow black white".split()
 SPEC = TaskSpec(num_bindings=2, repeats=2, filler_tokens=24)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread, none waiting on the other
 
 
 @pytest.fixture(scope="module")
@@ -286,11 +289,12 @@ def test_benchmark_scans_agree(lab):
 @pytest.mark.slow
 def test_write_reach_widens_the_lifecycles_write_edits_through_the_short_convolutions(lab):
     """``d`` = 0 is the lifecycle's write block and donor write (the same numbers by another code path); the row at
-    each ``d`` edits the fact's spans and the ``d`` tokens after them (recomputed here from hand-widened spans, on
-    the chosen and the control head); the offsets run 0..W for short convolutions of width W, and 0..1 without
-    them."""
+    each ``d`` edits the fact's spans and the ``d`` tokens after them, on the chosen and the control head: recomputed
+    here from hand-widened spans through the model's own hook points (β zeroed, or k, v and β taken from the
+    donor's run), all items in one forward per row, apart from the lab's replay; the offsets run 0..W for short
+    convolutions of width W, and 0..1 without them."""
     _, tokenizer, builder, sources = lab
-    items = build_items(builder, sources, per_source=4)
+    items = build_items(builder, sources)  # one item per source
     chosen, control = mm.Component(1, 0, "S"), mm.Component(0, 1, "S")
     model = tiny(tokenizer, mixer="gdn", use_short_conv=True, conv_size=3)
     result = ex.write_reach(model, items, chosen, control)
@@ -306,22 +310,35 @@ def test_write_reach_widens_the_lifecycles_write_edits_through_the_short_convolu
             theirs = rows_of(life, intervention=intervention, target="chosen", metric=metric)[0]
             assert ours["mean"] == pytest.approx(theirs["mean"], abs=1e-12), (intervention, metric)
     batch = make_batch(items)
-    edit = {"write block": lambda comp, span: mm.WriteBlock([comp], span),
-            "donor write": lambda comp, span: mm.DonorWrite([comp], span)}
-    margin = {"write block": lambda logits, b: metrics.target_margin(logits[None], batch.answer[b:b + 1]),
-              "donor write": lambda logits, b: metrics.donor_margin(logits[None], batch.answer[b:b + 1],
-                                                                    batch.donor_answer[b:b + 1])}
+    points = {"write block": ("beta",), "donor write": ("k", "v", "beta")}
+    names = lambda comp, intervention: [f"model.layers.{comp.layer}.attn.hook_{p}"  # noqa: E731
+                                        for p in points[intervention]]
+    with torch.no_grad():
+        _, donor = model.run_with_cache(batch.donor, names=names(chosen, "donor write") + names(control, "donor write"))
+
+    def edited_spans(comp: mm.Component, d: int, intervention: str):
+        def edit(tensor: torch.Tensor, name: str) -> None:
+            for b, item in enumerate(items):
+                for start, end in item.target_writes:
+                    span = slice(start, min(end + d, item.boundary))
+                    tensor[b, span, comp.head] = 0 if intervention == "write block" else donor[name][b, span, comp.head]
+        return [(name, edit) for name in names(comp, intervention)]
+
+    def candidates(hooks) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model.run_with_hooks(batch.recipient, hooks=hooks).logits[:, -1]
+        return metrics.choice_logits(logits, batch.candidates)
+
+    margin = {"write block": lambda choice: metrics.target_margin(choice, batch.answer),
+              "donor write": lambda choice: metrics.donor_margin(choice, batch.answer, batch.donor_answer)}
+    clean = candidates([])
     for intervention, metric in (("write block", "target_margin_change"), ("donor write", "donor_margin_shift")):
         for target, comp in (("chosen", chosen), ("control head", control)):
-            for d in (1, 2, 3):
-                changes = []
-                for b, item in enumerate(items):
-                    edits = [edit[intervention](comp, (start, min(end + d, item.boundary)))
-                             for start, end in item.target_writes]
-                    clean, edited = candidate_logits(model, batch.subset([b]), [[], edits])[:, 0]
-                    changes.append(float(margin[intervention](edited, b) - margin[intervention](clean, b)))
+            for d in range(4):
+                edited = candidates(edited_spans(comp, d, intervention))
+                change = margin[intervention](edited) - margin[intervention](clean)
                 row = rows_of(result, intervention=intervention, target=target, tokens_after=d, metric=metric)[0]
-                assert row["mean"] == pytest.approx(float(np.mean(changes)), abs=1e-9), (intervention, target, d)
+                assert row["mean"] == pytest.approx(float(change.mean()), abs=1e-9), (intervention, target, d)
         # widening moves the chosen head's margin: the rows are not the same edit four times
         by_d = [rows_of(result, intervention=intervention, target="chosen", tokens_after=d, metric=metric)[0]["mean"]
                 for d in range(4)]
