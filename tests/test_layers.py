@@ -18,8 +18,8 @@ from linmem.layers import (
     ShortConvolution,
     SimpleGatedLinearAttention,
 )
+from linmem.layers.layer_cache import AttentionLayerCache, RecurrentLayerCache
 from linmem.layers.mlp import swiglu_intermediate_size
-from linmem.models.cache import AttentionLayerCache, RecurrentLayerCache
 from tests.oracle import oracle
 
 F64 = torch.float64

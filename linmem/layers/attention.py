@@ -25,7 +25,7 @@ from linmem.layers.packing import check_packed_row, sequence_ids
 from linmem.layers.recurrent import padding_mask, zero_padding
 
 if TYPE_CHECKING:
-    from linmem.models.cache import AttentionLayerCache
+    from linmem.layers.layer_cache import AttentionLayerCache
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None = None) -> torch.Tensor:

@@ -46,7 +46,7 @@ from linmem.ops.fused.conv import short_conv
 from linmem.ops.fused.norms import l2_norm
 
 if TYPE_CHECKING:
-    from linmem.models.cache import RecurrentLayerCache
+    from linmem.layers.layer_cache import RecurrentLayerCache
 
 class GatedMemoryMixer(RecurrentMixer):
     """sGLA / GDN / RLA / RDN mixer: ``[B, T, D] → [B, T, D]``.

@@ -26,7 +26,7 @@ from linmem.layers.recurrent import RecurrentMixer, padding_mask, zero_padding
 from linmem.ops import MemoryConfig
 
 if TYPE_CHECKING:
-    from linmem.models.cache import RecurrentLayerCache
+    from linmem.layers.layer_cache import RecurrentLayerCache
 
 
 def _width(hidden_size: int, expand: float, name: str) -> int:

@@ -49,7 +49,7 @@ from linmem.layers.hooks import HookPoint
 from linmem.ops import MemoryConfig, linear_memory, linear_memory_step
 
 if TYPE_CHECKING:
-    from linmem.models.cache import RecurrentLayerCache
+    from linmem.layers.layer_cache import RecurrentLayerCache
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

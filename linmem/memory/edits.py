@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from linmem.layers.layer_cache import AttentionLayerCache
 from linmem.memory.components import Component
-from linmem.models.cache import AttentionLayerCache, LinMemCache
+from linmem.models.cache import LinMemCache
 
 if TYPE_CHECKING:
     from linmem.memory.recording import Recording

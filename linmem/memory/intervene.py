@@ -24,12 +24,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from linmem.layers.layer_cache import AttentionLayerCache
 from linmem.memory.batching import run_in_batches
 from linmem.memory.components import check_component, mixer
 from linmem.memory.edits import Edit, EditContext, PairEdit
 from linmem.memory.recording import Recording, backbone, head_scale, on_model, record_inputs, unembed
 from linmem.memory.replay import HeadInputs, WriteOverrides, replay
-from linmem.models.cache import AttentionLayerCache, LinMemCache
+from linmem.models.cache import LinMemCache
 from linmem.ops.linear_memory import state_dtype_for
 
 

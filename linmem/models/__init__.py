@@ -4,7 +4,8 @@ transformers GDN hybrids Qwen3-Next, Qwen3.5, Qwen3.5-MoE and OLMo-Hybrid (``loa
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from linmem.models.cache import AttentionLayerCache, LinMemCache, RecurrentLayerCache
+from linmem.layers.layer_cache import AttentionLayerCache, RecurrentLayerCache
+from linmem.models.cache import LinMemCache
 from linmem.models.configuration import MIXERS, LinMemConfig
 from linmem.models.decoding import StaticDecoder, captured_generate
 from linmem.models.fla_import import convert_fla_checkpoint, fla_config_to_linmem, from_fla, load_fla_checkpoint

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from linmem.models.cache import LinMemCache, RecurrentLayerCache
+from linmem.layers.layer_cache import RecurrentLayerCache
+from linmem.models.cache import LinMemCache
 from linmem.models.modeling import LinMemForCausalLM
 
 # tokens between two looks (host synchronisations) at whether every row has ended
