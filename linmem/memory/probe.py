@@ -4,9 +4,11 @@ dissected on held-out sources, then the report."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -152,13 +154,109 @@ def selected(options: ProbeOptions) -> list[str]:
     return names
 
 
+@dataclass(frozen=True)
+class Step:
+    """One experiment of the protocol: ``function`` called with keyword arguments taken from the protocol's inputs
+    (``reads``: argument name -> input name, see ``run_protocol``) and the ``fixed`` ones. A step that ``writes``
+    returns ``(result, {input name: value})``, and those inputs are what the steps after it read."""
+
+    name: str
+    function: Callable[..., Any]
+    reads: Mapping[str, str]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    writes: tuple[str, ...] = ()
+
+    def run(self, inputs: dict[str, Any]) -> ex.Result:
+        """The step's result on ``inputs``; the inputs it writes are set in ``inputs``."""
+        out = self.function(**{argument: inputs[name] for argument, name in self.reads.items()}, **self.fixed)
+        if not self.writes:
+            return out
+        result, written = out
+        inputs.update({name: written[name] for name in self.writes})
+        return result
+
+
+def arguments(*same: str, **renamed: str) -> dict[str, str]:
+    """A step's ``reads``: each argument of ``same`` from the input of its own name, each of ``renamed`` from the
+    input its value names."""
+    return {**{name: name for name in same}, **renamed}
+
+
+def scan_heads(model, items, chosen: Component | None, min_clean_recall: float | None):
+    """The head scan on ``items``, and what later steps read from it: the components by rank (best first) and the
+    frozen choice (``chosen`` when the user gave one, else the top component)."""
+    scan = ex.head_scan(model, items, min_clean_recall=min_clean_recall)
+    ranking = [Component.parse(row["component"]) for row in sorted(scan.rows, key=itemgetter("rank"))]
+    return scan, {"ranking": ranking, "chosen": chosen or ranking[0]}
+
+
+def neutral_suppression(model, tokenizer, builder: TaskBuilder, sources, component: Component,
+                        seed: int) -> ex.Result:
+    """``experiments.neutral_suppression`` on items of ``builder``'s task in its ``neutral`` variant, built on
+    ``sources``."""
+    neutral = TaskBuilder(tokenizer, replace(builder.spec, variant="neutral"))
+    return ex.neutral_suppression(model, build_items(neutral, sources, seed=seed), component)
+
+
+def transferred_subspace(model, dev_items, test_items, sources, builder: TaskBuilder, transfer: TaskBuilder,
+                         component: Component, seed: int, min_clean_recall: float | None) -> ex.Result:
+    """``subspace_transfer`` with test facts of the ``transfer`` task: ``test_items`` when it is ``builder``'s own,
+    else items of ``transfer`` built on ``sources``."""
+    if transfer is not builder:
+        test_items = build_items(transfer, sources, seed=seed)
+    return subspace_transfer(model, dev_items, test_items, component, seed=seed,
+                             vocabularies=(label(builder.spec.values), label(transfer.spec.values)),
+                             min_clean_recall=min_clean_recall)
+
+
+# Every experiment of ``EXPERIMENTS`` as a step over the inputs ``run_protocol`` builds: ``model``, ``tokenizer``,
+# ``builder`` and ``spec`` (the task), ``transfer`` (the subspace transfer's task), ``confirm`` (the held-out
+# passages), ``dev_items``, ``confirm_items``, ``write_items`` (the held-out items with their write spans widened),
+# ``seed``, ``gated`` (the clean-recall gate of sweep points, None when off), ``loads``, ``gaps``, and ``chosen`` /
+# ``ranking`` (the frozen component and the head scan's order, which the head scan writes).
+STEPS = {step.name: step for step in (
+    Step("head_scan", scan_heads, arguments("model", "chosen", items="dev_items", min_clean_recall="gated"),
+         writes=("ranking", "chosen")),
+    Step("lifecycle", ex.lifecycle, arguments("model", "seed", items="write_items", component="chosen",
+                                              min_clean_recall="gated")),
+    Step("write_reach", ex.write_reach, arguments("model", items="confirm_items", component="chosen")),
+    Step("head_interaction", ex.head_interaction, arguments("model", "dev_items", "ranking", test_items="write_items",
+                                                            component="chosen", min_clean_recall="gated")),
+    Step("four_facts", ex.four_facts, arguments("model", "builder", "seed", sources="confirm", component="chosen")),
+    Step("hybrid_attribution", ex.hybrid_attribution, arguments("model", items="confirm_items")),
+    Step("s_vs_r", ex.s_vs_r, arguments("model", items="confirm_items")),
+    Step("sweep_num_bindings", ex.sweep, arguments("model", "tokenizer", "seed", sources="confirm",
+                                                   component="chosen", base="spec", values="loads",
+                                                   min_clean_recall="gated"), fixed={"field_name": "num_bindings"}),
+    Step("sweep_gap", ex.sweep, arguments("model", "tokenizer", "seed", sources="confirm", component="chosen",
+                                          base="spec", values="gaps", min_clean_recall="gated"),
+         fixed={"field_name": "gap"}),
+    Step("load_vs_gap", ex.load_vs_gap, arguments("model", "tokenizer", "loads", "gaps", "seed", sources="confirm",
+                                                  base="spec")),
+    Step("overlap", ex.overlap, arguments("model", items="confirm_items", component="chosen")),
+    Step("overlap_sweep", ex.overlap_sweep, arguments("model", "tokenizer", "loads", "seed", sources="confirm",
+                                                      component="chosen", base="spec")),
+    Step("logit_lens", ex.logit_lens, arguments("model", items="confirm_items")),
+    Step("neutral_suppression", neutral_suppression, arguments("model", "tokenizer", "builder", "seed",
+                                                               sources="confirm", component="chosen")),
+    Step("joint_topk", ex.joint_topk, arguments("model", "dev_items", "ranking", test_items="confirm_items")),
+    Step("write_read_spearman", ex.write_read_spearman, arguments("model", items="write_items")),
+    Step("corrector", corrector, arguments("model", "seed", train_items="dev_items", test_items="confirm_items",
+                                           component="chosen")),
+    Step("subspace_transfer", transferred_subspace, arguments("model", "dev_items", "builder", "transfer", "seed",
+                                                              test_items="confirm_items", sources="confirm",
+                                                              component="chosen", min_clean_recall="gated")),
+)}
+
+
 def run_protocol(model, tokenizer, documents: Iterable[Document], options: ProbeOptions, out_dir: str | Path,
                  header: dict | None = None) -> dict:
     """Run the experiments of the default protocol (or ``options.only``), write ``report.html`` and
     ``results.json``; returns the results as a dict (``name -> summary``).
 
     The head scan runs on development sources and freezes its winner (or ``options.component`` is used); every
-    other experiment runs on the held-out confirmation sources.
+    other experiment runs on the held-out confirmation sources. Each experiment is a ``Step`` of ``STEPS``, run in
+    protocol order on the inputs built here.
     """
     if not 0 <= options.min_clean_recall <= 1:
         raise ValueError(f"min_clean_recall must be in [0, 1]; got {options.min_clean_recall}")
@@ -193,7 +291,6 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     dev, confirm = split_sources(documents, tokenizer, options)
     dev_items = build_items(builder, dev, seed=options.seed)
     confirm_items = build_items(builder, confirm, seed=options.seed)
-    write_items = [item.writes_widened(options.write_tokens_after) for item in confirm_items]  # the write edits' spans
     batches: dict[str, str | None] = {}
     clean_start = time.perf_counter()
     with batching.batch_size(options.chunk), batching.recorded() as batch_choices:
@@ -205,39 +302,11 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
                           {r.rows[1]["split"]: r.rows[1]["mean"] for r in recall if len(r.rows) > 1})
     skipped = [] if gate["passed"] else [n for n in names if n not in NOT_ATTRIBUTING]
     names = [n for n in names if n not in skipped]
-    if skipped:
-        chosen = None
-    gated = options.min_clean_recall or None  # flags sweep points below the gate (None: gate off)
-    ranking = None
-    transfer_items = lambda: (confirm_items if transfer is builder  # noqa: E731
-                              else build_items(transfer, confirm, seed=options.seed))
-    runs = {
-        "lifecycle": lambda: ex.lifecycle(model, write_items, chosen, seed=options.seed,
-                                          min_clean_recall=gated),
-        "write_reach": lambda: ex.write_reach(model, confirm_items, chosen),
-        "head_interaction": lambda: ex.head_interaction(model, dev_items, write_items, chosen,
-                                                        ranking=ranking, min_clean_recall=gated),
-        "four_facts": lambda: ex.four_facts(model, builder, confirm, chosen, seed=options.seed),
-        "hybrid_attribution": lambda: ex.hybrid_attribution(model, confirm_items),
-        "s_vs_r": lambda: ex.s_vs_r(model, confirm_items),
-        "sweep_num_bindings": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "num_bindings",
-                                               loads, options.seed, min_clean_recall=gated),
-        "sweep_gap": lambda: ex.sweep(model, tokenizer, confirm, chosen, builder.spec, "gap", gaps, options.seed,
-                                      min_clean_recall=gated),
-        "load_vs_gap": lambda: ex.load_vs_gap(model, tokenizer, confirm, builder.spec, loads, gaps, options.seed),
-        "overlap": lambda: ex.overlap(model, confirm_items, chosen),
-        "overlap_sweep": lambda: ex.overlap_sweep(model, tokenizer, confirm, chosen, builder.spec, loads,
-                                                  options.seed),
-        "logit_lens": lambda: ex.logit_lens(model, confirm_items),
-        "neutral_suppression": lambda: ex.neutral_suppression(model, build_items(
-            TaskBuilder(tokenizer, replace(builder.spec, variant="neutral")), confirm, seed=options.seed), chosen),
-        "joint_topk": lambda: ex.joint_topk(model, dev_items, confirm_items, ranking=ranking),
-        "write_read_spearman": lambda: ex.write_read_spearman(model, write_items),
-        "corrector": lambda: corrector(model, dev_items, confirm_items, chosen, seed=options.seed),
-        "subspace_transfer": lambda: subspace_transfer(
-            model, dev_items, transfer_items(), chosen, seed=options.seed,
-            vocabularies=(label(builder.spec.values), label(transfer.spec.values)), min_clean_recall=gated),
-    }
+    inputs = {"model": model, "tokenizer": tokenizer, "builder": builder, "spec": builder.spec,
+              "transfer": transfer, "confirm": confirm, "dev_items": dev_items, "confirm_items": confirm_items,
+              "write_items": [item.writes_widened(options.write_tokens_after) for item in confirm_items],
+              "seed": options.seed, "gated": options.min_clean_recall or None,  # sweep points below the gate
+              "loads": loads, "gaps": gaps, "chosen": None if skipped else chosen, "ranking": None}
     estimate = estimated_seconds([n for n in names if applies(model, n)], clean_seconds, len(heads(model)))
     if next(model.parameters()).device.type == "cpu":
         print(estimate_line(estimate, len(names), clean_seconds), flush=True)
@@ -245,21 +314,16 @@ def run_protocol(model, tokenizer, documents: Iterable[Document], options: Probe
     for name in tqdm(names, desc="probe", unit="experiment"):
         spent = time.monotonic() - start
         if ((options.time_limit_s is not None and spent + options.cost_estimates.get(name, 0.0) > options.time_limit_s)
-                or (name in NEEDS_COMPONENT and chosen is None)):
+                or (name in NEEDS_COMPONENT and inputs["chosen"] is None)):
             not_started.append(name)
             continue
         begin, cpu_begin = time.monotonic(), time.process_time()
         with batching.batch_size(options.chunk), batching.recorded() as batch_choices:
-            if name == "head_scan":
-                scan = ex.head_scan(model, dev_items, min_clean_recall=gated)
-                ranking = [Component.parse(r["component"]) for r in sorted(scan.rows, key=lambda r: r["rank"])]
-                chosen = chosen or ranking[0]
-                results.append(scan)
-            else:
-                results.append(runs[name]())
+            results.append(STEPS[name].run(inputs))
         batches[name] = batching.summary(batch_choices)
         seconds[name] = round(time.monotonic() - begin, 2)
         cpu_seconds[name] = round(time.process_time() - cpu_begin, 2)
+    chosen = inputs["chosen"]
     results = [r for r in results if r.rows]
     lifecycle = [r for r in results if r.name == "lifecycle"]
     header = {**(header or {}), "clean_recall_gate": gate["message"], "clean_recall_passed": gate["passed"],
