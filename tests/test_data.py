@@ -31,8 +31,9 @@ from linmem.data.tokenizer import (
     train_tokenizer,
     wrap_tokenizer,
 )
-from linmem.data.windows import IGNORE_INDEX, TokenWindows, sequential_window_sources, sequential_windows
+from linmem.data.windows import TokenWindows, sequential_window_sources, sequential_windows
 from linmem.io import atomic
+from linmem.io.labels import IGNORE_INDEX
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bards".split()
 

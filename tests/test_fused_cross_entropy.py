@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linmem.ops.fused.cross_entropy import IGNORE_INDEX, token_cross_entropy
+from linmem.io.labels import IGNORE_INDEX
+from linmem.ops.fused.cross_entropy import token_cross_entropy
 
 
 def reference(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -22,5 +22,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                               "make_generator", "register_generator"),
     "linmem.data.tokenizer": ("EOS_TOKEN", "PAD_TOKEN", "find_eos", "load_tokenizer", "save_tokenizer",
                               "tokenizer_hash", "train_tokenizer"),
-    "linmem.data.windows": ("IGNORE_INDEX", "TokenWindows", "sequential_window_sources", "sequential_windows"),
+    "linmem.data.windows": ("TokenWindows", "sequential_window_sources", "sequential_windows"),
 })

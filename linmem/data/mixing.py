@@ -15,7 +15,8 @@ import torch
 
 from linmem.data.randomness import StepBatches, sample_indices, sample_rng, uniform
 from linmem.data.synthetic import RecallGenerator, check_sample
-from linmem.data.windows import IGNORE_INDEX, TokenWindows
+from linmem.data.windows import TokenWindows
+from linmem.io.labels import IGNORE_INDEX
 
 MIX_STREAM, CHOICE_STREAM, SAMPLE_STREAM = 0x313C, 0xC401CE, 0x5A3B1E
 
@@ -23,7 +24,7 @@ MIX_STREAM, CHOICE_STREAM, SAMPLE_STREAM = 0x313C, 0xC401CE, 0x5A3B1E
 class RecallMix(StepBatches):
     """Text windows with a ``fraction`` of synthetic recall sequences mixed in.
 
-    Batches: ``input_ids, labels [B, T]`` (``T = text.seq_len``; ``labels`` is ``-100`` outside a synthetic
+    Batches: ``input_ids, labels [B, T]`` (``T = text.seq_len``; ``labels`` is ``IGNORE_INDEX`` outside a synthetic
     sample's answers) and ``synthetic [B]`` (bool).
     """
 

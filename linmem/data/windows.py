@@ -5,7 +5,7 @@ window are separated by EOS), chosen by hashing ``(seed, i)`` (see ``randomness`
 windows, so ``batch(step)`` after a restart equals what an uninterrupted run drew at that step.
 
 Batches follow the Hugging Face causal-LM convention: ``input_ids [B, T]`` and ``labels [B, T]`` (the model shifts
-labels inside; ``-100`` is ignored), plus ``synthetic [B]`` (always False here; see ``mixing``).
+labels inside; ``IGNORE_INDEX`` is ignored), plus ``synthetic [B]`` (always False here; see ``mixing``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from torch.utils.data import Dataset
 from linmem.data.randomness import StepBatches, hash_u64, sample_indices
 from linmem.data.shards import SplitTokens
 
-IGNORE_INDEX = -100
 WINDOW_STREAM = 0x5717D0
 
 

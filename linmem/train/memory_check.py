@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from linmem.data.windows import IGNORE_INDEX
+from linmem.io.labels import IGNORE_INDEX
 
 PROBE_LENGTH = 128  # tokens per row of the counting pass
 HEADROOM = 0.9  # share of the free memory a run may plan to use

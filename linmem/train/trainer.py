@@ -33,7 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm.auto import tqdm
 
-from linmem.data.windows import IGNORE_INDEX
 from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.io.folders import (
     check_replaceable,
@@ -44,6 +43,7 @@ from linmem.io.folders import (
     staged_folder,
     staging_path,
 )
+from linmem.io.labels import IGNORE_INDEX
 from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
 from linmem.io.run_info import TRAIN_INFO, total_tokens
 from linmem.layers.packing import document_starts

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linmem.io.labels import IGNORE_INDEX
 from linmem.ops.fused.optional_triton import jit, tl, triton
 
-IGNORE_INDEX = -100  # Hugging Face's label of a position that is not predicted
 VOCAB_BLOCK = 4096  # vocabulary columns per step of a row's walk (a power of two)
 
 
