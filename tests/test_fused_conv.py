@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from linmem.layers.conv import ShortConvolution
-from linmem.ops.fused.conv import sequence_positions, short_conv
+from linmem.ops.fused.conv import short_conv
+from linmem.ops.packing import sequence_positions
 
 triton = pytest.importorskip("triton")
 
@@ -70,7 +71,7 @@ def assert_close_all(got, want, atol, rtol):
 def test_sequence_positions_restart_at_every_start_including_empty_sequences():
     cu = bounds([1, 3, 0, 2])
     assert sequence_positions(cu, 6).tolist() == [0, 0, 1, 2, 0, 1]
-    assert sequence_positions(cu, 6).dtype == torch.int32
+    assert sequence_positions(cu, 6).dtype == torch.int64
 
 
 @pytest.mark.parametrize("activation", ["silu", None])

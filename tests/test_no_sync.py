@@ -188,7 +188,7 @@ def test_the_cache_keeps_no_tensor_alive():
 
 
 def test_unpad_and_document_starts_hand_the_op_their_boundaries():
-    from linmem.layers.packing import document_starts, unpad
+    from linmem.ops.packing import document_starts, unpad
 
     mask = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0], [0, 1, 1, 1]])
     with counting_host_reads() as (counts, where):

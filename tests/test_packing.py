@@ -35,7 +35,7 @@ def test_split_documents_gives_each_document_its_own_sequence(dataset, tmp_path,
     """With data.split_documents the trainer's per-token losses are those of every document of every row run
     alone (a document's last token, its separator, predicts the next document's first token from its own
     document only); a synthetic row's separator is a document of its own."""
-    from linmem.layers.packing import document_starts
+    from linmem.ops.packing import document_starts
 
     config = parse_config(tiny_config(dataset, data={"seq_len": 96, "recall_fraction": 0.5, "split_documents": True},
                                       train={"micro_batch_size": 8, "loss_chunk_tokens": chunk}))

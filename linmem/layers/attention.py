@@ -21,8 +21,8 @@ from torch import nn
 
 from linmem.layers.hooks import HookPoint
 from linmem.layers.norm import RMSNorm
-from linmem.layers.packing import check_packed_row, sequence_ids
 from linmem.layers.recurrent import padding_mask, zero_padding
+from linmem.ops.packing import check_packed_row, sequence_ids
 
 if TYPE_CHECKING:
     from linmem.layers.layer_cache import AttentionLayerCache
@@ -162,7 +162,7 @@ class Attention(nn.Module):
             attention_mask: ``[B, past + T]`` 0/1 padding mask over the cached and the new tokens.
             cache: this layer's ``AttentionLayerCache`` (keys/values appended in place).
             position_ids: RoPE positions ``[B, T]`` (None: ``past, past + 1, ...``; packed rows: pass each
-                sequence's own positions, ``linmem.layers.packing.sequence_positions``).
+                sequence's own positions, ``linmem.ops.packing.sequence_positions``).
             cu_seqlens: ``[N + 1]``: one row (B == 1) of N packed sequences; a query sees only keys of its own
                 sequence (block-diagonal causal attention; no cache, no attention_mask).
         """

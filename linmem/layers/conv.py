@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linmem.layers.packing import check_packed_row, sequence_positions
+from linmem.ops.packing import check_packed_row, sequence_positions
 
 
 class ShortConvolution(nn.Conv1d):
@@ -38,7 +38,7 @@ class ShortConvolution(nn.Conv1d):
 
         ``mask [B, T]`` (True / 1 real, 0 padding) zeroes padded inputs first, so a left-padded sequence sees
         exactly the zeros it would see alone. ``cu_seqlens [N + 1]``: x is one row of N packed sequences
-        (``linmem.layers.packing``), each convolved as if alone (taps reaching before its start read zeros; no
+        (``linmem.ops.packing``), each convolved as if alone (taps reaching before its start read zeros; no
         ``state``). Returns ``y [B, T, D]`` and the new state ``[B, D, W − 1]``.
         """
         if mask is not None:

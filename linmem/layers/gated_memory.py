@@ -140,7 +140,7 @@ class GatedMemoryMixer(RecurrentMixer):
             attention_mask: ``[B, past + T]``, 1 for real tokens and 0 for padding (only the last T columns are used).
             cache: this layer's ``RecurrentLayerCache``; read and updated in place (None: start from zeros).
             cu_seqlens: ``[N + 1]``: ``hidden_states`` is one row (B == 1) of N packed sequences, each mixed as if
-                alone (``linmem.layers.packing``; no cache).
+                alone (``linmem.ops.packing``; no cache).
             kwargs: ignored (``position_ids`` for attention layers).
         """
         batch, length, _ = hidden_states.shape

@@ -12,7 +12,7 @@ give alone. Without a cache (training, scoring) a mask with padding is unpadded 
 into one row with ``cu_seqlens`` (padding anywhere in a row), run, and put back in place (zeros at padding).
 
 Packed rows: ``cu_seqlens [N + 1]`` with ``input_ids [1, T]`` runs N sequences back to back, each as if alone
-(``linmem.layers.packing``): memories restart from zeros, convolutions and attention stay inside each sequence,
+(``linmem.ops.packing``): memories restart from zeros, convolutions and attention stay inside each sequence,
 RoPE positions restart at 0.
 """
 
@@ -46,12 +46,12 @@ from linmem.layers.hooks import HookFn, Names, attached, caching, hook_points
 from linmem.layers.mlp import SwiGLU
 from linmem.layers.moe import Experts, SparseMoE
 from linmem.layers.norm import GatedRMSNorm, RMSNorm
-from linmem.layers.packing import pad, sequence_positions, unpad
 from linmem.layers.recurrent import RecurrentMixer
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
 from linmem.ops.backend import check_backend
 from linmem.ops.fused.cross_entropy import IGNORE_INDEX, token_cross_entropy
+from linmem.ops.packing import pad, sequence_positions, unpad
 
 logger = logging.get_logger(__name__)
 

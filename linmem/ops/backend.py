@@ -75,7 +75,7 @@ class Packed:
     @classmethod
     def known(cls, cu_seqlens: torch.Tensor, bounds: list[int]) -> Packed:
         """Remember ``bounds`` as the boundaries of ``cu_seqlens``, for a caller that had them on the host when it
-        made the tensor (``layers.packing.unpad``): the op then reads nothing back. They are checked here, on the
+        made the tensor (``ops.packing.unpad``): the op then reads nothing back. They are checked here, on the
         host; that they equal the tensor's values is the caller's promise."""
         bounds = [int(b) for b in bounds]
         check_cu_seqlens(cu_seqlens, 1, bounds[-1] if bounds else 0, bounds)

@@ -46,9 +46,9 @@ from linmem.io.folders import (
 from linmem.io.labels import IGNORE_INDEX
 from linmem.io.manifest import MANIFEST_NAME, DamagedFileError, write_manifest
 from linmem.io.run_info import TRAIN_INFO, total_tokens
-from linmem.layers.packing import document_starts
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.special_tokens import declare_special_tokens, write_model_config
+from linmem.ops.packing import document_starts
 from linmem.train import checkpoint as ckpt
 from linmem.train.compile import compile_blocks, compile_mode
 from linmem.train.config import (

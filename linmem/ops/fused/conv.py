@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from linmem.ops.fused.optional_triton import jit, tl, triton
+from linmem.ops.packing import sequence_positions
 
 ACTIVATIONS = (None, "silu", "swish")
 MAX_KERNEL_WIDTH = 8  # the Triton kernels unroll the taps; wider kernels run on the torch path
@@ -50,7 +51,7 @@ def short_conv(
     Returns ``y [B, T, D]`` in x's dtype, computed in float32 (float64 for float64 inputs on the torch path).
     """
     _check_inputs(x, weight, bias, activation, cu_seqlens)
-    positions = None if cu_seqlens is None else sequence_positions(cu_seqlens, x.shape[1])
+    positions = None if cu_seqlens is None else sequence_positions(cu_seqlens, x.shape[1]).to(torch.int32)
     silu = activation is not None
     if prefer_triton is None:
         prefer_triton = (triton is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
@@ -63,15 +64,6 @@ def short_conv(
     if x.stride(-1) != 1:
         x = x.contiguous()
     return _ShortConv.apply(x, weight.contiguous(), None if bias is None else bias.contiguous(), positions, silu)
-
-
-def sequence_positions(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
-    """``[T]`` int32: each token's offset from the start of its own sequence in a packed row of ``length`` tokens
-    (torch ops on cu_seqlens' device, no host synchronisation)."""
-    tokens = torch.arange(length, device=cu_seqlens.device)
-    bounds = cu_seqlens.long()
-    owner = torch.searchsorted(bounds[1:], tokens, right=True)
-    return (tokens - bounds[owner]).to(torch.int32)
 
 
 def _check_inputs(x, weight, bias, activation, cu_seqlens) -> None:
