@@ -71,6 +71,17 @@ def runtime_imports(tree: ast.AST, module: str, is_package: bool):
                 yield node.lineno, base
 
 
+MODULE_NAME = re.compile(r"linmem(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
+
+
+def string_imports(tree: ast.AST):
+    """``(line, module)`` of every string constant that is a whole ``linmem`` module name: what a lazy table or an
+    ``importlib.import_module`` call imports by name, a dependency all the same."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            yield node.lineno, node.value
+
+
 def modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
@@ -86,7 +97,8 @@ def test_imports_run_down_the_layers():
         module = module_name(path)
         own = package_of(module)
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for line, target in runtime_imports(tree, module, path.name == "__init__.py"):
+        found = [*runtime_imports(tree, module, path.name == "__init__.py"), *string_imports(tree)]
+        for line, target in found:
             other = package_of(target)
             if other == own or other not in RANK:
                 continue
@@ -104,6 +116,9 @@ def test_the_rule_catches_an_upward_import():
     assert found == [(5, "linmem.eval.loading")]
     assert list(runtime_imports(ast.parse("from ..io import atomic\n"), "linmem.data.build", False)) == [
         (1, "linmem.io")]
+    by_name = 'PROVIDERS = {"niah": "linmem.eval.niah"}\nimportlib.import_module("linmem.memory.kv_filler")\n'
+    assert sorted(string_imports(ast.parse(by_name))) == [(1, "linmem.eval.niah"), (2, "linmem.memory.kv_filler")]
+    assert list(string_imports(ast.parse('text = "see linmem.eval.niah for more"\n'))) == []
 
 
 # ---------------------------------------------------------------- history in the text

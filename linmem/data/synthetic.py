@@ -7,8 +7,8 @@ bindings in natural filler) is any object with a ``name`` and a ``sample(rng, se
 ``register_generator("name", factory)`` when its module is imported; ``make_generator("name", **options)`` builds it.
 A generator that needs the training dataset (its tokenizer, its text) also registers ``for_dataset``, a builder
 ``(options, dataset, seq_len, key) -> generator``; ``generator_for_dataset`` is what training calls. Generators
-defined above ``data`` (the memory lab's ``kv-filler``, the NIAH eval's ``niah``) are listed in ``PROVIDERS``: their
-module is imported by name the first time the name is looked up, so training needs no import of the lab or the eval.
+defined above ``data`` (the memory lab's ``kv-filler``, the NIAH eval's ``niah``) register when their modules are
+imported, which ``linmem.train.data`` does; this module names no package above its own.
 
 **MQAR** (multi-query associative recall, Arora et al. 2023, "Zoology"): the sequence opens with ``N`` key-value
 pairs ``k_1 v_1 ... k_N v_N``, then every key is asked once, at a position chosen by a power law over the distance
@@ -23,7 +23,6 @@ filler tokens from the whole range except this sequence's keys, so each query ha
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -55,7 +54,6 @@ GENERATORS: dict[str, Callable[..., RecallGenerator]] = {}
 # (options, dataset, seq_len, key) -> generator; completes ``options`` in place with the values used
 DatasetBuilder = Callable[[dict[str, Any], TokenShards, "int | None", str], RecallGenerator]
 DATASET_BUILDERS: dict[str, DatasetBuilder] = {}
-PROVIDERS = {"kv-filler": "linmem.memory.kv_filler", "niah": "linmem.eval.niah"}  # name -> the module registering it
 FILLER_TOKENS = 1_000_000  # dataset-built generators take filler text from the training split's first tokens
 
 
@@ -72,12 +70,10 @@ def register_generator(name: str, factory: Callable[..., RecallGenerator],
 
 
 def known_generators() -> list[str]:
-    return sorted({*GENERATORS, *PROVIDERS})
+    return sorted(GENERATORS)
 
 
 def _registered(name: str) -> bool:
-    if name not in GENERATORS and name in PROVIDERS:
-        importlib.import_module(PROVIDERS[name])
     return name in GENERATORS
 
 

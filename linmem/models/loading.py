@@ -126,7 +126,8 @@ def load_weights(spec: str | os.PathLike, *, device: str | torch.device = "cpu",
 def open_model(spec: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                backend: str = "auto"):
     """``(model, tokenizer, folder)``: ``load_weights`` plus the folder's ``tokenizer.json`` as a
-    ``tokenizers.Tokenizer`` (``FileNotFoundError`` naming the folder when it has none)."""
+    transformers ``PreTrainedTokenizerFast`` of ``linmem.data.tokenizer.load_tokenizer`` (``FileNotFoundError``
+    naming the folder when it has none)."""
     model, folder = load_weights(spec, device=device, dtype=dtype, backend=backend)
     return model, load_tokenizer(folder), folder
 

@@ -31,6 +31,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import logging
 
+from linmem.io.labels import IGNORE_INDEX
 from linmem.layers.attention import Attention
 from linmem.layers.conv import ShortConvolution
 from linmem.layers.gated_memory import (
@@ -50,7 +51,7 @@ from linmem.layers.recurrent import RecurrentMixer
 from linmem.models.cache import LinMemCache
 from linmem.models.configuration import LinMemConfig
 from linmem.ops.backend import check_backend
-from linmem.ops.fused.cross_entropy import IGNORE_INDEX, token_cross_entropy
+from linmem.ops.fused.cross_entropy import token_cross_entropy
 from linmem.ops.packing import pad, sequence_positions, unpad
 
 logger = logging.get_logger(__name__)

@@ -21,6 +21,8 @@ from linmem.data.shards import INDEX_NAME, TokenShards
 from linmem.data.splits import SplitFractions
 from linmem.data.synthetic import RecallGenerator, generator_for_dataset
 from linmem.data.windows import TokenWindows, sequential_windows
+from linmem.eval import niah as _niah_generator  # noqa: F401 (registers the "niah" recall generator)
+from linmem.memory import kv_filler as _kv_filler_generator  # noqa: F401 (registers "kv-filler")
 from linmem.train.config import DataSection
 from linmem.train.distributed import Distributed, barrier, broadcast_object
 
