@@ -17,9 +17,7 @@ from linmem.train.config import parse_config
 from linmem.train.distributed import enable_gradient_checkpointing
 from linmem.train.trainer import train
 from tests.mixer_cases import MIXER_CASES
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 VOCAB = 61
 

@@ -20,9 +20,8 @@ from linmem.train.compile import BLOCK_PARTS, COMPILE_MODES, compile_blocks, com
 from linmem.train.config import TrainConfig, parse_config
 from linmem.train.distributed import Distributed, enable_gradient_checkpointing, fully_shard_model, start_local_group
 from linmem.train.trainer import build_optimizer, setup
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 LAYERS = 2
 
 

@@ -10,10 +10,7 @@ import pytest
 
 from linmem.cli import main
 from linmem.demo import TASKS, pick_probe_model
-from tests.test_train_support import one_thread  # noqa: F401
 from tests.test_zoo import NAME, shipped  # noqa: F401
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_demo_quick_writes_the_report(shipped, tmp_path, capsys):  # noqa: F811

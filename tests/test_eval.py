@@ -33,9 +33,7 @@ from linmem.eval.scoring import score_continuations
 from linmem.eval.stability import stability
 from linmem.train.config import parse_config
 from linmem.train.trainer import train
-from tests.test_train_support import build_tiny_dataset, one_thread, tiny_config, write_corpus  # noqa: F401
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import build_tiny_dataset, tiny_config, write_corpus  # noqa: F401
 
 
 @pytest.fixture(scope="module")

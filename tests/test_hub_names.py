@@ -35,9 +35,8 @@ from linmem.io.models import resolve_model_folder
 from linmem.models.hf_import import load_hf_hybrid
 from linmem.models.loading import check_hub_config, load_weights
 from tests.test_hf_hybrids import ZOO_TOKENIZER, hf_model
-from tests.test_train_support import one_thread, write_corpus  # noqa: F401 (a fixture)
+from tests.test_train_support import write_corpus  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 REPO, COMMIT = "tiny-org/qwen35", "0123456789abcdef0123456789abcdef01234567"
 
 

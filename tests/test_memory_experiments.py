@@ -24,14 +24,11 @@ from linmem.memory.evaluate import candidate_logits, make_batch
 from linmem.memory.stats import bootstrap
 from linmem.memory.tasks import TaskBuilder, TaskSpec, build_items, passages
 from linmem.models import LinMemConfig
-from tests.test_train_support import one_thread  # noqa: F401
 
 WORDS = "the of and to in that is was he for it with as his on be at by had not are but from or have".split()
 KEYS = "Alice Bob Carol David Emma Frank".split()
 VALUES = "red blue green yellow black white".split()
 SPEC = TaskSpec(num_bindings=2, repeats=2, filler_tokens=24)
-
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread, none waiting on the other
 
 
 @pytest.fixture(scope="module")

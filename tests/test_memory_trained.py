@@ -8,7 +8,6 @@ import itertools
 import json
 
 import pytest
-import torch
 
 import linmem.memory as mm
 from linmem.cli import main
@@ -31,13 +30,7 @@ def trained():
     docs = [d for d in itertools.islice(StdlibDocs(modules=MODULES, topics=False).documents(), 400)
             if len(d.text) > 400]
     spec = TaskSpec(num_bindings=2, repeats=2, filler_tokens=32, keys="letters", values="colors")
-    # one thread, as tests/test_train_support.one_thread: the tiny model must not fight the other test worker for cores
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        setup = train_toy([d.text[:4000] for d in docs], spec, mixer="gdn", steps=250, seq_len=96, batch_size=32)
-    finally:
-        torch.set_num_threads(threads)
+    setup = train_toy([d.text[:4000] for d in docs], spec, mixer="gdn", steps=250, seq_len=96, batch_size=32)
     sources = passages(docs, setup.tokenizer, 40)
     return setup, docs, sources
 

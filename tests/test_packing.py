@@ -13,9 +13,7 @@ import torch.nn.functional as F
 from linmem.train import trainer
 from linmem.train.config import LOSS_CHUNK_AUTO_BYTES, LOSS_CHUNK_TOKENS, loss_chunk_tokens, parse_config
 from linmem.train.distributed import init_distributed
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 
 def test_the_loss_is_chunked_when_the_logits_would_be_large(dataset):

@@ -29,9 +29,6 @@ from linmem.study.definition import load_study, resolve_model
 from linmem.study.items import agreement, item_records, ratio
 from linmem.study.tables import metrics_of
 from tests.test_eval import RecallOracle
-from tests.test_train_support import one_thread  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO_MODEL = ROOT / "linmem" / "zoo" / "models" / "gdn"

@@ -16,10 +16,7 @@ from linmem.data.tokenizer import save_tokenizer, train_tokenizer, wrap_tokenize
 from linmem.memory.experiments import additivity
 from linmem.memory.report import spelled
 from tests.test_memory_experiments import KEYS, VALUES, WORDS, tiny
-from tests.test_train_support import one_thread  # noqa: F401
 from tests.test_zoo import NAME, shipped  # noqa: F401
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPRS = {"a call with keywords (a dataclass repr)": r"\w+\(\w+=", "None": r"\bNone\b",
          "a Python boolean": r"\bTrue\b|\bFalse\b", "a dict or JSON object": r"\{'|\{\"", "a JSON list": r"\[\""}

@@ -27,9 +27,7 @@ from linmem.io.manifest import DamagedFileError, has_manifest, verify_manifest, 
 from linmem.train import checkpoint as ckpt
 from linmem.train.config import parse_config
 from linmem.train.trainer import MODEL_DIR, TRAIN_INFO, train
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 SHORT = {"steps": 2, "checkpoint_interval": 1, "eval_interval": 2, "log_interval": 1}
 

@@ -26,12 +26,10 @@ from linmem.cli import main
 from linmem.io.manifest import DamagedFileError
 from linmem.train import checkpoint as ckpt
 from linmem.train.export import export_model
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARD = "shard-00002-model-00001-of-00001.safetensors"  # rank 1's file
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def torchrun(*args: str, module: str = "linmem.cli") -> subprocess.CompletedProcess:

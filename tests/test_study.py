@@ -30,10 +30,7 @@ from linmem.study.estimates import ItemSet, item_estimate, paired_difference, se
 from linmem.study.runs import check_finished_runs, run_dir
 from linmem.study.tables import _verdict, decide
 from linmem.train.trainer import train
-from tests.test_train_support import TINY, one_thread  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
-
+from tests.test_train_support import TINY  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 STUDY_SCRIPTS = REPO / "scripts" / "study"

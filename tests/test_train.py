@@ -23,12 +23,9 @@ from linmem.train import checkpoint as ckpt
 from linmem.train.config import parse_config
 from linmem.train.schedule import cosine_lr
 from linmem.train.trainer import train
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 COMPARED = ("step", "loss", "text_loss", "recall_loss", "lr", "grad_norm", "val_loss", "val_recall_acc")
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import yaml
 
 from linmem.models import LinMemForCausalLM
 from linmem.train.config import TrainConfig, build_model_config, load_config, read_config_dict
-from tests.test_train_support import one_thread  # noqa: F401  (fixture)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ROOT = CONFIGS.parent
@@ -122,7 +121,6 @@ def test_ablations_change_one_switch(base):
         assert changed == switch, (base, suffix)
 
 
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("path", ZOO, ids=lambda p: p.stem)
 def test_every_parameter_gets_a_gradient(path):
     """DDP (find_unused_parameters=False) needs every parameter in the graph: a tiny copy of each zoo model."""

@@ -16,9 +16,7 @@ from linmem.train.config import parse_config
 from linmem.train.distributed import Distributed
 from linmem.train.init_from import earlier_stages, resolve_source
 from linmem.train.trainer import setup, train, unwrap
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

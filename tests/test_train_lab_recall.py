@@ -17,9 +17,7 @@ from linmem.eval.loading import load_model, open_heldout
 from linmem.eval.memory_recall import memory_recall
 from linmem.train.config import parse_config
 from linmem.train.trainer import train
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 FORMAT = {"template": "code", "keys": "names", "values": "colors", "loads": [1, 3], "items": 48, "filler": 40}
 NAME = "val_lab_recall:code/names/colors"

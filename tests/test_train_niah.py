@@ -16,9 +16,7 @@ from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.train.config import parse_config
 from linmem.train.data import open_train_data, resolve_generator
 from linmem.train.distributed import Distributed
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,7 @@ from linmem.cli import main
 from linmem.data.shards import dataset_fingerprint
 from linmem.train.config import parse_config
 from linmem.train.trainer import train
-from tests.test_train_support import one_thread, tiny_config  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import tiny_config  # noqa: F401  (fixture)
 
 LOCK = ".linmem-train.lock"  # linmem.train.run_lock.LOCK_NAME
 # A process that holds the run folder's lock as the trainer does (flock, its pid and host in the file) until its

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
-import torch
 
 from linmem.data.build import BuildOptions, build_dataset
 from linmem.data.sources import open_path
@@ -19,15 +17,6 @@ from linmem.data.splits import SplitFractions
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bards near "
          "their old stone tower and every morning bright birds sing Alice Bob Carol David Emma Frank Grace "
          "Henry red blue green yellow black white").split()
-
-
-@pytest.fixture(scope="module", autouse=False)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight the other test worker for both cores)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def write_corpus(folder: Path, documents: int = 60, seed: int = 0) -> Path:

@@ -19,14 +19,14 @@ from linmem.data.splits import SplitFractions
 from linmem.data.tokenizer import tokenizer_hash
 from linmem.eval.loading import load_model
 from linmem.io.run_info import read_train_info
-from tests.test_train_support import one_thread, write_corpus  # noqa: F401  (fixture)
+from tests.test_train_support import write_corpus  # noqa: F401  (fixture)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "recall" / "transfer.py"
 BATCH, STEPS, WINDOW = 2, 3, 24
 
 
 @pytest.fixture(scope="module")
-def script(one_thread):  # noqa: F811
+def script():
     spec = importlib.util.spec_from_file_location("transfer", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

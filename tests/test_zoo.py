@@ -23,9 +23,7 @@ from linmem.train.config import parse_config
 from linmem.train.trainer import train
 from linmem.zoo import cards
 from linmem.zoo import ship as shipping
-from tests.test_train_support import build_tiny_dataset, one_thread, tiny_config  # noqa: F401
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.test_train_support import build_tiny_dataset, tiny_config  # noqa: F401
 
 NAME = "tiny-rdn"
 STEPS = 12
