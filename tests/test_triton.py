@@ -759,6 +759,15 @@ def test_float32_inputs_keep_the_narrower_options(monkeypatch):
         assert {key: narrow[key] for key in overrides} == overrides
         assert all(wide[key] != value for key, value in overrides.items())
 
+    # at K = 256 the row pipelines 16-bit inputs in two stages; float32 tiles keep one stage in every kernel
+    row = function.kernel_options(256, 256)
+    piped = [name for name, opts in row.items() if isinstance(opts, dict) and opts.get("num_stages") == 2]
+    assert piped
+    for name in piped:
+        assert _resolved(name, torch.bfloat16, width=256)[1]["num_stages"] == 2
+        assert _resolved(name, torch.float32, width=256)[1]["num_stages"] == 1
+    assert _resolved("output", torch.float32)[1]["num_stages"] == function.TUNED_AT_128["output"]["num_stages"]
+
 
 def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
     """A GLA model on backend='triton' (its per-key-decay walk) against the same weights on 'chunk': logits, every

@@ -96,11 +96,22 @@ KERNEL_OPTIONS = {
     (128, 256): _row(),  # from K=128, not swept
     (256, 64): _row(),  # from K=128, not swept
     (256, 128): _row(),  # from K=128, not swept
-    (256, 256): _row(),  # from K=128, not swept
+    (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
+        scores=dict(num_warps=2, num_stages=1),
+        inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
+        forward=dict(num_warps=4, num_stages=2, BV=32),
+        output=dict(num_warps=4, num_stages=2, BV=64),
+        backward_states=dict(num_warps=4, num_stages=1, BV=None),
+        backward_scores=dict(num_warps=8, num_stages=1, BV=64),
+        backward_keys=dict(num_warps=4, num_stages=2, BV=64, BK=None, SPLIT=True),
+        decay_grad=dict(num_warps=1, num_stages=1),
+    ),
 }
 # float32 inputs (a test path, not a speed target) take narrower tiles and more warps at every width: the options
 # above spill registers with float32 tiles (offline sm_90 compiles: the inverse at 2 warps, output at BV 128,
-# backward_keys and backward_scores at BV 64).
+# backward_keys and backward_scores at BV 64). At K > 128 they run one stage in every kernel, whatever a row gives
+# 16-bit inputs: a stage of float32 tiles takes twice the shared memory, and two stages of bf16 tiles at K = 256
+# already come near the limit (``_pipeline_stages``).
 FLOAT32_OPTIONS = {"inverse": dict(num_warps=4), "output": dict(BV=64),
                    "backward_scores": dict(BV=32), "backward_keys": dict(BV=32)}
 INTERPRETER_BV = 16  # small value blocks under the interpreter: several blocks per head even at tiny widths
@@ -162,7 +173,7 @@ def _options(name: str, *, key_dim: int, value_dim: int, dtype: torch.dtype | No
     launch = {key: opts.pop(key) for key in ("num_warps", "num_stages") if key in opts}
     if "num_warps" in launch and launch["num_warps"] is None:
         launch["num_warps"] = 8 if dtype == torch.float32 else 4
-    if "num_stages" in launch and launch["num_stages"] is None:
+    if "num_stages" in launch and (launch["num_stages"] is None or (dtype == torch.float32 and key_dim > 128)):
         launch["num_stages"] = _pipeline_stages(key_dim, dtype)
     if opts.get("BV", 0) is None:
         opts["BV"] = _sequential_block(key_dim, dtype, sequences, value_dim, SEQUENTIAL_WIDEST.get(name, 32))
