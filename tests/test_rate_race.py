@@ -1,13 +1,15 @@
-"""scripts/study/rate_race.py: a study's learning-rate race read from its tables."""
+"""scripts/study/rate_race.py: a study's learning-rate race read from its tables, and what it needs next."""
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.script_modules import load_script, printed
 
@@ -44,8 +46,8 @@ def test_models_that_differ_only_in_the_rate_form_one_group_per_mixer():
 
     groups = rate_race.rate_groups(load_study(STUDY), 0)
     assert [(g.label, g.models) for g in groups] == [
-        ("GDN 12 x 512", {1.25e-3: "gdn-half-lr", 2.5e-3: "gdn-shared-lr", 5e-3: "gdn-double-lr"}),
-        ("RDN 12 x 512", {1.25e-3: "rdn-half-lr", 2.5e-3: "rdn-shared-lr", 5e-3: "rdn-double-lr"})]
+        ("gdn (GDN 12 x 512)", {1.25e-3: "gdn-half-lr", 2.5e-3: "gdn-shared-lr", 5e-3: "gdn-double-lr"}),
+        ("rdn (RDN 12 x 512)", {1.25e-3: "rdn-half-lr", 2.5e-3: "rdn-shared-lr", 5e-3: "rdn-double-lr"})]
     assert [rate_race.rate_text(r) for r in (1.25e-3, 2.5e-3, 5e-3, 3e-4)] == ["1.25e-3", "2.5e-3", "5e-3", "3e-4"]
 
 
@@ -53,7 +55,7 @@ def test_the_winner_is_the_deciding_seeds_best_and_moves_with_the_numbers(tmp_pa
     tables = json.loads(TABLES.read_text())
     printed = race(str(STUDY), str(TABLES))
     seeds = {name: m["metrics"]["val_loss"]["seeds"] for name, m in tables["models"].items()}
-    assert rows(printed)["RDN 12 x 512"] == [
+    assert rows(printed)["rdn (RDN 12 x 512)"] == [
         "**" + " / ".join(f"{seeds['rdn-half-lr'][s]['mean']:.3f}" for s in "012") + "**",
         " / ".join(f"{seeds['rdn-shared-lr'][s]['mean']:.3f}" for s in "012"),
         f"{seeds['rdn-double-lr']['0']['mean']:.3f}"]
@@ -63,17 +65,17 @@ def test_the_winner_is_the_deciding_seeds_best_and_moves_with_the_numbers(tmp_pa
     edited["models"]["gdn-shared-lr"]["metrics"]["val_loss"]["seeds"]["1"]["mean"] = 0.5  # not the deciding seed
     path = tmp_path / "results.json"
     path.write_text(json.dumps(edited))
-    gdn = rows(race(str(STUDY), str(path)))["GDN 12 x 512"]
+    gdn = rows(race(str(STUDY), str(path)))["gdn (GDN 12 x 512)"]
     assert gdn[2] == "**1.000**" and not gdn[1].startswith("**")
     # a metric where higher is better is won by the highest value
     printed = race(str(STUDY), str(TABLES), "--metric", "mqar")
     mqar = {name: m["metrics"]["mqar"]["seeds"]["0"]["mean"] for name, m in tables["models"].items()}
     best = max(("half", "shared", "double"), key=lambda r: mqar[f"rdn-{r}-lr"])
-    assert rows(printed)["RDN 12 x 512"][["half", "shared", "double"].index(best)].startswith("**")
+    assert rows(printed)["rdn (RDN 12 x 512)"][["half", "shared", "double"].index(best)].startswith("**")
     # a rate whose deciding run is missing: no winner yet
     del edited["models"]["rdn-double-lr"]["metrics"]["val_loss"]["seeds"]["0"]
     path.write_text(json.dumps(edited))
-    assert not any("**" in c for c in rows(race(str(STUDY), str(path)))["RDN 12 x 512"])
+    assert not any("**" in c for c in rows(race(str(STUDY), str(path)))["rdn (RDN 12 x 512)"])
 
 
 def test_bad_input_is_refused_with_a_reason(tmp_path):
@@ -96,5 +98,131 @@ def test_the_documented_tables_and_figure_are_what_the_tables_give(tmp_path):
     plot = words.index("--plot")
     words[plot + 1] = str(figure)
     printed = race(*[str(ROOT / w) if w.endswith((".yaml", ".json")) else w for w in words])
-    assert printed.strip() in results
+    assert printed.strip() in results, "docs/results.md's race is not what the script prints: paste its output there"
     assert figure.stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- what the race needs next
+
+BRACKET = rate_race.Group("made-up", {2.5e-3: "half", 5e-3: "zoo", 1e-2: "double"})
+SEEDS = [100, 101, 102]
+
+
+def made_up(runs: dict[str, dict[int, float]], metric: str = "val_loss", higher: bool = False) -> dict:
+    """Tables of made-up runs (model -> seed -> the metric's value), shaped as a study's ``results.json``."""
+    models = {name: {"metrics": {metric: {"seeds": {str(s): {"mean": v} for s, v in seeds.items()}}}}
+              for name, seeds in runs.items()}
+    return {"study": "made-up", "metrics": {metric: {"label": metric, "higher_is_better": higher}}, "models": models}
+
+
+def needs(runs: dict[str, dict[int, float]], seed: int = 100, close: float = 0.1, **metric) -> str:
+    name = metric.get("metric", "val_loss")
+    return rate_race.verdict(made_up(runs, **metric), BRACKET, name, seed, SEEDS, close)
+
+
+def test_an_inner_winner_is_decided_and_an_edge_winner_gets_the_next_rate_out():
+    runs = {"half": {100: 3.50}, "zoo": {100: 3.30}, "double": {100: 3.45}}
+    assert needs(runs) == "decided: 5e-3"
+    assert needs(runs, close=0.2) == "close: 5e-3 and 1e-2 within 0.15 (< 0.2) on seed 100: run seed 101 at both"
+    runs["double"][100] = 3.10
+    assert needs(runs) == "edge: wins at 1e-2, the top of its bracket: add 2e-2"
+    runs["zoo"][100] = 2.90  # the inner rate improves past it
+    assert needs(runs) == "decided: 5e-3"
+    runs["half"][100] = 2.70
+    assert needs(runs) == "edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3"
+    # the next rate out in the group: the old edge is inside its bracket
+    wider = rate_race.Group("made-up", {**BRACKET.models, 1.25e-3: "quarter"})
+    runs["quarter"] = {100: 3.20}
+    assert rate_race.verdict(made_up(runs), wider, "val_loss", 100, SEEDS, 0.1) == "decided: 2.5e-3"
+
+
+def test_a_close_pair_waits_for_a_spare_seed_whose_mean_decides():
+    runs = {"half": {100: 3.50}, "zoo": {100: 3.30}, "double": {100: 3.35}}
+    waiting = "close: 5e-3 and 1e-2 within 0.05 (< 0.1) on seed 100: run seed 101 at both"
+    assert needs(runs) == waiting
+    runs["zoo"][101] = 3.40  # one of the two rates alone does not decide
+    runs["half"][101] = 3.30
+    assert needs(runs) == waiting
+    runs["double"][101] = 3.38  # mean over seeds 100 and 101: 5e-3 3.350, 1e-2 3.365
+    assert needs(runs) == "decided (seeds 100, 101): 5e-3"
+    runs["double"][101] = 3.30  # 1e-2 3.325: the spare turns the race to the edge
+    assert needs(runs) == "edge: wins at 1e-2, the top of its bracket: add 2e-2"
+    runs["zoo"][102], runs["double"][102] = 3.20, 3.60  # a second spare counts too: 5e-3 3.300, 1e-2 3.417
+    assert needs(runs) == "decided (seeds 100, 101, 102): 5e-3"
+    # a later deciding seed takes the seeds after it as spares; the last one has none
+    for seed, step in ((101, "run seed 102 at both"), (102, "the study has no spare seed left")):
+        later = {"half": {seed: 3.50}, "zoo": {seed: 3.30}, "double": {seed: 3.35}}
+        assert needs(later, seed=seed).endswith(f"on seed {seed}: {step}")
+    assert rate_race.spare_seeds(SEEDS, 100) == [101, 102] and rate_race.spare_seeds(SEEDS, 7) == SEEDS
+
+
+def test_a_missing_run_of_the_deciding_seed_leaves_the_race_incomplete():
+    runs = {"half": {100: 3.50, 101: 3.40}, "zoo": {101: 3.30}, "double": {101: 3.45}}
+    assert needs(runs) == "incomplete: no run of seed 100 at 5e-3, 1e-2"
+    runs["zoo"][100] = 3.30
+    assert needs(runs) == "incomplete: no run of seed 100 at 1e-2"
+    runs["double"][100] = math.nan  # a diverged run ranks last
+    assert needs(runs) == "decided: 5e-3"
+
+
+def test_a_metric_where_higher_is_better_is_won_by_the_highest_value():
+    mqar = {"metric": "mqar", "higher": True}
+    runs = {"half": {100: 0.60}, "zoo": {100: 0.80}, "double": {100: 0.50}}
+    assert needs(runs, **mqar) == "decided: 5e-3"
+    runs["half"][100] = 0.75
+    assert needs(runs, **mqar) == "close: 5e-3 and 2.5e-3 within 0.05 (< 0.1) on seed 100: run seed 101 at both"
+    runs["zoo"][101], runs["half"][101] = 0.90, 0.70  # means 0.85 and 0.725
+    assert needs(runs, **mqar) == "decided (seeds 100, 101): 5e-3"
+    runs["zoo"][101], runs["half"][101] = 0.70, 0.90  # means 0.75 and 0.825
+    assert needs(runs, **mqar) == "edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3"
+
+
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory) -> Path:
+    """Four families: GDN at three rates, GDN with wide values (one mixer and shape), an RDN ablation, and RDN under
+    names that share no word, at two rates each."""
+    zoo = ROOT / "configs" / "zoo"
+    half, double = {"optim.lr": 2.5e-3, "optim.min_lr": 2.5e-4}, {"optim.lr": 1e-2, "optim.min_lr": 1e-3}
+    models = [{"name": "gdn-half-lr", "config": str(zoo / "gdn.yaml"), "set": half},
+              {"name": "gdn-zoo-lr", "config": str(zoo / "gdn.yaml")},
+              {"name": "gdn-double-lr", "config": str(zoo / "gdn.yaml"), "set": double},
+              {"name": "gdn-wide-half-lr", "config": str(zoo / "gdn.yaml"), "set": {**half, "model.expand_v": 2.0}},
+              {"name": "gdn-wide-zoo-lr", "config": str(zoo / "gdn.yaml"), "set": {"model.expand_v": 2.0}},
+              {"name": "rdn-tied-gamma-half-lr", "config": str(zoo / "rdn-tied-gamma.yaml"), "set": half},
+              {"name": "rdn-tied-gamma-zoo-lr", "config": str(zoo / "rdn-tied-gamma.yaml")},
+              {"name": "slow", "config": str(zoo / "rdn.yaml"), "set": half},
+              {"name": "zoo", "config": str(zoo / "rdn.yaml")}]
+    study = {"name": "made-up", "seeds": SEEDS, "recipe": {"include": str(zoo / "base.yaml")},
+             "per_model": ["optim.lr", "optim.min_lr"], "eval": {"tasks": ["ppl"]}, "models": models}
+    path = tmp_path_factory.mktemp("study") / "made-up.yaml"
+    path.write_text(yaml.safe_dump(study), encoding="utf-8")
+    return path
+
+
+def test_groups_are_labelled_by_their_models_common_name(small_study):
+    from linmem.study.definition import load_study
+
+    groups = rate_race.rate_groups(load_study(small_study), 100)
+    assert [g.label for g in groups] == ["gdn (GDN 6 x 256)", "gdn-wide (GDN 6 x 256)",
+                                         "rdn-tied-gamma (RDN 6 x 256)", "RDN 6 x 256"]
+    assert [rate_race.name_stem(names) for names in (["rdn-no-fitting-lr", "rdn-no-clip-lr"], ["gdn-half", "gdn-high"],
+                                                     ["gdn", "gdn-double"], ["slow", "zoo"])] == [
+        "rdn-no", "gdn", "gdn", ""]
+
+
+def test_the_script_prints_each_groups_next_step_under_the_studys_seeds(small_study, tmp_path):
+    runs = {"gdn-half-lr": {100: 3.50}, "gdn-zoo-lr": {100: 3.45}, "gdn-double-lr": {100: 3.60},
+            "gdn-wide-half-lr": {100: 3.40},
+            "gdn-wide-zoo-lr": {100: 3.60}, "rdn-tied-gamma-zoo-lr": {100: 3.40}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(made_up(runs)))
+    printed = race(str(small_study), str(path), "--decide-seed", "100")
+    assert printed.split("\n\n")[-2:] == [
+        "What the race needs next (val_loss on seed 100 decides; a winner at an edge of its bracket gets the next rate "
+        "out first; where the two best lie less than 0.1 apart, spare seeds 101, 102 decide between them)",
+        "- gdn (GDN 6 x 256): close: 5e-3 and 2.5e-3 within 0.05 (< 0.1) on seed 100: run seed 101 at both\n"
+        "- gdn-wide (GDN 6 x 256): edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3\n"
+        "- rdn-tied-gamma (RDN 6 x 256): incomplete: no run of seed 100 at 2.5e-3\n"
+        "- RDN 6 x 256: incomplete: no run of seed 100 at 2.5e-3, 5e-3\n"]
+    printed = race(str(small_study), str(path), "--decide-seed", "100", "--close", "0.01")
+    assert "less than 0.01 apart" in printed and "- gdn (GDN 6 x 256): decided: 5e-3\n" in printed

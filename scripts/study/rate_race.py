@@ -2,13 +2,18 @@
 study's ``per_model`` keys) form one group; each group's rates side by side, with every seed's value, and the rate
 each group wins with on one seed's metric (the race's rule: one seed decides, the winner's other seeds follow).
 
-    python scripts/study/rate_race.py STUDY.yaml TABLES.json [--metric val_loss] [--decide-seed 0]
+    python scripts/study/rate_race.py STUDY.yaml TABLES.json [--metric val_loss] [--decide-seed 0] [--close 0.1]
         [--also test_ppl mqar ...] [--plot FIG.png]
 
 TABLES.json is the study's ``tables/results.json`` (``linmem study STUDY.yaml --out OUT --report-only`` writes it).
-Prints a markdown table (a row per group, a column per rate; each cell the seeds' values, the winner's in bold) and,
-with ``--also``, a table per further metric at the same cells; ``--plot`` draws each metric against the rate, one
-panel per metric, a line per group through the deciding seed with the other seeds as dots.
+Prints a markdown table (a row per group, labelled by its models' common name and its mixer and shape; a column per
+rate; each cell the seeds' values, the winner's in bold) and, with ``--also``, a table per further metric at the same
+cells; then what the race needs next, a line per group: ``decided``; ``edge`` (the winner is the bracket's top or
+bottom rate: the next rate out, twice or half, is run first); ``close`` (the deciding seed's two best rates lie less
+than ``--close`` apart in the deciding metric: the study's next seed after the deciding one, a spare, is run at both,
+and once spares are run the better mean over the seeds run at both decides); ``incomplete`` (a rate lacks its run of
+the deciding seed). ``--plot`` draws each metric against the rate, one panel per metric, a line per group through the
+deciding seed with the other seeds as dots.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ class Group:
 
 
 def rate_groups(study: Study, seed: int) -> list[Group]:
-    """The study's models grouped by everything but the ``per_model`` keys, in the study's order; refused when a
-    group holds two models at one rate (the race would not know which one it ran)."""
+    """The study's models grouped by everything but the ``per_model`` keys, in the study's order, each labelled by its
+    models' common name and its mixer and shape ("gdn-wide (GDN 6 x 256)"); refused when a group holds two models at
+    one rate (the race would not know which one it ran)."""
     if "optim.lr" not in study.per_model:
         raise SystemExit(f"{study.path}: the models do not differ in optim.lr (per_model: {study.per_model})")
     groups: list[tuple[dict, Group]] = []
@@ -47,17 +53,30 @@ def rate_groups(study: Study, seed: int) -> list[Group]:
         group = next((g for key, g in groups if key == rest), None)
         if group is None:
             shape = config.model
-            label = f"{shape['mixer'].upper()} {shape['num_hidden_layers']} x {shape['hidden_size']}"
-            group = Group(label, {})
+            group = Group(f"{shape['mixer'].upper()} {shape['num_hidden_layers']} x {shape['hidden_size']}", {})
             groups.append((rest, group))
         if rate in group.models:
             raise SystemExit(f"{study.path}: {model.name} and {group.models[rate]} share the rate {rate:g}")
         group.models[rate] = model.name
+    for _, group in groups:
+        stem = name_stem(list(group.models.values()))
+        if stem:
+            group.label = f"{stem} ({group.label})"
     labels = [g.label for _, g in groups]
-    for _, group in groups:  # two groups of one mixer and shape (another recipe key differs): named by a model
+    for _, group in groups:  # two groups of one label (no common name, or one name twice): named by a model
         if labels.count(group.label) > 1:
             group.label += f" ({next(iter(group.models.values()))})"
     return [g for _, g in groups if len(g.models) > 1]
+
+
+def name_stem(names: list[str]) -> str:
+    """The whole ``-``-separated words every name starts with: gdn-half-lr, gdn-zoo-lr -> gdn; '' when none."""
+    common: list[str] = []
+    for words in zip(*(name.split("-") for name in names)):
+        if len(set(words)) > 1:
+            break
+        common.append(words[0])
+    return "-".join(common).rstrip("-")
 
 
 def rate_text(rate: float) -> str:
@@ -71,13 +90,79 @@ def seed_values(tables: dict, model: str, metric: str) -> dict[int, float]:
     return {int(s): v["mean"] for s, v in seeds.items() if v.get("mean") is not None}
 
 
+def ranked(values: dict[float, float], higher_is_better: bool) -> list[float]:
+    """The rates from best to worst value; a value that is not finite (a diverged run) ranks last."""
+    def badness(rate: float) -> float:
+        value = values[rate]
+        if not math.isfinite(value):
+            return math.inf
+        return -value if higher_is_better else value
+
+    return sorted(values, key=badness)
+
+
 def winner(tables: dict, group: Group, metric: str, seed: int) -> float | None:
     """The rate whose run of ``seed`` has the best ``metric``; None while any rate lacks that run."""
     values = {rate: seed_values(tables, name, metric).get(seed) for rate, name in group.models.items()}
     if any(v is None for v in values.values()):
         return None
+    return ranked(values, tables["metrics"][metric]["higher_is_better"])[0]
+
+
+def spare_seeds(seeds: list[int], seed: int) -> list[int]:
+    """The study's seeds after the deciding one, in the study's order (all but it where the study does not list it)."""
+    return seeds[seeds.index(seed) + 1:] if seed in seeds else [s for s in seeds if s != seed]
+
+
+def verdict(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], close: float) -> str:
+    """What the race needs next for ``group``, decided on ``metric`` of ``seed`` (``seeds``: the study's):
+
+    - ``incomplete: no run of seed S at R1, R2``: a rate lacks its run of the deciding seed;
+    - ``edge: wins at R, the top of its bracket: add 2R`` (or the bottom, R/2): the winner is the group's highest
+      (lowest) rate, so the next rate out runs before the winner is used;
+    - ``close: R1 and R2 within D (< CLOSE) on seed S: run seed S2 at both``: the deciding seed's two best rates lie
+      less than ``close`` apart and no spare seed (a study seed after ``seed``) has run at both;
+    - ``decided (seeds S, S2): R``: they were that close, and the rate with the better mean over the seeds run at
+      both (``seed`` included) wins (an edge verdict where that rate is an edge);
+    - ``decided: R``: the winner is inside its bracket and the runner-up at least ``close`` away.
+    """
+    rates = sorted(group.models)
+    values = {rate: seed_values(tables, group.models[rate], metric) for rate in rates}
+    missing = [rate for rate in rates if seed not in values[rate]]
+    if missing:
+        return f"incomplete: no run of seed {seed} at {', '.join(rate_text(r) for r in missing)}"
     higher = tables["metrics"][metric]["higher_is_better"]
-    return (max if higher else min)(values, key=values.get)
+    first, second = ranked({rate: values[rate][seed] for rate in rates}, higher)[:2]
+    gap = abs(values[first][seed] - values[second][seed])
+    is_close = gap < close  # False where a value is not finite: nothing to run a spare for
+    spares = spare_seeds(seeds, seed)
+    counted = [seed] + [s for s in spares if s in values[first] and s in values[second]]
+    best = first
+    if is_close and len(counted) > 1:
+        means = {rate: sum(values[rate][s] for s in counted) / len(counted) for rate in (first, second)}
+        best = ranked(means, higher)[0]
+    if best == rates[-1]:
+        return f"edge: wins at {rate_text(best)}, the top of its bracket: add {rate_text(best * 2)}"
+    if best == rates[0]:
+        return f"edge: wins at {rate_text(best)}, the bottom of its bracket: add {rate_text(best / 2)}"
+    if not is_close:
+        return f"decided: {rate_text(best)}"
+    if len(counted) > 1:
+        return f"decided (seeds {', '.join(str(s) for s in counted)}): {rate_text(best)}"
+    pair = f"close: {rate_text(first)} and {rate_text(second)} within {gap:.3g} (< {close:g}) on seed {seed}"
+    return f"{pair}: run seed {spares[0]} at both" if spares else f"{pair}: the study has no spare seed left"
+
+
+def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds: list[int], close: float) -> str:
+    """A markdown list: each group's verdict, under the rule it follows."""
+    spares = spare_seeds(seeds, seed)
+    spare = (f"spare seeds {', '.join(str(s) for s in spares)} decide" if spares
+             else "a spare seed would decide (the study lists none)")
+    rule = (f"{metric} on seed {seed} decides; a winner at an edge of its bracket gets the next rate out first; where "
+            f"the two best lie less than {close:g} apart, {spare} between them")
+    lines = [f"What the race needs next ({rule})", ""]
+    lines += [f"- {g.label}: {verdict(tables, g, metric, seed, seeds, close)}" for g in groups]
+    return "\n".join(lines)
 
 
 def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int) -> str:
@@ -148,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("tables", type=Path, help="the study's tables/results.json")
     parser.add_argument("--metric", default="val_loss", help="the metric that decides the race (val_loss)")
     parser.add_argument("--decide-seed", type=int, default=0, help="the seed whose runs decide (0)")
+    parser.add_argument("--close", type=float, default=0.1,
+                        help="two best rates closer than this in the deciding metric call for a spare seed (0.1)")
     parser.add_argument("--also", nargs="*", default=[], help="further metrics shown at the same cells")
     parser.add_argument("--plot", type=Path, help="write the figure here")
     args = parser.parse_args(argv)
@@ -162,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     if not groups:
         raise SystemExit(f"{args.study}: no two models differ only in their rate")
     print("\n\n".join(table(tables, groups, m, args.metric, args.decide_seed) for m in [args.metric, *args.also]))
+    print()
+    print(next_steps(tables, groups, args.metric, args.decide_seed, study.seeds, args.close))
     if args.plot:
         plot(tables, groups, [args.metric, *args.also], args.metric, args.decide_seed, args.plot)
 
