@@ -12,6 +12,7 @@ from linmem.study.definition import load_study, resolve_model
 
 STUDIES = Path(__file__).resolve().parents[1] / "configs" / "study"
 BRACKET = {"half-lr": 0.5, "zoo-lr": 1.0, "double-lr": 2.0}
+NEXT_OUT = {"quad-lr": 4.0, "quarter-lr": 0.25}  # the next rate out, added for a model that won at an edge
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,16 @@ def test_core_seeds_lr_brackets_each_model_around_its_zoo_rate(studies):
             rates[factor] = config.optim.lr
         assert rates[0.5] == pytest.approx(rates[1.0] / 2) and rates[2.0] == pytest.approx(rates[1.0] * 2)
         assert any(chosen.optim.lr == pytest.approx(rate) for rate in rates.values())  # a rate of the bracket
-    assert len(race.models) == len(BRACKET) * len(core.models)
+        for suffix, factor in NEXT_OUT.items():
+            name = f"{model.name}-{suffix}"
+            if name in race.model_names:
+                config = resolve_model(race, race.model(name), race.seeds[0])
+                assert config.model == chosen.model
+                assert config.optim.lr == pytest.approx(rates[1.0] * factor)
+                assert config.optim.min_lr == pytest.approx(config.optim.lr / 10)
+    suffixes = [*BRACKET, *NEXT_OUT]
+    assert all(any(m.name == f"{c.name}-{s}" for c in core.models for s in suffixes) for m in race.models)
+    assert len(race.models) >= len(BRACKET) * len(core.models)
 
 
 def test_gdn_wide_holds_as_many_state_numbers_as_rdn(studies):

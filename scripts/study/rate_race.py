@@ -195,35 +195,39 @@ def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, see
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = sorted({rate for g in groups for rate in g.models})
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    shown = [g for g in groups if any(seed_values(tables, name, m) for name in g.models.values() for m in metrics)]
+    rates = sorted({rate for g in shown for rate in g.models})
+    palette = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.6), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         info = tables["metrics"][metric]
-        for i, group in enumerate(groups):
-            color = f"C{i}"
+        for i, group in enumerate(shown):
+            color = palette[i % len(palette)]
             xs = sorted(group.models)
             deciding = [seed_values(tables, group.models[r], metric).get(seed, math.nan) for r in xs]
-            ax.plot(xs, deciding, "o-", color=color, label=f"{group.label}, seed {seed}")
+            ax.plot(xs, deciding, "o-", color=color, label=group.label, markersize=4)
             for rate in xs:
                 others = [v for s, v in seed_values(tables, group.models[rate], metric).items() if s != seed]
                 ax.plot([rate] * len(others), others, ".", color=color, alpha=0.6, markersize=7)
             best = winner(tables, group, decide, seed)
             if best is not None:
                 value = seed_values(tables, group.models[best], metric).get(seed)
-                ax.plot([best], [value], "o", markersize=14, markerfacecolor="none", markeredgecolor=color)
+                ax.plot([best], [value], "o", markersize=12, markerfacecolor="none", markeredgecolor=color)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(rates, [rate_text(r) for r in rates])
+        ax.set_xticks(rates, [rate_text(r) for r in rates], rotation=60, fontsize=8)
         ax.minorticks_off()
         ax.set_xlabel("peak learning rate")
         if info.get("bounded"):
             ax.set_ylim(0, 1)
         better = "higher" if info["higher_is_better"] else "lower"
         ax.set_title(f"{metric} ({better} is better)", fontsize=10)
-    axes[0][0].legend(fontsize=8, loc="best")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title=f"seed {seed}",
+               title_fontsize=8)
     fig.suptitle(f"rate race: ringed, the rate each model wins with on seed {seed}'s {decide}; dots, other seeds",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend right of the panels
     plt.close(fig)
 
 
