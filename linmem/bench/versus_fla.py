@@ -28,10 +28,26 @@ that cell "OOM" and the run goes on; any other error is recorded in the cell the
   tokens. linmem's captured decoding is timed too where ``linmem.models.decoding`` has it: ``captured_generate``
   (its graph captured inside the timed call) and a reused ``StaticDecoder`` (captured before the clock starts); the
   tokens of each are checked against linmem's uncaptured greedy tokens. Each generator runs once untimed (a few
-  tokens) before its timed run. The last column gives the share of FLA's tokens that linmem's match (bfloat16 may
-  flip near-ties of the flat logits of FLA's initialisation; far below 100% points at a broken path). Where
-  transformers hands the cache over as ``cache=``, which FLA 0.6.0 does not read, the bench routes it to FLA's
-  ``past_key_values`` (``route_generation_cache``) and says so.
+  tokens) before its timed run. Where transformers hands the cache over as ``cache=``, which FLA 0.6.0 does not
+  read, the bench routes it to FLA's ``past_key_values`` (``route_generation_cache``) and says so.
+
+  Agreement. Free-running greedy sequences part for good at the first flipped argmax, and the flat logits of FLA's
+  initialisation flip under bfloat16 rounding, so the bench also checks each step on FLA's own prefix: FLA runs
+  first; after its timed run, both models score the prompt P followed by FLA's new tokens F in one forward each
+  (``teacher_forced``: no cache, the decode's dtype, logits scored one position at a time). Each cell's
+  ``teacher_forced`` holds, per row and new token (lists ``[B][new tokens]``), the model's ``argmax`` there, its
+  ``below_fla`` (top-1 logit minus the logit of FLA's token, 0 where that token is its argmax), its ``top2_margin``
+  (top-1 minus top-2) and its ``top`` logit; linmem's is absent when FLA's cell failed. The row
+  (``decode_agreement``) adds ``fla_token_agreement`` (the share of FLA's free-running tokens that linmem's equal),
+  ``first_differences`` (per row, the index of the first new token where they differ, None where equal) and
+  ``first_difference`` (their earliest, None when every row is equal); with both teacher-forced summaries:
+  ``teacher_forced_agreement`` (the share of new-token positions where linmem's argmax on FLA's prefix is FLA's
+  token), ``fla_teacher_forced_agreement`` (the same for FLA's own argmax: its parallel forward against its
+  recurrent decoding), ``disagreements`` (how many positions linmem's argmax was not FLA's token), and over those
+  positions ``linmem_margin`` and ``fla_margin`` (``{"median", "max"}`` of linmem's ``below_fla`` and of FLA's
+  ``top2_margin``; None without disagreements) and ``rounding_spacing`` (the spacing of the decode's dtype at the
+  largest top-1 logit of either model there). Margins below that spacing are near ties that rounding decides; far
+  larger ones point at a real difference in decoding.
 
 Ratios are linmem / FLA: above 1 linmem is slower or larger (time, memory), and faster for tokens/s.
 
@@ -53,6 +69,7 @@ import argparse
 import copy
 import functools
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -279,21 +296,52 @@ def route_generation_cache(model: torch.nn.Module) -> dict:
     return seen
 
 
+@torch.no_grad()
+def teacher_forced(model: torch.nn.Module, prompt: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """Score ``tokens [B, N]`` (FLA's new tokens) after ``prompt [B, P]`` in one forward of ``P + N − 1`` tokens
+    (``use_cache=False``, the model's own dtype), keeping the N logits that predict them. Each position's logits
+    ``[B, vocab]`` are reduced and dropped before the next; no float32 copy of all logits is made. Returns lists
+    ``[B][N]``: ``argmax`` (the model's greedy choice there), ``below_fla`` (top-1 logit minus the logit of the
+    token of ``tokens`` there), ``top2_margin`` (top-1 minus top-2 logit) and ``top`` (the top-1 logit)."""
+    model.eval()
+    tokens = tokens.to(prompt.device)
+    count = tokens.shape[1]
+    ids = torch.cat([prompt, tokens[:, :-1]], dim=1)
+    logits = model(ids, use_cache=False, logits_to_keep=count).logits  # [B, N, vocab]
+    columns = dict(argmax=[], below_fla=[], top2_margin=[], top=[])
+    for position in range(count):
+        step = logits[:, position]  # [B, vocab]: predicts tokens[:, position]
+        best = step.topk(min(2, step.shape[-1]), dim=-1).values.float()  # [B, 2]
+        given = step.gather(1, tokens[:, position, None]).float()[:, 0]
+        columns["argmax"].append(step.argmax(dim=-1))
+        columns["below_fla"].append(best[:, 0] - given)
+        columns["top2_margin"].append(best[:, 0] - best[:, -1])
+        columns["top"].append(best[:, 0])
+    del logits
+    return {name: torch.stack(values, dim=1).tolist() for name, values in columns.items()}
+
+
 def fla_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
-    """FLA's ``generate()``; ``cache_routed``: whether ``route_generation_cache`` had to pass the cache on."""
+    """FLA's ``generate()``, then ``teacher_forced`` on its own new tokens; ``cache_routed``: whether
+    ``route_generation_cache`` had to pass the cache on."""
     seen = route_generation_cache(model)
     tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, prompt.shape[0], device)
-    return dict(numbers, tokens=tokens.tolist(), cache_routed=seen["routed"])
+    return dict(numbers, tokens=tokens.tolist(), cache_routed=seen["routed"],
+                teacher_forced=teacher_forced(model, prompt, tokens))
 
 
-def linmem_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+def linmem_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device,
+                  fla_tokens: list[list[int]] | None = None) -> dict:
     """linmem's ``generate()`` and, where they exist, its captured decoding on the same model and prompt:
     ``captured`` (``captured_generate``, which captures its graph inside each call) and ``reused`` (one
     ``StaticDecoder`` built and captured before the clock starts, as a server would keep it); the tokens of each are
-    compared with the uncaptured ones (``agrees``)."""
+    compared with the uncaptured ones (``agrees``). With ``fla_tokens [B][new_tokens]`` (FLA's greedy tokens),
+    ``teacher_forced`` scores them as well."""
     batch = prompt.shape[0]
     tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, batch, device)
     result = dict(numbers, tokens=tokens.tolist(), captured=None, reused=None)
+    if fla_tokens is not None:
+        result["teacher_forced"] = teacher_forced(model, prompt, torch.tensor(fla_tokens))
     captured_generate, static_decoder = captured_decoding()
     generators = {}
     if captured_generate is not None:
@@ -419,19 +467,20 @@ class Run:
         args, device = self.args, self.device
         prompt = random_tokens(args.seed, batch, PROMPT_TOKENS, shape.vocab, device)
         row = dict(shape=shape.name, batch=batch, prompt=PROMPT_TOKENS, new_tokens=args.decode_tokens)
-        for who, build, measure in (("fla", shape.fla, fla_decode), ("linmem", shape.linmem, linmem_decode)):
+        measures = dict(fla=(shape.fla, lambda model: fla_decode(model, prompt, args.decode_tokens, device)),
+                        linmem=(shape.linmem, lambda model: linmem_decode(
+                            model, prompt, args.decode_tokens, device,
+                            row["fla"]["tokens"] if ok(row.get("fla")) else None)))
+        for who, (build, measure) in measures.items():  # FLA first: linmem's teacher-forced check reads its tokens
             if self.may_start(f"{shape.name} decode B={batch} {who}"):
-                row[who] = isolated(lambda build=build: build(self.compute_dtype),
-                                    lambda model, measure=measure: measure(model, prompt, args.decode_tokens, device),
-                                    device)
+                row[who] = isolated(lambda build=build: build(self.compute_dtype), measure, device)
                 self.save()
         fla, linmem = row.get("fla"), row.get("linmem")
         if ok(fla) and fla["cache_routed"] and not any("cache=" in note for note in self.report["notes"]):
             self.note("transformers passes the generation cache as cache=, which FLA 0.6.0's forward does not read: "
                       "the bench routed it to FLA's past_key_values")
         if ok(fla) and ok(linmem):
-            same = torch.tensor(fla["tokens"]) == torch.tensor(linmem["tokens"])
-            row["fla_token_agreement"] = same.double().mean().item()
+            row.update(decode_agreement(fla, linmem, self.compute_dtype))
         self.report["decode"].append(row)
         print(format_decode([row]), flush=True)
         self.save()
@@ -439,6 +488,42 @@ class Run:
 
 def ok(cell: dict | None) -> bool:
     return cell is not None and cell["status"] == "ok"
+
+
+def dtype_spacing(value: float, dtype: torch.dtype) -> float:
+    """The gap between ``dtype``'s representable numbers at ``value``'s magnitude (its unit in the last place)."""
+    info = torch.finfo(dtype)
+    _, exponent = math.frexp(max(abs(value), info.tiny))  # magnitude in [2^(exponent − 1), 2^exponent)
+    return info.eps * 2.0 ** (exponent - 1)
+
+
+def decode_agreement(fla: dict, linmem: dict, dtype: torch.dtype) -> dict:
+    """How far linmem's decoding follows FLA's, from the two decode cells (tokens ``[B][N]`` each and, where present,
+    their ``teacher_forced`` summaries) and the decode's ``dtype``; the keys are listed in the module docstring."""
+    fla_tokens, linmem_tokens = torch.tensor(fla["tokens"]), torch.tensor(linmem["tokens"])
+    same = fla_tokens == linmem_tokens  # [B, N]
+    first_differences = [None if bool(equal.all()) else int((~equal).nonzero()[0, 0]) for equal in same]
+    parted = [index for index in first_differences if index is not None]
+    row = dict(fla_token_agreement=same.double().mean().item(), first_differences=first_differences,
+               first_difference=min(parted) if parted else None)
+    if "teacher_forced" not in fla or "teacher_forced" not in linmem:
+        return row
+    fla_forced, linmem_forced = fla["teacher_forced"], linmem["teacher_forced"]
+    hits = torch.tensor(linmem_forced["argmax"]) == fla_tokens
+    misses = ~hits
+    row.update(teacher_forced_agreement=hits.double().mean().item(),
+               fla_teacher_forced_agreement=(torch.tensor(fla_forced["argmax"]) == fla_tokens).double().mean().item(),
+               disagreements=int(misses.sum()), linmem_margin=None, fla_margin=None, rounding_spacing=None)
+    if misses.any():
+        def spread(values: list[list[float]]) -> dict:
+            chosen = torch.tensor(values, dtype=torch.float64)[misses].tolist()
+            return dict(median=statistics.median(chosen), max=max(chosen))
+
+        largest_top = max(torch.tensor(forced["top"], dtype=torch.float64)[misses].abs().max().item()
+                          for forced in (fla_forced, linmem_forced))
+        row.update(linmem_margin=spread(linmem_forced["below_fla"]), fla_margin=spread(fla_forced["top2_margin"]),
+                   rounding_spacing=dtype_spacing(largest_top, dtype))
+    return row
 
 
 def settings_of(args: argparse.Namespace, backend: str) -> dict:
@@ -516,11 +601,11 @@ def format_decode(rows: list[dict]) -> str:
     header = ["shape", "B", "new tokens", "FLA tokens/s", "linmem tokens/s", "linmem / FLA"]
     for name in ("captured", "reused"):
         header += [f"{name} tokens/s", f"{name} / FLA", f"{name} tokens"]
-    header.append("linmem = FLA tokens")
+    header += ["linmem = FLA tokens", "first difference", "teacher-forced agree (FLA's own)",
+               "linmem margin median / max", "FLA top-2 margin median / max", "spacing at logit"]
     body = []
     for r in rows:
         fla, linmem = r.get("fla"), r.get("linmem")
-        agreement = r.get("fla_token_agreement")
         line = [r["shape"], str(r["batch"]), str(r["new_tokens"]), _cell(fla, "tokens_per_s"),
                 _cell(linmem, "tokens_per_s"), _ratio(linmem, fla, "tokens_per_s")]
         for name in ("captured", "reused"):
@@ -531,8 +616,32 @@ def format_decode(rows: list[dict]) -> str:
             other = dict(other, status="ok")
             line += [_cell(other, "tokens_per_s"), _ratio(other, fla, "tokens_per_s"),
                      "agree" if other["agrees"] else "DIFFER"]
-        body.append(line + ["–" if agreement is None else f"{agreement:.0%}"])
+        body.append(line + _agreement_cells(r))
     return _table(header, body)
+
+
+def _agreement_cells(row: dict) -> list[str]:
+    """The decode table's agreement columns of one row (``decode_agreement``'s keys); dashes where absent."""
+    if "fla_token_agreement" not in row:
+        return ["–"] * 6
+    first = row["first_difference"]
+    cells = [f"{row['fla_token_agreement']:.0%}", "none" if first is None else f"token {first}"]
+    if "teacher_forced_agreement" not in row:
+        return cells + ["–"] * 4
+    cells.append(f"{row['teacher_forced_agreement']:.0%} ({row['fla_teacher_forced_agreement']:.0%})")
+    for key in ("linmem_margin", "fla_margin"):
+        spread = row[key]
+        cells.append("–" if spread is None else f"{spread['median']:.3g} / {spread['max']:.3g}")
+    spacing = row["rounding_spacing"]
+    return cells + ["–" if spacing is None else f"{spacing:.3g}"]
+
+
+DECODE_RULE = ("First difference: the first new token (from 0, earliest row) where linmem's free-running tokens "
+               "leave FLA's; teacher-forced agree: the share of new tokens that linmem, given FLA's tokens so far, "
+               "predicts as FLA did (in brackets FLA's own parallel forward against its decoding); at the "
+               "positions where it does not, a linmem margin (its top logit minus FLA's token's) and an FLA top-2 "
+               "margin below the spacing of the decode's dtype at that logit size (last column) mean a near tie "
+               "that rounding decided, and far larger margins a real difference in decoding.")
 
 
 def header_lines(report: dict) -> list[str]:
@@ -558,6 +667,8 @@ def markdown(report: dict) -> str:
                                                                              format_decode)):
         if report[key]:
             parts += [f"## {title}", "", format_rows(report[key]), ""]
+            if key == "decode":
+                parts += [DECODE_RULE, ""]
     if report["skipped"]:
         parts += ["Skipped (budget spent):", "", *(f"- {what}" for what in report["skipped"]), ""]
     return "\n".join(parts + ["```", report["command"], "```", ""])
