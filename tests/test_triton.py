@@ -262,8 +262,9 @@ def test_sequential_pass_launch_options(monkeypatch):
     monkeypatch.setattr(function, "_multiprocessors", lambda: 132)
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
+        keys_once = {"KEYS_ONCE": False} if name == "backward_states" else {}  # off unless a row turns it on
         assert _resolved(name, torch.bfloat16) == (
-            {"BV": function.SEQUENTIAL_WIDEST[name]}, {"num_warps": 4, "num_stages": 2})
+            {"BV": function.SEQUENTIAL_WIDEST[name], **keys_once}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8
 
 
@@ -311,6 +312,38 @@ def test_key_and_value_widths(K, V, rule):
     """Key widths that are not powers of two: one padded key block (48), two blocks of 64 with a partial second
     (80), four blocks with a partial fourth (200); value widths split into several value blocks, the last partial."""
     compare(make_inputs(1, 66, 1, K, V, seed=6), True, rule=rule)
+
+
+MEMORIES = {"GDN": ("delta", False), "RDN": ("delta", True), "RLA": ("additive", True), "sGLA": ("additive", False)}
+
+
+@pytest.mark.parametrize("memory, K, packed", [("GDN", 80, True), ("RDN", 80, True), ("RLA", 80, True),
+                                               ("sGLA", 80, True), ("RDN", 200, False), ("GDN", 200, False)])
+def test_reverse_pass_keys_once(memory, K, packed, monkeypatch):
+    """KEYS_ONCE (the reverse pass loads each key block once for its read and its update) against float64, for
+    every memory: the delta rule and the additive one, the residual memory's error out and the base memory's error
+    in; two key blocks (the second partial) over packed sequences (an empty one, one shorter than a chunk, one over
+    three chunks), or four (the fourth partial) over two sequences of two chunks; initial and final states and every
+    gradient. The reverse passes are launched with the option."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], KEYS_ONCE=True))
+    launches = _Recorded(function.reverse_pass_kernel)
+    monkeypatch.setattr(function, "reverse_pass_kernel", launches)
+    rule, residual = MEMORIES[memory]
+    options = {}
+    if packed:
+        inputs = make_inputs(1, 180, 2, K, 16, seed=30)
+        gen = torch.Generator().manual_seed(31)
+        for name in ("S0", "R0"):
+            inputs[name] = 0.3 * torch.randn(5, 2, 16, K, generator=gen, dtype=torch.float64)
+        options["cu_seqlens"] = torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE)
+    else:
+        inputs = make_inputs(2, 100, 2, K, 16, seed=32)
+    compare(inputs, residual, rule=rule, **options)
+    assert len(launches.calls) == 1 + residual
+    assert all(kwargs["KEYS_ONCE"] is True for _, kwargs in launches.calls)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -610,8 +643,8 @@ def test_sweep_variants_each_change_one_default(K, V):
     """Every variant of the benchmark's sweep changes one kernel's launch options, to something other than the
     row of KERNEL_OPTIONS at the swept widths (a variant equal to it would time the default twice), with no unknown
     option and no variant twice; with K or V over 128 the wide candidates join (value blocks of 32 and 64, 4 or 8
-    warps, one or two stages), the reverse pass without two stages at K = 256; recompute_states is timed the other
-    way too."""
+    warps, one or two stages), the reverse pass in two stages at K = 256 only with KEYS_ONCE; recompute_states is
+    timed the other way too."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -628,8 +661,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     forward = {(o["BV"], o["num_warps"], o["num_stages"]) for v in variants for n, o in v.items() if n == "forward"}
     wide = {(bv, w, st) for bv in (32, 64) for w in (4, 8) for st in (1, 2)}
     assert (wide <= forward) == (max(K, V) > 128)
-    reverse_stages = {o["num_stages"] for v in variants for n, o in v.items() if n == "backward_states"}
-    assert (2 in reverse_stages) == (K <= 128 and V > 128)
+    reverse = {(o["num_stages"], o["KEYS_ONCE"]) for v in variants for n, o in v.items() if n == "backward_states"}
+    assert ((2, False) in reverse) == (K <= 128 and V > 128)
+    assert ((2, True) in reverse) == (K > 128)  # two stages fit at K = 256 with each key tile loaded once
+    assert any(keys_once for _, keys_once in reverse)
 
 
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):

@@ -32,8 +32,10 @@ from linmem.ops.triton.primitives import (
     given,
     load_blocks,
     load_decays,
+    load_key_blocks,
     mm,
     read_blocks,
+    read_loaded_blocks,
     rho_grad,
     sequential_program,
     state_at,
@@ -43,17 +45,17 @@ from linmem.ops.triton.primitives import (
     token_rows,
     token_scores,
     update_blocks,
+    update_loaded_blocks,
 )
 
 
 @triton.jit
-def _input_grad(kp, to_end, s0, s1, s2, s3, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t,
-                H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-                DT: tl.constexpr, DELTA: tl.constexpr, ERR_IN: tl.constexpr):
-    """dx ([C, BV]), the gradient of one memory's write input in a chunk: ``du = diag(e^{b_C − b}) K dSᵀ + Pᵀ ō``
-    (− ``A'ᵀ d_err`` with ERR_IN; ``d_err`` is unused without it), then ``T_σᵀ du`` (delta) or du."""
-    du = to_end * read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-    du += mm(tl.trans(token_scores(scores, tok, i_h, pos, m_t, H, C)), d_read, DT)
+def _input_grad(keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t, H: tl.constexpr,
+                C: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, ERR_IN: tl.constexpr):
+    """dx ([C, BV]), the gradient of one memory's write input in a chunk, from ``keys_read = diag(e^{b_C − b}) K
+    dSᵀ``: ``du = keys_read + Pᵀ ō`` (− ``A'ᵀ d_err`` with ERR_IN; ``d_err`` is unused without it), then ``T_σᵀ du``
+    (delta) or du."""
+    du = keys_read + mm(tl.trans(token_scores(scores, tok, i_h, pos, m_t, H, C)), d_read, DT)
     if ERR_IN:
         du -= mm(tl.trans(token_scores(key_scores, tok, i_h, pos, m_t, H, C)), d_err, DT)
     dx = du
@@ -70,12 +72,14 @@ def reverse_pass_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr, GATED: tl.constexpr,
     TARGET: tl.constexpr, ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, HAS_FINAL: tl.constexpr,
-    STORE_INITIAL: tl.constexpr,
+    STORE_INITIAL: tl.constexpr, KEYS_ONCE: tl.constexpr,
 ):
     """One memory's reverse pass (module docstring). ``d_err_in`` (with ``key_scores``) for the base memory of
     RLA/RDN, ``d_err_out`` (with ``err``) for the residual memory, ``gamma`` only with GATED, ``inverse`` only with
     DELTA; from ``d_final``, or zeros where it is None; the initial state's gradient into ``d_initial`` where
-    given."""
+    given. KEYS_ONCE loads the chunk's key blocks once for the read ``K dSᵀ`` and the update ``Kᵀ(…)``
+    (``load_key_blocks``): the same products, one shared-memory tile per key block in a pipelined loop instead of
+    two, so that two stages fit at K = 256; at one stage the blocks stay live in registers between the two."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
     pos = tl.arange(0, C)
@@ -101,8 +105,13 @@ def reverse_pass_kernel(
         if ERR_IN:
             d_err = token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
         to_end = tl.exp(b_last - bb)[:, None]
-        dx = _input_grad(kp, to_end, s0, s1, s2, s3, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t,
-                         H, K, C, BK, NK, DT, DELTA, ERR_IN)
+        if KEYS_ONCE:
+            k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
+            keys_read = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
+        else:
+            keys_read = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+        dx = _input_grad(to_end * keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t, H, C,
+                         DT, DELTA, ERR_IN)
         store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
         if DELTA or ERR_OUT:
             sigma = token_gate(strength, tok, i_h, pos, m_t, H)
@@ -123,6 +132,9 @@ def reverse_pass_kernel(
                     through_keys += tl.exp(bm)[:, None] * d_err
             else:
                 through_keys = tl.exp(bm)[:, None] * d_err
-            s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
+            if KEYS_ONCE:
+                s0, s1, s2, s3 = update_loaded_blocks(s0, s1, s2, s3, 1.0, k0, k1, k2, k3, -through_keys, NK, DT)
+            else:
+                s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
     if STORE_INITIAL:
         store_blocks(state_at(d_initial, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)

@@ -55,21 +55,24 @@ from linmem.ops.triton.scores import chunk_scores
 # inputs. PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for
 # float32 ones (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles
 # load during this one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys'
-# dk and dq in two launches of one kernel (fewer live accumulators, no register spills). These are the fastest of
-# ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128 (docs/benchmarks/kernels.md); each was
-# checked against float64 on the GPU. recompute_states: the backward runs the forward's state passes again instead
-# of keeping their results (each memory's per-chunk states [NT, H, K, V], the writes u, w and the error err, what
-# ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24 layers at B = 4, T = 2048), at
-# the cost of one more sequential pass per memory. On, as in FLA's own chunked delta rule: in ``versus_fla`` on an
-# H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept stepped in 0.81x FLA's time
-# but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the binding cost
-# (``--sweep`` prints the bytes and times both, never choosing by time alone).
+# dk and dq in two launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (backward_states)
+# loads each [64, 64] key tile of a chunk once for both of its products (the read ``K dSᵀ`` and the delta rule's
+# update): at two stages 64 KiB less shared memory at K = 256 (bf16 GDN 237 -> 173 KiB, RDN's base memory 255 -> 191
+# at BV = 16: two stages fit), at one stage more registers and float32 spills (offline sm_90); off by default, timed
+# by ``--sweep``. These are the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
+# (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
+# forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
+# writes u, w and the error err, what ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24
+# layers at B = 4, T = 2048), at the cost of one more sequential pass per memory. On, as in FLA's own chunked delta
+# rule: in ``versus_fla`` on an H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept
+# stepped in 0.81x FLA's time but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the
+# binding cost (``--sweep`` prints the bytes and times both, never choosing by time alone).
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
     "forward": dict(num_warps=None, num_stages=None, BV=None),
     "output": dict(num_warps=4, num_stages=2, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=None, BV=None),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
@@ -101,7 +104,7 @@ KERNEL_OPTIONS = {
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
         forward=dict(num_warps=4, num_stages=2, BV=32),
         output=dict(num_warps=4, num_stages=2, BV=64),
-        backward_states=dict(num_warps=4, num_stages=1, BV=None),
+        backward_states=dict(num_warps=4, num_stages=1, BV=None, KEYS_ONCE=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
         backward_keys=dict(num_warps=4, num_stages=2, BV=64, BK=None, SPLIT=True),
         decay_grad=dict(num_warps=1, num_stages=1),

@@ -250,6 +250,51 @@ def update_blocks(s0, s1, s2, s3, scale, ptr, pos, m_t, x, H: tl.constexpr, K: t
 
 
 @triton.jit
+def load_key_blocks(ptr, pos, m_t, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
+    """The chunk's key blocks ``X_i`` ([C, BK] each, in the tensor's own type) of a per-token ``[N_tok, H, K]``
+    tensor, loaded once for several products (``read_loaded_blocks``, ``update_loaded_blocks``): one tile per block
+    in a pipelined loop's shared memory, where ``read_blocks`` and ``update_blocks`` on the same rows load it twice.
+    Blocks past NK repeat block 0."""
+    x0 = key_block(ptr, pos, m_t, H, K, BK, 0)
+    x1 = x0
+    x2 = x0
+    x3 = x0
+    if NK > 1:
+        x1 = key_block(ptr, pos, m_t, H, K, BK, 1)
+    if NK > 2:
+        x2 = key_block(ptr, pos, m_t, H, K, BK, 2)
+    if NK > 3:
+        x3 = key_block(ptr, pos, m_t, H, K, BK, 3)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def read_loaded_blocks(x0, x1, x2, x3, s0, s1, s2, s3, NK: tl.constexpr, DT: tl.constexpr):
+    """``read_blocks`` from key blocks already loaded (``load_key_blocks``): ``X Sᵀ`` ([C, BV])."""
+    acc = mm(x0, s0, DT)
+    if NK > 1:
+        acc = mm_acc(acc, x1, s1, DT)
+    if NK > 2:
+        acc = mm_acc(acc, x2, s2, DT)
+    if NK > 3:
+        acc = mm_acc(acc, x3, s3, DT)
+    return acc
+
+
+@triton.jit
+def update_loaded_blocks(s0, s1, s2, s3, scale, x0, x1, x2, x3, x, NK: tl.constexpr, DT: tl.constexpr):
+    """``update_blocks`` from key blocks already loaded (``load_key_blocks``): ``Sᵀ_i ← scale·Sᵀ_i + X_iᵀ x``."""
+    s0 = mm_acc(scale * s0, tl.trans(x0), x, DT)
+    if NK > 1:
+        s1 = mm_acc(scale * s1, tl.trans(x1), x, DT)
+    if NK > 2:
+        s2 = mm_acc(scale * s2, tl.trans(x2), x, DT)
+    if NK > 3:
+        s3 = mm_acc(scale * s3, tl.trans(x3), x, DT)
+    return s0, s1, s2, s3
+
+
+@triton.jit
 def _state_block(ptr, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constexpr, K: tl.constexpr,
                  BK: tl.constexpr, I: tl.constexpr):
     rows = I * BK + tl.arange(0, BK)
