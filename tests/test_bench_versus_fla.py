@@ -272,3 +272,16 @@ def test_without_flas_tokens_linmem_skips_the_teacher_forced_check(fla_decodes_o
     assert row["fla"]["status"].startswith("RuntimeError") and row["linmem"]["status"] == "ok"
     assert "teacher_forced" not in row["linmem"] and "fla_token_agreement" not in row
     assert versus_fla.format_decode([row]).splitlines()[-1].endswith("| – | – | – | – | – | – |")
+
+
+def test_a_failing_teacher_forced_check_keeps_the_cells_speeds(fla_decodes_on_cpu, monkeypatch):
+    def scoring_fails(model, prompt, tokens):
+        raise torch.OutOfMemoryError("no room for the logits")
+
+    monkeypatch.setattr(versus_fla, "teacher_forced", scoring_fails)
+    report = versus_fla.main(DECODE_ONLY + ["--decode-batches", "1"])
+    (row,) = report["decode"]
+    for cell in (row["fla"], row["linmem"]):
+        assert cell["status"] == "ok" and cell["tokens_per_s"] > 0
+        assert cell["teacher_forced"] == {"error": "OutOfMemoryError: no room for the logits"}
+    assert row["fla_token_agreement"] == 1.0 and "teacher_forced_agreement" not in row

@@ -321,13 +321,23 @@ def teacher_forced(model: torch.nn.Module, prompt: torch.Tensor, tokens: torch.T
     return {name: torch.stack(values, dim=1).tolist() for name, values in columns.items()}
 
 
+def guarded_teacher_forced(model: torch.nn.Module, prompt: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """``teacher_forced``, or ``{"error": ...}`` where it raises (out of memory included): the check is a
+    diagnosis, and a failure in it must not cost the cell its decoding speeds."""
+    try:
+        return teacher_forced(model, prompt, tokens)
+    except Exception as error:  # noqa: BLE001 (recorded in the cell; the speeds stay)
+        traceback.print_exc()
+        return {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+
+
 def fla_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
     """FLA's ``generate()``, then ``teacher_forced`` on its own new tokens; ``cache_routed``: whether
     ``route_generation_cache`` had to pass the cache on."""
     seen = route_generation_cache(model)
     tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, prompt.shape[0], device)
     return dict(numbers, tokens=tokens.tolist(), cache_routed=seen["routed"],
-                teacher_forced=teacher_forced(model, prompt, tokens))
+                teacher_forced=guarded_teacher_forced(model, prompt, tokens))
 
 
 def linmem_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, device: torch.device,
@@ -341,7 +351,7 @@ def linmem_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int,
     tokens, numbers = timed_generation(hf_greedy(model, prompt), new_tokens, batch, device)
     result = dict(numbers, tokens=tokens.tolist(), captured=None, reused=None)
     if fla_tokens is not None:
-        result["teacher_forced"] = teacher_forced(model, prompt, torch.tensor(fla_tokens))
+        result["teacher_forced"] = guarded_teacher_forced(model, prompt, torch.tensor(fla_tokens))
     captured_generate, static_decoder = captured_decoding()
     generators = {}
     if captured_generate is not None:
@@ -506,7 +516,7 @@ def decode_agreement(fla: dict, linmem: dict, dtype: torch.dtype) -> dict:
     parted = [index for index in first_differences if index is not None]
     row = dict(fla_token_agreement=same.double().mean().item(), first_differences=first_differences,
                first_difference=min(parted) if parted else None)
-    if "teacher_forced" not in fla or "teacher_forced" not in linmem:
+    if any("argmax" not in cell.get("teacher_forced", {}) for cell in (fla, linmem)):
         return row
     fla_forced, linmem_forced = fla["teacher_forced"], linmem["teacher_forced"]
     hits = torch.tensor(linmem_forced["argmax"]) == fla_tokens
