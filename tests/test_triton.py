@@ -262,9 +262,10 @@ def test_sequential_pass_launch_options(monkeypatch):
     monkeypatch.setattr(function, "_multiprocessors", lambda: 132)
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
-        keys_once = {"KEYS_ONCE": False} if name == "backward_states" else {}  # off unless a row turns it on
+        # the reverse pass's own options are off unless a row turns them on
+        off = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False) if name == "backward_states" else {}
         assert _resolved(name, torch.bfloat16) == (
-            {"BV": function.SEQUENTIAL_WIDEST[name], **keys_once}, {"num_warps": 4, "num_stages": 2})
+            {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8
 
 
@@ -317,33 +318,45 @@ def test_key_and_value_widths(K, V, rule):
 MEMORIES = {"GDN": ("delta", False), "RDN": ("delta", True), "RLA": ("additive", True), "sGLA": ("additive", False)}
 
 
-@pytest.mark.parametrize("memory, K, packed", [("GDN", 80, True), ("RDN", 80, True), ("RLA", 80, True),
-                                               ("sGLA", 80, True), ("RDN", 200, False), ("GDN", 200, False)])
-def test_reverse_pass_keys_once(memory, K, packed, monkeypatch):
-    """KEYS_ONCE (the reverse pass loads each key block once for its read and its update) against float64, for
-    every memory: the delta rule and the additive one, the residual memory's error out and the base memory's error
-    in; two key blocks (the second partial) over packed sequences (an empty one, one shorter than a chunk, one over
-    three chunks), or four (the fourth partial) over two sequences of two chunks; initial and final states and every
-    gradient. The reverse passes are launched with the option."""
+KEYS_ONCE, ONE_KEY_BLOCK = dict(KEYS_ONCE=True), dict(ONE_KEY_BLOCK=True)
+BOTH = dict(KEYS_ONCE=True, ONE_KEY_BLOCK=True)
+
+
+@pytest.mark.parametrize("options, memory, K, packed", [
+    (KEYS_ONCE, "GDN", 80, True), (KEYS_ONCE, "RDN", 80, True), (KEYS_ONCE, "RLA", 80, True),
+    (KEYS_ONCE, "sGLA", 80, True), (KEYS_ONCE, "RDN", 200, False), (KEYS_ONCE, "GDN", 200, False),
+    (ONE_KEY_BLOCK, "RDN", 80, True), (ONE_KEY_BLOCK, "GDN", 200, False),
+    (BOTH, "GDN", 80, True), (BOTH, "RLA", 80, True), (BOTH, "sGLA", 80, True), (BOTH, "RDN", 200, False),
+], ids=lambda value: "+".join(value) if isinstance(value, dict) else None)
+def test_reverse_pass_options(options, memory, K, packed, monkeypatch):
+    """The reverse pass's launch options against float64 for every memory (the delta rule and the additive one,
+    the residual memory's error out and the base memory's error in): KEYS_ONCE (each key block loaded once for the
+    read and the update), ONE_KEY_BLOCK (dSᵀ as one [K, BV] tile) and both; two key blocks of 64 (the second
+    partial) over packed sequences (an empty one, one shorter than a chunk, one over three chunks), or four (the
+    fourth partial) over two sequences of two chunks; initial and final states and every gradient. The reverse
+    passes are launched with the options (one block of K's power of two with ONE_KEY_BLOCK)."""
     from linmem.ops.triton import function
 
     for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], KEYS_ONCE=True))
+        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], **options))
     launches = _Recorded(function.reverse_pass_kernel)
     monkeypatch.setattr(function, "reverse_pass_kernel", launches)
     rule, residual = MEMORIES[memory]
-    options = {}
+    extra = {}
     if packed:
         inputs = make_inputs(1, 180, 2, K, 16, seed=30)
         gen = torch.Generator().manual_seed(31)
         for name in ("S0", "R0"):
             inputs[name] = 0.3 * torch.randn(5, 2, 16, K, generator=gen, dtype=torch.float64)
-        options["cu_seqlens"] = torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE)
+        extra["cu_seqlens"] = torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE)
     else:
         inputs = make_inputs(2, 100, 2, K, 16, seed=32)
-    compare(inputs, residual, rule=rule, **options)
+    compare(inputs, residual, rule=rule, **extra)
     assert len(launches.calls) == 1 + residual
-    assert all(kwargs["KEYS_ONCE"] is True for _, kwargs in launches.calls)
+    one_block = options.get("ONE_KEY_BLOCK", False)
+    for _, kwargs in launches.calls:
+        assert kwargs["KEYS_ONCE"] is options.get("KEYS_ONCE", False)
+        assert (kwargs["BK"], kwargs["NK"]) == ((triton.next_power_of_2(K), 1) if one_block else (64, -(-K // 64)))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

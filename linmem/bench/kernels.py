@@ -619,11 +619,12 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     inverse += [dict(num_warps=2, num_stages=1, PRECISION=None)]  # two warps
     # the reverse passes: the same, and (where BV=None picks 64: N·H·V/64 programs fill half the GPU) 32, or 64 at
     # 8 warps; KEYS_ONCE loads each key tile once per chunk for both of its products (less shared memory at two
-    # stages, more registers at one)
-    reverse = [dict(o, KEYS_ONCE=False) for o in sequential]
-    reverse += [dict(num_warps=None, num_stages=None, BV=32, KEYS_ONCE=False),
-                dict(num_warps=8, num_stages=None, BV=64, KEYS_ONCE=False),
-                dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True)]
+    # stages, more registers at one); ONE_KEY_BLOCK holds dSᵀ as one [K, BV] tile (one dot per product and chunk)
+    reverse = [dict(o, KEYS_ONCE=False, ONE_KEY_BLOCK=False) for o in sequential]
+    reverse += [dict(num_warps=None, num_stages=None, BV=32, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
+                dict(num_warps=8, num_stages=None, BV=64, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
+                dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True, ONE_KEY_BLOCK=False),
+                dict(num_warps=8, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=True)]
     variants = ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
                 + [{"inverse": o} for o in inverse]
                 + [{"scores": dict(num_warps=2, num_stages=1)}]
@@ -661,17 +662,20 @@ def wide_variants(key_dim: int) -> list[dict]:
     """Candidates for heads with K or V over 128, whose row started from the K = 128 sweep (value blocks of 16 in
     the sequential passes and one stage at K > 128, ``function._sequential_block`` and ``_pipeline_stages``): value
     blocks of 32 and 64, 4 or 8 warps, one or two stages, for the sequential passes, the read-out and the backward
-    kernels. The reverse pass at K > 128 gets two stages only with KEYS_ONCE (BV 16 and 32): without it two asked
-    for 237–277 KiB of shared memory at K = 256 with BV = 16 on an H200 (the limit is 227 KiB), more with wider
-    blocks; with it 173–205 KiB (offline sm_90 compiles, bf16, BV 16 and 32, no spills at 4 warps; BV = 64 spills at
-    either warp count). A variant that does not compile is reported and not chosen."""
+    kernels. The reverse pass at K > 128 gets two stages only with KEYS_ONCE (BV 16 and 32; with ONE_KEY_BLOCK at 8
+    warps): without it two asked for 237–277 KiB of shared memory at K = 256 with BV = 16 on an H200 (the limit is
+    227 KiB), more with wider blocks; with it 173–209 KiB (offline sm_90 compiles, bf16, no spills; BV = 64 spills).
+    A variant that does not compile is reported and not chosen."""
     grid = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)]
     reverse_stages = (1,) if key_dim > 128 else (1, 2)
-    keys_once = [(bv, warps, 2) for bv in (16, 32) for warps in (4, 8)] if key_dim > 128 else []
-    return ([{"forward": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
-            + [{"backward_states": dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False)} for bv, w, st in grid
+    keys_once = []
+    if key_dim > 128:
+        keys_once = [(bv, warps, False) for bv in (16, 32) for warps in (4, 8)] + [(16, 8, True), (32, 8, True)]
+    reverse = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, ONE_KEY_BLOCK=False) for bv, w, st in grid
                if st in reverse_stages]
-            + [{"backward_states": dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=True)} for bv, w, st in keys_once]
+    reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one) for bv, w, one in keys_once]
+    return ([{"forward": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
+            + [{"backward_states": o} for o in reverse]
             + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
             + [{"backward_scores": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
             + [{"backward_keys": dict(num_warps=w, num_stages=st, BV=bv, BK=None, SPLIT=True)}

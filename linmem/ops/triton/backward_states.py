@@ -2,7 +2,9 @@
 forwards.
 
 ``reverse_pass_kernel``: one program per (sequence, head, block of BV value columns), chunks in reverse order,
-holding ``dSᵀ`` as key blocks ``[BK, BV]`` (float32): the gradient of the state at the end of the chunk. For a memory
+holding ``dSᵀ`` as key blocks ``[BK, BV]`` (float32): the gradient of the state at the end of the chunk. The blocks
+are those of the other sequential passes (up to four of 64 keys), or with the launch option ONE_KEY_BLOCK
+(function.py) one of all K keys, so that each product below is one dot per chunk. For a memory
 with write strength σ, read-out gradient ``ō`` (``scale·dO``, times γ for the gated residual read) read with decay
 ``e^e`` and score matrix P, and ``K̃ = diag(e^{b_C − b}) K``:
 

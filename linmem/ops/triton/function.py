@@ -50,16 +50,19 @@ from linmem.ops.triton.scores import chunk_scores
 
 # Launch options per kernel on a GPU (``linmem.bench.kernels --sweep`` times alternatives; the interpreter ignores
 # them). BV: value columns per program. The sequential passes (forward, backward_states) hold one state as [64, BV]
-# float32 key blocks; BV=None there picks it per call (``_sequential_block``), num_warps=None 4 (8 for float32
-# inputs, whose tiles take twice the registers). BK=None: 64 key columns per program of backward_keys, 32 for float32
-# inputs. PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for
-# float32 ones (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles
-# load during this one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys'
-# dk and dq in two launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (backward_states)
-# loads each [64, 64] key tile of a chunk once for both of its products (the read ``K dSᵀ`` and the delta rule's
-# update): at two stages 64 KiB less shared memory at K = 256 (bf16 GDN 237 -> 173 KiB, RDN's base memory 255 -> 191
-# at BV = 16: two stages fit), at one stage more registers and float32 spills (offline sm_90); off by default, timed
-# by ``--sweep``. These are the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
+# float32 key blocks; BV=None there picks it per call (``_sequential_block``), num_warps=None 4 (8 for float32 inputs,
+# whose tiles take twice the registers). BK=None: 64 key columns per program of backward_keys, 32 for float32 inputs.
+# PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for float32 ones
+# (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles load during this
+# one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys' dk and dq in two
+# launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (backward_states) loads each [64, 64]
+# key tile of a chunk once for both of its products (the read ``K dSᵀ`` and the delta rule's update): at two stages
+# 64 KiB less shared memory at K = 256 (bf16 GDN 237 -> 173 KiB, RDN's base memory 255 -> 191 at BV = 16: two stages
+# fit), at one stage more registers and float32 spills (offline sm_90). ONE_KEY_BLOCK (backward_states) holds dSᵀ as one
+# [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: each chunk's read and updates are
+# one dot each instead of one per key block (GDN: 5 dots a chunk, not 14; the compiled loop waits for each before the
+# next); at K = 256 it wants 8 warps (4 spill at one stage or BV = 32). Both are off by default, timed by ``--sweep``.
+# These are the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
 # (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
 # writes u, w and the error err, what ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24
@@ -72,7 +75,7 @@ TUNED_AT_128 = {
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
     "forward": dict(num_warps=None, num_stages=None, BV=None),
     "output": dict(num_warps=4, num_stages=2, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
@@ -104,7 +107,7 @@ KERNEL_OPTIONS = {
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
         forward=dict(num_warps=4, num_stages=2, BV=32),
         output=dict(num_warps=4, num_stages=2, BV=64),
-        backward_states=dict(num_warps=4, num_stages=1, BV=None, KEYS_ONCE=False),
+        backward_states=dict(num_warps=4, num_stages=1, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
         backward_keys=dict(num_warps=4, num_stages=2, BV=64, BK=None, SPLIT=True),
         decay_grad=dict(num_warps=1, num_stages=1),
@@ -319,6 +322,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     d_base_chunks = _buf(per_chunk, dev, flags.store_dtype)
     d_base0 = _buf(initial, dev) if initial_grads[0] else None
     blocks, launch = _options("backward_states", **widths, dtype=k.dtype, sequences=layout.num_seqs * heads)
+    if blocks.pop("ONE_KEY_BLOCK"):  # dSᵀ as one [K, BV] tile: one dot per product and chunk, not one per 64 keys
+        bk, nk = _layout.key_block(key_dim), 1
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(q=q, k=k, do=do, b=b, g=g, gamma=gamma, cu_seqlens=layout.cu_seqlens,
                   chunk_offsets=layout.chunk_offsets, scale=scale, clip=flags.clip,
