@@ -887,3 +887,35 @@ def test_profile_methods_are_checked_before_any_work():
     for bad in ("linmem XYZ", "FLA GDN 2V"):
         with pytest.raises(SystemExit):
             bench.main(["--profile", "--profile-methods", bad])
+
+
+def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
+    """``--sweep-kernels backward_states`` times the reverse pass's variants only (fewer compiles: a sweep that fits a
+    short GPU budget); an unknown kernel name stops the run before any work."""
+    import linmem.bench.kernels as bench
+
+    monkeypatch.setattr(bench, "SWEPT", bench.SWEPT)
+    monkeypatch.setattr(bench, "HEAD_DIM", bench.HEAD_DIM)
+    monkeypatch.setattr(bench, "VALUE_DIM", bench.VALUE_DIM)
+    monkeypatch.setattr(bench, "HEADS", bench.HEADS)
+    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):  # main sets them; restored after the test
+        monkeypatch.delenv(name, raising=False)
+    try:
+        import fla.ops.common.chunk_o as fla_chunk_o
+
+        monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", fla_chunk_o.TRITON_ABOVE_3_7_1)
+    except ImportError:
+        pass
+    with pytest.raises(SystemExit):
+        bench.main(["--sweep", "--sweep-kernels", "backward_states,reverse"])
+    seen = {}
+
+    def stop_at_the_compiles(variants, *args, **kwargs):
+        seen["variants"] = variants
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bench, "warm_and_check", stop_at_the_compiles)
+    with pytest.raises(RuntimeError, match="stop here"):
+        bench.main(["--sweep", "--sweep-kernels", "backward_states", "--head-dim", "256", "--heads", "2"])
+    assert seen["variants"] and {next(iter(v)) for v in seen["variants"]} == {"backward_states"}
+    assert seen["variants"] == [v for v in bench.sweep_variants(256, 256) if "backward_states" in v]

@@ -14,6 +14,8 @@ One run does five things, so that one GPU session answers both "is it right" and
    widths (``--head-dim``, ``--value-dim``) and keeps, per kernel, the one with the smallest sum; it prints the
    row of ``KERNEL_OPTIONS`` (linmem.ops.triton.function, one row per width class) to paste, e.g.
    ``--sweep --heads 8 --head-dim 256`` for GDN-1.3B's heads or ``--head-dim 128 --value-dim 256`` for GLA-340M's;
+   ``--swept`` times fewer methods and ``--sweep-kernels`` (e.g. ``backward_states``) one kernel's variants only,
+   for a sweep that fits a short budget;
 3. optionally (``--profile``) prints per-kernel times of one RDN and one RLA forward+backward;
 4. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
    head dim 128 (``--heads``, ``--head-dim``, ``--value-dim``), bf16: linmem RLA/RDN (and its own sGLA/GDN,
@@ -1051,6 +1053,9 @@ def main(argv=None) -> None:
     parser.add_argument("--swept", default=",".join(SWEPT),
                         help="the linmem methods --sweep compiles and times under every variant (fewer: a sweep "
                              "that fits a shorter budget; the chosen row then rests on these only)")
+    parser.add_argument("--sweep-kernels", default=None,
+                        help="a comma list of the row's kernel names (forward, backward_states, ...): --sweep times "
+                             "only their variants, the other kernels keep the row's options (default: every kernel)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times of fwd+bwd (--profile-methods)")
     parser.add_argument("--profile-methods", default="linmem RDN,linmem RLA",
                         help="the methods --profile profiles, at the timed widths (not the 2V methods)")
@@ -1081,6 +1086,13 @@ def main(argv=None) -> None:
         parser.error(f"--swept: a comma list of {', '.join(SWEPT)}; got {args.swept!r}")
     _set_swept(swept)
     _set_shape(args.heads, args.head_dim, args.value_dim)
+    if args.sweep_kernels is not None:
+        from linmem.ops.triton import function
+
+        sweep_kernels = args.sweep_kernels.split(",")
+        known = [name for name in function.kernel_options(HEAD_DIM, VALUE_DIM) if name != "recompute_states"]
+        if not set(sweep_kernels) <= set(known):
+            parser.error(f"--sweep-kernels: a comma list of {', '.join(known)}; got {args.sweep_kernels!r}")
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
@@ -1092,6 +1104,8 @@ def main(argv=None) -> None:
     left = lambda: args.budget - (time.time() - start)  # noqa: E731
     lengths = [int(t) for t in args.lengths.split(",")]
     variants = sweep_variants(HEAD_DIM, VALUE_DIM) if args.sweep else []
+    if args.sweep_kernels is not None:
+        variants = [v for v in variants if next(iter(v)) in sweep_kernels]
     correctness, failures = warm_and_check(variants, args.workers, args.skip_check, args.quick_check, lengths,
                                            args.tokens, deadline=start + 0.6 * args.budget,
                                            methods=args.methods.split(","))
