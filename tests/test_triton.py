@@ -262,8 +262,8 @@ def test_sequential_pass_launch_options(monkeypatch):
     monkeypatch.setattr(function, "_multiprocessors", lambda: 132)
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
-        # the reverse pass's own options are off unless a row turns them on
-        off = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False) if name == "backward_states" else {}
+        # the passes' own options are off unless a row turns them on
+        off = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False) if name == "backward_states" else dict(KEYS_ONCE=False)
         assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8
@@ -318,6 +318,19 @@ def test_key_and_value_widths(K, V, rule):
 MEMORIES = {"GDN": ("delta", False), "RDN": ("delta", True), "RLA": ("additive", True), "sGLA": ("additive", False)}
 
 
+def _option_case(K, packed):
+    """(inputs, options) of a launch-option test at key width K (16 values, two heads): packed sequences (an empty
+    one, one shorter than a chunk, one over three chunks; ``cu_seqlens``) with initial states, or two sequences of
+    two chunks."""
+    if not packed:
+        return make_inputs(2, 100, 2, K, 16, seed=32), {}
+    inputs = make_inputs(1, 180, 2, K, 16, seed=30)
+    gen = torch.Generator().manual_seed(31)
+    for name in ("S0", "R0"):
+        inputs[name] = 0.3 * torch.randn(5, 2, 16, K, generator=gen, dtype=torch.float64)
+    return inputs, dict(cu_seqlens=torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE))
+
+
 KEYS_ONCE, ONE_KEY_BLOCK = dict(KEYS_ONCE=True), dict(ONE_KEY_BLOCK=True)
 BOTH = dict(KEYS_ONCE=True, ONE_KEY_BLOCK=True)
 
@@ -342,21 +355,35 @@ def test_reverse_pass_options(options, memory, K, packed, monkeypatch):
     launches = _Recorded(function.reverse_pass_kernel)
     monkeypatch.setattr(function, "reverse_pass_kernel", launches)
     rule, residual = MEMORIES[memory]
-    extra = {}
-    if packed:
-        inputs = make_inputs(1, 180, 2, K, 16, seed=30)
-        gen = torch.Generator().manual_seed(31)
-        for name in ("S0", "R0"):
-            inputs[name] = 0.3 * torch.randn(5, 2, 16, K, generator=gen, dtype=torch.float64)
-        extra["cu_seqlens"] = torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE)
-    else:
-        inputs = make_inputs(2, 100, 2, K, 16, seed=32)
+    inputs, extra = _option_case(K, packed)
     compare(inputs, residual, rule=rule, **extra)
     assert len(launches.calls) == 1 + residual
     one_block = options.get("ONE_KEY_BLOCK", False)
     for _, kwargs in launches.calls:
         assert kwargs["KEYS_ONCE"] is options.get("KEYS_ONCE", False)
         assert (kwargs["BK"], kwargs["NK"]) == ((triton.next_power_of_2(K), 1) if one_block else (64, -(-K // 64)))
+
+
+@pytest.mark.parametrize("memory, K, packed", [("GDN", 80, True), ("RDN", 80, True), ("RLA", 80, True),
+                                               ("sGLA", 80, True), ("RDN", 200, False), ("GDN", 200, False)])
+def test_forward_pass_keys_once(memory, K, packed, monkeypatch):
+    """KEYS_ONCE of the forward's state passes (each key block loaded once for the read ``K S_0ᵀ`` and the update)
+    against float64 for every memory: the delta rule (read and update) and the additive one (the update only, and
+    the read for the base memory's error out); two key blocks of 64 (the second partial) over packed sequences with
+    initial states, or four (the fourth partial) over two sequences of two chunks; final states and every gradient
+    (the backward runs the state passes again with ``recompute_states``). Every state pass is launched with it."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "forward", dict(row["forward"], KEYS_ONCE=True))
+    launches = _Recorded(function.state_pass_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", launches)
+    rule, residual = MEMORIES[memory]
+    inputs, extra = _option_case(K, packed)
+    compare(inputs, residual, rule=rule, **extra)
+    passes = 1 + function.kernel_options(K, 16)["recompute_states"]
+    assert len(launches.calls) == (1 + residual) * passes
+    assert all(kwargs["KEYS_ONCE"] is True for _, kwargs in launches.calls)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

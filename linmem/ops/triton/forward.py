@@ -38,9 +38,11 @@ from linmem.ops.triton.primitives import (
     load_block,
     load_blocks,
     load_decays,
+    load_key_blocks,
     mm,
     mm_acc,
     read_blocks,
+    read_loaded_blocks,
     rho,
     sequential_program,
     state_at,
@@ -50,6 +52,7 @@ from linmem.ops.triton.primitives import (
     token_rows,
     token_scores,
     update_blocks,
+    update_loaded_blocks,
 )
 
 
@@ -60,12 +63,14 @@ def state_pass_kernel(
     cu_seqlens, chunk_offsets, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
-    ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr,
+    ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr, KEYS_ONCE: tl.constexpr,
 ):
     """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x``, or ``ρ(err)``
     where ``err`` is given (x None), strength σ; the prediction error into ``err_out`` and the writes into
     ``writes_out`` where given; from ``state0``, or zeros where it is None. ``key_scores`` only with ``err_out``,
-    ``inverse`` only with DELTA."""
+    ``inverse`` only with DELTA. KEYS_ONCE loads the chunk's key blocks once for the read ``K S_0ᵀ`` (DELTA or
+    ERR_OUT) and the update ``Kᵀ(…)`` (``load_key_blocks``): the same products, one shared-memory tile per key block
+    in a pipelined loop instead of two; at one stage the blocks stay live in registers between the two."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
 
@@ -86,8 +91,13 @@ def state_pass_kernel(
         else:
             values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
         sigma = token_gate(strength, tok, i_h, pos, m_t, H)
-        if DELTA or ERR_OUT:
-            ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)  # K S_0ᵀ
+        if KEYS_ONCE:
+            k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
+        if DELTA or ERR_OUT:  # K S_0ᵀ
+            if KEYS_ONCE:
+                ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
+            else:
+                ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
         if DELTA:
             t_sigma = token_scores(inverse, tok, i_h, pos, m_t, H, C)
             u = mm(t_sigma, sigma[:, None] * (values - tl.exp(bb)[:, None] * ks), DT)
@@ -99,9 +109,14 @@ def state_pass_kernel(
             a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
             error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
             store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
-        # e^{b_C − b_s}: each write's decay to the chunk end
-        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), kp, pos, m_t,
-                                       tl.exp(b_last - bb)[:, None] * u, H, K, BK, NK, DT)
+        chunk_decay = tl.exp(b_last)
+        decayed_writes = tl.exp(b_last - bb)[:, None] * u  # each write decayed to the chunk end, e^{b_C − b_s}
+        if KEYS_ONCE:
+            s0, s1, s2, s3 = update_loaded_blocks(s0, s1, s2, s3, chunk_decay, k0, k1, k2, k3, decayed_writes, NK,
+                                                  DT)
+        else:
+            s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, decayed_writes, H, K, BK, NK,
+                                           DT)
     store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
 
 

@@ -73,7 +73,7 @@ from linmem.ops.triton.scores import chunk_scores
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=None, BV=None),
+    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False),
     "output": dict(num_warps=4, num_stages=2, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
@@ -105,7 +105,7 @@ KERNEL_OPTIONS = {
     (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
         scores=dict(num_warps=2, num_stages=1),
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
-        forward=dict(num_warps=4, num_stages=2, BV=32),
+        forward=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=False),
         output=dict(num_warps=4, num_stages=2, BV=64),
         backward_states=dict(num_warps=4, num_stages=1, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
