@@ -683,8 +683,9 @@ def test_sweep_variants_each_change_one_default(K, V):
     """Every variant of the benchmark's sweep changes one kernel's launch options, to something other than the
     row of KERNEL_OPTIONS at the swept widths (a variant equal to it would time the default twice), with no unknown
     option and no variant twice; with K or V over 128 the wide candidates join (value blocks of 32 and 64, 4 or 8
-    warps, one or two stages), the reverse pass in two stages at K = 256 only with KEYS_ONCE; recompute_states is
-    timed the other way too."""
+    warps, one or two stages), the reverse pass in two stages at K = 256 only with KEYS_ONCE; the forward's state
+    passes with KEYS_ONCE at the row's own options, and at K = 256 in three or four stages (BV = 32, never the
+    spilling 64); recompute_states is timed the other way too."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -706,6 +707,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     assert ((2, False) in reverse) == (K <= 128 and V > 128)
     assert ((2, True) in reverse) == (K > 128)  # two stages fit at K = 256 with each key tile loaded once
     assert any(keys_once for _, keys_once in reverse)
+    forward_keys_once = [o for v in variants for n, o in v.items() if n == "forward" and o["KEYS_ONCE"]]
+    assert dict(row["forward"], KEYS_ONCE=True) in forward_keys_once
+    assert ({o["num_stages"] for o in forward_keys_once} >= {3, 4}) == (K > 128)
+    assert all(o["BV"] != 64 for o in forward_keys_once) and len(forward_keys_once) <= 6
 
 
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):

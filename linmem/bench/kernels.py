@@ -627,7 +627,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
                 dict(num_warps=8, num_stages=None, BV=64, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
                 dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True, ONE_KEY_BLOCK=False),
                 dict(num_warps=8, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=True)]
-    variants = ([{"forward": o} for o in sequential] + [{"backward_states": o} for o in reverse]
+    # the forward's state passes: the same, and KEYS_ONCE (each key tile loaded once for the read and the update) at
+    # the row's own options
+    row = function.kernel_options(key_dim, value_dim)
+    forward = [dict(o, KEYS_ONCE=False) for o in sequential] + [dict(row["forward"], KEYS_ONCE=True)]
+    variants = ([{"forward": o} for o in forward] + [{"backward_states": o} for o in reverse]
                 + [{"inverse": o} for o in inverse]
                 + [{"scores": dict(num_warps=2, num_stages=1)}]
                 + [{"output": dict(num_warps=4, num_stages=1, BV=64)},
@@ -648,7 +652,6 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
                 + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
     if max(key_dim, value_dim) > 128:
         variants += wide_variants(key_dim)
-    row = function.kernel_options(key_dim, value_dim)
     variants.append({"recompute_states": not row["recompute_states"]})  # timed and reported, never chosen (tune)
     kept, seen = [], set()
     for variant in variants:  # neither the row's own options nor one variant twice
@@ -667,7 +670,10 @@ def wide_variants(key_dim: int) -> list[dict]:
     kernels. The reverse pass at K > 128 gets two stages only with KEYS_ONCE (BV 16 and 32; with ONE_KEY_BLOCK at 8
     warps): without it two asked for 237–277 KiB of shared memory at K = 256 with BV = 16 on an H200 (the limit is
     227 KiB), more with wider blocks; with it 173–209 KiB (offline sm_90 compiles, bf16, no spills; BV = 64 spills).
-    A variant that does not compile is reported and not chosen."""
+    The forward's state pass at K > 128 also with KEYS_ONCE at BV = 32: three stages (4 or 8 warps, 149–173 KiB of
+    shared memory against 245–269 without), four (4 warps, 194–226 KiB) or two at 8 warps (104–120 KiB), none
+    spilling (offline sm_90, bf16, GDN, RDN and RLA); BV = 64 spills with it at either warp count. A variant that
+    does not compile is reported and not chosen."""
     grid = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)]
     reverse_stages = (1,) if key_dim > 128 else (1, 2)
     keys_once = []
@@ -676,7 +682,11 @@ def wide_variants(key_dim: int) -> list[dict]:
     reverse = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, ONE_KEY_BLOCK=False) for bv, w, st in grid
                if st in reverse_stages]
     reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one) for bv, w, one in keys_once]
-    return ([{"forward": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
+    forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False) for bv, w, st in grid]
+    if key_dim > 128:
+        forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True)
+                    for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
+    return ([{"forward": o} for o in forward]
             + [{"backward_states": o} for o in reverse]
             + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
             + [{"backward_scores": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
