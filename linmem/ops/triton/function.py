@@ -58,10 +58,13 @@ from linmem.ops.triton.scores import chunk_scores
 # launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (backward_states) loads each [64, 64]
 # key tile of a chunk once for both of its products (the read ``K dSᵀ`` and the delta rule's update): at two stages
 # 64 KiB less shared memory at K = 256 (bf16 GDN 237 -> 173 KiB, RDN's base memory 255 -> 191 at BV = 16: two stages
-# fit), at one stage more registers and float32 spills (offline sm_90). ONE_KEY_BLOCK (backward_states) holds dSᵀ as one
-# [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: each chunk's read and updates are
-# one dot each instead of one per key block (GDN: 5 dots a chunk, not 14; the compiled loop waits for each before the
-# next); at K = 256 it wants 8 warps (4 spill at one stage or BV = 32). Both are off by default, timed by ``--sweep``.
+# fit), at one stage more registers and float32 spills (offline sm_90). KEYS_ONCE (forward) does the same for the state
+# pass's read ``K S_0ᵀ`` and update: at K = 256, BV = 32, bf16 two stages take 104-120 KiB instead of 168-184 and three
+# 149-173 instead of 245-269 (they fit), four 194-226; at one stage float32 spills more. ONE_KEY_BLOCK (backward_states)
+# holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: each chunk's read
+# and updates are one dot each instead of one per key block (GDN: 5 dots a chunk, not 14; the compiled loop waits for
+# each before the next); at K = 256 it wants 8 warps (4 spill at one stage or BV = 32). All three are off by default,
+# timed by ``--sweep``.
 # These are the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
 # (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
