@@ -619,6 +619,24 @@ def test_kernel_report_ratios_are_the_pairs_timed():
     assert "Launch options" not in kernels.markdown(dict(gla_only, kernel_options={"a": {}}))
 
 
+def test_kernel_report_tells_a_check_that_did_not_run_from_one_that_failed():
+    """The 64-bit offsets check needs tens of GiB beside the compile workers: one that raised (out of memory, say)
+    is reported as not run, with its error, never as a wrong result; one whose numbers differ is FAILED."""
+    from linmem.bench import kernels
+
+    case = "RDN bfloat16 B=5 T=122880: last sequence equals it run alone"
+    raised = dict(case=case, errors={}, worst=float("inf"), passed=False, error="OutOfMemoryError: CUDA out of memory")
+    wrong = dict(case=case, errors={"o": 0.5}, worst=0.5, passed=False)
+    right = dict(case=case, errors={"o": 0.0}, worst=0.0, passed=True)
+    text = {name: kernels.markdown(dict(_report({"linmem RDN": 1.0}), offsets=found))
+            for name, found in (("raised", raised), ("wrong", wrong), ("right", right))}
+    assert f"NOT RUN (OutOfMemoryError: CUDA out of memory): {case}" in text["raised"]
+    assert "FAILED" not in text["raised"]
+    assert f"FAILED: {case}" in text["wrong"] and "NOT RUN" not in text["wrong"]
+    assert f"passed: {case}" in text["right"]
+    assert "offsets not run" in kernels.summary(dict(_report({"linmem RDN": 1.0}), checks=[], offsets=raised))
+
+
 def test_kernel_report_renders_again_from_its_json(tmp_path, capsys):
     """``--render`` rewrites kernels.md and kernels.png from a run's kernels.json, with the shape it recorded,
     and refuses a folder without one."""

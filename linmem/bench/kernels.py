@@ -581,7 +581,8 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
                     results["checks"].append(result)
                 else:
                     results[kind] = result
-                status = "ok  " if result["passed"] else "FAIL"
+                # a check that raised (out of memory beside the compile workers, say) did not run: not a wrong result
+                status = "ok  " if result["passed"] else "ERR " if "error" in result else "FAIL"
                 label = result.get("case") or f"finite at T={result.get('T')}: {result.get('finite')}"
                 worst = f" worst={result['worst']:.1e}" if "worst" in result else ""
                 print(f"{kind} {status}{worst}  {label}", flush=True)
@@ -874,7 +875,9 @@ def markdown(report: dict) -> str:
         found = report.get(key)
         if found:
             what = found.get("case") or f"no NaN/Inf in outputs and gradients at T = {found.get('T')}"
-            lines += [f"{'passed' if found['passed'] else 'FAILED'}: {what} {found.get('finite') or ''}".strip(), ""]
+            verdict = ("passed" if found["passed"] else
+                       f"NOT RUN ({found['error'][:160]})" if "error" in found else "FAILED")
+            lines += [f"{verdict}: {what} {found.get('finite') or ''}".strip(), ""]
     tuned = report.get("tuned_checks")
     if tuned:
         bad = [c["case"] for c in tuned["checks"] if not c["passed"]]
@@ -901,7 +904,8 @@ def summary(report: dict) -> str:
     verdicts = [f"checks {sum(c['passed'] for c in checks)}/{len(checks)} passed"]
     for key in ("offsets", "finite"):
         if report.get(key):
-            verdicts.append(f"{key} {'ok' if report[key]['passed'] else 'FAILED'}")
+            found = report[key]
+            verdicts.append(f"{key} {'ok' if found['passed'] else 'not run' if 'error' in found else 'FAILED'}")
     tuned = report.get("tuned_checks")
     if tuned:
         verdicts.append(f"with the sweep's winners {sum(c['passed'] for c in tuned['checks'])}/"
