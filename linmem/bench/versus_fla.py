@@ -34,7 +34,7 @@ that cell "OOM" and the run goes on; any other error is recorded in the cell the
   Agreement. Free-running greedy sequences part for good at the first flipped argmax, and the flat logits of FLA's
   initialisation flip under bfloat16 rounding, so the bench also checks each step on FLA's own prefix: FLA runs
   first; after its timed run, both models score the prompt P followed by FLA's new tokens F in one forward each
-  (``teacher_forced``: no cache, the decode's dtype, logits scored one position at a time). Each cell's
+  (``teacher_forced``: no cache, the decode's dtype, only the new tokens' logits kept). Each cell's
   ``teacher_forced`` holds, per row and new token (lists ``[B][new tokens]``), the model's ``argmax`` there, its
   ``below_fla`` (top-1 logit minus the logit of FLA's token, 0 where that token is its argmax), its ``top2_margin``
   (top-1 minus top-2) and its ``top`` logit; linmem's is absent when FLA's cell failed. The row
@@ -299,26 +299,20 @@ def route_generation_cache(model: torch.nn.Module) -> dict:
 @torch.no_grad()
 def teacher_forced(model: torch.nn.Module, prompt: torch.Tensor, tokens: torch.Tensor) -> dict:
     """Score ``tokens [B, N]`` (FLA's new tokens) after ``prompt [B, P]`` in one forward of ``P + N − 1`` tokens
-    (``use_cache=False``, the model's own dtype), keeping the N logits that predict them. Each position's logits
-    ``[B, vocab]`` are reduced and dropped before the next; no float32 copy of all logits is made. Returns lists
-    ``[B][N]``: ``argmax`` (the model's greedy choice there), ``below_fla`` (top-1 logit minus the logit of the
-    token of ``tokens`` there), ``top2_margin`` (top-1 minus top-2 logit) and ``top`` (the top-1 logit)."""
+    (``use_cache=False``, the model's own dtype), keeping only the N logits that predict them (``logits_to_keep``),
+    reduced over the vocabulary in that dtype (no float32 copy of them). Returns lists ``[B][N]``: ``argmax`` (the
+    model's greedy choice there), ``below_fla`` (top-1 logit minus the logit of the token of ``tokens`` there),
+    ``top2_margin`` (top-1 minus top-2 logit) and ``top`` (the top-1 logit)."""
     model.eval()
     tokens = tokens.to(prompt.device)
     count = tokens.shape[1]
     ids = torch.cat([prompt, tokens[:, :-1]], dim=1)
-    logits = model(ids, use_cache=False, logits_to_keep=count).logits  # [B, N, vocab]
-    columns = dict(argmax=[], below_fla=[], top2_margin=[], top=[])
-    for position in range(count):
-        step = logits[:, position]  # [B, vocab]: predicts tokens[:, position]
-        best = step.topk(min(2, step.shape[-1]), dim=-1).values.float()  # [B, 2]
-        given = step.gather(1, tokens[:, position, None]).float()[:, 0]
-        columns["argmax"].append(step.argmax(dim=-1))
-        columns["below_fla"].append(best[:, 0] - given)
-        columns["top2_margin"].append(best[:, 0] - best[:, -1])
-        columns["top"].append(best[:, 0])
-    del logits
-    return {name: torch.stack(values, dim=1).tolist() for name, values in columns.items()}
+    logits = model(ids, use_cache=False, logits_to_keep=count).logits  # [B, N, vocab]: position n predicts tokens n
+    best = logits.topk(min(2, logits.shape[-1]), dim=-1).values.float()  # [B, N, 2]
+    given = logits.gather(-1, tokens[..., None]).float()[..., 0]  # [B, N]
+    columns = dict(argmax=logits.argmax(dim=-1), below_fla=best[..., 0] - given,
+                   top2_margin=best[..., 0] - best[..., -1], top=best[..., 0])
+    return {name: values.tolist() for name, values in columns.items()}
 
 
 def guarded_teacher_forced(model: torch.nn.Module, prompt: torch.Tensor, tokens: torch.Tensor) -> dict:
