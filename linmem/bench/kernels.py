@@ -669,12 +669,10 @@ def wide_variants(key_dim: int) -> list[dict]:
     the sequential passes and one stage at K > 128, ``function._sequential_block`` and ``_pipeline_stages``): value
     blocks of 32 and 64, 4 or 8 warps, one or two stages, for the sequential passes, the read-out and the backward
     kernels. The reverse pass at K > 128 gets two stages only with KEYS_ONCE (BV 16 and 32; with ONE_KEY_BLOCK at 8
-    warps): without it two asked for 237–277 KiB of shared memory at K = 256 with BV = 16 on an H200 (the limit is
-    227 KiB), more with wider blocks; with it 173–209 KiB (offline sm_90 compiles, bf16, no spills; BV = 64 spills).
-    The forward's state pass at K > 128 also with KEYS_ONCE at BV = 32: three stages (4 or 8 warps, 149–173 KiB of
-    shared memory against 245–269 without), four (4 warps, 194–226 KiB) or two at 8 warps (104–120 KiB), none
-    spilling (offline sm_90, bf16, GDN, RDN and RLA); BV = 64 spills with it at either warp count. A variant that
-    does not compile is reported and not chosen."""
+    warps): without it two asked for 237–277 KiB of shared memory at K = 256 (the limit is 227 KiB). The forward's
+    state pass at K > 128 also gets KEYS_ONCE at BV = 32 in three or four stages, or two at 8 warps: the settings
+    that fit without spills in the offline compiles of docs/benchmarks/kernel-widths.md (BV = 64 spills with it).
+    A variant that does not compile is reported and not chosen."""
     grid = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)]
     reverse_stages = (1,) if key_dim > 128 else (1, 2)
     keys_once = []

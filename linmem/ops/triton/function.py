@@ -55,17 +55,13 @@ from linmem.ops.triton.scores import chunk_scores
 # PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for float32 ones
 # (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles load during this
 # one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys' dk and dq in two
-# launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (backward_states) loads each [64, 64]
-# key tile of a chunk once for both of its products (the read ``K dSᵀ`` and the delta rule's update): at two stages
-# 64 KiB less shared memory at K = 256 (bf16 GDN 237 -> 173 KiB, RDN's base memory 255 -> 191 at BV = 16: two stages
-# fit), at one stage more registers and float32 spills (offline sm_90). KEYS_ONCE (forward) does the same for the state
-# pass's read ``K S_0ᵀ`` and update: at K = 256, BV = 32, bf16 two stages take 104-120 KiB instead of 168-184 and three
-# 149-173 instead of 245-269 (they fit), four 194-226; at one stage float32 spills more. ONE_KEY_BLOCK (backward_states)
-# holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: each chunk's read
-# and updates are one dot each instead of one per key block (GDN: 5 dots a chunk, not 14; the compiled loop waits for
-# each before the next); at K = 256 it wants 8 warps (4 spill at one stage or BV = 32). All three are off by default,
-# timed by ``--sweep``.
-# These are the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
+# launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (forward, backward_states) loads
+# each [64, 64] key tile of a chunk once for both of the pass's products (the read ``K Sᵀ`` and the update ``Kᵀ(…)``):
+# less shared memory at two or more stages, more registers and spills at one. ONE_KEY_BLOCK (backward_states) holds
+# dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and
+# chunk. All three are off by default and timed by ``--sweep``; their offline sm_90 resources are in
+# docs/benchmarks/kernel-widths.md.
+# TUNED_AT_128 holds the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
 # (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
 # writes u, w and the error err, what ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24
