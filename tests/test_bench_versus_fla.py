@@ -104,6 +104,30 @@ def test_out_of_memory_is_an_oom_cell_and_the_run_goes_on(tmp_path, fla_decodes_
     assert "| OOM |" in table and table.splitlines()[-1].endswith("| – | whole |")
 
 
+def test_without_fla_only_linmems_models_run_and_the_tables_say_so(tmp_path, fla_decodes_on_cpu, monkeypatch, capsys):
+    measured = []
+
+    def recording(original):
+        def record(model, *args, **kwargs):
+            measured.append(type(model).__name__)
+            return original(model, *args, **kwargs)
+        return record
+
+    for name in ("train_steps", "prefill_forwards", "fla_decode", "linmem_decode"):
+        monkeypatch.setattr(versus_fla, name, recording(getattr(versus_fla, name)))
+    report = versus_fla.main(DRY_RUN + ["--no-fla", "--residual", "--decode-batches", "1", "--out", str(tmp_path)])
+    assert measured and all(name == "LinMemForCausalLM" for name in measured)
+    (train,) = report["train"]
+    assert "fla" not in train and train["linmem"]["status"] == "ok" and "max_loss_difference" not in train
+    assert report["residual"][0]["residual"]["status"] == "ok"
+    assert "fla" not in report["prefill"][0] and report["prefill"][0]["linmem"]["status"] == "ok"
+    assert "fla" not in report["decode"][0] and report["decode"][0]["linmem"]["status"] == "ok"
+    assert report["settings"]["no_fla"] is True
+    out = capsys.readouterr().out
+    assert "] measuring GDN-340M train B=2 eager linmem" in out and "eager fla" not in out
+    assert versus_fla.format_train(report["train"]).splitlines()[-1].startswith("| GDN-340M | 2 | 12 | eager | – |")
+
+
 def test_budget_skips_and_lists_what_it_did_not_start(tmp_path, fla_decodes_on_cpu):
     report = versus_fla.main(DRY_RUN + ["--budget", "1e-9", "--out", str(tmp_path)])
     assert report["train"] == report["prefill"] == report["decode"] == []

@@ -20,7 +20,9 @@ that cell "OOM" and the run goes on; any other error is recorded in the cell the
   step's loss for both and the largest |difference| over all steps (warm-up included: both start from the same
   weights, so the losses agree to bfloat16 rounding). ``--compile`` adds rows with ``torch.compile(model)`` for
   both. ``--residual`` adds linmem's residual mixer (RDN for GDN shapes, RLA for GLA) of the imported config,
-  randomly initialised, against linmem's import: step time and peak ratios.
+  randomly initialised, against linmem's import: step time and peak ratios. ``--no-fla`` leaves FLA's own model out
+  of every part (its checkpoint is still written: linmem's model is its import), for a run that only compares
+  linmem's base and residual mixers in two thirds of the time.
 - **prefill**: no gradients, the model in bfloat16 on CUDA, B = 1, T = ``--prefill-len``: median forward time
   (``use_cache=False`` for both) over ``--steps`` forwards after ``--warmup``.
 - **decode**: greedy ``generate()`` of ``--decode-tokens`` new tokens after a 16-token random prompt, per batch of
@@ -56,11 +58,12 @@ bench sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says in its 
 check here. FLA's attention layer (the hybrid shape) needs flash-attn; without it, FLA's ``flash_attn_func`` is
 replaced with ``fla_parity.sdpa_flash_attn_func``.
 
-``--budget`` (seconds) stops starting new measurements once spent; the skipped ones are listed. ``--out DIR`` writes
-``versus_fla.json`` (every raw number) and ``versus_fla.md`` (the tables, versions and command) after every
-measurement, each atomically. ``--scaled HIDDEN,LAYERS,VOCAB`` runs scaled-down copies of the shapes
-(``fla_parity.scaled_paper_settings``), for dry runs; on the CPU FLA's Triton kernels must be replaced by the caller
-(tests/test_bench_versus_fla.py does).
+``--budget`` (seconds) stops starting new measurements once spent; the skipped ones are listed, and every
+"measuring" line says how many seconds the run had taken when it started, so a budget can be planned from a run.
+``--out DIR`` writes ``versus_fla.json`` (every raw number) and ``versus_fla.md`` (the tables, versions and
+command) after every measurement, each atomically. ``--scaled HIDDEN,LAYERS,VOCAB`` runs scaled-down copies of
+the shapes (``fla_parity.scaled_paper_settings``), for dry runs; on the CPU FLA's Triton kernels must be replaced by
+the caller (tests/test_bench_versus_fla.py does).
 """
 
 from __future__ import annotations
@@ -389,7 +392,8 @@ class Run:
 
     def __init__(self, args: argparse.Namespace, device: torch.device, command: str):
         self.args, self.device = args, device
-        self.deadline = time.perf_counter() + args.budget if args.budget else float("inf")
+        self.started = time.perf_counter()
+        self.deadline = self.started + args.budget if args.budget else float("inf")
         self.backend = "triton" if device.type == "cuda" else "chunk"
         self.compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         env = dict(environment(device), transformers=transformers_version())
@@ -402,8 +406,9 @@ class Run:
 
     def may_start(self, what: str) -> bool:
         """False (and ``what`` listed as skipped) once the budget is spent."""
-        if time.perf_counter() < self.deadline:
-            print(f"measuring {what}", flush=True)
+        now = time.perf_counter()
+        if now < self.deadline:
+            print(f"[{now - self.started:5.0f} s] measuring {what}", flush=True)
             return True
         self.report["skipped"].append(what)
         print(f"skipped (budget spent): {what}", flush=True)
@@ -433,6 +438,8 @@ class Run:
         chunk = trainer_loss_chunk_tokens(batch, args.seq_len, shape.vocab)
         row = dict(shape=shape.name, batch=batch, seq_len=args.seq_len, mode=mode, loss_chunk_tokens=chunk)
         cells = dict(fla=(shape.fla, {}), linmem=(shape.linmem, dict(loss_chunk_tokens=chunk)))
+        if args.no_fla:
+            del cells["fla"]
         if args.residual:
             cells["residual"] = (shape.residual, dict(loss_chunk_tokens=chunk))
         for who, (build, loss_kwargs) in cells.items():
@@ -457,7 +464,7 @@ class Run:
         args, device = self.args, self.device
         ids = random_tokens(args.seed, 1, args.prefill_len, shape.vocab, device)
         row = dict(shape=shape.name, seq_len=args.prefill_len)
-        for who, build in (("fla", shape.fla), ("linmem", shape.linmem)):
+        for who, build in (("fla", shape.fla), ("linmem", shape.linmem))[args.no_fla:]:
             if self.may_start(f"{shape.name} prefill T={args.prefill_len} {who}"):
                 row[who] = isolated(lambda build=build: build(self.compute_dtype),
                                     lambda model: prefill_forwards(model, ids, args.warmup, args.steps, device),
@@ -475,6 +482,8 @@ class Run:
                         linmem=(shape.linmem, lambda model: linmem_decode(
                             model, prompt, args.decode_tokens, device,
                             row["fla"]["tokens"] if ok(row.get("fla")) else None)))
+        if args.no_fla:
+            del measures["fla"]
         for who, (build, measure) in measures.items():  # FLA first: linmem's teacher-forced check reads its tokens
             if self.may_start(f"{shape.name} decode B={batch} {who}"):
                 row[who] = isolated(lambda build=build: build(self.compute_dtype), measure, device)
@@ -533,7 +542,7 @@ def decode_agreement(fla: dict, linmem: dict, dtype: torch.dtype) -> dict:
 def settings_of(args: argparse.Namespace, backend: str) -> dict:
     return dict(shapes=args.shapes, batches=args.batches, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
                 prefill_len=args.prefill_len, decode_tokens=args.decode_tokens, decode_batches=args.decode_batches,
-                compile=args.compile, residual=args.residual, parts=args.parts, budget=args.budget,
+                compile=args.compile, residual=args.residual, no_fla=args.no_fla, parts=args.parts, budget=args.budget,
                 scaled=args.scaled, seed=args.seed, backend=backend, learning_rate=LEARNING_RATE,
                 prompt_tokens=PROMPT_TOKENS)
 
@@ -727,6 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-batches", type=_positive_ints, default=[1, 32])
     parser.add_argument("--compile", action="store_true", help="also train with torch.compile(model), both models")
     parser.add_argument("--residual", action="store_true", help="also train linmem's RDN / RLA of the same config")
+    parser.add_argument("--no-fla", action="store_true",
+                        help="leave FLA's own model out (linmem's import and, with --residual, its residual mixer)")
     parser.add_argument("--parts", type=_parts, default=list(PARTS), help=f"of {','.join(PARTS)}")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
