@@ -59,8 +59,9 @@ from linmem.ops.triton.scores import chunk_scores
 # each [64, 64] key tile of a chunk once for both of the pass's products (the read ``K Sᵀ`` and the update ``Kᵀ(…)``):
 # less shared memory at two or more stages, more registers and spills at one. ONE_KEY_BLOCK (backward_states) holds
 # dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and
-# chunk. All three are off by default and timed by ``--sweep``; their offline sm_90 resources are in
-# docs/benchmarks/kernel-widths.md.
+# chunk. ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward,
+# two in the reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their
+# offline sm_90 resources and the sweep's times are in docs/benchmarks/kernel-widths.md.
 # TUNED_AT_128 holds the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
 # (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
@@ -104,9 +105,9 @@ KERNEL_OPTIONS = {
     (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
         scores=dict(num_warps=2, num_stages=1),
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
-        forward=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=False),
+        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True),
         output=dict(num_warps=4, num_stages=2, BV=64),
-        backward_states=dict(num_warps=4, num_stages=1, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
+        backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
         backward_keys=dict(num_warps=4, num_stages=2, BV=64, BK=None, SPLIT=True),
         decay_grad=dict(num_warps=1, num_stages=1),
