@@ -2,36 +2,44 @@
 
     python -m linmem.bench.kernels [--out docs/benchmarks] [--sweep] [--profile] [--quick-check] [--budget 480]
 
-One run does five things, so that one GPU session answers both "is it right" and "is it fast":
+One run does five things, in this order, so that one GPU session answers both "is it right" and "is it fast":
 
 1. compiles the kernels of the methods asked for (``--methods``) in parallel worker processes (one task per
    process: a CUDA fault must not poison later tasks) and, in those workers, checks linmem's Triton backend
-   against the float64 reference on fresh random inputs: outputs,
-   final states and every gradient, with every kernel output buffer NaN-poisoned first; one task also runs RDN at
-   614K tokens (per-chunk state tensors of more than 2^31 elements) and checks that the last sequence's results
-   equal those of the same sequence run alone (64-bit addressing);
+   against the float64 reference on fresh random inputs: outputs, final states and every gradient, with every
+   kernel output buffer NaN-poisoned first; then, once that pool is done, each in a fresh process with the GPU to
+   itself, one at a time, it runs RDN at 614K tokens (per-chunk state tensors of more than 2^31 elements, ~60 GB)
+   and checks that the last sequence's results equal those of the same sequence run alone (64-bit addressing),
+   and runs RLA and RDN at the longest timed length for finite outputs and gradients (the pool stops early
+   enough to leave these two their share of the time, ``heavy_reserve``);
 2. optionally (``--sweep``) times alternative launch options of linmem's kernels on RDN, RLA and GDN at the timed
    widths (``--head-dim``, ``--value-dim``) and keeps, per kernel, the one with the smallest sum; it prints the
    row of ``KERNEL_OPTIONS`` (linmem.ops.triton.function, one row per width class) to paste, e.g.
    ``--sweep --heads 8 --head-dim 256`` for GDN-1.3B's heads or ``--head-dim 128 --value-dim 256`` for GLA-340M's;
    ``--swept`` times fewer methods and ``--sweep-kernels`` (e.g. ``backward_states``) one kernel's variants only,
-   for a sweep that fits a short budget;
-3. optionally (``--profile``) prints per-kernel times of one RDN and one RLA forward+backward;
-4. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
+   for a sweep that fits a short budget; the winners are checked against float64 again, as in 1;
+3. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
    head dim 128 (``--heads``, ``--head-dim``, ``--value-dim``), bf16: linmem RLA/RDN (and its own sGLA/GDN,
    ``residual=False``), FLA ``chunk_simple_gla``, ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash
    attention, and RLA/RDN composed from three FLA calls (queries shifted one step give ``S_{t−1}k_t`` and
    ``S_{t−1}q_t``; a third call runs the residual memory); on request (``--methods``) FLA's sGLA and GDN at twice
    the value width, the state work of two memories;
+4. optionally (``--profile``), with what is left of the budget (none under ``PROFILE_MIN_SECONDS``), profiles
+   forward+backward of ``--profile-methods`` at each (B, T) it timed, ``--profile-repeats`` steps each
+   (torch.profiler): the longest kernels' times and the GPU busy time, the sum of every kernel's device time, as
+   medians over the steps. ``do_bench`` counts the host's gaps between launches too; the busy times, with the same
+   A / B ratios, show what the kernels alone take;
 5. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions
    and the ratios of the linmem / FLA pairs it timed (``RATIOS``), and ends its output with a short table of those
-   ratios at every length (RDN / FLA GDN and RLA / FLA sGLA against the 1.5x goal).
+   ratios at every length (RDN / GDN and RLA / sGLA against the 1.5x goal), by ``do_bench`` and, when profiled, by
+   GPU busy time.
 
 ``--render`` writes kernels.md and kernels.png again from an existing kernels.json, on any machine.
 
-``--budget`` (seconds, default 480) bounds the whole run: the sweep is skipped and lengths are dropped (2K and 128K
-first) when time runs short, and a method's timing, its compiles and autotune included, is stopped when the budget
-is spent (it gets at least ``MIN_METHOD_SECONDS``); whatever was measured is written after every method. Without
+``--budget`` (seconds, default 480) bounds the whole run: compiles and checks get 60% of it, the sweep is skipped and
+lengths are dropped (in ``--lengths`` order, the last first) when time runs short, a method's timing, its compiles
+and autotune included, is stopped when the budget is spent (it gets at least ``MIN_METHOD_SECONDS``), and the
+profiles get what the timings leave; whatever was measured is written after every method and profile. Without
 CUDA it runs in Triton's CPU interpreter at the shapes given (``--lengths 128 --tokens 256 --heads 2 --head-dim
 32``): a dry run of the whole flow.
 
@@ -48,6 +56,7 @@ import multiprocessing as mp
 import os
 import platform
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -549,50 +558,99 @@ def correctness_tasks(quick: bool, lengths: list[int], tokens: int) -> list[tupl
     return tasks
 
 
-def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool = False,
-                   lengths: tuple[int, ...] = (131072,), tokens: int = 131072, deadline: float | None = None,
-                   kernel_options: dict | None = None, methods: list[str] | None = None):
-    """Run the correctness tasks (first) and compile the kernels of ``methods`` (default: every default method;
-    with ``sweep_variants``, RDN's and RLA's under each variant too) in parallel processes, until ``deadline``
-    (``time.time()``); return the correctness results (checks, offsets, finite, what did not finish) and the
-    compile failures. With ``kernel_options`` (kernel name → launch options, e.g. a sweep's winners): only the
-    correctness tasks, run with those options instead of the defaults."""
-    tasks = [] if skip_check else correctness_tasks(quick, list(lengths), tokens)
-    if kernel_options:
-        tasks = [(kind, dict(payload, kernel_options=kernel_options)) for kind, payload in tasks]
-    if DEVICE == "cuda" and not kernel_options:
-        tasks += warm_tasks(DEFAULT_METHODS if methods is None else methods, sweep_variants)
-    ctx = mp.get_context("spawn")
-    results = dict(checks=[], offsets=None, finite=None, unfinished=[])
-    failures = []
+# the correctness tasks that need the GPU to themselves: the 64-bit offsets check allocates ~60 GB, and the
+# finiteness check runs the longest timed length; beside the pool's workers they run out of memory
+HEAVY_TASKS = ("offsets", "finite")
+# what one heavy task is given out of a caller's deadline: a fresh process (10-20 s to import torch and start CUDA),
+# its kernels compiled from Triton's disk cache the pool filled, and two forward+backward passes of a few seconds
+# each; 60 s covers that with room to spare
+HEAVY_TASK_SECONDS = 60.0
+
+
+def heavy_reserve(heavy: int, seconds_left: float) -> float:
+    """The seconds kept back from the parallel pool for ``heavy`` serial tasks, when ``seconds_left`` remain before
+    the deadline: ``HEAVY_TASK_SECONDS`` each, but never more than half of what is left, so that a short deadline
+    still leaves the float64 checks and the compiles as long as the heavy tasks get. The pool stops at the
+    deadline less this; the heavy tasks then start as soon as the pool is done, and may run to the deadline."""
+    return min(heavy * HEAVY_TASK_SECONDS, 0.5 * max(0.0, seconds_left)) if heavy else 0.0
+
+
+def run_tasks(tasks: list[tuple[str, dict]], workers: int, deadline: float | None, record, worker=_worker) -> set:
+    """Run ``tasks`` (kind, payload) in spawned processes, one task per process (a CUDA fault poisons its process's
+    context and must not fail later tasks): the ``HEAVY_TASKS`` after all the others, one at a time, each with the
+    device to itself; the others in a pool of ``workers`` processes that stops ``heavy_reserve`` seconds before
+    ``deadline`` (``time.time()``). A task still running at its stop is killed (the pool's exit terminates its
+    workers). ``record(index, kind, result)`` gets each result as it comes; ``worker`` (a picklable function of
+    ``(index, (kind, payload))``) runs a task. Returns the indexes of the tasks that finished."""
+    numbered = list(enumerate(tasks))
+    light = [task for task in numbered if task[1][0] not in HEAVY_TASKS]
+    heavy = [task for task in numbered if task[1][0] in HEAVY_TASKS]
+    pool_deadline = None
+    if deadline is not None:
+        pool_deadline = deadline - heavy_reserve(len(heavy), deadline - time.time())
+    done = _run_pool(light, workers, pool_deadline, record, worker)
+    for task in heavy:  # each in a pool of its own: a fresh process, alone on the device
+        if deadline is not None and time.time() >= deadline:
+            break
+        done |= _run_pool([task], 1, deadline, record, worker)
+    return done
+
+
+def _run_pool(numbered: list, workers: int, deadline: float | None, record, worker) -> set:
     done = set()
-    # one task per worker process: a CUDA fault poisons its process's context, and must not fail later tasks
-    with ctx.Pool(workers, maxtasksperchild=1) as pool:
-        pending = pool.imap_unordered(_worker, list(enumerate(tasks)))
-        for _ in tasks:
+    if not numbered:
+        return done
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(workers, len(numbered)), maxtasksperchild=1) as pool:
+        pending = pool.imap_unordered(worker, numbered)
+        for _ in numbered:
             wait = None if deadline is None else max(0.0, deadline - time.time())
             try:
                 index, (kind, result) = pending.next(timeout=wait)
             except mp.TimeoutError:
                 break
             done.add(index)
-            if kind in ("check", "offsets", "finite"):
-                if kind == "check":
-                    results["checks"].append(result)
-                else:
-                    results[kind] = result
-                # a check that raised (out of memory beside the compile workers, say) did not run: not a wrong result
-                status = "ok  " if result["passed"] else "ERR " if "error" in result else "FAIL"
-                label = result.get("case") or f"finite at T={result.get('T')}: {result.get('finite')}"
-                worst = f" worst={result['worst']:.1e}" if "worst" in result else ""
-                print(f"{kind} {status}{worst}  {label}", flush=True)
-                if "error" in result:
-                    print(f"  {result['error']}\n{result['trace']}", flush=True)
-            elif not result["ok"]:
-                failures.append(result)
-                print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
+            record(index, kind, result)
+    return done
+
+
+def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool = False,
+                   lengths: tuple[int, ...] = (131072,), tokens: int = 131072, deadline: float | None = None,
+                   kernel_options: dict | None = None, methods: list[str] | None = None, worker=_worker):
+    """Run the correctness tasks and compile the kernels of ``methods`` (default: every default method; with
+    ``sweep_variants``, RDN's and RLA's under each variant too) in parallel processes, then the offsets and
+    finiteness checks one at a time (``run_tasks``), until ``deadline`` (``time.time()``); return the correctness
+    results (checks, offsets, finite, what did not finish) and the compile failures. With ``kernel_options``
+    (kernel name → launch options, e.g. a sweep's winners): only the correctness tasks, run with those options
+    instead of the defaults."""
+    tasks = [] if skip_check else correctness_tasks(quick, list(lengths), tokens)
+    if kernel_options:
+        tasks = [(kind, dict(payload, kernel_options=kernel_options)) for kind, payload in tasks]
+    if DEVICE == "cuda" and not kernel_options:
+        tasks += warm_tasks(DEFAULT_METHODS if methods is None else methods, sweep_variants)
+    results = dict(checks=[], offsets=None, finite=None, unfinished=[])
+    failures = []
+
+    def record(index, kind, result):
+        if kind in ("check", *HEAVY_TASKS):
+            if kind == "check":
+                results["checks"].append(result)
+            else:
+                results[kind] = result
+            # a check that raised (out of memory, say) did not run: not a wrong result
+            status = "ok  " if result["passed"] else "ERR " if "error" in result else "FAIL"
+            label = result.get("case") or f"finite at T={result.get('T')}: {result.get('finite')}"
+            worst = f" worst={result['worst']:.1e}" if "worst" in result else ""
+            print(f"{kind} {status}{worst}  {label}", flush=True)
+            if "error" in result:
+                print(f"  {result['error']}\n{result['trace']}", flush=True)
+        elif not result["ok"]:
+            failures.append(result)
+            print(f"compile FAILED {result['task']}: {result['error']}\n{result['trace']}", flush=True)
+
+    done = run_tasks(tasks, workers, deadline, record, worker)
     for index, (kind, payload) in enumerate(tasks):
-        if index not in done:  # stopped at the deadline (the pool's exit terminated the workers)
+        if index not in done:  # stopped at the deadline, or not started before it
             results["unfinished"].append(f"{kind} {_case_name(payload) if kind == 'check' else payload}")
     if results["unfinished"]:
         print(f"not finished within the time budget: {results['unfinished']}", flush=True)
@@ -802,8 +860,16 @@ def table_row(key_dim: int, value_dim: int, row: dict, reason: str) -> str:
     return "\n".join([f"    {cls}: _row(  # {reason}", *changes, "    ),"])
 
 
-def profile_kernels(B, T, method: str = "linmem RDN") -> list[tuple[str, float]]:
-    """Per-kernel CUDA time of one forward+backward of ``method`` (torch.profiler)."""
+PROFILE_TOP = 14  # the kernels a profile shows and keeps, the longest first (its busy time sums all of them)
+PROFILE_MIN_SECONDS = 30.0  # the profiles after the timings start only while this much of the budget is left
+PROFILER_OVERHEAD = ("Activity Buffer Request",)  # the profiler's own records, not the step's work
+
+
+def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
+    """Per-kernel device times of ``method``'s forward+backward (torch.profiler), ``repeats`` steps each profiled on
+    its own: ``rows`` the ``PROFILE_TOP`` longest kernels (name, median ms over the steps), ``steps_ms`` each step's
+    busy time (the sum over every kernel it ran, ``kernel_times``) and ``busy_ms`` their median. In the CPU dry run:
+    the ops' CPU times instead."""
     from torch.profiler import ProfilerActivity, profile
 
     leaves = grad_leaves(bench_inputs(B, T))
@@ -818,11 +884,89 @@ def profile_kernels(B, T, method: str = "linmem RDN") -> list[tuple[str, float]]
     for _ in range(2):
         step()
     _sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        _sync()
-    rows = [(e.key, e.device_time_total / 1000) for e in prof.key_averages()]
-    return sorted(rows, key=lambda r: -r[1])[:14]
+    activity = ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU
+    steps = []
+    for _ in range(repeats):
+        with profile(activities=[activity]) as prof:
+            step()
+            _sync()
+        steps.append(kernel_times(prof.key_averages()))
+    return step_summary(steps)
+
+
+def kernel_times(events, device: str | None = None) -> dict[str, float]:
+    """ms per kernel name in one profiled step (``prof.key_averages()``), over every kernel: on a GPU each device
+    record's own time (an op on the host, whose device time is that of its kernels, and a user annotation on the
+    GPU's timeline, which spans kernels, are left out: each kernel is counted once, as itself); on the CPU
+    (``device="cpu"``, the dry run) each op's self CPU time."""
+    from torch.autograd import DeviceType
+
+    device = device or DEVICE
+    times: dict[str, float] = {}
+    for event in events:
+        if event.key in PROFILER_OVERHEAD:
+            continue
+        if device == "cuda":
+            if event.device_type == DeviceType.CPU or getattr(event, "is_user_annotation", False):
+                continue
+            ms = event.device_time_total / 1000
+        else:
+            ms = event.self_cpu_time_total / 1000
+        times[event.key] = times.get(event.key, 0.0) + ms
+    return times
+
+
+def step_summary(steps: list[dict[str, float]]) -> dict:
+    """Profiled steps (``kernel_times`` each) as medians over the steps: ``rows``, the ``PROFILE_TOP`` longest kernels
+    (a kernel absent from a step counts 0 ms there); ``busy_ms``, the median of each step's sum over all its kernels;
+    and ``steps_ms``, those sums."""
+    names = set().union(*steps)
+    rows = [(name, statistics.median(step.get(name, 0.0) for step in steps)) for name in names]
+    busy = [sum(step.values()) for step in steps]
+    return dict(rows=sorted(rows, key=lambda row: -row[1])[:PROFILE_TOP], busy_ms=statistics.median(busy),
+                steps_ms=busy)
+
+
+def profile_shapes(results: list[dict]) -> list[tuple[int, int]]:
+    """The (B, T) pairs ``results`` timed (a time measured), each once, in the order they were timed."""
+    return list(dict.fromkeys((r["B"], r["T"]) for r in results if r["ms"] is not None))
+
+
+def default_profile_methods(methods: list[str]) -> list[str]:
+    """What ``--profile`` profiles unless told: both methods of every ``RATIOS`` pair in ``methods`` (not the 2V
+    methods, whose inputs are built for timing only), so that the busy times have the report's ratios; without such
+    a pair, linmem RDN and RLA."""
+    paired = {name for _, a, b in RATIOS if a in methods and b in methods and not b.endswith(" 2V")
+              for name in (a, b)}
+    return [name for name in METHODS if name in paired] or ["linmem RDN", "linmem RLA"]
+
+
+def profile_timed(report: dict, methods: list[str], repeats: int, left, out: Path) -> None:
+    """Profile ``methods`` at each (B, T) the report timed, with what is left of the budget (``left()`` seconds):
+    the per-kernel rows go to ``report["profile"]``, the busy times to ``report["gpu_busy"]``, written after each.
+    Stops, with a line, when under ``PROFILE_MIN_SECONDS`` are left."""
+    report["profile_repeats"] = repeats
+    for B, T in profile_shapes(report["results"]):
+        for method in methods:
+            if left() < PROFILE_MIN_SECONDS:
+                print(f"profile skipped from {method} T={T}: {left():.0f} s of the budget left", flush=True)
+                return
+            try:
+                with time_limit(left()):
+                    found = profile_kernels(B, T, method, repeats)
+            except OverBudget as exc:
+                print(f"profile {method} T={T}: {exc}", flush=True)
+                return
+            except Exception as exc:  # noqa: BLE001 (a method that does not run has no profile; the rest go on)
+                print(f"profile {method} T={T}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            report.setdefault("profile", {})[f"{method} T={T}"] = found["rows"]
+            report.setdefault("gpu_busy", []).append(dict(method=method, T=T, B=B, ms=found["busy_ms"],
+                                                          steps_ms=found["steps_ms"]))
+            print(f"profile {method} fwd+bwd B={B} T={T} (medians of {repeats} steps): busy {found['busy_ms']:.3f} "
+                  f"ms, steps {', '.join(f'{ms:.3f}' for ms in found['steps_ms'])}\n"
+                  + "\n".join(f"  {ms:8.3f} ms  {name[:90]}" for name, ms in found["rows"]), flush=True)
+            _write(report, out, with_plot=False)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -851,6 +995,22 @@ def markdown(report: dict) -> str:
         for T in lengths:
             ms = {r["method"]: r["ms"] for r in results if r["T"] == T and r["mode"] == mode}
             cells = [_ms(ms, n) for n in names] + [_ratio(ms, a, b) for _, a, b in ratios]
+            lines.append(f"| {T} | " + " | ".join(cells) + " |")
+        lines.append("")
+    busy = report.get("gpu_busy")
+    if busy:
+        profiled = [name for name in METHODS if any(b["method"] == name for b in busy)]
+        pairs = [pair for pair in RATIOS if pair[1] in profiled and pair[2] in profiled]
+        lines += ["## GPU busy time per fwd+bwd (profiler)", "",
+                  f"The sum of the device times of every kernel one forward+backward runs (torch.profiler), "
+                  f"{_profiled_steps(report)}, profiled after the timings at the same B and T. `do_bench` above "
+                  "measures the wall time between two events, which also counts the host's gaps between launches; "
+                  "this counts the kernels only. A / B: the two methods' busy times.", "",
+                  "| T | " + " | ".join(profiled + [label for label, _, _ in pairs]) + " |",
+                  "|---" * (len(profiled) + 1 + len(pairs)) + "|"]
+        for T in sorted({b["T"] for b in busy}):
+            ms = _busy_ms(busy, T)
+            cells = [_ms(ms, n) for n in profiled] + [_ratio(ms, a, b) for _, a, b in pairs]
             lines.append(f"| {T} | " + " | ".join(cells) + " |")
         lines.append("")
     checks = report.get("checks") or []
@@ -925,7 +1085,31 @@ def summary(report: dict) -> str:
         cells = ([f"{_ms(ms, a)} / {_ms(ms, b)} ms = {_ratio(ms, a, b)}" for _, a, b in pairs] if pairs
                  else [_ms(ms, name) for name in names])
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
+    busy = report.get("gpu_busy")
+    if busy:  # the same pairs by the kernels' device time alone, measured in the same run
+        profiled = [name for name in METHODS if any(b["method"] == name for b in busy)]
+        pairs = [pair for pair in RATIOS + THREE_CALL_RATIOS if pair[1] in profiled and pair[2] in profiled]
+        lines += [f"GPU busy time per forward+backward (profiler, {_profiled_steps(report)})"]
+        if pairs:
+            lines += ["| T | " + " | ".join(label for label, _, _ in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
+        else:
+            lines += ["| T | " + " | ".join(profiled) + " |", "|---" * (len(profiled) + 1) + "|"]
+        for T in sorted({b["T"] for b in busy}):
+            ms = _busy_ms(busy, T)
+            cells = ([f"{_ms(ms, a)} / {_ms(ms, b)} ms = {_ratio(ms, a, b)}" for _, a, b in pairs] if pairs
+                     else [_ms(ms, name) for name in profiled])
+            lines.append(f"| {T} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _busy_ms(busy: list[dict], T: int) -> dict:
+    """Method → GPU busy ms per forward+backward at length ``T``."""
+    return {b["method"]: b["ms"] for b in busy if b["T"] == T}
+
+
+def _profiled_steps(report: dict) -> str:
+    repeats = report.get("profile_repeats") or max(len(b.get("steps_ms", ())) for b in report["gpu_busy"])
+    return f"median of {repeats} profiled steps" if repeats > 1 else "one profiled step"
 
 
 def _timed(report: dict) -> list[str]:
@@ -1068,9 +1252,14 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep-kernels", default=None,
                         help="a comma list of the row's kernel names (forward, backward_states, ...): --sweep times "
                              "only their variants, the other kernels keep the row's options (default: every kernel)")
-    parser.add_argument("--profile", action="store_true", help="per-kernel times of fwd+bwd (--profile-methods)")
-    parser.add_argument("--profile-methods", default="linmem RDN,linmem RLA",
-                        help="the methods --profile profiles, at the timed widths (not the 2V methods)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timings: per-kernel times and GPU busy time of fwd+bwd (--profile-methods) "
+                             "at each timed B and T")
+    parser.add_argument("--profile-methods", default=None,
+                        help="the methods --profile profiles, at the timed widths (not the 2V methods); default: "
+                             "both methods of each ratio the run times (RDN / GDN, ...), else linmem RDN and RLA")
+    parser.add_argument("--profile-repeats", type=int, default=3,
+                        help="steps profiled per method and length; the report gives their medians")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help="the key width (and the value width)")
@@ -1081,12 +1270,17 @@ def main(argv=None) -> None:
     if args.render:
         render(Path(args.out))
         return
-    unknown = [name for name in args.methods.split(",") + args.profile_methods.split(",") if name not in METHODS]
+    methods = args.methods.split(",")
+    profile_methods = (default_profile_methods(methods) if args.profile_methods is None
+                       else args.profile_methods.split(","))
+    unknown = [name for name in methods + profile_methods if name not in METHODS]
     if unknown:
         parser.error(f"--methods / --profile-methods: unknown {', '.join(map(repr, unknown))}; known: "
                      f"{', '.join(METHODS)}")
-    if any(name.endswith(" 2V") for name in args.profile_methods.split(",")):
+    if any(name.endswith(" 2V") for name in profile_methods):
         parser.error("--profile-methods: the 2V methods are not profiled (their inputs are built for timing only)")
+    if args.profile_repeats < 1:
+        parser.error(f"--profile-repeats: at least 1; got {args.profile_repeats}")
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         # the dry run needs the interpreter, and Triton fixes its own jit helpers (tl.sum, …) as compiled or
         # interpreted when it is first imported, which the linmem package did before this ran: start again
@@ -1149,13 +1343,6 @@ def main(argv=None) -> None:
         if args.sweep:
             print(f"sweep skipped: {left():.0f} s of the budget left", flush=True)
         report["kernel_options"] = function.kernel_options(HEAD_DIM, VALUE_DIM)
-    if args.profile and DEVICE == "cuda":
-        for T in (8192, args.tokens):
-            for method in args.profile_methods.split(","):
-                rows = profile_kernels(max(1, args.tokens // T), T, method)
-                report.setdefault("profile", {})[f"{method} T={T}"] = rows
-                print(f"profile {method} fwd+bwd T={T}:\n"
-                      + "\n".join(f"  {ms:8.3f} ms  {name[:90]}" for name, ms in rows), flush=True)
     for T in lengths:
         if left() < 30:
             report["skipped"].append(f"T={T}")
@@ -1191,6 +1378,8 @@ def main(argv=None) -> None:
             # measured
             _write(report, Path(args.out), with_plot=False)
         del x
+    if args.profile:  # after the timings, which are the point of a run: with what is left of the budget
+        profile_timed(report, profile_methods, args.profile_repeats, left, Path(args.out))
     _write(report, Path(args.out), with_plot=bool(report["results"]))
     print(markdown(report))
     print(f"total {time.time() - start:.0f} s")
