@@ -214,6 +214,15 @@ def test_busy_time_table_has_the_ratios_of_the_timing_tables():
     assert kernels.summary(alone).splitlines()[-2:] == ["|---|---|", "| 2048 | 1.80 |"]
 
 
+def test_summary_counts_unfinished_correctness_and_compile_tasks_not_skipped_timings():
+    from linmem.bench import kernels
+
+    report = _report({"linmem RDN": 2.51, "FLA GDN": 1.57})
+    report["skipped"] = ["check RDN float32 B=2 T=300", "offsets {}", "compile {'method': 'FLA GDN'}", "T=8192",
+                         "linmem GDN T=2048", "linmem GDN T=64 from fwd (stopped after 20 s)"]
+    assert "3 correctness/compile tasks not finished" in kernels.summary(report)
+
+
 @pytest.mark.parametrize("name", ["kernels.json", "kernel-widths-256.json"])
 def test_old_reports_render(name, tmp_path, capsys):
     """Reports written before the busy times were recorded (docs/benchmarks) render as before."""
@@ -271,7 +280,8 @@ def test_default_profile_methods_are_the_ratio_pairs():
     from linmem.bench import kernels
 
     assert kernels.default_profile_methods(["FLA GDN", "linmem RDN", "linmem GDN", "FLA GDN 2V"]) == [
-        "linmem RDN", "FLA GDN"]
+        "linmem RDN", "linmem GDN", "FLA GDN"]
+    assert kernels.default_profile_methods(["FLA GDN", "linmem RDN", "FLA GDN 2V"]) == ["linmem RDN", "FLA GDN"]
     assert kernels.default_profile_methods(["linmem RDN", "FLA GDN 2V"]) == ["linmem RDN", "linmem RLA"]
 
 
@@ -283,3 +293,30 @@ def test_profile_of_a_real_step_in_the_interpreter(monkeypatch):
     assert len(found["steps_ms"]) == 2 and all(ms > 0 for ms in found["steps_ms"])
     assert min(found["steps_ms"]) <= found["busy_ms"] <= max(found["steps_ms"])
     assert 0 < len(found["rows"]) <= kernels.PROFILE_TOP
+
+
+@pytest.mark.parametrize("given, expected", [([], (1, 64)), (["--sweep-at", "4,16"], (4, 16))])
+def test_the_sweep_times_at_the_batch_and_length_asked_for(tmp_path, monkeypatch, given, expected):
+    """``--sweep-at B,T`` is the shape the sweep times (default: one sequence of --tokens, at most 32768)."""
+    kernels = _kernels(monkeypatch)
+    from linmem.ops.triton import function
+
+    swept = []
+
+    def tune(variants, B, T, deadline=None):
+        swept.append((B, T))
+        return function.kernel_options(kernels.HEAD_DIM, kernels.VALUE_DIM)
+
+    monkeypatch.setattr(kernels, "tune", tune)
+    monkeypatch.setattr(kernels, "time_method", lambda fn, x, backward: 1.0)
+    kernels.main([*DRY_RUN, "--lengths", "64", "--methods", "linmem sGLA", "--sweep", "--sweep-kernels", "decay_grad",
+                  *given, "--out", str(tmp_path)])
+    assert swept == [expected]
+
+
+@pytest.mark.parametrize("bad", ["4", "4,0", "a,b", "1,2,3"])
+def test_sweep_at_refuses_what_is_not_a_batch_and_a_length(bad):
+    from linmem.bench import kernels
+
+    with pytest.raises(SystemExit):
+        kernels.main(["--sweep-at", bad, "--render", "--out", "/nonexistent"])

@@ -17,7 +17,8 @@ One run does five things, in this order, so that one GPU session answers both "i
    row of ``KERNEL_OPTIONS`` (linmem.ops.triton.function, one row per width class) to paste, e.g.
    ``--sweep --heads 8 --head-dim 256`` for GDN-1.3B's heads or ``--head-dim 128 --value-dim 256`` for GLA-340M's;
    ``--swept`` times fewer methods and ``--sweep-kernels`` (e.g. ``backward_states``) one kernel's variants only,
-   for a sweep that fits a short budget; the winners are checked against float64 again, as in 1;
+   for a sweep that fits a short budget; ``--sweep-at B,T`` the shape it times (default one sequence of
+   ``--tokens``, at most 32K); the winners are checked against float64 again, as in 1;
 3. times forward and forward+backward (``triton.testing.do_bench`` medians) at ``--tokens`` tokens per batch, H = 16,
    head dim 128 (``--heads``, ``--head-dim``, ``--value-dim``), bf16: linmem RLA/RDN (and its own sGLA/GDN,
    ``residual=False``), FLA ``chunk_simple_gla``, ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash
@@ -340,7 +341,8 @@ DEFAULT_METHODS = [name for name in METHODS if not name.endswith(" 2V")]
 # linmem's methods on the chunked kernels (``linmem.ops.triton.function``; GLA's per-key decay has its own kernels)
 CHUNKED_METHODS = ["linmem RLA", "linmem RDN", "linmem sGLA", "linmem GDN"]
 # (label, A, B): the report's A / B columns, each shown when a run timed both methods
-RATIOS = [("RDN / GDN", "linmem RDN", "FLA GDN"), ("RLA / sGLA", "linmem RLA", "FLA sGLA"),
+RATIOS = [("GDN / FLA GDN", "linmem GDN", "FLA GDN"), ("sGLA / FLA sGLA", "linmem sGLA", "FLA sGLA"),
+          ("RDN / GDN", "linmem RDN", "FLA GDN"), ("RLA / sGLA", "linmem RLA", "FLA sGLA"),
           ("GLA / FLA GLA", "linmem GLA", "FLA GLA"),
           ("RDN / GDN 2V", "linmem RDN", "FLA GDN 2V"), ("RLA / sGLA 2V", "linmem RLA", "FLA sGLA 2V")]
 # the summary's further pairs: linmem's two-memory ops against the same op composed from three FLA calls
@@ -1068,7 +1070,9 @@ def summary(report: dict) -> str:
     if tuned:
         verdicts.append(f"with the sweep's winners {sum(c['passed'] for c in tuned['checks'])}/"
                         f"{len(tuned['checks'])} passed")
-    unfinished = [s for s in report.get("skipped", []) if not s.startswith("T=")]
+    # correctness and compile tasks are listed by kind ("check ...", "compile {...}"); method timings by name
+    unfinished = [s for s in report.get("skipped", []) if s.split(" ", 1)[0] in ("check", "offsets", "finite",
+                                                                                "compile")]
     if unfinished:
         verdicts.append(f"{len(unfinished)} correctness/compile tasks not finished")
     names = _timed(report)
@@ -1235,6 +1239,16 @@ def render(out: Path) -> None:
           + summary(report))
 
 
+def _batch_and_length(text: str) -> tuple[int, int]:
+    try:
+        B, T = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"B,T expected (two integers); got {text!r}") from None
+    if B < 1 or T < 1:
+        raise argparse.ArgumentTypeError(f"B and T must be >= 1; got {text!r}")
+    return B, T
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/benchmarks")
@@ -1252,6 +1266,9 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep-kernels", default=None,
                         help="a comma list of the row's kernel names (forward, backward_states, ...): --sweep times "
                              "only their variants, the other kernels keep the row's options (default: every kernel)")
+    parser.add_argument("--sweep-at", type=_batch_and_length, default=None, metavar="B,T",
+                        help="the batch and length the sweep times (default: one sequence of min(--tokens, 32768)); "
+                             "e.g. 4,2048 for a training micro-batch, where more sequences fill more of the GPU")
     parser.add_argument("--profile", action="store_true",
                         help="after the timings: per-kernel times and GPU busy time of fwd+bwd (--profile-methods) "
                              "at each timed B and T")
@@ -1327,7 +1344,7 @@ def main(argv=None) -> None:
 
     if args.sweep and left() > 0.3 * args.budget:
         defaults = dict(function.kernel_options(HEAD_DIM, VALUE_DIM))
-        B, T = max(1, args.tokens // 32768), min(32768, args.tokens)
+        B, T = args.sweep_at or (max(1, args.tokens // 32768), min(32768, args.tokens))
         report["kernel_options"] = tune(variants, B, T, deadline=start + 0.8 * args.budget)
         reason = (f"{report['env']['gpu']} sweep (triton {report['env']['triton']}), "
                   f"{'+'.join(name.removeprefix('linmem ') for name in SWEPT)} fwd+bwd, B={B}, T={T}, H={HEADS}")
@@ -1337,7 +1354,8 @@ def main(argv=None) -> None:
         if changed and not args.skip_check:  # the options about to be timed, against float64 like the defaults
             print(f"re-checking with the sweep's winners: {changed}", flush=True)
             tuned, _ = warm_and_check([], args.workers, False, True, lengths, args.tokens,
-                                      deadline=time.time() + max(60.0, 0.3 * left()), kernel_options=changed)
+                                      deadline=time.time() + max(60.0 + 2 * HEAVY_TASK_SECONDS, 0.3 * left()),
+                                      kernel_options=changed)
             report["tuned_checks"] = dict(tuned, options=changed)
     else:
         if args.sweep:
