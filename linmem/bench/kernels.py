@@ -76,25 +76,60 @@ VALUE_DIM = HEAD_DIM  # the value width (--value-dim; the head dim unless it say
 MIN_METHOD_SECONDS = 20.0  # a method timed when the budget is nearly spent still gets this long
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (Triton interpreter) only for a dry run
 TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole tensors (tf32 / bf16 dots)
-# With the clip target, a prediction error within rounding distance of ±clip flips ρ' between 0 and 1 for that
-# element, so dv (= β∘dx + d_err, the most direct) differs from float64 with no fault: rounding only q, k, v to tf32
-# in an exact float64 run moves dv by ~6e-3 for clip and 3e-4 for tanh (`python -m linmem.bench.clip_sensitivity`);
-# bf16 inputs move it by ~1e-2. The tanh cases check the same paths at the plain tolerance.
-CLIP_DV_TOLERANCE = {torch.float32: 1.5e-2, torch.bfloat16: 3e-2}
-# The flips reach dk, dg and dβ too, through the base memory's backward, at up to a quarter of dv's change (16 trials
-# of the same rounding: dk 1.5e-3, dg 1.2e-3, dβ 1.9e-3 against dv 8.1e-3; tanh 3-4e-4 for all), enough to push
-# float32 dβ and dg past 3e-3 on a GPU (3.0e-3 to 4.4e-3 seen beside dv 1.4e-2), so clip cases allow them
-# the plain tolerance plus a third of the dv allowance; dq, dγ and the states keep the plain one.
-CLIP_COUPLED_TOLERANCE = {dtype: TOLERANCE[dtype] + CLIP_DV_TOLERANCE[dtype] / 3 for dtype in TOLERANCE}
+# With the clip target, a prediction error err = v − S_{t−1}k within rounding distance of ±clip lands on the other
+# side of it in the kernels and flips ρ' between 0 and 1 for that element, so dv there (= β∘dx + d_err, d_err = ρ'·…)
+# differs from float64 by the whole term, with no fault: rounding only q, k, v to tf32 in an exact float64 run moves
+# the whole dv by ~6e-3 (`python -m linmem.bench.clip_sensitivity`; 3e-4 with tanh, whose ρ' is continuous), and
+# on an H100 float32 cases measured dv 1.4e-2 to 1.7e-2 against 3e-3 or less for their other outputs. So the check
+# compares dv without the elements whose float64 err lies within FLIP_BAND of ±clip: the same rounding moves float64's
+# err by at most 1.9e-3 at the main check shape (B 2, T 300, H 3, K = V = 128, 4 draws), the band is five times
+# that, about 1% of the elements; bf16 inputs are 8x coarser.
+FLIP_BAND = {torch.float32: 1e-2, torch.bfloat16: 8e-2}
+# The flips reach the other elements of dv, and dk, dg and dβ, through the base memory's backward, at up to a
+# quarter of the flipped elements' change (16 trials of the tf32 rounding: dk 1.5e-3, dg 1.2e-3, dβ 1.9e-3 against dv
+# 8.1e-3; tanh 3-4e-4 for all; float32 dβ and dg 3.0e-3 to 4.4e-3 seen on a GPU), so clip cases allow those four
+# the plain tolerance plus CLIP_SPREAD; dq, dγ and the states keep the plain one. The tanh cases check the same
+# paths at the plain tolerance.
+CLIP_SPREAD = {torch.float32: 5e-3, torch.bfloat16: 1e-2}
+CLIP_COUPLED_TOLERANCE = {dtype: TOLERANCE[dtype] + CLIP_SPREAD[dtype] for dtype in TOLERANCE}
+
+
+def _clipped(case: dict) -> bool:
+    return case["residual"] and case.get("options", {}).get("residual_target", "clip") == "clip"
 
 
 def _tolerance(case: dict, dtype: torch.dtype, name: str) -> float:
-    clipped = case["residual"] and case.get("options", {}).get("residual_target", "clip") == "clip"
-    if clipped and name == "dv":
-        return CLIP_DV_TOLERANCE[dtype]
-    if clipped and name in ("dk", "dg", "dbeta"):
+    if _clipped(case) and name in ("dv", "dk", "dg", "dbeta"):
         return CLIP_COUPLED_TOLERANCE[dtype]
     return TOLERANCE[dtype]
+
+
+def base_errors(inputs: dict, rule: str, cu_seqlens: list[int] | None = None) -> torch.Tensor:
+    """The base memory's prediction errors ``err_t = v_t − S_{t−1}k_t`` ``[B, T, H, V]`` in float64, by the token
+    loop of ``linmem.ops.step`` from the initial states ``S0`` (``[B, H, V, K]``, or one per packed sequence of
+    ``cu_seqlens`` with B = 1, each sequence starting from its own)."""
+    from linmem.ops.step import read, write
+
+    x = {name: t.double() for name, t in inputs.items()}
+    starts = {0: 0}
+    if cu_seqlens:
+        starts = {cu_seqlens[i]: i for i in range(len(cu_seqlens) - 1) if cu_seqlens[i + 1] > cu_seqlens[i]}
+    out = torch.empty_like(x["v"])
+    state = None
+    for t in range(x["v"].shape[1]):
+        if t in starts:
+            state = x["S0"] if not cu_seqlens else x["S0"][starts[t]].unsqueeze(0)
+        k_t, v_t = x["k"][:, t], x["v"][:, t]
+        out[:, t] = v_t - read(state, k_t)
+        state = write(state, k_t, v_t, x["beta"][:, t], x["g"][:, t], rule)
+    return out
+
+
+def clip_dv_error(got: torch.Tensor, want: torch.Tensor, err: torch.Tensor, clip: float, band: float) -> dict:
+    """dv's relative error without the elements whose float64 prediction error ``err`` (the shape of dv) lies within
+    ``band`` of ±``clip`` (``dv``), over all of them (``dv_all``), and the share left out (``flip_band``)."""
+    near = ((err.abs() - clip).abs() < band).to(got.device)
+    return dict(dv=_rel(got[~near], want[~near]), dv_all=_rel(got, want), flip_band=near.double().mean().item())
 
 # ------------------------------------------------------------------------------------------------ inputs and runs
 
@@ -216,9 +251,15 @@ def run_check(case: dict) -> dict:
         errors[("S_T", "R_T")[i]] = _rel(a, b)
     for name, want in ref[2].items():
         errors["d" + name] = _rel(got[2].get(name), want)
+    band = {}
+    if _clipped(case) and got[2].get("v") is not None:  # dv away from ρ's kinks, dv_all over every element
+        found = clip_dv_error(got[2]["v"], ref[2]["v"], base_errors(exact, case["rule"], bounds),
+                              options.get("clip", 1.0), FLIP_BAND[dtype])
+        errors["dv"] = found.pop("dv")
+        band = found
     worst = max(errors.values())
     passed = all(err < _tolerance(case, dtype, name) for name, err in errors.items())
-    return dict(case=_case_name(case), errors=errors, worst=worst, passed=bool(passed))
+    return dict(case=_case_name(case), errors=errors, worst=worst, passed=bool(passed), **band)
 
 
 def _rel(got, want) -> float:
@@ -1020,16 +1061,20 @@ def markdown(report: dict) -> str:
         passed = sum(c["passed"] for c in checks)
         lines += ["## Correctness (linmem Triton vs float64 reference, relative Frobenius errors)", "",
                   f"{passed} of {len(checks)} cases within tolerance (fp32 {TOLERANCE[torch.float32]:.0e}, bf16 "
-                  f"{TOLERANCE[torch.bfloat16]:.0e}; dv of clip cases {CLIP_DV_TOLERANCE[torch.float32]:.1e} / "
-                  f"{CLIP_DV_TOLERANCE[torch.bfloat16]:.0e}, their dk, dg, dβ "
-                  f"{CLIP_COUPLED_TOLERANCE[torch.float32]:.1e} / {CLIP_COUPLED_TOLERANCE[torch.bfloat16]:.1e}). "
+                  f"{TOLERANCE[torch.bfloat16]:.0e}; clip cases' dv, dk, dg, dβ "
+                  f"{CLIP_COUPLED_TOLERANCE[torch.float32]:.1e} / {CLIP_COUPLED_TOLERANCE[torch.bfloat16]:.1e}, "
+                  f"their dv without the elements whose float64 error lies within {FLIP_BAND[torch.float32]:.0e} / "
+                  f"{FLIP_BAND[torch.bfloat16]:.0e} of ±clip, where rounding flips the clip's slope; dv_all: every "
+                  "element, not judged). "
                   "Fresh random inputs each run, NaN-poisoned buffers.", "",
-                  "| case | worst | o | dq | dk | dv | dg | dβ | dγ | dS0 | dR0 |", "|---" * 11 + "|"]
+                  "| case | worst | o | dq | dk | dv | dv_all (band share) | dg | dβ | dγ | dS0 | dR0 |",
+                  "|---" * 12 + "|"]
         for c in sorted(checks, key=lambda c: c["case"]):
             e = c["errors"] or {"o": math.inf}
-            cols = [e.get(k) for k in ("o", "dq", "dk", "dv", "dg", "dbeta", "dgamma", "dS0", "dR0")]
-            lines.append(f"| {c['case']} | {c['worst']:.1e} | "
-                         + " | ".join("–" if v is None else f"{v:.1e}" for v in cols) + " |")
+            cols = ["–" if e.get(k) is None else f"{e[k]:.1e}"
+                    for k in ("o", "dq", "dk", "dv", "dg", "dbeta", "dgamma", "dS0", "dR0")]
+            cols.insert(4, f"{c['dv_all']:.1e} ({c['flip_band']:.1%})" if "dv_all" in c else "–")
+            lines.append(f"| {c['case']} | {c['worst']:.1e} | " + " | ".join(cols) + " |")
         lines.append("")
     for key in ("offsets", "finite"):
         found = report.get(key)
