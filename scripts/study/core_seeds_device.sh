@@ -19,6 +19,9 @@
 #       $OUT/NAME-runs.tar.gz; repeat until the queue is done (a machine given back loses the runs not packed)
 #
 # Here, `tar xzf NAME-runs.tar.gz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs.
+# Triton's compiled kernels travel between machines: `start` unpacks .devrun/triton-cache.tgz (when carried) into
+# the runs' TRITON_CACHE_DIR, so that the queue's runs do not each compile the same kernels first, and `collect`
+# returns the cache as $OUT/triton-cache.tgz (under 15 MiB); copy it to .devrun/triton-cache.tgz here.
 set -uo pipefail
 verb=${1:-}
 shift || true
@@ -63,6 +66,11 @@ case $verb in
     # the first start of a machine copies; a second (another study) joins the same copy and its running queue
     [ -d /root/w ] || cp -r "$root" /root/w || exit 1
     cd /root/w || exit 1
+    export TRITON_CACHE_DIR=/root/w/.triton-cache
+    carried=$(dirname "$root")/triton-cache.tgz  # .devrun/triton-cache.tgz beside .devrun/w
+    if [ -f "$carried" ] && [ ! -d "$TRITON_CACHE_DIR" ]; then
+      mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$carried" -C "$TRITON_CACHE_DIR" || echo "triton cache not unpacked"
+    fi
     name=$(awk '/^name:/ {print $2; exit}' "$study")
     bash scripts/study/detached.sh start "$study" "runs/study/$name" $# "$@"
     ;;
@@ -73,6 +81,11 @@ case $verb in
     rm -rf /root/packs
     bash scripts/study/detached.sh pack --no-weights /root/packs "runs/study/$2"
     tar czf "${OUT:?}/$2-runs.tar.gz" -C /root/packs .
+    if [ -d /root/w/.triton-cache ]; then
+      tar czf /root/triton-cache.tgz -C /root/w/.triton-cache . &&
+        if [ "$(stat -c %s /root/triton-cache.tgz)" -lt 15728640 ]; then cp /root/triton-cache.tgz "$OUT/"
+        else echo "triton cache over 15 MiB: not returned"; fi
+    fi
     ls -la "$OUT"
     ;;
   *) sed -n 2,21p "$0" >&2; exit 2 ;;
