@@ -140,9 +140,11 @@ def test_a_close_pair_waits_for_a_spare_seed_whose_mean_decides():
     runs = {"half": {100: 3.50}, "zoo": {100: 3.30}, "double": {100: 3.35}}
     waiting = "close: 5e-3 and 1e-2 within 0.05 (< 0.1) on seed 100: run seed 101 at both"
     assert needs(runs) == waiting
+    assert rate_race.need(made_up(runs), BRACKET, "val_loss", 100, SEEDS, 0.1).runs == ["zoo:101", "double:101"]
     runs["zoo"][101] = 3.40  # one of the two rates alone does not decide
     runs["half"][101] = 3.30
     assert needs(runs) == waiting
+    assert rate_race.need(made_up(runs), BRACKET, "val_loss", 100, SEEDS, 0.1).runs == ["double:101"]
     runs["double"][101] = 3.38  # mean over seeds 100 and 101: 5e-3 3.350, 1e-2 3.365
     assert needs(runs) == "decided (seeds 100, 101): 5e-3"
     runs["double"][101] = 3.30  # 1e-2 3.325: the spare turns the race to the edge
@@ -217,12 +219,17 @@ def test_the_script_prints_each_groups_next_step_under_the_studys_seeds(small_st
     path = tmp_path / "results.json"
     path.write_text(json.dumps(made_up(runs)))
     printed = race(str(small_study), str(path), "--decide-seed", "100")
-    assert printed.split("\n\n")[-2:] == [
+    assert printed.split("\n\n")[-4:-2] == [
         "What the race needs next (val_loss on seed 100 decides; a winner at an edge of its bracket gets the next rate "
         "out first; where the two best lie less than 0.1 apart, spare seeds 101, 102 decide between them)",
         "- gdn (GDN 6 x 256): close: 5e-3 and 2.5e-3 within 0.05 (< 0.1) on seed 100: run seed 101 at both\n"
         "- gdn-wide (GDN 6 x 256): edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3\n"
         "- rdn-tied-gamma (RDN 6 x 256): incomplete: no run of seed 100 at 2.5e-3\n"
-        "- RDN 6 x 256: incomplete: no run of seed 100 at 2.5e-3, 5e-3\n"]
+        "- RDN 6 x 256: incomplete: no run of seed 100 at 2.5e-3, 5e-3"]
+    # the runs each step names, ready for a queue, and the rate the edge needs a model at first
+    assert printed.split("\n\n")[-2:] == [
+        "Runs to queue (MODEL:SEED, models the study file declares): gdn-zoo-lr:101 gdn-half-lr:101 "
+        "rdn-tied-gamma-half-lr:100 slow:100 zoo:100",
+        "Models to add to the study file first (the next rate out): gdn-wide at 1.25e-3\n"]
     printed = race(str(small_study), str(path), "--decide-seed", "100", "--close", "0.01")
     assert "less than 0.01 apart" in printed and "- gdn (GDN 6 x 256): decided: 5e-3\n" in printed

@@ -114,7 +114,22 @@ def spare_seeds(seeds: list[int], seed: int) -> list[int]:
     return seeds[seeds.index(seed) + 1:] if seed in seeds else [s for s in seeds if s != seed]
 
 
+@dataclass
+class Need:
+    """What a group needs next: ``text`` (the verdict), ``runs`` (``MODEL:SEED`` of models the study declares) and
+    ``new_rate`` (a rate the study file must get a model at first, or None)."""
+
+    text: str
+    runs: list[str]
+    new_rate: float | None = None
+
+
 def verdict(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], close: float) -> str:
+    """What the race needs next for ``group`` (``need``'s text)."""
+    return need(tables, group, metric, seed, seeds, close).text
+
+
+def need(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], close: float) -> Need:
     """What the race needs next for ``group``, decided on ``metric`` of ``seed`` (``seeds``: the study's):
 
     - ``incomplete: no run of seed S at R1, R2``: a rate lacks its run of the deciding seed;
@@ -130,7 +145,8 @@ def verdict(tables: dict, group: Group, metric: str, seed: int, seeds: list[int]
     values = {rate: seed_values(tables, group.models[rate], metric) for rate in rates}
     missing = [rate for rate in rates if seed not in values[rate]]
     if missing:
-        return f"incomplete: no run of seed {seed} at {', '.join(rate_text(r) for r in missing)}"
+        return Need(f"incomplete: no run of seed {seed} at {', '.join(rate_text(r) for r in missing)}",
+                    [f"{group.models[r]}:{seed}" for r in missing])
     higher = tables["metrics"][metric]["higher_is_better"]
     first, second = ranked({rate: values[rate][seed] for rate in rates}, higher)[:2]
     gap = abs(values[first][seed] - values[second][seed])
@@ -142,15 +158,20 @@ def verdict(tables: dict, group: Group, metric: str, seed: int, seeds: list[int]
         means = {rate: sum(values[rate][s] for s in counted) / len(counted) for rate in (first, second)}
         best = ranked(means, higher)[0]
     if best == rates[-1]:
-        return f"edge: wins at {rate_text(best)}, the top of its bracket: add {rate_text(best * 2)}"
+        return Need(f"edge: wins at {rate_text(best)}, the top of its bracket: add {rate_text(best * 2)}", [],
+                    best * 2)
     if best == rates[0]:
-        return f"edge: wins at {rate_text(best)}, the bottom of its bracket: add {rate_text(best / 2)}"
+        return Need(f"edge: wins at {rate_text(best)}, the bottom of its bracket: add {rate_text(best / 2)}", [],
+                    best / 2)
     if not is_close:
-        return f"decided: {rate_text(best)}"
+        return Need(f"decided: {rate_text(best)}", [])
     if len(counted) > 1:
-        return f"decided (seeds {', '.join(str(s) for s in counted)}): {rate_text(best)}"
+        return Need(f"decided (seeds {', '.join(str(s) for s in counted)}): {rate_text(best)}", [])
     pair = f"close: {rate_text(first)} and {rate_text(second)} within {gap:.3g} (< {close:g}) on seed {seed}"
-    return f"{pair}: run seed {spares[0]} at both" if spares else f"{pair}: the study has no spare seed left"
+    if not spares:
+        return Need(f"{pair}: the study has no spare seed left", [])
+    return Need(f"{pair}: run seed {spares[0]} at both",
+                [f"{group.models[r]}:{spares[0]}" for r in (first, second) if spares[0] not in values[r]])
 
 
 def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds: list[int], close: float) -> str:
@@ -160,8 +181,14 @@ def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds:
              else "a spare seed would decide (the study lists none)")
     rule = (f"{metric} on seed {seed} decides; a winner at an edge of its bracket gets the next rate out first; where "
             f"the two best lie less than {close:g} apart, {spare} between them")
+    needs = [need(tables, g, metric, seed, seeds, close) for g in groups]
     lines = [f"What the race needs next ({rule})", ""]
-    lines += [f"- {g.label}: {verdict(tables, g, metric, seed, seeds, close)}" for g in groups]
+    lines += [f"- {g.label}: {n.text}" for g, n in zip(groups, needs)]
+    runs = [run for n in needs for run in n.runs]
+    lines += ["", "Runs to queue (MODEL:SEED, models the study file declares): " + (" ".join(runs) or "none")]
+    new = [f"{g.label.split(' (')[0]} at {rate_text(n.new_rate)}" for g, n in zip(groups, needs) if n.new_rate]
+    if new:
+        lines += ["", "Models to add to the study file first (the next rate out): " + "; ".join(new)]
     return "\n".join(lines)
 
 
