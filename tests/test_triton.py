@@ -729,6 +729,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     if not row["forward"]["KEYS_ONCE"]:  # a row with it on (K = 256) is not timed again as a variant
         assert dict(row["forward"], KEYS_ONCE=True) in forward_keys_once
     assert row["forward"] not in forward_keys_once
+    # a kernel the row moved away from TUNED_AT_128 can move back: its TUNED_AT_128 options are a candidate
+    for name, options in function.TUNED_AT_128.items():
+        if name != "recompute_states" and options != row[name]:
+            assert {name: options} in variants, name
     assert ({o["num_stages"] for o in forward_keys_once} >= {3, 4}) == (K > 128)
     assert all(o["BV"] != 64 for o in forward_keys_once) and len(forward_keys_once) <= 6
 

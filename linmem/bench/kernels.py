@@ -754,6 +754,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
                 + [{"decay_grad": dict(num_warps=w, num_stages=1)} for w in (1, 4)])
     if max(key_dim, value_dim) > 128:
         variants += wide_variants(key_dim)
+    # a row that moved a kernel away from TUNED_AT_128 keeps those options among the candidates, so that a later
+    # sweep (another shape, another GPU) can move it back: e.g. the scores' 2 warps at K = 256, chosen within noise,
+    # spill 368-448 bytes per thread offline where 4 warps spill none
+    variants += [{name: dict(options)} for name, options in function.TUNED_AT_128.items()
+                 if name != "recompute_states"]
     variants.append({"recompute_states": not row["recompute_states"]})  # timed and reported, never chosen (tune)
     kept, seen = [], set()
     for variant in variants:  # neither the row's own options nor one variant twice
