@@ -414,6 +414,10 @@ class Run:
         print(f"skipped (budget spent): {what}", flush=True)
         return False
 
+    def measured(self, cells: dict) -> dict:
+        """``cells`` (who → what builds and measures it) without FLA's model under ``--no-fla``."""
+        return {who: cell for who, cell in cells.items() if not (self.args.no_fla and who == "fla")}
+
     def save(self) -> None:
         if self.args.out is not None:
             write_outputs(self.args.out, self.report)
@@ -437,9 +441,7 @@ class Run:
                    for step in range(args.warmup + args.steps)]
         chunk = trainer_loss_chunk_tokens(batch, args.seq_len, shape.vocab)
         row = dict(shape=shape.name, batch=batch, seq_len=args.seq_len, mode=mode, loss_chunk_tokens=chunk)
-        cells = dict(fla=(shape.fla, {}), linmem=(shape.linmem, dict(loss_chunk_tokens=chunk)))
-        if args.no_fla:
-            del cells["fla"]
+        cells = self.measured(dict(fla=(shape.fla, {}), linmem=(shape.linmem, dict(loss_chunk_tokens=chunk))))
         if args.residual:
             cells["residual"] = (shape.residual, dict(loss_chunk_tokens=chunk))
         for who, (build, loss_kwargs) in cells.items():
@@ -464,7 +466,7 @@ class Run:
         args, device = self.args, self.device
         ids = random_tokens(args.seed, 1, args.prefill_len, shape.vocab, device)
         row = dict(shape=shape.name, seq_len=args.prefill_len)
-        for who, build in (("fla", shape.fla), ("linmem", shape.linmem))[args.no_fla:]:
+        for who, build in self.measured(dict(fla=shape.fla, linmem=shape.linmem)).items():
             if self.may_start(f"{shape.name} prefill T={args.prefill_len} {who}"):
                 row[who] = isolated(lambda build=build: build(self.compute_dtype),
                                     lambda model: prefill_forwards(model, ids, args.warmup, args.steps, device),
@@ -478,12 +480,10 @@ class Run:
         args, device = self.args, self.device
         prompt = random_tokens(args.seed, batch, PROMPT_TOKENS, shape.vocab, device)
         row = dict(shape=shape.name, batch=batch, prompt=PROMPT_TOKENS, new_tokens=args.decode_tokens)
-        measures = dict(fla=(shape.fla, lambda model: fla_decode(model, prompt, args.decode_tokens, device)),
-                        linmem=(shape.linmem, lambda model: linmem_decode(
-                            model, prompt, args.decode_tokens, device,
-                            row["fla"]["tokens"] if ok(row.get("fla")) else None)))
-        if args.no_fla:
-            del measures["fla"]
+        measures = self.measured(dict(
+            fla=(shape.fla, lambda model: fla_decode(model, prompt, args.decode_tokens, device)),
+            linmem=(shape.linmem, lambda model: linmem_decode(
+                model, prompt, args.decode_tokens, device, row["fla"]["tokens"] if ok(row.get("fla")) else None))))
         for who, (build, measure) in measures.items():  # FLA first: linmem's teacher-forced check reads its tokens
             if self.may_start(f"{shape.name} decode B={batch} {who}"):
                 row[who] = isolated(lambda build=build: build(self.compute_dtype), measure, device)
