@@ -198,11 +198,11 @@ def test_busy_time_table_has_the_ratios_of_the_timing_tables():
     section = page.split("## GPU busy time per fwd+bwd (profiler)")[1].split("##")[0]
     assert "median of 3 profiled steps" in section
     table = [line for line in section.splitlines() if line.startswith("|")]
-    assert table[0] == "| T | linmem RLA | linmem RDN | FLA GDN | RDN / GDN |"
+    assert table[0] == "| T | linmem RLA | linmem RDN | FLA GDN | RDN / FLA GDN |"
     assert table[2:] == ["| 2048 | 1.10 | 1.80 | 1.20 | 1.50x |", "| 8192 | 4.40 | 7.20 | 4.80 | 1.50x |"]
     assert page.index("## fwd+bwd") < page.index("## GPU busy")
     summary = kernels.summary(report).splitlines()
-    assert summary[-4:] == ["| T | RDN / GDN |", "|---|---|", "| 2048 | 1.80 / 1.20 ms = 1.50x |",
+    assert summary[-4:] == ["| T | RDN / FLA GDN |", "|---|---|", "| 2048 | 1.80 / 1.20 ms = 1.50x |",
                             "| 8192 | 7.20 / 4.80 ms = 1.50x |"]
     assert summary[-5].startswith("GPU busy time per forward+backward (profiler, median of 3")
     assert "| 2048 | 2.51 / 1.57 ms = 1.60x |" in summary  # the do_bench table stays above it

@@ -587,9 +587,15 @@ def test_kernel_report_compares_with_fla_at_twice_the_value_width():
     report = _report({"linmem RDN": 22.0, "FLA GDN": 13.0, "FLA GDN 2V": 20.0, "linmem RLA": 19.0, "FLA sGLA": 8.0})
     table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert header == ["T", "linmem RLA", "linmem RDN", "FLA sGLA", "FLA GDN", "FLA GDN 2V", "RDN / GDN", "RLA / sGLA",
-                      "RDN / GDN 2V"]
+    assert header == ["T", "linmem RLA", "linmem RDN", "FLA sGLA", "FLA GDN", "FLA GDN 2V", "RDN / FLA GDN",
+                      "RLA / FLA sGLA", "RDN / FLA GDN 2V"]
     assert table[2] == "| 2048 | 19.00 | 22.00 | 8.00 | 13.00 | 20.00 | 1.69x | 2.38x | 1.10x |"
+    # with linmem's single-memory ops timed too, RDN and RLA are also divided by them (each label names its divisor)
+    report = _report({"linmem RDN": 22.0, "linmem GDN": 11.0, "FLA GDN": 13.0})
+    table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header[-3:] == ["GDN / FLA GDN", "RDN / FLA GDN", "RDN / GDN"]
+    assert table[2].endswith("| 0.85x | 1.69x | 2.00x |")
     with pytest.raises(SystemExit):
         kernels.main(["--methods", "linmem RDN,FLA GDN 3V"])
 
@@ -711,6 +717,20 @@ def test_sweep_variants_each_change_one_default(K, V):
     row = function.kernel_options(K, V)
     assert variants
     assert len({repr(v) for v in variants}) == len(variants)
+    # nor one launch under two spellings: num_warps None is 4 for bf16, num_stages None the width's pipeline depth
+    stages = 2 if K <= 128 else 1
+
+    def launch(name, options):
+        if not isinstance(options, dict):
+            return name, options
+        options = dict(options)
+        options["num_warps"] = 4 if options.get("num_warps", 4) is None else options.get("num_warps")
+        options["num_stages"] = stages if options.get("num_stages", stages) is None else options.get("num_stages")
+        return name, tuple(sorted(options.items()))
+
+    launches = [launch(*next(iter(v.items()))) for v in variants]
+    assert len(set(launches)) == len(launches)
+    assert not {launch(name, row[name]) for name in row} & set(launches)
     assert {"recompute_states": not row["recompute_states"]} in variants  # the other way, timed
     for variant in variants:
         ((name, options),) = variant.items()
@@ -729,19 +749,19 @@ def test_sweep_variants_each_change_one_default(K, V):
     if not row["forward"]["KEYS_ONCE"]:  # a row with it on (K = 256) is not timed again as a variant
         assert dict(row["forward"], KEYS_ONCE=True) in forward_keys_once
     assert row["forward"] not in forward_keys_once
-    # a kernel the row moved away from TUNED_AT_128 can move back: its TUNED_AT_128 options are a candidate
+    # a kernel the row moved away from TUNED_AT_128 can move back: its TUNED_AT_128 launch is a candidate
     for name, options in function.TUNED_AT_128.items():
-        if name != "recompute_states" and options != row[name]:
-            assert {name: options} in variants, name
+        if name != "recompute_states" and launch(name, options) != launch(name, row[name]):
+            assert launch(name, options) in launches, name
     assert ({o["num_stages"] for o in forward_keys_once} >= {3, 4}) == (K > 128)
     assert all(o["BV"] != 64 for o in forward_keys_once) and len(forward_keys_once) <= 6
 
 
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     """The sweep keeps, per kernel, the variant with the smallest RDN + RLA + GDN time, in the row of the swept
-    widths only: a variant that speeds RDN up and slows the others down more loses to the default; the row it
-    leaves holds the winners, the other rows are as they were; recompute_states is timed but not chosen; past the
-    deadline no variant is timed."""
+    widths only: a variant that speeds RDN up and slows the others down more loses to the default, and one within
+    the sweep's margin of the default does not move the row; the row it leaves holds the winners, the other rows are
+    as they were; recompute_states is timed but not chosen; past the deadline no variant is timed."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -755,27 +775,69 @@ def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     row["decay_grad"] = dict(row["decay_grad"], num_warps=2)
     rdn_only = {"output": dict(row["output"], BV=64)}
     every = {"decay_grad": dict(row["decay_grad"], num_warps=4)}
-    timings = {  # (output BV, decay_grad warps) -> (RDN, RLA, GDN) ms
-        (128, 2): (10.0, 8.0, 5.0), (64, 2): (9.0, 8.5, 5.6), (128, 4): (9.8, 7.9, 4.9)}
+    within_noise = {"backward_scores": dict(row["backward_scores"], BV=16)}
+    timings = {  # (output BV, decay_grad warps, backward_scores BV) -> (RDN, RLA, GDN) ms
+        (128, 2, 64): (10.0, 8.0, 5.0), (64, 2, 64): (9.0, 8.5, 5.6), (128, 4, 64): (9.5, 7.5, 4.5),
+        (128, 2, 16): (9.9, 7.9, 4.9)}  # 1.3% below the default: inside the margin
 
     calls = []
 
     def fake_time(fn, x, backward):
         calls.append(fn)
-        times = timings[(row["output"]["BV"], row["decay_grad"]["num_warps"])]
+        times = timings[(row["output"]["BV"], row["decay_grad"]["num_warps"], row["backward_scores"]["BV"])]
         faster = 0.5 if row["recompute_states"] != default else 1.0
         return faster * times[[kernels.METHODS[name] for name in kernels.SWEPT].index(fn)]
 
     monkeypatch.setattr(kernels, "time_method", fake_time)
     default = row["recompute_states"]
-    chosen = kernels.tune([rdn_only, every, {"recompute_states": not default}], 1, 64)
+    row["backward_scores"] = dict(row["backward_scores"], BV=64)
+    chosen = kernels.tune([rdn_only, every, within_noise, {"recompute_states": not default}], 1, 64)
     assert chosen["output"]["BV"] == 128 and chosen["decay_grad"]["num_warps"] == 4
+    assert chosen["backward_scores"]["BV"] == 64
     assert chosen["recompute_states"] is default  # timed (here the fastest), never chosen by time
     assert row["decay_grad"]["num_warps"] == 4 and row["output"]["BV"] == 128
     assert {k: v for k, v in function.KERNEL_OPTIONS.items() if k != (64, 128)} == others
     before, timed = dict(row), len(calls)
     assert kernels.tune([rdn_only], 1, 64, deadline=0.0) == before  # past the deadline: nothing but the default
     assert len(calls) == timed + len(kernels.SWEPT)
+
+
+def test_sweep_judges_each_variant_against_the_default_timed_beside_it(monkeypatch):
+    """On a GPU whose speed drifts during the sweep, each variant is compared with the default timed next to it,
+    not with the default's first timing: a variant 5% slower than the default, timed after the machine got 30%
+    faster, is not chosen, and one 5% faster, timed after it got 30% slower, is."""
+    from linmem.bench import kernels
+    from linmem.ops.triton import function
+
+    monkeypatch.setattr(kernels, "HEADS", 1)
+    monkeypatch.setattr(kernels, "HEAD_DIM", 16)
+    monkeypatch.setattr(kernels, "VALUE_DIM", 80)
+    monkeypatch.setattr(function, "KERNEL_OPTIONS", {k: dict(v) for k, v in function.KERNEL_OPTIONS.items()})
+    row = function.KERNEL_OPTIONS[64, 128]
+    row["output"] = dict(row["output"], BV=128)
+    row["decay_grad"] = dict(row["decay_grad"], num_warps=2)
+    slower = {"output": dict(row["output"], BV=64)}
+    faster = {"decay_grad": dict(row["decay_grad"], num_warps=4)}
+    cost = {(128, 2): 1.0, (64, 2): 1.05, (128, 4): 0.95}  # relative to the default
+    speed = {"now": 1.0}  # the machine's drift: a time factor that changes between the variants
+
+    def fake_time(fn, x, backward):
+        return speed["now"] * cost[(row["output"]["BV"], row["decay_grad"]["num_warps"])]
+
+    timed = []
+    per_total = len(kernels.SWEPT)  # timings per total over the swept methods
+
+    def drifting(*args, **kwargs):
+        # the first total (the default) at speed 1; then each pair of totals (variant and default) at its own speed
+        calls = len(timed)
+        timed.append(calls)
+        speed["now"] = 1.0 if calls < per_total else (0.7, 1.3)[(calls - per_total) // (2 * per_total)]
+        return fake_time(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "time_method", drifting)
+    chosen = kernels.tune([slower, faster], 1, 64)
+    assert chosen["output"]["BV"] == 128  # 5% slower beside its default, though faster than the first timing
+    assert chosen["decay_grad"]["num_warps"] == 4  # 5% faster beside its default, though slower than the first
 
 
 def test_launch_table_by_width_class(monkeypatch):
