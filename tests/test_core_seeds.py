@@ -12,7 +12,8 @@ from linmem.study.definition import load_study, resolve_model
 
 STUDIES = Path(__file__).resolve().parents[1] / "configs" / "study"
 BRACKET = {"half-lr": 0.5, "zoo-lr": 1.0, "double-lr": 2.0}
-NEXT_OUT = {"quad-lr": 4.0, "quarter-lr": 0.25}  # the next rate out, added for a model that won at an edge
+NEXT_OUT = {"quad-lr": 4.0, "oct-lr": 8.0, "quarter-lr": 0.25, "eighth-lr": 0.125}  # the next rates out, added for
+# a model that won at an edge of its bracket (and again at the rate added)
 
 
 @pytest.fixture(scope="module")
