@@ -6,6 +6,7 @@ column comes from the losses both models really had, and an out-of-memory error 
 from __future__ import annotations
 
 import json
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -102,6 +103,7 @@ def test_out_of_memory_is_an_oom_cell_and_the_run_goes_on(tmp_path, fla_decodes_
     assert report["prefill"][0]["linmem"]["status"] == "ok"
     table = versus_fla.format_train(report["train"])
     assert "| OOM |" in table and table.splitlines()[-1].endswith("| – | whole |")
+    assert "rounds" not in train and "per round" not in table  # one round: the table as it always was
 
 
 def test_without_fla_only_linmems_models_run_and_the_tables_say_so(tmp_path, fla_decodes_on_cpu, monkeypatch, capsys):
@@ -133,6 +135,129 @@ def test_budget_skips_and_lists_what_it_did_not_start(tmp_path, fla_decodes_on_c
     assert report["train"] == report["prefill"] == report["decode"] == []
     assert report["skipped"] == ["GDN-340M: write the FLA checkpoint"]
     assert "GDN-340M: write the FLA checkpoint" in (tmp_path / "versus_fla.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --rounds: every cell measured several times in ABBA order
+# ---------------------------------------------------------------------------------------------------------------
+
+def who_is(model: torch.nn.Module) -> str:
+    """Which cell of a row ``model`` is: FLA's own model, linmem's import (GDN) or its residual mixer (RDN)."""
+    if not isinstance(model, versus_fla.LinMemForCausalLM):
+        return "fla"
+    return "residual" if model.config.mixer == "rdn" else "linmem"
+
+
+def recording(monkeypatch, name: str, fail_at: int | None = None) -> list[tuple[str, dict]]:
+    """Wrap ``versus_fla.<name>`` (a measurement taking the model first) so that every call appends (who, its
+    result) to the returned list; the call numbered ``fail_at`` (from 0) runs out of memory instead."""
+    calls, measured = [], getattr(versus_fla, name)
+
+    def record(model, *args, **kwargs):
+        if len(calls) == fail_at:
+            calls.append((who_is(model), None))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        result = measured(model, *args, **kwargs)
+        calls.append((who_is(model), result))
+        return result
+
+    monkeypatch.setattr(versus_fla, name, record)
+    return calls
+
+
+def rounds_of(calls: list[tuple[str, dict]], who: str) -> list[dict]:
+    return [result for name, result in calls if name == who]
+
+
+ROUNDS = DRY_RUN + ["--steps", "3", "--rounds", "2"]
+
+
+@pytest.mark.slow
+def test_rounds_measure_each_cell_in_abba_order_and_pool_their_steps(tmp_path, fla_decodes_on_cpu, monkeypatch):
+    trained = recording(monkeypatch, "train_steps")
+    forwarded = recording(monkeypatch, "prefill_forwards")
+    report = versus_fla.main(ROUNDS + ["--parts", "train,prefill", "--residual", "--out", str(tmp_path)])
+    assert [who for who, _ in trained] == ["fla", "linmem", "residual", "residual", "linmem", "fla"]
+    assert [who for who, _ in forwarded] == ["fla", "linmem", "linmem", "fla"]
+    (train,), (residual,), (prefill,) = report["train"], report["residual"], report["prefill"]
+    cells = dict(fla=train["fla"], linmem=train["linmem"], residual=residual["residual"])
+    for who, cell in cells.items():
+        first, second = rounds_of(trained, who)
+        assert cell["status"] == "ok"
+        assert cell["steps_ms"] == first["steps_ms"] + second["steps_ms"] and len(cell["steps_ms"]) == 6
+        assert cell["step_ms"] == statistics.median(first["steps_ms"] + second["steps_ms"])
+        assert cell["rounds_ms"] == [first["step_ms"], second["step_ms"]]
+        assert cell["losses"] == first["losses"]
+        assert cell["max_round_loss_difference"] == max(abs(a - b) for a, b in zip(first["losses"],
+                                                                                   second["losses"]))
+        assert cell["max_round_loss_difference"] < 1e-5  # the same weights and batches, float32: deterministic
+    assert residual["base"] == train["linmem"]
+    assert train["rounds"] == {"fla": 2, "linmem": 2} and residual["rounds"] == {"base": 2, "residual": 2}
+    fla_ms, linmem_ms, residual_ms = (cells[who]["rounds_ms"] for who in ("fla", "linmem", "residual"))
+    assert train["rounds_ratio"] == [linmem_ms[0] / fla_ms[0], linmem_ms[1] / fla_ms[1]]
+    assert residual["rounds_ratio"] == [residual_ms[0] / linmem_ms[0], residual_ms[1] / linmem_ms[1]]
+    assert train["max_loss_difference"] == max(abs(a - b) for a, b in zip(cells["fla"]["losses"],
+                                                                         cells["linmem"]["losses"]))
+    for who in ("fla", "linmem"):
+        first, second = rounds_of(forwarded, who)
+        assert prefill[who]["forwards_ms"] == first["forwards_ms"] + second["forwards_ms"]
+        assert prefill[who]["ms"] == statistics.median(prefill[who]["forwards_ms"])
+        assert prefill[who]["rounds_ms"] == [first["ms"], second["ms"]]
+    assert prefill["rounds"] == {"fla": 2, "linmem": 2}
+    assert prefill["rounds_ratio"] == [prefill["linmem"]["rounds_ms"][r] / prefill["fla"]["rounds_ms"][r]
+                                       for r in range(2)]
+    markdown = (tmp_path / "versus_fla.md").read_text()
+    assert "2 rounds, ABBA order" in markdown
+    for rows, row, after in ((versus_fla.format_train, train, "| linmem / FLA | per round | FLA peak GiB |"),
+                             (versus_fla.format_residual, residual, "| residual / base | per round | base peak GiB |"),
+                             (versus_fla.format_prefill, prefill, "| linmem / FLA | per round | FLA peak GiB |")):
+        table = rows([row])
+        assert after in table and table in markdown
+        assert f"x | {row['rounds_ratio'][0]:.2f}, {row['rounds_ratio'][1]:.2f} | " in table
+
+
+@pytest.mark.parametrize("rounds, fail_at, order", [
+    (2, 2, ["fla", "linmem", "linmem", "fla"]),  # linmem's second round fails, after an ok first one
+    (3, 1, ["fla", "linmem", "fla", "fla"]),  # linmem's first round fails: it is not measured again
+])
+def test_a_round_out_of_memory_makes_the_cell_oom(fla_decodes_on_cpu, monkeypatch, rounds, fail_at, order):
+    trained = recording(monkeypatch, "train_steps", fail_at=fail_at)
+    report = versus_fla.main(ROUNDS + ["--parts", "train", "--rounds", str(rounds)])
+    assert [who for who, _ in trained] == order
+    (train,) = report["train"]
+    assert train["linmem"] == {"status": "OOM"}
+    assert train["fla"]["status"] == "ok" and len(train["fla"]["rounds_ms"]) == rounds
+    assert train["rounds"] == {"fla": rounds, "linmem": order.count("linmem") - 1}  # the ok rounds before the OOM
+    assert "rounds_ratio" not in train and "max_loss_difference" not in train
+    row = versus_fla.format_train(report["train"]).splitlines()[-1]
+    assert "| OOM | – | – |" in row  # linmem's time, the ratio, the per-round ratios
+
+
+def test_a_budget_cut_keeps_the_rounds_measured_so_far(fla_decodes_on_cpu, monkeypatch):
+    trained = recording(monkeypatch, "train_steps")
+    may_start = versus_fla.Run.may_start
+
+    def spent_after_four_trainings(self, what):
+        if len(trained) == 4:
+            self.deadline = self.started  # the budget is spent from here on
+        return may_start(self, what)
+
+    monkeypatch.setattr(versus_fla.Run, "may_start", spent_after_four_trainings)
+    report = versus_fla.main(ROUNDS + ["--parts", "train", "--residual"])
+    assert [who for who, _ in trained] == ["fla", "linmem", "residual", "residual"]
+    assert report["skipped"] == ["GDN-340M train B=2 eager linmem round 2/2", "GDN-340M train B=2 eager fla round 2/2"]
+    (train,), (residual,) = report["train"], report["residual"]
+    assert train["rounds"] == {"fla": 1, "linmem": 1} and residual["rounds"] == {"base": 1, "residual": 2}
+    assert train["fla"]["rounds_ms"] == [rounds_of(trained, "fla")[0]["step_ms"]]
+    assert train["fla"]["max_round_loss_difference"] is None  # one round: nothing to compare
+    assert len(residual["residual"]["rounds_ms"]) == 2
+    assert train["rounds_ratio"] == [train["linmem"]["rounds_ms"][0] / train["fla"]["rounds_ms"][0]]
+    assert residual["rounds_ratio"] == [residual["residual"]["rounds_ms"][0] / train["linmem"]["rounds_ms"][0]]
+
+
+def test_rounds_must_be_positive():
+    with pytest.raises(SystemExit, match="--rounds"):
+        versus_fla.main(DRY_RUN + ["--rounds", "0"])
 
 
 def test_the_trainers_loss_chunk_rule():

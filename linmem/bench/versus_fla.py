@@ -58,6 +58,17 @@ bench sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says in its 
 check here. FLA's attention layer (the hybrid shape) needs flash-attn; without it, FLA's ``flash_attn_func`` is
 replaced with ``fla_parity.sdpa_flash_attn_func``.
 
+``--rounds N`` (train and prefill; default 1) measures each cell of a row N times in ABBA order: round 0 in the
+cells' order (fla, linmem, residual), round 1 reversed, round 2 forward again, each time a fresh model through the
+same build-measure-free path; a drift of the machine over a row's minutes then falls on every cell alike instead of
+on one ratio. With N > 1 a cell holds every round's timed steps (``steps_ms``; prefill: ``forwards_ms``), their
+median (``step_ms``; ``ms``), each round's median (``rounds_ms``), the largest peak, the first round's losses and
+``max_round_loss_difference`` (the largest |difference| of one step's loss between rounds: the same batches, so a
+determinism check). A round that fails makes the cell that failure, and the cell is not measured again. The row adds
+``rounds`` (rounds completed per cell: fewer than N where the budget cut the row) and ``rounds_ratio`` (per round,
+linmem / FLA; residual rows residual / base; only where both cells are ok), which the tables show in a "per round"
+column.
+
 ``--budget`` (seconds) stops starting new measurements once spent; the skipped ones are listed, and every
 "measuring" line says how many seconds the run had taken when it started, so a budget can be planned from a run.
 ``--out DIR`` writes ``versus_fla.json`` (every raw number) and ``versus_fla.md`` (the tables, versions and
@@ -382,6 +393,31 @@ def isolated(build: Callable[[], torch.nn.Module], measure: Callable[[torch.nn.M
     return result
 
 
+def combine_rounds(rounds: list[dict], times: str, median: str) -> dict:
+    """One cell from its rounds (each an ok measurement of a fresh model, in the order measured): ``times`` (the
+    timed steps' key, ``steps_ms`` or ``forwards_ms``) holds every round's, one after the other, and ``median`` their
+    median; ``rounds_ms`` each round's median; ``peak_gib`` the largest (None off CUDA). Where the rounds have
+    ``losses`` (training), the cell keeps the first round's and ``max_round_loss_difference``: over the steps, the
+    largest spread of one step's loss across the rounds (None with a single round)."""
+    every = [value for result in rounds for value in result[times]]
+    peaks = [result["peak_gib"] for result in rounds if result["peak_gib"] is not None]
+    cell = {**rounds[0], times: every, median: statistics.median(every),
+            "rounds_ms": [result[median] for result in rounds], "peak_gib": max(peaks) if peaks else None}
+    if "losses" in rounds[0]:
+        per_step = list(zip(*(result["losses"] for result in rounds)))
+        cell["max_round_loss_difference"] = (max(max(step) - min(step) for step in per_step)
+                                             if len(rounds) > 1 and per_step else None)
+    return cell
+
+
+def rounds_ratio(top: dict | None, bottom: dict | None) -> list[float] | None:
+    """``top``'s per-round medians over ``bottom``'s, round by round (as far as both got); None unless both are
+    ok."""
+    if not (ok(top) and ok(bottom)):
+        return None
+    return [a / b for a, b in zip(top["rounds_ms"], bottom["rounds_ms"])]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------------
@@ -418,6 +454,38 @@ class Run:
         """``cells`` (who → what builds and measures it) without FLA's model under ``--no-fla``."""
         return {who: cell for who, cell in cells.items() if not (self.args.no_fla and who == "fla")}
 
+    def in_rounds(self, cells: dict[str, Callable[[], dict]], what: str, times: str,
+                  median: str) -> tuple[dict, dict]:
+        """Measure each of ``cells`` (who → a call of ``isolated``) ``--rounds`` times, the order reversed every
+        other round (fla, linmem, residual, then residual, linmem, fla, ...), so that the machine's drift over the
+        row falls on every cell alike. The budget is checked before each measurement; a cell that failed is not
+        measured again. Returns the cells, who → the one measurement (one round) or ``combine_rounds`` of its
+        rounds, or the failure (absent where none ran), and who → the rounds each completed."""
+        count = self.args.rounds
+        done, failed = {who: [] for who in cells}, {}
+        for index in range(count):
+            for who in list(cells) if index % 2 == 0 else list(reversed(cells)):
+                label = f"{what} {who}" + (f" round {index + 1}/{count}" if count > 1 else "")
+                if who in failed or not self.may_start(label):
+                    continue
+                result = cells[who]()
+                if ok(result):
+                    done[who].append(result)
+                else:
+                    failed[who] = result
+                self.save()
+        results = {}
+        for who, rounds in done.items():
+            if who in failed:
+                results[who] = failed[who]
+            elif rounds:
+                results[who] = rounds[0] if count == 1 else combine_rounds(rounds, times, median)
+                difference = results[who].get("max_round_loss_difference")
+                if difference is not None:
+                    print(f"{what} {who}: the losses of {len(rounds)} rounds differ by at most {difference:.2e}",
+                          flush=True)
+        return results, {who: len(rounds) for who, rounds in done.items()}
+
     def save(self) -> None:
         if self.args.out is not None:
             write_outputs(self.args.out, self.report)
@@ -444,21 +512,27 @@ class Run:
         cells = self.measured(dict(fla=(shape.fla, {}), linmem=(shape.linmem, dict(loss_chunk_tokens=chunk))))
         if args.residual:
             cells["residual"] = (shape.residual, dict(loss_chunk_tokens=chunk))
-        for who, (build, loss_kwargs) in cells.items():
-            what = f"{shape.name} train B={batch} {mode} {who}"
-            if not self.may_start(what):
-                continue
-            row[who] = isolated(lambda build=build: build(torch.float32),
-                                lambda model, kw=loss_kwargs: train_steps(model, batches, args.warmup, device, kw),
-                                device, compiled)
-            self.save()
+        measures = {who: functools.partial(
+            isolated, lambda build=build: build(torch.float32),
+            lambda model, kw=loss_kwargs: train_steps(model, batches, args.warmup, device, kw), device, compiled)
+            for who, (build, loss_kwargs) in cells.items()}
+        results, completed = self.in_rounds(measures, f"{shape.name} train B={batch} {mode}", "steps_ms", "step_ms")
+        row.update(results)
         fla, linmem = row.get("fla"), row.get("linmem")
         if ok(fla) and ok(linmem):
             row["max_loss_difference"] = max(abs(a - b) for a, b in zip(fla["losses"], linmem["losses"]))
-        self.report["train"].append({k: v for k, v in row.items() if k != "residual"})
+        train_row = {k: v for k, v in row.items() if k != "residual"}
+        residual_row = dict(shape=shape.name, batch=batch, seq_len=args.seq_len, mode=mode,
+                            mixer=shape.residual_mixer, base=linmem, residual=row.get("residual"))
+        if args.rounds > 1:
+            train_row["rounds"] = {who: n for who, n in completed.items() if who != "residual"}
+            residual_row["rounds"] = dict(base=completed.get("linmem", 0), residual=completed.get("residual", 0))
+            for out, top, bottom in ((train_row, linmem, fla), (residual_row, row.get("residual"), linmem)):
+                if (ratios := rounds_ratio(top, bottom)) is not None:
+                    out["rounds_ratio"] = ratios
+        self.report["train"].append(train_row)
         if args.residual:
-            self.report["residual"].append(dict(shape=shape.name, batch=batch, seq_len=args.seq_len, mode=mode,
-                                                mixer=shape.residual_mixer, base=linmem, residual=row.get("residual")))
+            self.report["residual"].append(residual_row)
         print(format_train([self.report["train"][-1]]), flush=True)
         self.save()
 
@@ -466,12 +540,17 @@ class Run:
         args, device = self.args, self.device
         ids = random_tokens(args.seed, 1, args.prefill_len, shape.vocab, device)
         row = dict(shape=shape.name, seq_len=args.prefill_len)
-        for who, build in self.measured(dict(fla=shape.fla, linmem=shape.linmem)).items():
-            if self.may_start(f"{shape.name} prefill T={args.prefill_len} {who}"):
-                row[who] = isolated(lambda build=build: build(self.compute_dtype),
-                                    lambda model: prefill_forwards(model, ids, args.warmup, args.steps, device),
-                                    device)
-                self.save()
+        measures = {who: functools.partial(
+            isolated, lambda build=build: build(self.compute_dtype),
+            lambda model: prefill_forwards(model, ids, args.warmup, args.steps, device), device)
+            for who, build in self.measured(dict(fla=shape.fla, linmem=shape.linmem)).items()}
+        results, completed = self.in_rounds(measures, f"{shape.name} prefill T={args.prefill_len}", "forwards_ms",
+                                            "ms")
+        row.update(results)
+        if args.rounds > 1:
+            row["rounds"] = completed
+            if (ratios := rounds_ratio(row.get("linmem"), row.get("fla"))) is not None:
+                row["rounds_ratio"] = ratios
         self.report["prefill"].append(row)
         print(format_prefill([row]), flush=True)
         self.save()
@@ -543,7 +622,7 @@ def settings_of(args: argparse.Namespace, backend: str) -> dict:
     return dict(shapes=args.shapes, batches=args.batches, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
                 prefill_len=args.prefill_len, decode_tokens=args.decode_tokens, decode_batches=args.decode_batches,
                 compile=args.compile, residual=args.residual, no_fla=args.no_fla, parts=args.parts, budget=args.budget,
-                scaled=args.scaled, seed=args.seed, backend=backend, learning_rate=LEARNING_RATE,
+                scaled=args.scaled, seed=args.seed, rounds=args.rounds, backend=backend, learning_rate=LEARNING_RATE,
                 prompt_tokens=PROMPT_TOKENS)
 
 
@@ -572,6 +651,22 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def _per_round(row: dict) -> str:
+    """A row's per-round ratios (``rounds_ratio``), or a dash where it has none."""
+    ratios = row.get("rounds_ratio")
+    return ", ".join(f"{ratio:.2f}" for ratio in ratios) if ratios else "–"
+
+
+def _with_rounds(header: list[str], body: list[list[str]], rows: list[dict], after: int) -> tuple[list, list]:
+    """``header`` and ``body`` with a "per round" column after column ``after`` (the time ratio's) where the rows
+    were measured in several rounds (they have ``rounds``); unchanged where they were not."""
+    if not any("rounds" in r for r in rows):
+        return header, body
+    at = after + 1
+    return (header[:at] + ["per round"] + header[at:],
+            [line[:at] + [_per_round(r)] + line[at:] for line, r in zip(body, rows)])
+
+
 def _first_loss(cell: dict | None) -> str:
     return f"{cell['losses'][0]:.4f}" if ok(cell) and cell["losses"] else _cell(cell, "")
 
@@ -589,7 +684,7 @@ def format_train(rows: list[dict]) -> str:
                      _cell(linmem, "peak_gib", 2), _ratio(linmem, fla, "peak_gib"), _first_loss(fla),
                      _first_loss(linmem), "–" if difference is None else f"{difference:.2e}",
                      str(r["loss_chunk_tokens"] or "whole")])
-    return _table(header, body)
+    return _table(*_with_rounds(header, body, rows, 6))
 
 
 def format_residual(rows: list[dict]) -> str:
@@ -599,7 +694,7 @@ def format_residual(rows: list[dict]) -> str:
              _cell(r["residual"], "step_ms"), _ratio(r["residual"], r["base"], "step_ms"),
              _cell(r["base"], "peak_gib", 2), _cell(r["residual"], "peak_gib", 2),
              _ratio(r["residual"], r["base"], "peak_gib")] for r in rows]
-    return _table(header, body)
+    return _table(*_with_rounds(header, body, rows, 7))
 
 
 def format_prefill(rows: list[dict]) -> str:
@@ -607,7 +702,7 @@ def format_prefill(rows: list[dict]) -> str:
     body = [[r["shape"], str(r["seq_len"]), _cell(r.get("fla"), "ms", 2), _cell(r.get("linmem"), "ms", 2),
              _ratio(r.get("linmem"), r.get("fla"), "ms"), _cell(r.get("fla"), "peak_gib", 2),
              _cell(r.get("linmem"), "peak_gib", 2)] for r in rows]
-    return _table(header, body)
+    return _table(*_with_rounds(header, body, rows, 4))
 
 
 def format_decode(rows: list[dict]) -> str:
@@ -666,7 +761,10 @@ def header_lines(report: dict) -> list[str]:
             f"AdamW lr {s['learning_rate']:g}, no clipping, no checkpointing, {s['warmup']} warm-up + {s['steps']} "
             f"timed steps, T = {s['seq_len']}; linmem backend {s['backend']}; prefill T = {s['prefill_len']}, B = 1; "
             f"decode {s['decode_tokens']} new tokens after {s['prompt_tokens']} prompt tokens, greedy"
-            + (f"; scaled shapes (hidden, layers, vocab) = {s['scaled']}" if s["scaled"] else ""),
+            + (f"; scaled shapes (hidden, layers, vocab) = {s['scaled']}" if s["scaled"] else "")
+            + (f"; train and prefill: {s['rounds']} rounds, ABBA order (each cell measured {s['rounds']} times, the "
+               "cells' order reversed every other round; a cell's median is over every round's steps, \"per round\" "
+               "gives each round's ratio)" if s.get("rounds", 1) > 1 else ""),
             "- ratios are linmem / FLA (residual rows: residual mixer / linmem's import); time and memory: above 1 "
             "is worse for linmem; tokens/s: above 1 is better",
             *(f"- {note}" for note in report["notes"])]
@@ -739,6 +837,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-fla", action="store_true",
                         help="leave FLA's own model out (linmem's import and, with --residual, its residual mixer)")
     parser.add_argument("--parts", type=_parts, default=list(PARTS), help=f"of {','.join(PARTS)}")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="train and prefill: measure each cell this many times, in ABBA order (drift cancels)")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
     parser.add_argument("--device", default="cuda")
@@ -750,8 +850,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
-    if args.steps < 1 or args.warmup < 0 or args.seq_len < 2 or args.decode_tokens < 1 or args.prefill_len < 1:
-        raise SystemExit("--steps, --decode-tokens and --prefill-len must be >= 1, --warmup >= 0, --seq-len >= 2")
+    if (args.steps < 1 or args.warmup < 0 or args.seq_len < 2 or args.decode_tokens < 1 or args.prefill_len < 1
+            or args.rounds < 1):
+        raise SystemExit("--steps, --decode-tokens, --prefill-len and --rounds must be >= 1, --warmup >= 0, "
+                         "--seq-len >= 2")
     if args.scaled is not None and len(args.scaled) != 3:
         raise SystemExit(f"--scaled takes HIDDEN,LAYERS,VOCAB; got {args.scaled}")
     device = torch.device(args.device)
