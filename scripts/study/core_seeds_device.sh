@@ -8,9 +8,10 @@
 #       .devrun/w (ignored): the committed linmem (HEAD, without the zoo's weights), configs and scripts, this
 #       checkout's core-seeds files over them, and data/zoo-4k (build it first: docs/study/core-seeds-lr/README.md)
 #   here:   bash scripts/study/core_seeds_device.sh park
-#       moves five of the seven shipped zoo weights (not gdn's and rdn's, which most tests load) out of the checkout
-#       and puts them back in the background once the device tool has read .devrun/sent (30 s later), or after
-#       PARK_SECONDS (600) at most; a `run` call naming .devrun in carry must follow at once
+#       moves the shipped zoo's weights out of the checkout and puts them back in the background once the device
+#       tool has read .devrun/sent (30 s later), or after PARK_SECONDS (600) at most; a `run` call naming .devrun in
+#       carry must follow at once (tests that load the zoo fail here in between). It prints the size the tool will
+#       send (tracked files present, and .devrun) and warns above the 64 MiB the tool takes
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh start STUDY.yaml MODEL:SEED [MODEL:SEED ...]
 #       copies .devrun/w to /root/w (once a machine) and starts scripts/study/detached.sh's queue there, every
 #       pair at once; the study folder is /root/w/runs/study/NAME
@@ -28,7 +29,8 @@ shift || true
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parked=/tmp/core-seeds-parked-weights
 zoo=linmem/zoo/models
-parked_models=(transformer gdn-hybrid gla sgla rla)
+parked_models=($(cd "$root/$zoo" && for f in */model.safetensors; do [ -f "$f" ] && dirname "$f"; done))  # every zoo model here
+send_limit=$((64 * 1024 * 1024))
 
 case $verb in
   prepare)
@@ -59,6 +61,10 @@ case $verb in
         [ -f "$f" ] && mv "$f" "'"$zoo"'/$(basename "$f" .safetensors)/model.safetensors"
       done' > /dev/null 2>&1 < /dev/null &
     echo "parked ${parked_models[*]}; restorer pid $!"
+    tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    devrun=$(du -sb .devrun | cut -f1)
+    echo "to send: $(( (tracked + devrun) / 1048576 )) MiB (tracked files present $(( tracked / 1048576 )), .devrun $(( devrun / 1048576 )))"
+    [ $(( tracked + devrun )) -le $send_limit ] || echo "warning: above the tool's 64 MiB: it will refuse the call" >&2
     ;;
   start)
     [ $# -ge 2 ] || { sed -n 2,21p "$0" >&2; exit 2; }
