@@ -512,6 +512,25 @@ def test_kernel_benchmark_dry_run(tmp_path, monkeypatch, capsys):
     assert report["kernel_options"] == json.loads(json.dumps(function.kernel_options(16, 24)))
 
 
+def test_kernel_benchmark_times_the_op_as_a_training_step_calls_it(monkeypatch):
+    """The bench's linmem methods skip the gates' value check, as a model's mixer does unless a hook could write the
+    gates: that check reads flags back to the host, a synchronisation per call that FLA's functions do not make and
+    that a timed step would otherwise include. The float64 checks keep it (they call the op with its defaults)."""
+    from linmem.ops import checks
+
+    kernels = _bench(monkeypatch)
+    checked = []
+    real = checks.check_gate_values
+    monkeypatch.setattr(checks, "check_gate_values", lambda *a: checked.append(1) or real(*a))
+    x = kernels.random_inputs(1, 32, 1, 16, 16, torch.float32, "cpu", seed=int(torch.randint(1000, ())))
+    x["g_key"] = -0.05 * torch.rand(1, 32, 1, 16)
+    for name in kernels.CHUNKED_METHODS + ["linmem GLA"]:
+        kernels.METHODS[name](kernels.grad_leaves(x)).sum().backward()
+    assert checked == []
+    kernels.linmem_run({k: v for k, v in x.items() if k != "g_key"}, "delta", True, "triton")
+    assert checked  # the default call checks
+
+
 def _bench_with_gdn_raising(monkeypatch, error: BaseException):
     """``linmem.bench.kernels`` for a CPU dry run in which timing linmem GDN raises ``error``."""
     kernels = _bench(monkeypatch)

@@ -291,13 +291,16 @@ def _case_name(case: dict) -> str:
 
 
 def linmem_method(rule: str, residual: bool, decay: str = "g"):
-    """linmem's op on the Triton backend; ``decay="g_key"``: GLA's per-key-channel decay (FLA GLA's inputs)."""
+    """linmem's op on the Triton backend; ``decay="g_key"``: GLA's per-key-channel decay (FLA GLA's inputs). Timed as
+    a model's training step calls it: without the gates' value check (``check_values=False``; a mixer asks for it only
+    where a hook could have written the gates), whose read-back is a host synchronisation per call that FLA's
+    functions do not make."""
 
     def run(x):
         from linmem.ops import linear_memory
 
         o, _ = linear_memory(x["q"], x["k"], x["v"], x[decay], x["beta"], x["gamma"] if residual else None, rule=rule,
-                             residual=residual, backend="triton")
+                             residual=residual, backend="triton", check_values=False)
         return o
 
     return run
