@@ -310,6 +310,98 @@ def label_window_sources():
     return module
 
 
+# ---------------------------------------------------------------- the loss-curve figure
+
+RATES = ("eighth", "quarter", "half", "zoo", "double", "quad", "oct")  # a learning-rate study's tags, low to high
+
+
+def write_training_logs(out: Path, rng, seeds: dict[str, int], steps: int = 40, every: int = 8) -> dict:
+    """Random ``metrics.jsonl`` for ``seeds[model]`` seeds of each model under ``out`` (a training loss at every step,
+    a validation loss every ``every`` steps); the study tables' ``models`` that name them."""
+    for model, count in seeds.items():
+        for seed in range(count):
+            rows = [{"step": s, "tokens": 1000 * s, "loss": float(rng.uniform(2, 6)),
+                     **({"val_loss": float(rng.uniform(2, 6))} if s % every == 0 else {})} for s in range(1, steps + 1)]
+            run_dir(out, model, seed).mkdir(parents=True)
+            (run_dir(out, model, seed) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"models": {model: {"seeds": list(range(count))} for model, count in seeds.items()}}
+
+
+def assert_legends_inside(fig) -> None:
+    fig.canvas.draw()
+    for legend in fig.legends:
+        box = legend.get_window_extent()
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, \
+            (box, fig.bbox)
+
+
+def test_a_rate_study_draws_the_validation_loss_in_a_panel_per_family(tmp_path):
+    from linmem.study.figures import _loss_figure, _rate_families, loss_curves
+    from linmem.study.runs import training_log
+
+    rng = np.random.default_rng()
+    families = {"gdn": ("double", "half", "zoo"), "rdn-tied-gamma": ("eighth", "zoo", "oct"), "rla": ("zoo", "quad"),
+                "gdn-wide": ("quarter", "half"), "sgla": ("double",)}
+    seeds = {f"{family}-{rate}-lr": int(rng.integers(1, 4)) for family, rates in families.items() for rate in rates}
+    seeds["gdn-double-lr"] = 2  # at least one line of several seeds
+    tables = write_training_logs(tmp_path, rng, {**seeds, "rla-no-clip-zoo-lr": 0})  # declared, never run: no panel
+    fig = _loss_figure(tmp_path, tables)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == list(families)
+    colours = {}
+    for i, (ax, (family, rates)) in enumerate(zip(panels, families.items())):
+        lines = ax.get_lines()
+        assert [line.get_label().split()[0] for line in lines] == sorted(rates, key=RATES.index)
+        for line in lines:
+            rate = line.get_label().split()[0]
+            model = f"{family}-{rate}-lr"
+            logs = [training_log(run_dir(tmp_path, model, s)) for s in range(seeds[model])]
+            expected = np.mean(np.array([[r["val_loss"] for r in log if "val_loss" in r] for log in logs],
+                                        dtype=np.float64), axis=0)
+            assert np.allclose(line.get_ydata(), expected, rtol=1e-12)
+            assert np.allclose(line.get_xdata(), np.arange(8, 41, 8) / 1e3)
+            assert colours.setdefault(rate, tuple(line.get_color())) == tuple(line.get_color())  # one per rate
+        note = " ".join(text.get_text() for text in ax.texts)
+        several = {seeds[f"{family}-{r}-lr"] for r in rates} - {1}
+        assert all(f"{n} seeds" in note for n in several) and (several or note == "1 seed each"), note
+        assert ax.get_xlim()[0] == 0
+        assert ax.get_ylabel() == ("validation loss (nats/token)" if i % 4 == 0 else "")
+    assert "2 seeds" in panels[0].texts[0].get_text() and "double" in panels[0].texts[0].get_text()
+    assert len(set(colours.values())) == len(colours)
+    assert len({ax.get_ylim() for ax in panels}) == 1  # one y scale: panels compare
+    assert {ax.get_xlabel() for ax in panels[-4:]} == {"training tokens (millions)"}  # under each column's last
+    legend, = fig.legends
+    shown = [text.get_text().split()[0] for text in legend.get_texts()]
+    assert shown == [r for r in RATES if r in colours]  # low to high, every rate drawn
+    assert [tuple(handle.get_color()) for handle in legend.legend_handles] == [colours[r] for r in shown]
+    assert_legends_inside(fig)
+    assert loss_curves(None, tmp_path, tables, tmp_path / "loss.png") == "loss.png"
+
+    assert _rate_families(["rdn-tied-gamma-quad-lr", "gdn-zoo-lr", "gdn-half-lr"]) == {
+        "rdn-tied-gamma": {"quad": "rdn-tied-gamma-quad-lr"}, "gdn": {"zoo": "gdn-zoo-lr", "half": "gdn-half-lr"}}
+    assert _rate_families(["gdn-zoo-lr", "gdn-half-lr"]) is None  # one family: the two-panel figure
+    assert _rate_families(["gdn-zoo-lr", "rdn"]) is None  # a model without a rate tag
+    assert _rate_families(["gdn-zoo-lr", "rdn-triple-lr"]) is None
+
+
+def test_loss_curves_of_many_models_tell_them_apart_with_the_whole_legend_shown(tmp_path):
+    from matplotlib.colors import to_rgba
+
+    from linmem.study.figures import _loss_figure
+
+    rng = np.random.default_rng()
+    seeds = {f"model-{i}": int(rng.integers(1, 3)) for i in range(26)}
+    fig = _loss_figure(tmp_path, write_training_logs(tmp_path, rng, seeds))
+    assert [ax.get_xlabel() for ax in fig.axes] == ["training tokens (millions)"] * 2
+    for ax in fig.axes:
+        styles = [(tuple(to_rgba(line.get_color())), line.get_linestyle()) for line in ax.get_lines()]
+        assert len(styles) == 26 and len(set(styles)) == 26, styles
+    legend, = fig.legends
+    assert [text.get_text() for text in legend.get_texts()] == [
+        f"{m} ({n} seed{'s' if n > 1 else ''})" for m, n in seeds.items()]
+    assert_legends_inside(fig)
+
+
 # ---------------------------------------------------------------- the shipped studies
 
 

@@ -8,6 +8,7 @@ drawn as a dot beside the mean and its seed interval, so that a reader sees the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -111,52 +112,151 @@ def curve_panel(tables: dict[str, Any], prefix: str, keys: list, xlabel: str, pa
     return _save(plt, fig, path)
 
 
-def loss_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
-    """Loss against training tokens, on one scale: the training loss (moving mean) on the left, the validation loss
-    of each evaluation on the right, where a model that overfits its data turns upward; per model the mean over its
-    finished seeds, their range shaded."""
-    plt = _pyplot()
-    fig, axes, drawn = None, None, False
-    # a colour per model: the default cycle repeats after 10, a study of 15 models needs tab20's 20
-    colours = (plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(tables["models"]) <= 10
-               else plt.get_cmap("tab20").colors)
-    for i, (model, entry) in enumerate(tables["models"].items()):
-        logs = [training_log(run_dir(out, model, s)) for s in entry["seeds"]]
-        train = [[r for r in log if r.get("loss") is not None] for log in logs]
-        train = [log for log in train if log]
-        if not train:
-            continue
-        if fig is None:
-            fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.8), sharey=True)
-        colour = colours[i % len(colours)]
-        label = f"{model} ({len(train)} seed{'s' if len(train) > 1 else ''})"
-        length = min(len(log) for log in train)
-        tokens = np.array([r["tokens"] for r in train[0][:length]], dtype=float) / 1e6
-        losses = np.array([[r["loss"] for r in log[:length]] for log in train])
-        window = max(1, length // 50)
-        kernel = np.ones(window) / window
-        smooth = np.stack([np.convolve(row, kernel, mode="valid") for row in losses])
-        x = tokens[window - 1:]
-        axes[0].plot(x, smooth.mean(0), color=colour, label=label)
-        axes[0].fill_between(x, smooth.min(0), smooth.max(0), color=colour, alpha=0.15)
-        val = [{r["tokens"]: r["val_loss"] for r in log if r.get("val_loss") is not None} for log in logs]
-        val = [v for v in val if v]
-        if val:
-            common = sorted(set.intersection(*(set(v) for v in val)))
-            values = np.array([[v[t] for t in common] for v in val])
-            vx = np.asarray(common, dtype=float) / 1e6
-            axes[1].plot(vx, values.mean(0), "o-", color=colour, markersize=2, label=label)
-            axes[1].fill_between(vx, values.min(0), values.max(0), color=colour, alpha=0.15)
-        drawn = True
-    if not drawn:
+# The learning-rate tags of a rate study's model names, ``<family>-<tag>-lr``, lowest rate first: each rate is twice
+# the one before it and "zoo" is the zoo config's own, so a tag's place gives its factor (2 ** (place - 3)).
+_RATE_TAGS = ("eighth", "quarter", "half", "zoo", "double", "quad", "oct")
+_RATE_NAME = re.compile(rf"(?P<family>.+)-(?P<rate>{'|'.join(_RATE_TAGS)})-lr")
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _rate_families(models: list[str]) -> dict[str, dict[str, str]] | None:
+    """The models of a learning-rate study by family, ``{family: {rate tag: model}}`` in the models' order; None
+    unless every name ends in a rate tag and they make two families or more."""
+    families: dict[str, dict[str, str]] = {}
+    for model in models:
+        found = _RATE_NAME.fullmatch(model)
+        if found is None:
+            return None
+        families.setdefault(found["family"], {})[found["rate"]] = model
+    return families if len(families) > 1 else None
+
+
+def _rate_label(tag: str) -> str:
+    factor = 2.0 ** (_RATE_TAGS.index(tag) - 3)
+    return f"{tag} (×{factor:g})" if factor >= 1 else f"{tag} (×1/{1 / factor:g})"
+
+
+def _seed_label(count: int) -> str:
+    return f"{count} seed{'s' if count > 1 else ''}"
+
+
+def _loss_series(logs: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """A model's loss curves from its seeds' ``metrics.jsonl`` rows: ``train`` (tokens in millions [N], moving mean of
+    the training loss per seed [S, N]) over the seeds that logged a loss, ``val`` (tokens in millions [M], validation
+    loss per seed [S', M], at the evaluations every such seed reached) or None. None without a training loss."""
+    train = [log for log in ([r for r in log if r.get("loss") is not None] for log in logs) if log]
+    if not train:
         return None
+    length = min(len(log) for log in train)
+    tokens = np.array([r["tokens"] for r in train[0][:length]], dtype=float) / 1e6
+    losses = np.array([[r["loss"] for r in log[:length]] for log in train])
+    window = max(1, length // 50)
+    kernel = np.ones(window) / window
+    smooth = np.stack([np.convolve(row, kernel, mode="valid") for row in losses])
+    val = [v for v in ({r["tokens"]: r["val_loss"] for r in log if r.get("val_loss") is not None} for log in logs)
+           if v]
+    series = {"train": (tokens[window - 1:], smooth), "val": None}
+    if val:
+        common = sorted(set.intersection(*(set(v) for v in val)))
+        series["val"] = (np.asarray(common, dtype=float) / 1e6, np.array([[v[t] for t in common] for v in val]))
+    return series
+
+
+def _band(ax, curve: tuple[np.ndarray, np.ndarray], **line) -> None:
+    """The mean over seeds (rows of ``curve[1]``) as a line, their range shaded in the line's colour."""
+    x, values = curve
+    ax.plot(x, values.mean(0), **line)
+    ax.fill_between(x, values.min(0), values.max(0), color=line["color"], alpha=0.15)
+
+
+def _two_panels(plt, series: dict[str, dict[str, Any]]):
+    """Training loss (left) and validation loss (right) of every model on one y scale; a (colour, line style) per
+    model, the line styles cycled when the colours run out; the legend right of the panels, in as many columns as
+    keep it at most 18 entries tall, the figure as tall as the legend."""
+    colours = (plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(series) <= 10
+               else plt.get_cmap("tab20").colors)
+    columns = -(-len(series) // 18)
+    height = max(3.8, 0.18 * -(-len(series) // columns) + 1.0)
+    fig, axes = plt.subplots(1, 2, figsize=(9.0 + 2.6 * columns, height), sharey=True, layout="constrained")
+    for i, (model, curves) in enumerate(series.items()):
+        colour, style = colours[i % len(colours)], _LINESTYLES[(i // len(colours)) % len(_LINESTYLES)]
+        label = f"{model} ({_seed_label(curves['train'][1].shape[0])})"
+        _band(axes[0], curves["train"], color=colour, linestyle=style, label=label)
+        if curves["val"] is not None:
+            _band(axes[1], curves["val"], color=colour, linestyle=style, marker="o", markersize=2, label=label)
     for ax, title in zip(axes, ("training loss (moving mean)", "validation loss (each evaluation)")):
         ax.set_xlabel("training tokens (millions)")
         ax.set_xlim(left=0)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(6))  # few ticks: a tiny run's labels (0.00035) do not overlap
         ax.set_title(f"{title}, seed range shaded", fontsize=9)
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     axes[0].set_ylabel("loss (nats/token)")
-    return _save(plt, fig, path)
+    fig.legend(handles=axes[0].lines, loc="outside right upper", fontsize=7, ncols=columns)
+    return fig
+
+
+def _rate_panels(plt, series: dict[str, dict[str, Any]], families: dict[str, dict[str, str]]):
+    """The validation loss of a learning-rate study: a panel per family (four to a row), a line per rate coloured by
+    the rate (viridis, low to high, one colour per rate in every panel), all panels on one x and one y scale; the
+    seeds' range shaded and their count written in each panel; one legend of the rates right of the panels."""
+    tags = [t for t in _RATE_TAGS if any(t in rates for rates in families.values())]
+    colour = dict(zip(tags, plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(tags)))))
+    columns = min(4, len(families))
+    rows = -(-len(families) // columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(3.0 * columns + 1.8, 2.5 * rows + 0.8), sharex=True,
+                             sharey=True, squeeze=False, layout="constrained")
+    panels = list(grid.flat)
+    for ax in panels[len(families):]:
+        ax.set_visible(False)
+    for i, (ax, (family, rates)) in enumerate(zip(panels, families.items())):
+        counts: dict[int, list[str]] = {}
+        for tag in (t for t in tags if t in rates):
+            curve = series[rates[tag]]["val"]
+            _band(ax, curve, color=colour[tag], marker="o", markersize=2, linewidth=1.2, label=_rate_label(tag))
+            counts.setdefault(curve[1].shape[0], []).append(tag)
+        seeds = ("1 seed each" if set(counts) == {1} else
+                 "; ".join(f"{_seed_label(n)}: {', '.join(t)}" for n, t in sorted(counts.items()) if n > 1))
+        ax.text(0.97, 0.95, seeds, transform=ax.transAxes, ha="right", va="top", fontsize=7, color="0.3")
+        ax.set_title(family, fontsize=9)
+        ax.set_xlim(left=0)
+        if i + columns >= len(families):  # lowest panel of its column: the x scale is read here
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("training tokens (millions)", fontsize=8)
+        if i % columns == 0:
+            ax.set_ylabel("validation loss (nats/token)", fontsize=8)
+    handles = [plt.Line2D([], [], color=colour[t], marker="o", markersize=3, label=_rate_label(t)) for t in tags]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="learning rate\n(× the zoo config's)",
+               title_fontsize=8)
+    fig.suptitle("Validation loss by learning rate, a panel per model family (one scale for all; seed range shaded)",
+                 fontsize=10)
+    return fig
+
+
+def _loss_figure(out: Path, tables: dict[str, Any]):
+    """The loss curves of the study's finished runs (``loss_curves``) as a figure; None when no run logged a loss."""
+    plt = _pyplot()
+    series = {}
+    for model, entry in tables["models"].items():
+        curves = _loss_series([training_log(run_dir(out, model, s)) for s in entry["seeds"]])
+        if curves is not None:
+            series[model] = curves
+    if not series:
+        return None
+    families = _rate_families([m for m, curves in series.items() if curves["val"] is not None])
+    return _two_panels(plt, series) if families is None else _rate_panels(plt, series, families)
+
+
+def loss_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
+    """Loss against training tokens, per model the mean over its finished seeds with their range shaded. A
+    learning-rate study (names ``<family>-<rate tag>-lr``, two families or more) gets the validation loss in a panel
+    per family, a line per rate; any other study the training loss (moving mean) on the left and the validation loss
+    of each evaluation on the right, on one scale, where a model that overfits its data turns upward."""
+    fig = _loss_figure(out, tables)
+    if fig is None:
+        return None
+    # laid out by the figure's own (constrained) layout, which keeps the figure-level legend inside the figure
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    _pyplot().close(fig)
+    return path.name
 
 
 def lab_recall_figure(logs: dict[str, list[list[dict[str, Any]]]]):
