@@ -173,3 +173,24 @@ def test_flops_attention_term_and_tied_head():
     assert flops["matmul"] == 6 * count_model_parameters(config).total  # a tied table is the head's matmul
     with pytest.raises(ValueError, match="seq_len"):
         flops_per_token(config, 0)
+
+
+def test_profile_every_operator_covers_the_whole_step_by_name():
+    """``top=None``: every operator, their shares summing to 1 (the whole step's own time); ``own_time_by_name`` keys
+    those rows by name with their ms and calls per step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    step = lambda: model(x).square().mean().backward()  # noqa: E731
+    step()
+    rows, kinds = step_profile.profile_steps(step, 2, torch.device("cpu"), top=None)
+    assert len(rows) > 3 and sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert sum(kinds.values()) == pytest.approx(1.0)
+    total = sum(r["ms_per_step"] for r in rows)
+    assert all(r["share"] == pytest.approx(r["ms_per_step"] / total) for r in rows)
+    by_name = step_profile.own_time_by_name(rows)
+    assert list(by_name) == [r["name"] for r in rows]  # one row per name
+    assert all(by_name[r["name"]] == dict(ms_per_step=r["ms_per_step"], calls_per_step=r["calls_per_step"],
+                                          kind=r["kind"]) for r in rows)
+    top, _ = step_profile.profile_steps(step, 2, torch.device("cpu"), top=3)
+    assert len(top) == 3

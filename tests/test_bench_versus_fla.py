@@ -434,3 +434,152 @@ def test_a_failing_teacher_forced_check_keeps_the_cells_speeds(fla_decodes_on_cp
         assert cell["status"] == "ok" and cell["tokens_per_s"] > 0
         assert cell["teacher_forced"] == {"error": "OutOfMemoryError: no room for the logits"}
     assert row["fla_token_agreement"] == 1.0 and "teacher_forced_agreement" not in row
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --profile: where the residual mixer's extra time goes
+# ---------------------------------------------------------------------------------------------------------------
+
+PROFILED = DRY_RUN + ["--parts", "train", "--residual"]
+PROFILE_KEYS = {"steps", "kinds", "top", "by_name", "total_ms"}
+
+
+def table_after(text: str, header_start: str) -> list[list[str]]:
+    """The body rows (cells stripped, backticks dropped) of the first Markdown table in ``text`` whose header line
+    starts with ``header_start``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_profile_keeps_every_kernels_time_and_shows_where_the_residual_time_goes(tmp_path, fla_decodes_on_cpu):
+    report = versus_fla.main(PROFILED + ["--profile", "1", "--out", str(tmp_path)])
+    (train,), (residual,) = report["train"], report["residual"]
+    assert residual["base"] == train["linmem"]
+    for cell in (train["fla"], train["linmem"], residual["residual"]):
+        assert cell["status"] == "ok" and len(cell["steps_ms"]) == 2 and len(cell["losses"]) == 3  # not timed
+        profile = cell["profile"]
+        assert set(profile) == PROFILE_KEYS and profile["steps"] == 1
+        by_name, total = profile["by_name"], profile["total_ms"]
+        assert len(by_name) > versus_fla.PROFILE_TOP  # every operator, not only the ranked ones
+        assert sum(entry["ms_per_step"] for entry in by_name.values()) == pytest.approx(total, rel=1e-12)
+        # the shares were taken over the whole step by the profiler: by_name's total is that whole step
+        for row in profile["top"]:
+            assert row["ms_per_step"] == by_name[row["name"]]["ms_per_step"]
+            assert row["share"] == pytest.approx(row["ms_per_step"] / total, rel=1e-9)
+        assert len(profile["top"]) == versus_fla.PROFILE_TOP
+        ms = versus_fla.kinds_ms(by_name)
+        assert all(ms[kind] == pytest.approx(share * total, rel=1e-9, abs=1e-12)
+                   for kind, share in profile["kinds"].items())
+    assert report["settings"]["profile"] == 1 and any("host's gap" in note for note in report["notes"])
+    markdown = (tmp_path / "versus_fla.md").read_text()
+    section = markdown.split("## Where the residual mixer's extra time goes")[1].split("\n## ")[0]
+    assert versus_fla.PROFILE_RULE in section
+    assert "### GDN-340M B=2 T=12 eager: rdn against linmem's import (profiled steps: 1)" in section
+    base, other = residual["base"], residual["residual"]
+    one, two = base["profile"], other["profile"]
+    assert (f"busy per step: base {one['total_ms']:.3f} ms, residual {two['total_ms']:.3f} ms, residual − base "
+            f"{two['total_ms'] - one['total_ms']:+.3f} ms") in section
+    assert (f"wall − busy per step (the host's gap): base {base['step_ms']:.3f} − {one['total_ms']:.3f} = "
+            f"{base['step_ms'] - one['total_ms']:.3f} ms, residual {other['step_ms']:.3f} − {two['total_ms']:.3f} = "
+            f"{other['step_ms'] - two['total_ms']:.3f} ms") in section
+    assert f"| busy (all) | {one['total_ms']:.3f} | {two['total_ms']:.3f} |" in section
+    rows = table_after(section, "| kernel or operator |")
+    assert len(rows) == versus_fla.PROFILE_TOP
+    absent = dict(ms_per_step=0.0, calls_per_step=0)
+    differences = []
+    for name, _, base_ms, residual_ms, difference, calls in rows:
+        a, b = one["by_name"].get(name, absent), two["by_name"].get(name, absent)
+        assert (base_ms, residual_ms) == (f"{a['ms_per_step']:.3f}", f"{b['ms_per_step']:.3f}")
+        assert difference == f"{b['ms_per_step'] - a['ms_per_step']:+.3f}"
+        assert calls == f"{a['calls_per_step']:g} / {b['calls_per_step']:g}"
+        differences.append(abs(b["ms_per_step"] - a["ms_per_step"]))
+    assert differences == sorted(differences, reverse=True)
+    every = {name: abs(two["by_name"].get(name, absent)["ms_per_step"]
+                       - one["by_name"].get(name, absent)["ms_per_step"])
+             for name in one["by_name"].keys() | two["by_name"].keys()}
+    assert differences[-1] >= sorted(every.values(), reverse=True)[versus_fla.PROFILE_TOP - 1]  # the largest shown
+    kinds = markdown.split("## Training step by kind: FLA against linmem")[1].split("\n## ")[0]
+    assert "| kind | FLA ms/step | linmem ms/step | linmem − FLA ms |" in kinds
+    assert f"| busy (all) | {train['fla']['profile']['total_ms']:.3f} | {train['linmem']['profile']['total_ms']:.3f}" \
+        in kinds
+
+
+def test_without_profile_no_cell_is_profiled_and_the_report_has_no_profile_section(tmp_path, fla_decodes_on_cpu):
+    report = versus_fla.main(PROFILED + ["--no-fla", "--out", str(tmp_path)])
+    (train,), (residual,) = report["train"], report["residual"]
+    assert "profile" not in train["linmem"] and "profile" not in residual["residual"]
+    assert "profile" not in report["settings"] and not any("profile" in note for note in report["notes"])
+    markdown = (tmp_path / "versus_fla.md").read_text()
+    assert "## Where the residual mixer's extra time goes" not in markdown and "by kind" not in markdown
+    assert versus_fla.PROFILE_RULE not in markdown
+
+
+def test_with_rounds_only_the_first_round_of_each_cell_is_profiled(fla_decodes_on_cpu, monkeypatch):
+    trained = recording(monkeypatch, "train_steps")
+    report = versus_fla.main(ROUNDS + ["--parts", "train", "--residual", "--profile", "1"])
+    assert [who for who, _ in trained] == ["fla", "linmem", "residual", "residual", "linmem", "fla"]
+    for who in ("fla", "linmem", "residual"):
+        first, second = rounds_of(trained, who)
+        assert set(first["profile"]) == PROFILE_KEYS and "profile" not in second
+    (train,), (residual,) = report["train"], report["residual"]
+    assert train["fla"]["profile"] == rounds_of(trained, "fla")[0]["profile"]
+    assert residual["residual"]["profile"] == rounds_of(trained, "residual")[0]["profile"]
+    assert "### GDN-340M B=2 T=12 eager: rdn" in versus_fla.format_residual_profiles(report["residual"])
+
+
+def test_a_failing_profile_keeps_the_cells_timings(fla_decodes_on_cpu, monkeypatch):
+    def profiling_fails(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room for the trace")
+
+    monkeypatch.setattr(versus_fla, "profile_steps", profiling_fails)
+    report = versus_fla.main(PROFILED + ["--no-fla", "--profile", "2"])
+    (residual,) = report["residual"]
+    for cell in (residual["base"], residual["residual"]):
+        assert cell["status"] == "ok" and len(cell["steps_ms"]) == 2
+        assert cell["profile"] == {"steps": 2, "error": "OutOfMemoryError: no room for the trace"}
+    section = versus_fla.format_residual_profiles(report["residual"])
+    assert "- GDN-340M B=2 T=12 eager residual: profiling failed: OutOfMemoryError" in section
+    assert "###" not in section and versus_fla.PROFILE_RULE not in section
+
+
+def by_name(**entries: tuple[float, float, str]) -> dict[str, dict]:
+    return {name: dict(ms_per_step=ms, calls_per_step=calls, kind=kind) for name, (ms, calls, kind) in entries.items()}
+
+
+def test_profile_difference_counts_a_missing_name_as_zero_and_ranks_by_the_size_of_the_difference():
+    base = by_name(mm=(10.0, 4, "matmul"), mul=(3.0, 20, "other"), gone=(0.5, 1, "other"),
+                   adam=(1.0, 1, "optimizer"))
+    residual = by_name(mm=(12.5, 6, "matmul"), mul=(1.0, 10, "other"), output_kernel=(2.0, 8, "linmem kernels"),
+                       adam=(1.0, 1, "optimizer"))
+    rows = versus_fla.profile_difference(base, residual)
+    assert [(r["name"], r["difference_ms"]) for r in rows] == [
+        ("mm", 2.5), ("mul", -2.0), ("output_kernel", 2.0), ("gone", -0.5), ("adam", 0.0)]  # ties: by name
+    new, gone = rows[2], rows[3]
+    assert (new["base_ms"], new["other_ms"], new["base_calls"], new["other_calls"], new["kind"]) == \
+        (0.0, 2.0, 0, 8, "linmem kernels")
+    assert (gone["base_ms"], gone["other_ms"], gone["base_calls"], gone["other_calls"], gone["kind"]) == \
+        (0.5, 0.0, 1, 0, "other")
+    table = versus_fla.format_difference(dict(by_name=base), dict(by_name=residual), top=3)
+    assert table.splitlines()[2:] == ["| `mm` | matmul | 10.000 | 12.500 | +2.500 | 4 / 6 |",
+                                      "| `mul` | other | 3.000 | 1.000 | -2.000 | 20 / 10 |",
+                                      "| `output_kernel` | linmem kernels | 0.000 | 2.000 | +2.000 | 0 / 8 |"]
+    assert versus_fla.kinds_ms(residual) == {"matmul": 12.5, "linmem kernels": 2.0, "attention": 0.0,
+                                             "optimizer": 1.0, "communication": 0.0, "other": 1.0}
+    kinds = versus_fla.format_kinds_against(dict(by_name=base, total_ms=14.5), dict(by_name=residual, total_ms=16.5),
+                                            "base", "residual")
+    assert "| matmul | 10.000 | 12.500 | +2.500 |" in kinds and "| other | 3.500 | 1.000 | -2.500 |" in kinds
+    assert kinds.splitlines()[-1] == "| busy (all) | 14.500 | 16.500 | +2.000 |"
+    long = "k" * 100 + "|x"
+    assert versus_fla._kernel_name(long) == "`" + "k" * 89 + "…`"
+    assert versus_fla._kernel_name("a|b") == "`a\\|b`"
+
+
+def test_profile_must_not_be_negative():
+    with pytest.raises(SystemExit, match="--profile"):
+        versus_fla.main(DRY_RUN + ["--profile", "-1"])

@@ -69,12 +69,13 @@ def device_work(events: list) -> list:
 
 
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
-                  top: int = 15) -> tuple[list[dict], dict[str, float]]:
+                  top: int | None = 15) -> tuple[list[dict], dict[str, float]]:
     """Profile ``steps`` calls of ``step`` (warmed up already) on ``device``.
 
-    Returns the ``top`` kernels (CUDA) or operators (CPU) by their own time, each ``{name, kind, ms_per_step,
-    share, calls_per_step}``, and ``{kind: share of the step's own time}`` over every kernel or operator (shares sum
-    to 1). On the CPU an operator's own time excludes the operators it calls, so nothing is counted twice.
+    Returns the ``top`` kernels (CUDA) or operators (CPU) by their own time (``top=None``: every one, so that their
+    ``ms_per_step`` sum to the step's own time), each ``{name, kind, ms_per_step, share, calls_per_step}``, and
+    ``{kind: share of the step's own time}`` over every kernel or operator (shares sum to 1). On the CPU an
+    operator's own time excludes the operators it calls, so nothing is counted twice.
     """
     if steps < 1:
         raise ValueError(f"profile steps must be >= 1; got {steps}")
@@ -97,6 +98,14 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
     rows = [dict(name=e.key, kind=kind_of(e.key), ms_per_step=getattr(e, own) / 1e3 / steps,
                  share=getattr(e, own) / total, calls_per_step=e.count / steps) for e in ranked]
     return rows, kinds
+
+
+def own_time_by_name(rows: list[dict]) -> dict[str, dict]:
+    """``profile_steps``'s rows (all of them: ``top=None``) keyed by kernel or operator name, each ``{ms_per_step,
+    calls_per_step, kind}``, for comparing two profiles name by name (names are unique: the profiler's averages are
+    grouped by name)."""
+    return {r["name"]: dict(ms_per_step=r["ms_per_step"], calls_per_step=r["calls_per_step"], kind=r["kind"])
+            for r in rows}
 
 
 def format_profile(rows: list[dict], kinds: dict[str, float], name_width: int = 90) -> str:

@@ -69,6 +69,18 @@ determinism check). A round that fails makes the cell that failure, and the cell
 linmem / FLA; residual rows residual / base; only where both cells are ok), which the tables show in a "per round"
 column.
 
+``--profile STEPS`` (train; default 0: no profiling, and the report as without the option) profiles, in each train
+cell, STEPS more steps after its timed ones, inside the same model build (the same step on the timed batches again;
+their updates come after the timings, which they do not enter), with ``linmem.bench.step_profile``: each kernel's
+own time on the GPU (on the CPU: each operator's own CPU time). The cell's ``profile`` holds ``steps``, ``kinds``
+(each kind's share), ``top`` (the 15 largest), ``by_name`` (every kernel or operator: ``{ms_per_step,
+calls_per_step, kind}``) and ``total_ms`` (their sum: the step's busy time), or ``error`` where profiling raised (the
+timings stay). With ``--rounds`` N > 1 only each cell's first round is profiled. The report adds, per residual row,
+"Where the residual mixer's extra time goes": both cells' busy ms per step and their difference, each cell's wall −
+busy (its median step time less its busy time: the time the host kept the GPU waiting), the kinds side by side and
+the 15 kernels or operators with the largest |residual − base|; and per train row FLA's and linmem's kinds side by
+side.
+
 ``--budget`` (seconds) stops starting new measurements once spent; the skipped ones are listed, and every
 "measuring" line says how many seconds the run had taken when it started, so a budget can be planned from a run.
 ``--out DIR`` writes ``versus_fla.json`` (every raw number) and ``versus_fla.md`` (the tables, versions and
@@ -82,6 +94,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import itertools
 import json
 import math
 import shlex
@@ -99,6 +112,7 @@ import torch
 
 from linmem.bench import environment
 from linmem.bench.fla_parity import PAPER, scaled_paper_settings, sdpa_flash_attn_func, write_fla_checkpoint
+from linmem.bench.step_profile import KINDS, own_time_by_name, profile_steps
 from linmem.bench.training import free_memory, random_tokens
 from linmem.io.atomic import atomic_write
 from linmem.models import LinMemConfig, LinMemForCausalLM
@@ -112,6 +126,8 @@ DECODE_WARMUP_TOKENS = 4
 LEARNING_RATE = 3e-4
 RESIDUAL_OF = {"gdn": "rdn", "gla": "rla", "sgla": "rla"}
 OOM = "OOM"
+PROFILE_TOP = 15  # kernels or operators kept ranked in a cell's profile, and difference rows shown per row
+NAME_WIDTH = 90  # characters of a kernel's name shown in a table (step_profile.format_profile's width)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,29 +230,58 @@ def autocast_for(device: torch.device):
 
 
 def train_steps(model: torch.nn.Module, batches: list[torch.Tensor], warmup: int, device: torch.device,
-                loss_kwargs: dict) -> dict:
+                loss_kwargs: dict, profile: int = 0) -> dict:
     """Train ``model`` one step per batch of ``batches`` (``[B, T]`` ids, also the labels; fused AdamW, lr
     ``LEARNING_RATE``); the steps after the first ``warmup`` are timed one by one. ``loss_kwargs`` go to the forward
     with the labels. Returns ``losses`` (every step), ``steps_ms`` (the timed ones), ``step_ms`` (their median) and
-    ``peak_gib`` (None off CUDA)."""
+    ``peak_gib`` (None off CUDA). With ``profile`` > 0, that many more steps of the same kind, on the timed batches
+    again, are profiled after the timed ones and the peak (``profiled_steps``: the cell's ``profile``)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=True)
-    reset_peak(device)
-    losses, steps_ms = [], []
-    for index, ids in enumerate(batches):
-        synchronize(device)
-        start = time.perf_counter()
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
         with autocast_for(device):
             loss = model(input_ids=ids, labels=ids, use_cache=False, **loss_kwargs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    reset_peak(device)
+    losses, steps_ms = [], []
+    for index, ids in enumerate(batches):
+        synchronize(device)
+        start = time.perf_counter()
+        loss = step(ids)
         synchronize(device)
         if index >= warmup:
             steps_ms.append((time.perf_counter() - start) * 1e3)
         losses.append(loss.item())
-    return dict(losses=losses, steps_ms=steps_ms, step_ms=statistics.median(steps_ms) if steps_ms else None,
-                peak_gib=peak_gib(device))
+    result = dict(losses=losses, steps_ms=steps_ms, step_ms=statistics.median(steps_ms) if steps_ms else None,
+                  peak_gib=peak_gib(device))
+    if profile:
+        # each profiled step reads its loss, as each timed step does (after its clock stopped)
+        result["profile"] = profiled_steps(lambda ids: step(ids).item(), batches[warmup:], profile, device)
+    return result
+
+
+def profiled_steps(step: Callable[[torch.Tensor], object], batches: list[torch.Tensor], steps: int,
+                   device: torch.device) -> dict:
+    """Profile ``steps`` calls of ``step`` on ``batches`` in turn (``step_profile.profile_steps``: kernels' own
+    device time on CUDA, operators' own CPU time elsewhere). Returns ``steps``, ``kinds`` (each kind's share),
+    ``top`` (the ``PROFILE_TOP`` largest), ``by_name`` (every kernel or operator: ``{ms_per_step, calls_per_step,
+    kind}``) and ``total_ms`` (their sum: the busy time of one step), or ``steps`` and ``error`` where profiling
+    raised (out of memory included): the profile is a diagnosis, and a failure in it must not cost the cell its
+    timings."""
+    feed = itertools.cycle(batches)
+    try:
+        rows, kinds = profile_steps(lambda: step(next(feed)), steps, device, top=None)
+    except Exception as error:  # noqa: BLE001 (recorded in the cell's profile; the timings stay)
+        traceback.print_exc()
+        return dict(steps=steps, error=f"{type(error).__name__}: {str(error)[:300]}")
+    by_name = own_time_by_name(rows)
+    return dict(steps=steps, kinds=kinds, top=rows[:PROFILE_TOP], by_name=by_name,
+                total_ms=sum(entry["ms_per_step"] for entry in by_name.values()))
 
 
 @torch.no_grad()
@@ -512,9 +557,16 @@ class Run:
         cells = self.measured(dict(fla=(shape.fla, {}), linmem=(shape.linmem, dict(loss_chunk_tokens=chunk))))
         if args.residual:
             cells["residual"] = (shape.residual, dict(loss_chunk_tokens=chunk))
+        profiled = set()  # the cells profiled so far: with several rounds only the first round of each profiles
+
+        def measure(model: torch.nn.Module, who: str, loss_kwargs: dict) -> dict:
+            profile = 0 if who in profiled else args.profile
+            profiled.add(who)
+            return train_steps(model, batches, args.warmup, device, loss_kwargs, profile)
+
         measures = {who: functools.partial(
             isolated, lambda build=build: build(torch.float32),
-            lambda model, kw=loss_kwargs: train_steps(model, batches, args.warmup, device, kw), device, compiled)
+            functools.partial(measure, who=who, loss_kwargs=loss_kwargs), device, compiled)
             for who, (build, loss_kwargs) in cells.items()}
         results, completed = self.in_rounds(measures, f"{shape.name} train B={batch} {mode}", "steps_ms", "step_ms")
         row.update(results)
@@ -623,7 +675,7 @@ def settings_of(args: argparse.Namespace, backend: str) -> dict:
                 prefill_len=args.prefill_len, decode_tokens=args.decode_tokens, decode_batches=args.decode_batches,
                 compile=args.compile, residual=args.residual, no_fla=args.no_fla, parts=args.parts, budget=args.budget,
                 scaled=args.scaled, seed=args.seed, rounds=args.rounds, backend=backend, learning_rate=LEARNING_RATE,
-                prompt_tokens=PROMPT_TOKENS)
+                prompt_tokens=PROMPT_TOKENS, **({"profile": args.profile} if args.profile else {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -752,6 +804,115 @@ DECODE_RULE = ("First difference: the first new token (from 0, earliest row) whe
                "that rounding decided, and far larger margins a real difference in decoding.")
 
 
+PROFILE_RULE = ("Profiled steps (`--profile`) run after each cell's timed steps, on its timed batches, and do not "
+                "enter the timings; with several rounds only each cell's first round is profiled. Busy: the summed "
+                "own time of the step's kernels on the GPU (off CUDA: of its operators on the CPU), per step; it is "
+                "not the wall time, so wall − busy (the cell's median step time less its busy time) is the time the "
+                "host kept the GPU waiting.")
+
+
+def profile_difference(base: dict[str, dict], other: dict[str, dict]) -> list[dict]:
+    """Two profiles' ``by_name`` (name → ``{ms_per_step, calls_per_step, kind}``) name by name: per kernel or
+    operator of either, ``name``, ``kind``, ``base_ms``, ``other_ms``, ``difference_ms`` (other − base),
+    ``base_calls`` and ``other_calls`` (per step); a name that one profile lacks counts 0 ms and 0 calls there. The
+    largest |difference| first, ties by name."""
+    absent = dict(ms_per_step=0.0, calls_per_step=0)
+    rows = []
+    for name in base.keys() | other.keys():
+        one, two = base.get(name, absent), other.get(name, absent)
+        rows.append(dict(name=name, kind=(base.get(name) or other[name])["kind"], base_ms=one["ms_per_step"],
+                         other_ms=two["ms_per_step"], difference_ms=two["ms_per_step"] - one["ms_per_step"],
+                         base_calls=one["calls_per_step"], other_calls=two["calls_per_step"]))
+    return sorted(rows, key=lambda row: (-abs(row["difference_ms"]), row["name"]))
+
+
+def kinds_ms(by_name: dict[str, dict]) -> dict[str, float]:
+    """A profile's busy ms per step by kind (``step_profile.KINDS``): its ``by_name`` summed kind by kind."""
+    totals = dict.fromkeys(KINDS, 0.0)
+    for entry in by_name.values():
+        totals[entry["kind"]] += entry["ms_per_step"]
+    return totals
+
+
+def _profiled(cell: dict | None) -> bool:
+    return ok(cell) and "by_name" in cell.get("profile", {})
+
+
+def _kernel_name(name: str) -> str:
+    """A kernel's or operator's name for a table: cut to ``NAME_WIDTH`` characters, its bars escaped."""
+    name = name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 1] + "…"
+    return "`" + name.replace("|", "\\|") + "`"
+
+
+def format_kinds_against(base: dict, other: dict, base_label: str, other_label: str) -> str:
+    """Two profiles' busy ms per step by kind side by side, their difference (other − base) and the busy total."""
+    one, two = kinds_ms(base["by_name"]), kinds_ms(other["by_name"])
+    body = [[kind, f"{one[kind]:.3f}", f"{two[kind]:.3f}", f"{two[kind] - one[kind]:+.3f}"] for kind in KINDS]
+    body.append(["busy (all)", f"{base['total_ms']:.3f}", f"{other['total_ms']:.3f}",
+                 f"{other['total_ms'] - base['total_ms']:+.3f}"])
+    return _table(["kind", f"{base_label} ms/step", f"{other_label} ms/step", f"{other_label} − {base_label} ms"],
+                  body)
+
+
+def format_difference(base: dict, other: dict, top: int = PROFILE_TOP) -> str:
+    """The ``top`` kernels or operators of ``profile_difference`` (largest |residual − base| first)."""
+    body = [[_kernel_name(r["name"]), r["kind"], f"{r['base_ms']:.3f}", f"{r['other_ms']:.3f}",
+             f"{r['difference_ms']:+.3f}", f"{r['base_calls']:g} / {r['other_calls']:g}"]
+            for r in profile_difference(base["by_name"], other["by_name"])[:top]]
+    return _table(["kernel or operator", "kind", "base ms/step", "residual ms/step", "residual − base ms",
+                   "calls per step base / residual"], body)
+
+
+def _row_title(row: dict) -> str:
+    return f"{row['shape']} B={row['batch']} T={row['seq_len']} {row['mode']}"
+
+
+def _profile_failures(row: dict, cells: dict[str, dict | None]) -> list[str]:
+    """A line per cell of ``cells`` (label → cell) whose profiling raised."""
+    return [f"- {_row_title(row)} {label}: profiling failed: {cell['profile']['error']}"
+            for label, cell in cells.items() if ok(cell) and "error" in cell.get("profile", {})]
+
+
+def format_residual_profiles(rows: list[dict]) -> str:
+    """Per residual row whose base and residual cells were profiled: both cells' busy ms per step and their
+    difference, each cell's wall − busy, the kinds side by side and the ``PROFILE_TOP`` kernels or operators by
+    |residual − base|. Empty where no row has both profiles."""
+    parts = []
+    for r in rows:
+        base, residual = r["base"], r["residual"]
+        parts += _profile_failures(r, dict(base=base, residual=residual))
+        if not (_profiled(base) and _profiled(residual)):
+            continue
+        one, two = base["profile"], residual["profile"]
+        gaps = {label: cell["step_ms"] - cell["profile"]["total_ms"] for label, cell in
+                (("base", base), ("residual", residual))}
+        parts += ["", f"### {_row_title(r)}: {r['mixer']} against linmem's import (profiled steps: {one['steps']})", "",
+                  f"- busy per step: base {one['total_ms']:.3f} ms, residual {two['total_ms']:.3f} ms, residual − "
+                  f"base {two['total_ms'] - one['total_ms']:+.3f} ms",
+                  f"- wall − busy per step (the host's gap): base {base['step_ms']:.3f} − {one['total_ms']:.3f} = "
+                  f"{gaps['base']:.3f} ms, residual {residual['step_ms']:.3f} − {two['total_ms']:.3f} = "
+                  f"{gaps['residual']:.3f} ms", "", format_kinds_against(one, two, "base", "residual"), "",
+                  format_difference(one, two)]
+    if not any(line.startswith("### ") for line in parts):
+        return "\n".join(parts)
+    return "\n".join([PROFILE_RULE, *parts])
+
+
+def format_train_profiles(rows: list[dict]) -> str:
+    """Per train row whose FLA and linmem cells were profiled: their busy ms per step by kind side by side. Empty
+    where no row has both profiles."""
+    parts = []
+    for r in rows:
+        fla, linmem = r.get("fla"), r.get("linmem")
+        parts += _profile_failures(r, dict(fla=fla, linmem=linmem))
+        if _profiled(fla) and _profiled(linmem):
+            parts += ["", f"### {_row_title(r)} (profiled steps: {fla['profile']['steps']})", "",
+                      format_kinds_against(fla["profile"], linmem["profile"], "FLA", "linmem")]
+    if not any(line.startswith("### ") for line in parts):
+        return "\n".join(parts)
+    return "\n".join([PROFILE_RULE, *parts])
+
+
 def header_lines(report: dict) -> list[str]:
     env, s = report["env"], report["settings"]
     return [f"- device: {env['gpu'] or env['device']}; torch {env['torch']}, triton {env['triton']}, "
@@ -780,6 +941,10 @@ def markdown(report: dict) -> str:
             parts += [f"## {title}", "", format_rows(report[key]), ""]
             if key == "decode":
                 parts += [DECODE_RULE, ""]
+            profiles = {"train": ("Training step by kind: FLA against linmem", format_train_profiles),
+                        "residual": ("Where the residual mixer's extra time goes", format_residual_profiles)}
+            if key in profiles and (section := profiles[key][1](report[key])):
+                parts += [f"## {profiles[key][0]}", "", section, ""]
     if report["skipped"]:
         parts += ["Skipped (budget spent):", "", *(f"- {what}" for what in report["skipped"]), ""]
     return "\n".join(parts + ["```", report["command"], "```", ""])
@@ -839,6 +1004,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parts", type=_parts, default=list(PARTS), help=f"of {','.join(PARTS)}")
     parser.add_argument("--rounds", type=int, default=1,
                         help="train and prefill: measure each cell this many times, in ABBA order (drift cancels)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="train: after each cell's timed steps (first round only), profile STEPS more and report "
+                             "every kernel's own time per step, by kind and by name, with the residual mixer's "
+                             "difference from linmem's import and each cell's wall − busy gap; 0: no profiling")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
     parser.add_argument("--device", default="cuda")
@@ -851,9 +1020,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     if (args.steps < 1 or args.warmup < 0 or args.seq_len < 2 or args.decode_tokens < 1 or args.prefill_len < 1
-            or args.rounds < 1):
-        raise SystemExit("--steps, --decode-tokens, --prefill-len and --rounds must be >= 1, --warmup >= 0, "
-                         "--seq-len >= 2")
+            or args.rounds < 1 or args.profile < 0):
+        raise SystemExit("--steps, --decode-tokens, --prefill-len and --rounds must be >= 1, --warmup and --profile "
+                         ">= 0, --seq-len >= 2")
     if args.scaled is not None and len(args.scaled) != 3:
         raise SystemExit(f"--scaled takes HIDDEN,LAYERS,VOCAB; got {args.scaled}")
     device = torch.device(args.device)
@@ -862,6 +1031,10 @@ def main(argv: list[str] | None = None) -> dict:
     run.note(bypass_fla_hopper_check())
     if use_sdpa_attention_without_flash_attn():
         run.note("flash-attn is not installed: FLA's attention layers (hybrid shapes) run on an SDPA stand-in")
+    if args.profile and "train" in args.parts:
+        run.note(f"train cells profile {args.profile} more steps after their timed ones (the first round's only); "
+                 "those steps do not enter the timings, and busy (the kernels' own time on the GPU) is not wall time: "
+                 "wall − busy is the host's gap")
     if None in captured_decoding():
         run.note("linmem.models.decoding's captured_generate / StaticDecoder is missing here: its columns are n/a")
     print("\n".join(header_lines(run.report)), flush=True)
