@@ -21,6 +21,7 @@ import fla.models.modeling_utils as fla_modeling  # noqa: E402
 from fla.modules import ShortConvolution  # noqa: E402
 
 from linmem.bench import versus_fla  # noqa: E402
+from linmem.bench.step_profile import table_name  # noqa: E402
 from linmem.train.config import LOSS_CHUNK_TOKENS  # noqa: E402
 
 
@@ -576,8 +577,8 @@ def test_profile_difference_counts_a_missing_name_as_zero_and_ranks_by_the_size_
     assert "| matmul | 10.000 | 12.500 | +2.500 |" in kinds and "| other | 3.500 | 1.000 | -2.500 |" in kinds
     assert kinds.splitlines()[-1] == "| busy (all) | 14.500 | 16.500 | +2.000 |"
     long = "k" * 100 + "|x"
-    assert versus_fla._kernel_name(long) == "`" + "k" * 89 + "…`"
-    assert versus_fla._kernel_name("a|b") == "`a\\|b`"
+    assert table_name(long, versus_fla.NAME_WIDTH) == "`" + "k" * 89 + "…`"
+    assert table_name("a|b") == "`a\\|b`"
 
 
 def test_profile_must_not_be_negative():

@@ -108,14 +108,18 @@ def own_time_by_name(rows: list[dict]) -> dict[str, dict]:
             for r in rows}
 
 
+def table_name(name: str, width: int = 90) -> str:
+    """A kernel's or operator's name for a Markdown table cell: code, cut to ``width`` characters, bars escaped."""
+    name = name if len(name) <= width else name[:width - 1] + "…"
+    return "`" + name.replace("|", "\\|") + "`"
+
+
 def format_profile(rows: list[dict], kinds: dict[str, float], name_width: int = 90) -> str:
     """Markdown: the share of each kind, then the ranked kernels or operators."""
     lines = ["| kind | share of the step's own time |", "|---|---|"]
     lines += [f"| {kind} | {100 * share:.1f}% |" for kind, share in kinds.items()]
     lines += ["", "| kernel or operator | kind | ms per step | share | calls per step |", "|---|---|---|---|---|"]
     for r in rows:
-        name = r["name"] if len(r["name"]) <= name_width else r["name"][:name_width - 1] + "…"
-        name = name.replace("|", "\\|")
-        lines.append(f"| `{name}` | {r['kind']} | {r['ms_per_step']:.2f} | {100 * r['share']:.1f}% | "
-                     f"{r['calls_per_step']:g} |")
+        lines.append(f"| {table_name(r['name'], name_width)} | {r['kind']} | {r['ms_per_step']:.2f} | "
+                     f"{100 * r['share']:.1f}% | {r['calls_per_step']:g} |")
     return "\n".join(lines)

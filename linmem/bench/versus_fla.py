@@ -112,7 +112,7 @@ import torch
 
 from linmem.bench import environment
 from linmem.bench.fla_parity import PAPER, scaled_paper_settings, sdpa_flash_attn_func, write_fla_checkpoint
-from linmem.bench.step_profile import KINDS, own_time_by_name, profile_steps
+from linmem.bench.step_profile import KINDS, own_time_by_name, profile_steps, table_name
 from linmem.bench.training import free_memory, random_tokens
 from linmem.io.atomic import atomic_write
 from linmem.models import LinMemConfig, LinMemForCausalLM
@@ -127,7 +127,7 @@ LEARNING_RATE = 3e-4
 RESIDUAL_OF = {"gdn": "rdn", "gla": "rla", "sgla": "rla"}
 OOM = "OOM"
 PROFILE_TOP = 15  # kernels or operators kept ranked in a cell's profile, and difference rows shown per row
-NAME_WIDTH = 90  # characters of a kernel's name shown in a table (step_profile.format_profile's width)
+NAME_WIDTH = 90  # characters of a kernel's name shown in a table
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -838,12 +838,6 @@ def _profiled(cell: dict | None) -> bool:
     return ok(cell) and "by_name" in cell.get("profile", {})
 
 
-def _kernel_name(name: str) -> str:
-    """A kernel's or operator's name for a table: cut to ``NAME_WIDTH`` characters, its bars escaped."""
-    name = name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 1] + "…"
-    return "`" + name.replace("|", "\\|") + "`"
-
-
 def format_kinds_against(base: dict, other: dict, base_label: str, other_label: str) -> str:
     """Two profiles' busy ms per step by kind side by side, their difference (other − base) and the busy total."""
     one, two = kinds_ms(base["by_name"]), kinds_ms(other["by_name"])
@@ -856,7 +850,7 @@ def format_kinds_against(base: dict, other: dict, base_label: str, other_label: 
 
 def format_difference(base: dict, other: dict, top: int = PROFILE_TOP) -> str:
     """The ``top`` kernels or operators of ``profile_difference`` (largest |residual − base| first)."""
-    body = [[_kernel_name(r["name"]), r["kind"], f"{r['base_ms']:.3f}", f"{r['other_ms']:.3f}",
+    body = [[table_name(r["name"], NAME_WIDTH), r["kind"], f"{r['base_ms']:.3f}", f"{r['other_ms']:.3f}",
              f"{r['difference_ms']:+.3f}", f"{r['base_calls']:g} / {r['other_calls']:g}"]
             for r in profile_difference(base["by_name"], other["by_name"])[:top]]
     return _table(["kernel or operator", "kind", "base ms/step", "residual ms/step", "residual − base ms",
