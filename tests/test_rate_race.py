@@ -233,3 +233,87 @@ def test_the_script_prints_each_groups_next_step_under_the_studys_seeds(small_st
         "Models to add to the study file first (the next rate out): gdn-wide at 1.25e-3\n"]
     printed = race(str(small_study), str(path), "--decide-seed", "100", "--close", "0.01")
     assert "less than 0.01 apart" in printed and "- gdn (GDN 6 x 256): decided: 5e-3\n" in printed
+
+
+# ---------------------------------------------------------------- the run study's models at the decided rates
+
+
+@pytest.fixture(scope="module")
+def race_and_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """A race study (GDN at 1.25e-3 to 5e-3, GDN with wide values and RDN at 2.5e-3 to 1e-2) and the study that runs
+    each family at its rate: gdn, gdn-wide (its value width in ``set``), rdn, and sgla, which no race covers."""
+    zoo = ROOT / "configs" / "zoo"
+    rates = {"quarter": 1.25e-3, "half": 2.5e-3, "zoo": None, "double": 1e-2}
+    folder = tmp_path_factory.mktemp("studies")
+
+    def at(rate: str, **rest) -> dict:
+        return {**({"optim.lr": rates[rate], "optim.min_lr": rates[rate] / 10} if rates[rate] else {}), **rest}
+
+    race_models = (
+        [{"name": f"gdn-{r}-lr", "config": str(zoo / "gdn.yaml"), "set": at(r)} for r in ("quarter", "half", "zoo")]
+        + [{"name": f"gdn-wide-{r}-lr", "config": str(zoo / "gdn.yaml"), "set": at(r, **{"model.expand_v": 2.0})}
+           for r in ("half", "zoo", "double")]
+        + [{"name": f"rdn-{r}-lr", "config": str(zoo / "rdn.yaml"), "set": at(r)} for r in ("half", "zoo", "double")])
+    run_models = [{"name": "gdn", "config": "zoo/gdn.yaml"},
+                  {"name": "gdn-wide", "config": "zoo/gdn.yaml", "set": {"model.expand_v": 2.0}},
+                  {"name": "rdn", "config": "zoo/rdn.yaml"},
+                  {"name": "sgla", "config": "zoo/sgla.yaml"}]
+    (folder / "zoo").symlink_to(zoo)  # the run study names its configs relative to itself, as the real one does
+    paths = []
+    for name, models, seeds in (("race", race_models, SEEDS), ("runs", run_models, [0, 1, 2])):
+        study = {"name": name, "seeds": seeds, "recipe": {"include": str(zoo / "base.yaml")},
+                 "per_model": ["optim.lr", "optim.min_lr"], "eval": {"tasks": ["ppl"]}, "models": models}
+        paths.append(folder / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(study, sort_keys=False), encoding="utf-8")
+    return paths[0], paths[1]
+
+
+def test_the_run_study_gets_its_models_lines_at_the_decided_rates(race_and_runs, tmp_path):
+    race_path, runs_path = race_and_runs
+    runs = {"gdn-quarter-lr": {100: 3.60}, "gdn-half-lr": {100: 3.30}, "gdn-zoo-lr": {100: 3.50},  # decided: 2.5e-3
+            "gdn-wide-half-lr": {100: 3.60}, "gdn-wide-zoo-lr": {100: 3.30}, "gdn-wide-double-lr": {100: 3.50},
+            "rdn-half-lr": {100: 3.40}, "rdn-zoo-lr": {100: 3.45}, "rdn-double-lr": {100: 3.70}}  # rdn: bottom edge
+    tables = made_up(runs)
+    tables["study"] = "race"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(tables))
+    printed = race(str(race_path), str(path), "--decide-seed", "100", "--core-seeds", str(runs_path))
+    block = printed[printed.index("runs models at the decided rates"):]
+    lines = block.split("```yaml\n")[1].split("```")[0].splitlines()
+    assert len(lines) == 4
+    # a decided family: its entry with lr the winner, min_lr a tenth of it, its own set keys and config path kept,
+    # the rates written as the study files write them (a point in the mantissa: PyYAML reads 2.5e-3 as a float)
+    assert lines[0] == "  - {name: gdn, config: zoo/gdn.yaml, set: {optim.lr: 2.5e-3, optim.min_lr: 2.5e-4}}"
+    assert yaml.safe_load(lines[0]) == [{"name": "gdn", "config": "zoo/gdn.yaml",
+                                         "set": {"optim.lr": 2.5e-3, "optim.min_lr": 2.5e-4}}]
+    wide, note = lines[1].split("   # ")
+    assert yaml.safe_load(wide) == [{"name": "gdn-wide", "config": "zoo/gdn.yaml",
+                                     "set": {"optim.lr": 5e-3, "optim.min_lr": 5e-4, "model.expand_v": 2.0}}]
+    assert "optim.lr: 5.0e-3, optim.min_lr: 5.0e-4" in wide
+    assert "# " + note == rate_race.ZOO_RATE_NOTE  # the winner is gdn.yaml's own rate; gdn's 2.5e-3 is not
+    # an undecided family: a comment with its race's state; a model no race covers says so
+    assert lines[2] == "# rdn: not decided (edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3)"
+    assert lines[3] == "# sgla: no race in the study file"
+    assert block.rstrip("\n").splitlines()[-1] == "2 of 4 runs models decided"
+    # the race moves: gdn-wide's top rate wins on the spare seed's mean (an edge again), rdn's zoo rate wins clear
+    runs["gdn-wide-zoo-lr"][100], runs["gdn-wide-double-lr"][100] = 3.30, 3.35
+    runs["gdn-wide-zoo-lr"][101], runs["gdn-wide-double-lr"][101] = 3.40, 3.20
+    runs["rdn-half-lr"][100], runs["rdn-zoo-lr"][100] = 3.60, 3.45
+    tables = made_up(runs)
+    tables["study"] = "race"
+    path.write_text(json.dumps(tables))
+    printed = race(str(race_path), str(path), "--decide-seed", "100", "--core-seeds", str(runs_path))
+    lines = printed.split("```yaml\n")[1].split("```")[0].splitlines()
+    assert lines[1] == "# gdn-wide: not decided (edge: wins at 1e-2, the top of its bracket: add 2e-2)"
+    assert lines[2] == ("  - {name: rdn, config: zoo/rdn.yaml, set: {optim.lr: 5.0e-3, optim.min_lr: 5.0e-4}}   "
+                        + rate_race.ZOO_RATE_NOTE)
+    assert printed.rstrip("\n").splitlines()[-1] == "2 of 4 runs models decided"
+    # without --core-seeds the output ends with the race's next steps
+    assert "decided rates" not in race(str(race_path), str(path), "--decide-seed", "100")
+
+
+def test_rates_are_written_with_a_point_in_the_mantissa():
+    rates = (3e-3, 1.2e-2, 2.5e-4, 1e-2, 1.25e-3, 0.1, 2.4e-2 / 10)
+    assert [rate_race.rate_yaml(r) for r in rates] == [
+        "3.0e-3", "1.2e-2", "2.5e-4", "1.0e-2", "1.25e-3", "1.0e-1", "2.4e-3"]
+    assert all(yaml.safe_load(rate_race.rate_yaml(r)) == pytest.approx(r, rel=1e-12) for r in rates)

@@ -3,7 +3,7 @@ study's ``per_model`` keys) form one group; each group's rates side by side, wit
 each group wins with on one seed's metric (the race's rule: one seed decides, the winner's other seeds follow).
 
     python scripts/study/rate_race.py STUDY.yaml TABLES.json [--metric val_loss] [--decide-seed 0] [--close 0.1]
-        [--also test_ppl mqar ...] [--plot FIG.png]
+        [--also test_ppl mqar ...] [--plot FIG.png] [--core-seeds RUN_STUDY.yaml]
 
 TABLES.json is the study's ``tables/results.json`` (``linmem study STUDY.yaml --out OUT --report-only`` writes it).
 Prints a markdown table (a row per group, labelled by its models' common name and its mixer and shape; a column per
@@ -14,6 +14,12 @@ than ``--close`` apart in the deciding metric: the study's next seed after the d
 and once spares are run the better mean over the seeds run at both decides); ``incomplete`` (a rate lacks its run of
 the deciding seed). ``--plot`` draws each metric against the rate, one panel per metric, a line per group through the
 deciding seed with the other seeds as dots.
+
+``--core-seeds`` names the study that trains each family at the rate its race chooses (configs/study/core-seeds.yaml
+for core-seeds-lr): a model of it belongs to the race group whose models differ from it only in the race study's
+``per_model`` keys. Printed last: the ``models:`` line of each of its models whose race is decided, with ``optim.lr``
+the winner and ``optim.min_lr`` a tenth of it merged into its ``set:``, and a comment line with the race's state for
+every other model. Nothing is written: the lines are pasted into that file.
 """
 
 from __future__ import annotations
@@ -22,21 +28,41 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from linmem.study.definition import Study, flat_sections, load_study, resolve_model  # noqa: E402
+from linmem.study.definition import (  # noqa: E402
+    UPDATE_NEUTRAL_KEYS,
+    Study,
+    flat_sections,
+    load_study,
+    resolve_model,
+)
+from linmem.train.config import TrainConfig  # noqa: E402
+
+# the trailing comment of a models: line whose decided rate is its config file's own (core-seeds' header: a model
+# that keeps its zoo rate may take rla-paper's runs of seeds 0-2, trained at that rate under the same recipe)
+ZOO_RATE_NOTE = "# zoo rate: rla-paper's seeds 0-2 may count"
 
 
 @dataclass
 class Group:
-    """Models that differ only in their peak rate: ``models`` maps each rate to its model's name."""
+    """Models that differ only in their peak rate: ``models`` maps each rate to its model's name; ``key`` is what they
+    share (``race_key``)."""
 
     label: str
     models: dict[float, str]
+    key: dict = field(default_factory=dict, repr=False)
+
+
+def race_key(config: TrainConfig, per_model: list[str]) -> dict:
+    """Everything of a resolved model but the keys its race varies: its model section and every recipe key."""
+    return {"model": config.model, **{k: v for k, v in flat_sections(config).items() if k not in per_model}}
 
 
 def rate_groups(study: Study, seed: int) -> list[Group]:
@@ -48,12 +74,12 @@ def rate_groups(study: Study, seed: int) -> list[Group]:
     groups: list[tuple[dict, Group]] = []
     for model in study.models:
         config = resolve_model(study, model, seed)
-        rest = {"model": config.model, **{k: v for k, v in flat_sections(config).items() if k not in study.per_model}}
+        rest = race_key(config, study.per_model)
         rate = float(config.optim.lr)
         group = next((g for key, g in groups if key == rest), None)
         if group is None:
             shape = config.model
-            group = Group(f"{shape['mixer'].upper()} {shape['num_hidden_layers']} x {shape['hidden_size']}", {})
+            group = Group(f"{shape['mixer'].upper()} {shape['num_hidden_layers']} x {shape['hidden_size']}", {}, rest)
             groups.append((rest, group))
         if rate in group.models:
             raise SystemExit(f"{study.path}: {model.name} and {group.models[rate]} share the rate {rate:g}")
@@ -83,6 +109,13 @@ def rate_text(rate: float) -> str:
     """1.25e-3, 2.5e-3, 5e-3."""
     exponent = math.floor(math.log10(rate))
     return f"{rate / 10 ** exponent:.6g}e{exponent}"
+
+
+def rate_yaml(rate: float) -> str:
+    """A rate as the study files write it, 3.0e-3, 2.5e-4: PyYAML reads a mantissa without its point (3e-3) as a
+    string."""
+    mantissa, _, exponent = rate_text(rate).partition("e")
+    return f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
 
 
 def seed_values(tables: dict, model: str, metric: str) -> dict[int, float]:
@@ -116,12 +149,14 @@ def spare_seeds(seeds: list[int], seed: int) -> list[int]:
 
 @dataclass
 class Need:
-    """What a group needs next: ``text`` (the verdict), ``runs`` (``MODEL:SEED`` of models the study declares) and
-    ``new_rate`` (a rate the study file must get a model at first, or None)."""
+    """What a group needs next: ``text`` (the verdict), ``runs`` (``MODEL:SEED`` of models the study declares),
+    ``new_rate`` (a rate the study file must get a model at first, or None) and ``rate`` (the decided rate; None until
+    the race is decided)."""
 
     text: str
     runs: list[str]
     new_rate: float | None = None
+    rate: float | None = None
 
 
 def verdict(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], close: float) -> str:
@@ -164,9 +199,9 @@ def need(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], c
         return Need(f"edge: wins at {rate_text(best)}, the bottom of its bracket: add {rate_text(best / 2)}", [],
                     best / 2)
     if not is_close:
-        return Need(f"decided: {rate_text(best)}", [])
+        return Need(f"decided: {rate_text(best)}", [], rate=best)
     if len(counted) > 1:
-        return Need(f"decided (seeds {', '.join(str(s) for s in counted)}): {rate_text(best)}", [])
+        return Need(f"decided (seeds {', '.join(str(s) for s in counted)}): {rate_text(best)}", [], rate=best)
     pair = f"close: {rate_text(first)} and {rate_text(second)} within {gap:.3g} (< {close:g}) on seed {seed}"
     if not spares:
         return Need(f"{pair}: the study has no spare seed left", [])
@@ -190,6 +225,62 @@ def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds:
     if new:
         lines += ["", "Models to add to the study file first (the next rate out): " + "; ".join(new)]
     return "\n".join(lines)
+
+
+def flow_scalar(value) -> str:
+    """``value`` as a YAML flow scalar (or flow collection), quoted only where YAML needs it."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).split("\n")[0]
+
+
+def models_line(name: str, config: str, overrides: dict, rate: float) -> str:
+    """A study file's ``models:`` entry as one flow-mapping line: ``optim.lr`` at ``rate`` and ``optim.min_lr`` a
+    tenth of it, then the entry's other ``set:`` keys."""
+    written = {"optim.lr": rate_yaml(rate), "optim.min_lr": rate_yaml(rate / 10)}
+    written |= {k: flow_scalar(v) for k, v in overrides.items() if k not in written}
+    values = ", ".join(f"{flow_scalar(k)}: {v}" for k, v in written.items())
+    return f"  - {{name: {flow_scalar(name)}, config: {flow_scalar(config)}, set: {{{values}}}}}"
+
+
+def decided_models(run_study: Study, race_study: Study, tables: dict, groups: list[Group], metric: str, seed: int,
+                   close: float) -> str:
+    """``run_study``'s ``models:`` lines at the rates their races decided (``need``): a line per model whose race
+    is decided, its config path and other ``set:`` keys as its study file writes them (the zoo-rate note where the
+    winner is its config file's own rate); a comment with the race's state for every other model; the count.
+
+    A model's race is the group whose models differ from it only in the race study's ``per_model`` keys (and in
+    settings that change no update), both resolved at ``seed``."""
+    missing = [k for k in ("optim.lr", "optim.min_lr") if k not in run_study.per_model]
+    if missing:
+        raise SystemExit(f"{run_study.path}: per_model lacks {', '.join(missing)}: its models cannot take their own "
+                         "rates")
+    # the config paths as the file writes them (load_study resolves them)
+    entries = {e["name"]: e for e in yaml.safe_load(run_study.path.read_text(encoding="utf-8"))["models"]}
+
+    def comparable(key: dict) -> dict:
+        return {k: v for k, v in key.items() if k not in UPDATE_NEUTRAL_KEYS}
+
+    lines, decided = [], 0
+    for model in run_study.models:
+        key = comparable(race_key(resolve_model(run_study, model, seed), race_study.per_model))
+        group = next((g for g in groups if comparable(g.key) == key), None)
+        if group is None:
+            lines.append(f"# {model.name}: no race in the study file")
+            continue
+        state = need(tables, group, metric, seed, race_study.seeds, close)
+        if state.rate is None:
+            lines.append(f"# {model.name}: not decided ({state.text})")
+            continue
+        decided += 1
+        line = models_line(model.name, entries[model.name]["config"], model.overrides, state.rate)
+        own = {k: v for k, v in model.overrides.items() if k not in run_study.per_model}
+        zoo_rate = resolve_model(run_study, replace(model, overrides=own), seed).optim.lr
+        if math.isclose(state.rate, zoo_rate, rel_tol=1e-9):
+            line += f"   {ZOO_RATE_NOTE}"
+        lines.append(line)
+    head = (f"{run_study.name} models at the decided rates (its `models:` lines, {run_study.path}; optim.min_lr a "
+            f"tenth of optim.lr; decided on {metric} of seed {seed})")
+    count = f"{decided} of {len(run_study.models)} {run_study.name} models decided"
+    return "\n".join([head, "", "```yaml", *lines, "```", "", count])
 
 
 def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int) -> str:
@@ -268,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="two best rates closer than this in the deciding metric call for a spare seed (0.1)")
     parser.add_argument("--also", nargs="*", default=[], help="further metrics shown at the same cells")
     parser.add_argument("--plot", type=Path, help="write the figure here")
+    parser.add_argument("--core-seeds", type=Path, metavar="RUN_STUDY.yaml",
+                        help="print this study's models: lines at the rates the races decided (nothing is written)")
     args = parser.parse_args(argv)
     study = load_study(args.study)
     tables = json.loads(args.tables.read_text(encoding="utf-8"))
@@ -282,6 +375,10 @@ def main(argv: list[str] | None = None) -> None:
     print("\n\n".join(table(tables, groups, m, args.metric, args.decide_seed) for m in [args.metric, *args.also]))
     print()
     print(next_steps(tables, groups, args.metric, args.decide_seed, study.seeds, args.close))
+    if args.core_seeds:
+        run_study = load_study(args.core_seeds)
+        print()
+        print(decided_models(run_study, study, tables, groups, args.metric, args.decide_seed, args.close))
     if args.plot:
         plot(tables, groups, [args.metric, *args.also], args.metric, args.decide_seed, args.plot)
 
