@@ -384,3 +384,161 @@ def test_a_clip_case_judges_dv_beside_the_band_and_records_it_whole(monkeypatch)
     smooth = kernels.run_check(dict(rule="delta", residual=True, dtype="float32", B=1, T=70, H=1, K=16, V=16,
                                     options=dict(residual_target="tanh")))
     assert "dv_all" not in smooth and "flip_band" not in smooth
+
+
+# ------------------------------------------------------------------------------------------------ --rounds
+
+
+def _scripted_timings(monkeypatch, kernels, values: dict, clock=None):
+    """``time_method`` replaced by a recorder: each call appends (method, mode, T) to the returned list and returns
+    the next of ``values[(method, mode, T)]`` (an exception instance there is raised instead); ``clock``, if given,
+    a callable run on every call (a fake clock's step)."""
+    by_fn = {id(fn): name for name, fn in kernels.METHODS.items()}
+    calls = []
+
+    def timed(fn, x, backward):
+        name, mode, T = by_fn[id(fn)], "fwd+bwd" if backward else "fwd", x["q"].shape[1]
+        done = sum(call == (name, mode, T) for call in calls)
+        calls.append((name, mode, T))
+        if clock is not None:
+            clock()
+        value = values[name, mode, T]
+        value = value[done] if isinstance(value, list) else value
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    monkeypatch.setattr(kernels, "time_method", timed)
+    return calls
+
+
+def _rows(report: dict) -> dict:
+    return {(r["method"], r["mode"], r["T"]): r for r in report["results"]}
+
+
+def test_rounds_alternate_the_order_and_each_cell_is_the_median_of_its_rounds(tmp_path, monkeypatch, capsys):
+    """``--rounds 3``: at each length the methods are timed in the order given, then reversed, then in order again
+    (both modes within a method's turn); each row keeps its rounds' times and their median, and the report gives
+    each round's A / B ratio of the times timed in that round."""
+    import random
+
+    kernels = _kernels(monkeypatch)
+    rng = random.Random()
+    methods, lengths = ["linmem RDN", "FLA GDN"], [64, 32]
+    values = {(name, mode, T): [rng.uniform(0.5, 5.0) for _ in range(3)]
+              for name in methods for mode in ("fwd", "fwd+bwd") for T in lengths}
+    calls = _scripted_timings(monkeypatch, kernels, values)
+    kernels.main([*DRY_RUN, "--lengths", "64,32", "--methods", ",".join(methods), "--rounds", "3",
+                  "--out", str(tmp_path)])
+    a, b = methods
+    turn = lambda name, T: [(name, "fwd", T), (name, "fwd+bwd", T)]  # noqa: E731
+    assert calls == [call for T in lengths
+                     for call in turn(a, T) + turn(b, T) + turn(b, T) + turn(a, T) + turn(a, T) + turn(b, T)]
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert report["rounds"] == 3
+    rows = _rows(report)
+    assert set(rows) == set(values)
+    for key, times in values.items():
+        assert rows[key]["rounds_ms"] == pytest.approx(times)
+        assert rows[key]["ms"] == pytest.approx(sorted(times)[1])
+    page = (tmp_path / "kernels.md").read_text()
+    assert "3 rounds in alternating order (ABBA), each cell the median of the rounds" in page
+
+    def per_round(mode, T):
+        return ", ".join(f"{x / y:.2f}" for x, y in zip(values[a, mode, T], values[b, mode, T]))
+
+    for mode, after in (("fwd+bwd", "## fwd+bwd"), ("fwd", "## fwd\n")):
+        section = page.split(after)[1].split("##")[0]
+        table = [line for line in section.split("per round")[1].splitlines() if line.startswith("|")]
+        assert table == ["| T | RDN / FLA GDN |", "|---|---|"] + [f"| {T} | {per_round(mode, T)} |"
+                                                                  for T in sorted(lengths)]
+    out = capsys.readouterr().out
+    assert ("RDN / FLA GDN per round (3, ABBA): "
+            + "; ".join(f"T={T} {per_round('fwd+bwd', T)}" for T in sorted(lengths))) in out.splitlines()
+
+
+def test_rounds_do_not_time_again_what_failed_or_was_stopped(tmp_path, monkeypatch):
+    """A method whose first timing raised is not timed again, one stopped by the budget neither, and one that
+    fails in a later round keeps the rounds before; the other methods get all their rounds, in ABBA order."""
+    import random
+
+    kernels = _kernels(monkeypatch)
+    rng = random.Random()
+    good = {(name, mode, 64): [rng.uniform(0.5, 5.0) for _ in range(3)]
+            for name in ("linmem sGLA", "linmem RDN") for mode in ("fwd", "fwd+bwd")}
+    broken = RuntimeError("no kernel")
+    stopped = kernels.OverBudget("stopped after 20 s: the time budget is spent")  # what the alarm raises
+    values = {**good, ("linmem GDN", "fwd", 64): broken, ("linmem GDN", "fwd+bwd", 64): broken,
+              ("linmem RLA", "fwd", 64): stopped, ("linmem RLA", "fwd+bwd", 64): 1.0}
+    values["linmem RDN", "fwd+bwd", 64] = values["linmem RDN", "fwd+bwd", 64][:1] + [broken]  # fails in round 2
+    calls = _scripted_timings(monkeypatch, kernels, values)
+    methods = ["linmem GDN", "linmem sGLA", "linmem RLA", "linmem RDN"]
+    kernels.main([*DRY_RUN, "--lengths", "64", "--methods", ",".join(methods), "--rounds", "3",
+                  "--out", str(tmp_path)])
+    both = lambda name: [(name, "fwd", 64), (name, "fwd+bwd", 64)]  # noqa: E731
+    assert calls == (both("linmem GDN") + both("linmem sGLA") + [("linmem RLA", "fwd", 64)] + both("linmem RDN")
+                     + both("linmem RDN") + both("linmem sGLA")
+                     + both("linmem sGLA") + [("linmem RDN", "fwd", 64)])
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    rows = _rows(report)
+    assert [rows["linmem GDN", mode, 64]["ms"] for mode in ("fwd", "fwd+bwd")] == [None, None]
+    assert ("linmem RLA", "fwd", 64) not in rows and ("linmem RLA", "fwd+bwd", 64) not in rows
+    assert any(s.startswith("linmem RLA T=64 from fwd (stopped after 20 s") for s in report["skipped"])
+    for mode in ("fwd", "fwd+bwd"):
+        assert rows["linmem sGLA", mode, 64]["rounds_ms"] == pytest.approx(good["linmem sGLA", mode, 64])
+    assert rows["linmem RDN", "fwd", 64]["rounds_ms"] == pytest.approx(good["linmem RDN", "fwd", 64])
+    late = rows["linmem RDN", "fwd+bwd", 64]
+    assert late["rounds_ms"] == pytest.approx(values["linmem RDN", "fwd+bwd", 64][:1])
+    assert late["ms"] == pytest.approx(late["rounds_ms"][0])
+    assert "linmem RDN T=64 fwd+bwd from round 2 of 3 (RuntimeError)" in report["skipped"]
+    # RDN / GDN: GDN has no round, so no per-round ratio
+    per_round = (tmp_path / "kernels.md").read_text().split("## fwd+bwd")[1].split("##")[0].split("per round")[1]
+    assert [line for line in per_round.splitlines() if line.startswith("|")] == ["| T | RDN / GDN |", "|---|---|",
+                                                                                 "| 64 | – |"]
+
+
+def test_rounds_stop_where_the_budget_is_spent_and_list_what_is_left(tmp_path, monkeypatch):
+    """The budget is checked before every method's turn: once spent, the remaining rounds are not run, what was
+    measured stays, and each method's missing rounds are listed as skipped."""
+    kernels = _kernels(monkeypatch)
+    now = [1000.0]
+
+    def step():  # each timing takes 30 s of a fake clock
+        now[0] += 30.0
+
+    monkeypatch.setattr(kernels, "time", SimpleNamespace(time=lambda: now[0], perf_counter=time.perf_counter))
+    values = {(name, mode, 64): 1.0 for name in ("linmem sGLA", "linmem GDN") for mode in ("fwd", "fwd+bwd")}
+    calls = _scripted_timings(monkeypatch, kernels, values, clock=step)
+    # 100 s: round 0 (four timings, 120 s) runs whole, as a turn started within the budget finishes its modes
+    kernels.main([*DRY_RUN, "--lengths", "64", "--methods", "linmem sGLA,linmem GDN", "--rounds", "3", "--budget",
+                  "100", "--out", str(tmp_path)])
+    assert calls == [(name, mode, 64) for name in ("linmem sGLA", "linmem GDN") for mode in ("fwd", "fwd+bwd")]
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert all(r["rounds_ms"] == [1.0] and r["ms"] == 1.0 for r in report["results"]) and len(report["results"]) == 4
+    assert report["skipped"] == ["linmem sGLA T=64: 1 of 3 rounds", "linmem GDN T=64: 1 of 3 rounds"]
+
+
+def test_one_round_is_the_run_without_the_option(tmp_path, monkeypatch):
+    """``--rounds 1`` (the default) writes the report a run without the option writes: no ``rounds`` nor
+    ``rounds_ms``, the tables and sentence as they were."""
+    kernels = _kernels(monkeypatch)
+    values = {("linmem RDN", mode, 64): 2.0 for mode in ("fwd", "fwd+bwd")}
+    values.update({("linmem GDN", mode, 64): 1.0 for mode in ("fwd", "fwd+bwd")})
+    pages, reports = [], []
+    for given in ([], ["--rounds", "1"]):
+        calls = _scripted_timings(monkeypatch, kernels, values)
+        out = tmp_path / str(len(given))
+        kernels.main([*DRY_RUN, "--lengths", "64", "--methods", "linmem RDN,linmem GDN", *given, "--out", str(out)])
+        assert len(calls) == 4
+        pages.append((out / "kernels.md").read_text())
+        reports.append(json.loads((out / "kernels.json").read_text()))
+    assert pages[0] == pages[1]
+    assert reports[0]["results"] == reports[1]["results"] and reports[0].keys() == reports[1].keys()
+    assert "rounds" not in reports[1] and all("rounds_ms" not in r for r in reports[1]["results"])
+    assert "per round" not in pages[1] and "ABBA" not in pages[1]
+    assert ("`triton.testing.do_bench` medians in ms; A / B: the two methods' times, measured side by side in this "
+            "run. Command: `python -m linmem.bench.kernels`.") in pages[1]
+    table = pages[1].split("## fwd+bwd")[1].strip().splitlines()
+    assert table[:4] == ["| T | linmem RDN | linmem GDN | RDN / GDN |", "|---|---|---|---|",
+                         "| 64 | 2.00 | 1.00 | 2.00x |", ""]
+    assert table[4] == "## fwd"

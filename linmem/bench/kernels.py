@@ -1,6 +1,7 @@
 """Kernel benchmark (GPU): linmem's fused RLA/RDN kernels against flash-linear-attention (FLA) and flash attention.
 
     python -m linmem.bench.kernels [--out docs/benchmarks] [--sweep] [--profile] [--quick-check] [--budget 480]
+                                   [--rounds 3]
 
 One run does five things, in this order, so that one GPU session answers both "is it right" and "is it fast":
 
@@ -24,7 +25,9 @@ One run does five things, in this order, so that one GPU session answers both "i
    ``residual=False``), FLA ``chunk_simple_gla``, ``chunk_gated_delta_rule`` and ``chunk_gla``, causal SDPA flash
    attention, and RLA/RDN composed from three FLA calls (queries shifted one step give ``S_{t−1}k_t`` and
    ``S_{t−1}q_t``; a third call runs the residual memory); on request (``--methods``) FLA's sGLA and GDN at twice
-   the value width, the state work of two memories;
+   the value width, the state work of two memories; ``--rounds N`` times the methods N times at each length, the
+   order reversed every other round (ABBA), so that the machine's drift between timings falls on every method alike:
+   each cell is the median of the rounds, and the report adds each round's A / B ratios, paired within the round;
 4. optionally (``--profile``), with what is left of the budget (none under ``PROFILE_MIN_SECONDS``), profiles
    forward+backward of ``--profile-methods`` at each (B, T) it timed, ``--profile-repeats`` steps each
    (torch.profiler): the longest kernels' times and the GPU busy time, the sum of every kernel's device time, as
@@ -1070,11 +1073,15 @@ def markdown(report: dict) -> str:
     ratios = [pair for pair in RATIOS if pair[1] in names and pair[2] in names]
     lengths = sorted({r["T"] for r in results})
     heads, widths = _shape(report)
+    rounds = report.get("rounds", 1)
     lines = [f"# Kernel benchmark: {report['env']['gpu']}", "",
              f"torch {report['env']['torch']}, triton {report['env']['triton']}, FLA {report['env']['fla']}, "
              f"CUDA {report['env']['cuda']}. bf16, H = {heads}, {widths}, {report['tokens']} tokens per "
-             "batch (B = tokens / T), `triton.testing.do_bench` medians in ms; A / B: the two methods' times, "
-             "measured side by side in this run. Command: `python -m linmem.bench.kernels`.", ""]
+             "batch (B = tokens / T), `triton.testing.do_bench` medians in ms"
+             + (f", {rounds} rounds in alternating order (ABBA), each cell the median of the rounds" if rounds > 1
+                else "")
+             + "; A / B: the two methods' times, measured side by side in this run. Command: "
+             "`python -m linmem.bench.kernels`.", ""]
     for mode in ("fwd+bwd", "fwd"):
         lines += [f"## {mode}", "", "| T | " + " | ".join(names + [label for label, _, _ in ratios]) + " |",
                   "|---" * (len(names) + 1 + len(ratios)) + "|"]
@@ -1083,6 +1090,13 @@ def markdown(report: dict) -> str:
             cells = [_ms(ms, n) for n in names] + [_ratio(ms, a, b) for _, a, b in ratios]
             lines.append(f"| {T} | " + " | ".join(cells) + " |")
         lines.append("")
+        if rounds > 1 and ratios:  # the paired ratios the medians above come from, one per round
+            lines += [f"{mode} per round: round r's A / round r's B, rounds in the order timed.", "",
+                      "| T | " + " | ".join(label for label, _, _ in ratios) + " |", "|---" * (len(ratios) + 1) + "|"]
+            for T in lengths:
+                timed = _rows(results, T, mode)
+                lines.append(f"| {T} | " + " | ".join(_per_round(timed, a, b) for _, a, b in ratios) + " |")
+            lines.append("")
     busy = report.get("gpu_busy")
     if busy:
         profiled = [name for name in METHODS if any(b["method"] == name for b in busy)]
@@ -1177,6 +1191,11 @@ def summary(report: dict) -> str:
         cells = ([f"{_ms(ms, a)} / {_ms(ms, b)} ms = {_ratio(ms, a, b)}" for _, a, b in pairs] if pairs
                  else [_ms(ms, name) for name in names])
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
+    if report.get("rounds", 1) > 1:  # each pair's paired ratios, one per round, at every length
+        lengths = sorted({r["T"] for r in report["results"]})
+        lines += [f"{label} per round ({report['rounds']}, ABBA): " + "; ".join(
+            f"T={T} {_per_round(_rows(report['results'], T, 'fwd+bwd'), a, b)}" for T in lengths)
+            for label, a, b in pairs]
     busy = report.get("gpu_busy")
     if busy:  # the same pairs by the kernels' device time alone, measured in the same run
         profiled = [name for name in METHODS if any(b["method"] == name for b in busy)]
@@ -1226,6 +1245,24 @@ def _ratio(ms, a, b):
     if ms.get(a) is None or ms.get(b) is None:
         return "–"
     return f"{ms[a] / ms[b]:.2f}x"
+
+
+def _rows(results: list[dict], T: int, mode: str) -> dict:
+    """Method → its result row at length ``T`` in ``mode``."""
+    return {r["method"]: r for r in results if r["T"] == T and r["mode"] == mode}
+
+
+def round_ratios(rows: dict, a: str, b: str) -> list[float]:
+    """Round r's time of ``a`` over round r's time of ``b`` (``rows``: method → result row with ``rounds_ms``), for
+    the rounds both were timed in: a method timed in fewer rounds has the first ones, as rounds run in order."""
+    if a not in rows or b not in rows:
+        return []
+    return [x / y for x, y in zip(rows[a].get("rounds_ms", []), rows[b].get("rounds_ms", []))]
+
+
+def _per_round(rows: dict, a: str, b: str) -> str:
+    ratios = round_ratios(rows, a, b)
+    return ", ".join(f"{ratio:.2f}" for ratio in ratios) if ratios else "–"
 
 
 def plot(report: dict, path: Path) -> None:
@@ -1327,6 +1364,87 @@ def render(out: Path) -> None:
           + summary(report))
 
 
+MODES = ("fwd", "fwd+bwd")
+
+
+def time_at_length(report: dict, names: list[str], x: dict, B: int, T: int, rounds: int, left, out: Path) -> None:
+    """Time ``names`` (``METHODS`` keys) on the inputs ``x`` (``[B, T, H, d]``), forward and forward+backward, in
+    ``rounds`` rounds: round 0 in the order given, round 1 reversed, round 2 forward again, ... (ABBA), both modes
+    of a method within its turn, so that the machine's drift over the rounds falls on every method alike and each
+    round gives a paired A / B ratio.
+
+    Appends to ``report["results"]`` one row per (method, mode) at its first timing: ``ms`` its time, with several
+    rounds the median of the rounds' times (``rounds_ms``, one per round, in round order). A method's first turn
+    includes its compiles and autotune; every timing gets what is left of the budget (``left()`` seconds), at
+    least ``MIN_METHOD_SECONDS``. A mode whose timing raised keeps what it measured (``ms`` None where nothing) and
+    is not timed again; a method stopped by the budget (``OverBudget``) is done. The budget is checked before every
+    turn: once spent, the remaining rounds are not run and ``report["skipped"]`` lists what they leave out.
+    kernels.json and kernels.md are written under ``out`` after every turn, so a run killed inside a method keeps
+    what was measured before it."""
+    rows = {}  # (method, mode) → its result row
+    active = {name: list(MODES) for name in names}  # the modes each method is still timed in
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            if not active[name]:
+                continue
+            if left() < 0:
+                _skip_remaining_rounds(report, names, rows, active, T, rounds, left)
+                return
+            this_turn = {}
+            for mode in list(active[name]):
+                try:
+                    # a method's first timing may compile and autotune for minutes (FLA's chunk_gla does): it gets
+                    # what is left of the budget, at least MIN_METHOD_SECONDS
+                    with time_limit(max(left(), MIN_METHOD_SECONDS)):
+                        ms = time_method(METHODS[name], x, mode == "fwd+bwd")
+                except OverBudget as exc:  # its other mode, and its later rounds, would only run on: it is done
+                    at = f" in round {index + 1} of {rounds}" if index else ""
+                    report["skipped"].append(f"{name} T={T} from {mode}{at} ({exc})")
+                    print(f"{name} {mode} T={T}{at}: {exc}", flush=True)
+                    active[name] = []
+                    break
+                except Exception as exc:  # noqa: BLE001 (recorded, the table shows a dash or the rounds before)
+                    ms = None
+                    active[name].remove(mode)
+                    print(f"{name} {mode} T={T}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    if index:
+                        report["skipped"].append(f"{name} T={T} {mode} from round {index + 1} of {rounds} "
+                                                 f"({type(exc).__name__})")
+                row = rows.get((name, mode))
+                if row is None:
+                    row = rows[name, mode] = dict(method=name, mode=mode, T=T, B=B, ms=ms)
+                    report["results"].append(row)
+                    if rounds > 1:
+                        row["rounds_ms"] = []
+                if rounds > 1 and ms is not None:
+                    row["rounds_ms"].append(ms)
+                    row["ms"] = statistics.median(row["rounds_ms"])
+                this_turn[mode] = ms
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+            which = f" round {index + 1}/{rounds}" if rounds > 1 else ""
+            print(f"T={T:6d} {name:16s}{which} " + "  ".join(
+                f"{mode} {ms:.2f} ms" for mode, ms in this_turn.items() if ms is not None), flush=True)
+            _write(report, out, with_plot=False)
+
+
+def _skip_remaining_rounds(report: dict, names: list[str], rows: dict, active: dict, T: int, rounds: int,
+                           left) -> None:
+    """List in ``report["skipped"]`` what the budget, spent, leaves out at length ``T``: each method never timed
+    there, and each method timed in fewer than ``rounds`` rounds (a method that failed or was stopped is done)."""
+    for name in names:
+        if not active[name]:
+            continue
+        if not any((name, mode) in rows for mode in MODES):
+            report["skipped"].append(f"{name} T={T}")
+            print(f"{name} T={T} skipped: {left():.0f} s of the budget left", flush=True)
+            continue
+        done = min(len(rows[name, mode].get("rounds_ms", [None])) for mode in active[name])
+        if done < rounds:
+            report["skipped"].append(f"{name} T={T}: {done} of {rounds} rounds")
+            print(f"{name} T={T}: {done} of {rounds} rounds, {left():.0f} s of the budget left", flush=True)
+
+
 def _batch_and_length(text: str) -> tuple[int, int]:
     try:
         B, T = (int(part) for part in text.split(","))
@@ -1366,6 +1484,10 @@ def main(argv=None) -> None:
     parser.add_argument("--profile-repeats", type=int, default=3,
                         help="steps profiled per method and length; the report gives their medians")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (see the docstring)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time the methods at each length this many times, the order reversed every other "
+                             "round (ABBA), so that the machine's drift falls on every method alike; each cell is "
+                             "the median of the rounds, and the report adds each round's ratios")
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help="the key width (and the value width)")
     parser.add_argument("--value-dim", type=int, default=None, help="the value width, if not the head dim")
@@ -1386,6 +1508,8 @@ def main(argv=None) -> None:
         parser.error("--profile-methods: the 2V methods are not profiled (their inputs are built for timing only)")
     if args.profile_repeats < 1:
         parser.error(f"--profile-repeats: at least 1; got {args.profile_repeats}")
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1; got {args.rounds}")
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         # the dry run needs the interpreter, and Triton fixes its own jit helpers (tl.sum, …) as compiled or
         # interpreted when it is first imported, which the linmem package did before this ran: start again
@@ -1428,6 +1552,8 @@ def main(argv=None) -> None:
                   value_dim=VALUE_DIM, checks=checks,
                   offsets=correctness["offsets"], finite=correctness["finite"], results=[],
                   skipped=list(correctness["unfinished"]), compile_failures=[f["task"] for f in failures])
+    if args.rounds > 1:
+        report["rounds"] = args.rounds
     from linmem.ops.triton import function
 
     if args.sweep and left() > 0.3 * args.budget:
@@ -1456,33 +1582,7 @@ def main(argv=None) -> None:
             continue
         B = max(1, args.tokens // T)
         x = bench_inputs(B, T, wide=any(name.endswith(" 2V") for name in args.methods.split(",")))
-        for name in args.methods.split(","):
-            if left() < 0:
-                report["skipped"].append(f"{name} T={T}")
-                print(f"{name} T={T} skipped: {left():.0f} s of the budget left", flush=True)
-                continue
-            for mode in ("fwd", "fwd+bwd"):
-                try:
-                    # a method's first timing may compile and autotune for minutes (FLA's chunk_gla does): it
-                    # gets what is left of the budget, at least MIN_METHOD_SECONDS
-                    with time_limit(max(left(), MIN_METHOD_SECONDS)):
-                        ms = time_method(METHODS[name], x, mode == "fwd+bwd")
-                except OverBudget as exc:  # its other mode would only compile on: the method is done
-                    report["skipped"].append(f"{name} T={T} from {mode} ({exc})")
-                    print(f"{name} {mode} T={T}: {exc}", flush=True)
-                    break
-                except Exception as exc:  # noqa: BLE001 (recorded, the table shows a dash)
-                    ms = None
-                    print(f"{name} {mode} T={T}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                report["results"].append(dict(method=name, mode=mode, T=T, B=B, ms=ms))
-                if DEVICE == "cuda":
-                    torch.cuda.empty_cache()
-            print(f"T={T:6d} {name:16s} " + "  ".join(
-                f"{r['mode']} {r['ms']:.2f} ms" for r in report["results"]
-                if r["method"] == name and r["T"] == T and r["ms"] is not None), flush=True)
-            # after every method: a run killed inside the next one (by a command's time limit) keeps what it
-            # measured
-            _write(report, Path(args.out), with_plot=False)
+        time_at_length(report, args.methods.split(","), x, B, T, args.rounds, left, Path(args.out))
         del x
     if args.profile:  # after the timings, which are the point of a run: with what is left of the budget
         profile_timed(report, profile_methods, args.profile_repeats, left, Path(args.out))
