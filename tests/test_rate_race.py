@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 import shlex
 from pathlib import Path
 
@@ -233,6 +234,17 @@ def test_the_script_prints_each_groups_next_step_under_the_studys_seeds(small_st
         "Models to add to the study file first (the next rate out): gdn-wide at 1.25e-3\n"]
     printed = race(str(small_study), str(path), "--decide-seed", "100", "--close", "0.01")
     assert "less than 0.01 apart" in printed and "- gdn (GDN 6 x 256): decided: 5e-3\n" in printed
+
+
+def test_a_family_without_a_common_name_is_named_by_its_first_model_when_it_needs_a_rate(small_study, tmp_path):
+    """The RDN family named "slow" and "zoo" shares no word: the line of models to add names it by its first model,
+    not by its mixer and shape (which another family of the same shape could share)."""
+    slow = 3.3 + 0.1 * random.random()  # "slow" (the lower rate) wins by more than the race's 0.1
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(made_up({"slow": {100: slow}, "zoo": {100: slow + 0.2 + 0.1 * random.random()}})))
+    printed = race(str(small_study), str(path), "--decide-seed", "100")
+    assert "- RDN 6 x 256: edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3" in printed
+    assert printed.rstrip().endswith("Models to add to the study file first (the next rate out): slow at 1.25e-3")
 
 
 # ---------------------------------------------------------------- the run study's models at the decided rates

@@ -53,11 +53,12 @@ ZOO_RATE_NOTE = "# zoo rate: rla-paper's seeds 0-2 may count"
 @dataclass
 class Group:
     """Models that differ only in their peak rate: ``models`` maps each rate to its model's name; ``key`` is what they
-    share (``race_key``)."""
+    share (``race_key``); ``stem`` the words every model's name starts with ('' when none, ``name_stem``)."""
 
     label: str
     models: dict[float, str]
     key: dict = field(default_factory=dict, repr=False)
+    stem: str = ""
 
 
 def race_key(config: TrainConfig, per_model: list[str]) -> dict:
@@ -85,9 +86,9 @@ def rate_groups(study: Study, seed: int) -> list[Group]:
             raise SystemExit(f"{study.path}: {model.name} and {group.models[rate]} share the rate {rate:g}")
         group.models[rate] = model.name
     for _, group in groups:
-        stem = name_stem(list(group.models.values()))
-        if stem:
-            group.label = f"{stem} ({group.label})"
+        group.stem = name_stem(list(group.models.values()))
+        if group.stem:
+            group.label = f"{group.stem} ({group.label})"
     labels = [g.label for _, g in groups]
     for _, group in groups:  # two groups of one label (no common name, or one name twice): named by a model
         if labels.count(group.label) > 1:
@@ -221,7 +222,9 @@ def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds:
     lines += [f"- {g.label}: {n.text}" for g, n in zip(groups, needs)]
     runs = [run for n in needs for run in n.runs]
     lines += ["", "Runs to queue (MODEL:SEED, models the study file declares): " + (" ".join(runs) or "none")]
-    new = [f"{g.label.split(' (')[0]} at {rate_text(n.new_rate)}" for g, n in zip(groups, needs) if n.new_rate]
+    # a group by its models' common name, or by its first model where they share none
+    new = [f"{g.stem or next(iter(g.models.values()))} at {rate_text(n.new_rate)}" for g, n in zip(groups, needs)
+           if n.new_rate]
     if new:
         lines += ["", "Models to add to the study file first (the next rate out): " + "; ".join(new)]
     return "\n".join(lines)
