@@ -146,8 +146,8 @@ def _event(key, device_type, device_ms=0.0, self_cpu_ms=0.0, annotation=False):
 
 def test_busy_time_sums_every_kernel_once_and_takes_step_medians():
     """On a GPU a step's busy time is the sum of every device record (a host op, whose device time is its kernels',
-    an annotation spanning kernels and the profiler's own records are left out), not of the rows shown; steps are
-    summarised by medians."""
+    an annotation spanning kernels, the driver's markers and the profiler's own records are left out), not of the
+    rows shown; steps are summarised by medians."""
     from torch.autograd import DeviceType
 
     from linmem.bench import kernels
@@ -159,7 +159,8 @@ def test_busy_time_sums_every_kernel_once_and_takes_step_medians():
         events = [_event(f"kernel_{i}", DeviceType.CUDA, ms) for i, ms in enumerate(kernel_ms)]
         events += [_event("aten::mm", DeviceType.CPU, device_ms=sum(kernel_ms), self_cpu_ms=5.0),
                    _event("LinearMemoryFunction", DeviceType.CUDA, sum(kernel_ms), annotation=True),
-                   _event("Activity Buffer Request", DeviceType.CUDA, 7.0)]
+                   _event("Activity Buffer Request", DeviceType.CUDA, 7.0),
+                   _event("Command Buffer Full", DeviceType.CUDA, 3.0)]
         times = kernels.kernel_times(events, device="cuda")
         assert set(times) == {f"kernel_{i}" for i in range(len(kernel_ms))}
         assert sum(times.values()) == pytest.approx(sum(kernel_ms), rel=1e-12)

@@ -145,17 +145,20 @@ def test_profile_kinds_of_kernel_names():
 
 def test_profile_counts_gpu_work_once():
     """On CUDA only kernels count: the autograd Function that launched Triton kernels (whose time the profiler also
-    gives the Function) and the driver's "Command Buffer Full" marker are left out."""
+    gives the Function), a user annotation on the GPU's timeline (the optimizer step's range, which spans its
+    kernels), the driver's "Command Buffer Full" marker and the profiler's own records are left out."""
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEventAvg
 
-    def event(key, device_type):
+    def event(key, device_type, annotation=False):
         e = FunctionEventAvg()
-        e.key, e.device_type = key, device_type
+        e.key, e.device_type, e.is_user_annotation = key, device_type, annotation
         return e
 
     events = [event("output_kernel", DeviceType.CUDA), event("LinearMemoryFunction", DeviceType.CPU),
               event("Command Buffer Full", DeviceType.CUDA), event("aten::mm", DeviceType.CPU),
+              event("Optimizer.step#AdamW.step", DeviceType.CUDA, annotation=True),
+              event("Activity Buffer Request", DeviceType.CUDA),
               event("nvjet_sm90_tst_128x256", DeviceType.CUDA)]
     assert [e.key for e in step_profile.device_work(events)] == ["output_kernel", "nvjet_sm90_tst_128x256"]
 

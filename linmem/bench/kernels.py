@@ -951,7 +951,6 @@ def table_row(key_dim: int, value_dim: int, row: dict, reason: str) -> str:
 
 PROFILE_TOP = 14  # the kernels a profile shows and keeps, the longest first (its busy time sums all of them)
 PROFILE_MIN_SECONDS = 30.0  # the profiles after the timings start only while this much of the budget is left
-PROFILER_OVERHEAD = ("Activity Buffer Request",)  # the profiler's own records, not the step's work
 
 
 def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
@@ -984,24 +983,21 @@ def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
 
 
 def kernel_times(events, device: str | None = None) -> dict[str, float]:
-    """ms per kernel name in one profiled step (``prof.key_averages()``), over every kernel: on a GPU each device
-    record's own time (an op on the host, whose device time is that of its kernels, and a user annotation on the
-    GPU's timeline, which spans kernels, are left out: each kernel is counted once, as itself); on the CPU
-    (``device="cpu"``, the dry run) each op's self CPU time."""
-    from torch.autograd import DeviceType
+    """ms per kernel name in one profiled step (``prof.key_averages()``), over every kernel: on a GPU each kernel's
+    device time, counted once (``step_profile.device_work``: no host op, whose device time is that of its kernels,
+    no annotation spanning kernels, no driver marker or profiler record); on the CPU (``device="cpu"``, the dry run)
+    each op's self CPU time."""
+    from linmem.bench.step_profile import PROFILER_RECORDS, device_work
 
     device = device or DEVICE
     times: dict[str, float] = {}
+    if device == "cuda":
+        for event in device_work(events):
+            times[event.key] = times.get(event.key, 0.0) + event.device_time_total / 1000
+        return times
     for event in events:
-        if event.key in PROFILER_OVERHEAD:
-            continue
-        if device == "cuda":
-            if event.device_type == DeviceType.CPU or getattr(event, "is_user_annotation", False):
-                continue
-            ms = event.device_time_total / 1000
-        else:
-            ms = event.self_cpu_time_total / 1000
-        times[event.key] = times.get(event.key, 0.0) + ms
+        if event.key not in PROFILER_RECORDS:
+            times[event.key] = times.get(event.key, 0.0) + event.self_cpu_time_total / 1000
     return times
 
 

@@ -29,6 +29,7 @@ OPTIMIZER_MARKS = ("adam", "multi_tensor_apply", "_foreach_")
 COMMUNICATION_MARKS = ("nccl", "gloo", "c10d::")
 # CUPTI records these where the launch queue was full: time the host waited, not work on the GPU
 DRIVER_MARKERS = frozenset({"Command Buffer Full"})
+PROFILER_RECORDS = frozenset({"Activity Buffer Request"})  # the profiler's own records, not the step's work
 
 
 @cache
@@ -61,11 +62,14 @@ def kind_of(name: str) -> str:
 
 
 def device_work(events: list) -> list:
-    """The profiler events that are work on the GPU: kernels, copies and fills (``device_type`` CUDA), without the
-    driver's markers (``DRIVER_MARKERS``). A CPU-side event also carries device time, that of the kernels it
-    launched itself (an autograd Function launching Triton kernels, for one); those kernels are events of their
-    own, so counting the CPU event too would count their time twice."""
-    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.key not in DRIVER_MARKERS]
+    """The profiler events that are work on the GPU: kernels, copies and fills (``device_type`` CUDA), each counted
+    once, as itself. Left out: a CPU-side event, whose device time is that of the kernels it launched (an autograd
+    Function launching Triton kernels, for one: those kernels are events of their own); a user annotation on the
+    GPU's timeline (``record_function`` ranges such as the optimizer's step), which spans kernels; the driver's
+    markers (``DRIVER_MARKERS``) and the profiler's own records (``PROFILER_RECORDS``)."""
+    skipped = DRIVER_MARKERS | PROFILER_RECORDS
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.key not in skipped
+            and not getattr(e, "is_user_annotation", False)]
 
 
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
