@@ -867,6 +867,14 @@ def _profile_failures(row: dict, cells: dict[str, dict | None]) -> list[str]:
             for label, cell in cells.items() if ok(cell) and "error" in cell.get("profile", {})]
 
 
+def _profile_section(parts: list[str]) -> str:
+    """A profile section's lines, under ``PROFILE_RULE`` where they hold a profiled row (a "###" title); without one,
+    only the failure lines, if any."""
+    if not any(line.startswith("### ") for line in parts):
+        return "\n".join(parts)
+    return "\n".join([PROFILE_RULE, *parts])
+
+
 def format_residual_profiles(rows: list[dict]) -> str:
     """Per residual row whose base and residual cells were profiled: both cells' busy ms per step and their
     difference, each cell's wall − busy, the kinds side by side and the ``PROFILE_TOP`` kernels or operators by
@@ -887,9 +895,7 @@ def format_residual_profiles(rows: list[dict]) -> str:
                   f"{gaps['base']:.3f} ms, residual {residual['step_ms']:.3f} − {two['total_ms']:.3f} = "
                   f"{gaps['residual']:.3f} ms", "", format_kinds_against(one, two, "base", "residual"), "",
                   format_difference(one, two)]
-    if not any(line.startswith("### ") for line in parts):
-        return "\n".join(parts)
-    return "\n".join([PROFILE_RULE, *parts])
+    return _profile_section(parts)
 
 
 def format_train_profiles(rows: list[dict]) -> str:
@@ -902,9 +908,7 @@ def format_train_profiles(rows: list[dict]) -> str:
         if _profiled(fla) and _profiled(linmem):
             parts += ["", f"### {_row_title(r)} (profiled steps: {fla['profile']['steps']})", "",
                       format_kinds_against(fla["profile"], linmem["profile"], "FLA", "linmem")]
-    if not any(line.startswith("### ") for line in parts):
-        return "\n".join(parts)
-    return "\n".join([PROFILE_RULE, *parts])
+    return _profile_section(parts)
 
 
 def header_lines(report: dict) -> list[str]:
