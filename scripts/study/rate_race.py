@@ -72,28 +72,28 @@ def rate_groups(study: Study, seed: int) -> list[Group]:
     one rate (the race would not know which one it ran)."""
     if "optim.lr" not in study.per_model:
         raise SystemExit(f"{study.path}: the models do not differ in optim.lr (per_model: {study.per_model})")
-    groups: list[tuple[dict, Group]] = []
+    groups: list[Group] = []
     for model in study.models:
         config = resolve_model(study, model, seed)
         rest = race_key(config, study.per_model)
         rate = float(config.optim.lr)
-        group = next((g for key, g in groups if key == rest), None)
+        group = next((g for g in groups if g.key == rest), None)
         if group is None:
             shape = config.model
             group = Group(f"{shape['mixer'].upper()} {shape['num_hidden_layers']} x {shape['hidden_size']}", {}, rest)
-            groups.append((rest, group))
+            groups.append(group)
         if rate in group.models:
             raise SystemExit(f"{study.path}: {model.name} and {group.models[rate]} share the rate {rate:g}")
         group.models[rate] = model.name
-    for _, group in groups:
+    for group in groups:
         group.stem = name_stem(list(group.models.values()))
         if group.stem:
             group.label = f"{group.stem} ({group.label})"
-    labels = [g.label for _, g in groups]
-    for _, group in groups:  # two groups of one label (no common name, or one name twice): named by a model
+    labels = [g.label for g in groups]
+    for group in groups:  # two groups of one label (no common name, or one name twice): named by a model
         if labels.count(group.label) > 1:
             group.label += f" ({next(iter(group.models.values()))})"
-    return [g for _, g in groups if len(g.models) > 1]
+    return [g for g in groups if len(g.models) > 1]
 
 
 def name_stem(names: list[str]) -> str:
