@@ -31,7 +31,8 @@ def _pyplot():
 
 
 def _save(plt, fig, path: Path) -> str:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out by its own engine (constrained) keeps that layout
+        fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return path.name
@@ -251,12 +252,8 @@ def loss_curves(study: Study, out: Path, tables: dict[str, Any], path: Path) -> 
     per family, a line per rate; any other study the training loss (moving mean) on the left and the validation loss
     of each evaluation on the right, on one scale, where a model that overfits its data turns upward."""
     fig = _loss_figure(out, tables)
-    if fig is None:
-        return None
     # laid out by the figure's own (constrained) layout, which keeps the figure-level legend inside the figure
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    _pyplot().close(fig)
-    return path.name
+    return None if fig is None else _save(_pyplot(), fig, path)
 
 
 def lab_recall_figure(logs: dict[str, list[list[dict[str, Any]]]]):
