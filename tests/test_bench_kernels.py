@@ -287,6 +287,19 @@ def test_default_profile_methods_are_the_ratio_pairs():
     assert kernels.default_profile_methods(["linmem RDN", "FLA GDN 2V"]) == ["linmem RDN", "linmem RLA"]
 
 
+def test_busy_time_of_a_real_step_in_the_interpreter(monkeypatch):
+    """``busy_ms``, the sweep's busy metric, on a CPU dry-run shape: the median of its profiled steps' sums, which
+    the profile of the same call brackets."""
+    kernels = _kernels(monkeypatch)
+    kernels._set_shape(1, 16)
+    monkeypatch.setattr(kernels, "SWEEP_BUSY_REPEATS", 2)
+    x = kernels.bench_inputs(1, 64)
+    busy = kernels.busy_ms(kernels.METHODS["linmem GDN"], x)
+    found = kernels.profile_method(kernels.METHODS["linmem GDN"], x, repeats=2)
+    assert busy > 0 and found["busy_ms"] > 0
+    assert 0.2 < busy / found["busy_ms"] < 5  # the same call's CPU time twice, within a dry run's scatter
+
+
 def test_profile_of_a_real_step_in_the_interpreter(monkeypatch):
     """``profile_kernels`` itself, on a CPU dry-run shape: one busy time per step, their median, the top rows."""
     kernels = _kernels(monkeypatch)
@@ -297,16 +310,18 @@ def test_profile_of_a_real_step_in_the_interpreter(monkeypatch):
     assert 0 < len(found["rows"]) <= kernels.PROFILE_TOP
 
 
-@pytest.mark.parametrize("given, expected", [([], (1, 64)), (["--sweep-at", "4,16"], (4, 16))])
+@pytest.mark.parametrize("given, expected", [([], (1, 64, "wall")),
+                                             (["--sweep-at", "4,16", "--sweep-metric", "busy"], (4, 16, "busy"))])
 def test_the_sweep_times_at_the_batch_and_length_asked_for(tmp_path, monkeypatch, given, expected):
-    """``--sweep-at B,T`` is the shape the sweep times (default: one sequence of --tokens, at most 32768)."""
+    """``--sweep-at B,T`` is the shape the sweep times (default: one sequence of --tokens, at most 32768), and
+    ``--sweep-metric`` what it compares (default: wall time)."""
     kernels = _kernels(monkeypatch)
     from linmem.ops.triton import function
 
     swept = []
 
-    def tune(variants, B, T, deadline=None):
-        swept.append((B, T))
+    def tune(variants, B, T, deadline=None, metric="wall"):
+        swept.append((B, T, metric))
         return function.kernel_options(kernels.HEAD_DIM, kernels.VALUE_DIM)
 
     monkeypatch.setattr(kernels, "tune", tune)

@@ -3,6 +3,7 @@ the budget and failing pairs skipped with a reason."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,8 +140,30 @@ def test_profile_kinds_of_kernel_names():
     assert step_profile.kind_of("flash_fwd_kernel") == "attention"
     assert step_profile.kind_of("aten::mul") == "other"
     kernels = step_profile.linmem_kernel_names()
-    if kernels:  # Triton installed: linmem's own kernels are recognised by name
+    if kernels:  # Triton installed: linmem's own kernels are recognised by their exact names
         assert "output_kernel" in kernels and step_profile.kind_of("output_kernel") == "linmem kernels"
+        assert step_profile.kind_of("state_pass_kernel") == "linmem kernels"
+        for block in ("rms_norm_forward_kernel", "swiglu_backward_kernel", "short_conv_backward_kernel",
+                      "cross_entropy_forward_kernel"):  # the fused blocks, not the op (names alike in part)
+            assert step_profile.kind_of(block) == "linmem blocks"
+        assert step_profile.kind_of("my_forward_kernel") == "other"  # a name that only contains an op kernel's
+
+
+def test_kernel_names_are_unique_across_linmem():
+    """The profiler groups kernels by name: every Triton kernel linmem defines has a name of its own, so that a
+    profile tells the SwiGLU's backward from the convolution's and the fused blocks from the op."""
+    import ast
+
+    root = Path(step_profile.__file__).resolve().parents[1] / "ops"
+    where: dict[str, list[str]] = {}
+    for package in ("triton", "fused"):
+        for path in sorted((root / package).glob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
+                    where.setdefault(node.name, []).append(f"{package}/{path.name}")
+    assert len(where) > 15
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}
+    assert not any(name.startswith("_") for name in where)  # a name a profile table can be read by
 
 
 def test_profile_counts_gpu_work_once():

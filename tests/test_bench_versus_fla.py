@@ -570,8 +570,8 @@ def test_profile_difference_counts_a_missing_name_as_zero_and_ranks_by_the_size_
     assert table.splitlines()[2:] == ["| `mm` | matmul | 10.000 | 12.500 | +2.500 | 4 / 6 |",
                                       "| `mul` | other | 3.000 | 1.000 | -2.000 | 20 / 10 |",
                                       "| `output_kernel` | linmem kernels | 0.000 | 2.000 | +2.000 | 0 / 8 |"]
-    assert versus_fla.kinds_ms(residual) == {"matmul": 12.5, "linmem kernels": 2.0, "attention": 0.0,
-                                             "optimizer": 1.0, "communication": 0.0, "other": 1.0}
+    assert versus_fla.kinds_ms(residual) == {"matmul": 12.5, "linmem kernels": 2.0, "linmem blocks": 0.0,
+                                             "attention": 0.0, "optimizer": 1.0, "communication": 0.0, "other": 1.0}
     kinds = versus_fla.format_kinds_against(dict(by_name=base, total_ms=14.5), dict(by_name=residual, total_ms=16.5),
                                             "base", "residual")
     assert "| matmul | 10.000 | 12.500 | +2.500 |" in kinds and "| other | 3.500 | 1.000 | -2.500 |" in kinds

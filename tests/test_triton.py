@@ -408,7 +408,8 @@ def _gla_launches(monkeypatch):
     from linmem.ops.triton import per_key_decay
 
     counted = {}
-    for name in ("forward_kernel", "query_grad_kernel", "state_grad_kernel", "decay_grad_kernel"):
+    for name in ("per_key_forward_kernel", "per_key_query_grad_kernel", "per_key_state_grad_kernel",
+                 "per_key_decay_grad_kernel"):
         counted[name] = _Counted(getattr(per_key_decay, name))
         monkeypatch.setattr(per_key_decay, name, counted[name])
     return counted
@@ -432,7 +433,7 @@ def test_per_key_decay_value_blocks(monkeypatch):
     assert per_key_decay.tiling(16, 10) == (16, 4, 3, 4)
     counted = _gla_launches(monkeypatch)
     compare(per_key_inputs(1, 30, 2, 16, 10, seed=12), False, rule="additive", scale=0.6)
-    assert counted["forward_kernel"].grids[0][0] == 3
+    assert counted["per_key_forward_kernel"].grids[0][0] == 3
 
 
 def test_per_key_decay_wide_launch(monkeypatch):
@@ -445,7 +446,7 @@ def test_per_key_decay_wide_launch(monkeypatch):
     assert per_key_decay.tiling(16, 40) == (16, 64, 1, 1)
     counted = _gla_launches(monkeypatch)
     compare(per_key_inputs(2, 20, 2, 16, 40, seed=18), False, rule="additive")
-    assert counted["forward_kernel"].grids[0][0] == 1
+    assert counted["per_key_forward_kernel"].grids[0][0] == 1
 
 
 def test_per_key_decay_values_wider_than_the_chunk_kernels_take(monkeypatch):
@@ -456,7 +457,7 @@ def test_per_key_decay_values_wider_than_the_chunk_kernels_take(monkeypatch):
     counted = _gla_launches(monkeypatch)
     assert 300 > MAX_WIDTH
     compare(per_key_inputs(1, 12, 1, 16, 300, seed=16), False, rule="additive")
-    assert counted["forward_kernel"].grids[0][0] == 300 // 64 + 1  # BV = 1024 // 16 = 64: five blocks
+    assert counted["per_key_forward_kernel"].grids[0][0] == 300 // 64 + 1  # BV = 1024 // 16 = 64: five blocks
     with pytest.raises(ValueError, match=f"K = {MAX_WIDTH + 16}, V = 8 wide"):
         compare(per_key_inputs(1, 6, 1, MAX_WIDTH + 16, 8, seed=17), False, rule="additive")
 
@@ -821,10 +822,9 @@ def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):
     assert len(calls) == timed + len(kernels.SWEPT)
 
 
-def test_sweep_judges_each_variant_against_the_default_timed_beside_it(monkeypatch):
-    """On a GPU whose speed drifts during the sweep, each variant is compared with the default timed next to it,
-    not with the default's first timing: a variant 5% slower than the default, timed after the machine got 30%
-    faster, is not chosen, and one 5% faster, timed after it got 30% slower, is."""
+def _swept_row(monkeypatch):
+    """``linmem.bench.kernels`` timing heads 16 x 80 (the row (64, 128) of a copy of ``KERNEL_OPTIONS``), and that
+    row with the output at BV 128 and decay_grad at 2 warps: the default two sweep tests move away from."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -835,6 +835,38 @@ def test_sweep_judges_each_variant_against_the_default_timed_beside_it(monkeypat
     row = function.KERNEL_OPTIONS[64, 128]
     row["output"] = dict(row["output"], BV=128)
     row["decay_grad"] = dict(row["decay_grad"], num_warps=2)
+    return kernels, row
+
+
+def test_sweep_by_busy_time_judges_by_the_kernels_gpu_time(monkeypatch):
+    """With ``metric="busy"`` the kernels' own time decides, not the call's wall time: a variant whose wall time is
+    lower only through the host (its kernels take longer) is not chosen, one whose kernels take less is, whatever
+    its wall time; an unknown metric is refused."""
+    kernels, row = _swept_row(monkeypatch)
+    host_only = {"output": dict(row["output"], BV=64)}
+    kernels_faster = {"decay_grad": dict(row["decay_grad"], num_warps=4)}
+    wall = {(128, 2): 1.0, (64, 2): 0.8, (128, 4): 1.1}  # relative to the default
+    busy = {(128, 2): 1.0, (64, 2): 1.05, (128, 4): 0.9}
+
+    def key():
+        return row["output"]["BV"], row["decay_grad"]["num_warps"]
+
+    monkeypatch.setattr(kernels, "time_method", lambda fn, x, backward: wall[key()])
+    monkeypatch.setattr(kernels, "busy_ms", lambda fn, x: busy[key()])
+    chosen = kernels.tune([host_only, kernels_faster], 1, 64, metric="busy")
+    assert chosen["output"]["BV"] == 128 and chosen["decay_grad"]["num_warps"] == 4
+    row.update(output=dict(row["output"], BV=128), decay_grad=dict(row["decay_grad"], num_warps=2))
+    chosen = kernels.tune([host_only, kernels_faster], 1, 64)  # by wall time: the other way round
+    assert chosen["output"]["BV"] == 64 and chosen["decay_grad"]["num_warps"] == 2
+    with pytest.raises(ValueError, match="metric"):
+        kernels.tune([host_only], 1, 64, metric="cycles")
+
+
+def test_sweep_judges_each_variant_against_the_default_timed_beside_it(monkeypatch):
+    """On a GPU whose speed drifts during the sweep, each variant is compared with the default timed next to it,
+    not with the default's first timing: a variant 5% slower than the default, timed after the machine got 30%
+    faster, is not chosen, and one 5% faster, timed after it got 30% slower, is."""
+    kernels, row = _swept_row(monkeypatch)
     slower = {"output": dict(row["output"], BV=64)}
     faster = {"decay_grad": dict(row["decay_grad"], num_warps=4)}
     cost = {(128, 2): 1.0, (64, 2): 1.05, (128, 4): 0.95}  # relative to the default

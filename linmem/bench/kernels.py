@@ -823,9 +823,11 @@ def wide_variants(key_dim: int) -> list[dict]:
 
 
 SWEEP_MARGIN = 0.02  # a variant replaces the row's options only if it beats the default timed beside it by this
+SWEEP_METRICS = ("wall", "busy")  # tune's measure: do_bench's wall time of a call, or its kernels' GPU time
+SWEEP_BUSY_REPEATS = 5  # profiled steps per busy time (their median)
 
 
-def tune(variants, B, T, deadline: float | None = None) -> dict:
+def tune(variants, B, T, deadline: float | None = None, metric: str = "wall") -> dict:
     """Time ``SWEPT`` forward+backward with each variant at the timed widths; keep, per kernel, the variant with the
     smallest time relative to the default (the kernels are specialised per rule, and a change can help one rule and
     cost another: the sum over ``SWEPT`` decides). Each variant is timed next to a fresh timing of the default, the
@@ -834,10 +836,15 @@ def tune(variants, B, T, deadline: float | None = None) -> dict:
     at the start would be compared with variants timed minutes later. A variant is kept only if its pair's ratio is
     below ``1 - SWEEP_MARGIN``, so that noise alone does not move a row. ``recompute_states`` is timed and its saving
     printed, but the row's own value is kept: it trades time for memory, a choice the times alone do not make.
-    Variants left when ``deadline`` (``time.time()``) has passed are not timed (listed). Changes, and returns, the row
-    of ``KERNEL_OPTIONS`` at these widths."""
+    Variants left when ``deadline`` (``time.time()``) has passed are not timed (listed). ``metric`` "wall" times each
+    call with ``time_method`` (``do_bench``); "busy" takes the kernels' own GPU time (``busy_ms``), which leaves out
+    the host's launches between them: at a training micro-batch (B = 4, T = 2048) one call's wall time is mostly
+    host and scatters by ±20% from pair to pair, while a model step hides those gaps behind its later layers.
+    Changes, and returns, the row of ``KERNEL_OPTIONS`` at these widths."""
     from linmem.ops.triton import function
 
+    if metric not in SWEEP_METRICS:
+        raise ValueError(f"metric must be one of {SWEEP_METRICS}; got {metric!r}")
     row = function.kernel_options(HEAD_DIM, VALUE_DIM)
     default = dict(row)
     x = bench_inputs(B, T)
@@ -848,16 +855,18 @@ def tune(variants, B, T, deadline: float | None = None) -> dict:
         row.clear()
         row.update(options)
         try:
-            times = [time_method(METHODS[name], x, True) for name in SWEPT]
+            times = [time_method(METHODS[name], x, True) if metric == "wall" else busy_ms(METHODS[name], x)
+                     for name in SWEPT]
         finally:
             row.clear()
             row.update(default)
         return sum(times), " + ".join(f"{name.removeprefix('linmem ')} {ms:.2f}" for name, ms in zip(SWEPT, times))
 
     base_ms, shown = total(default)
-    print(f"sweep: default fwd+bwd {shown} = {base_ms:.2f} ms at B={B} T={T}; each variant below is timed next to "
-          f"the default again (the pair in alternating order) and kept only {SWEEP_MARGIN:.0%} or more below it",
-          flush=True)
+    measured = "wall time" if metric == "wall" else "the kernels' GPU time (busy)"
+    print(f"sweep: default fwd+bwd {shown} = {base_ms:.2f} ms at B={B} T={T}, {measured}; each variant below is "
+          f"timed next to the default again (the pair in alternating order) and kept only {SWEEP_MARGIN:.0%} or more "
+          "below it", flush=True)
     best = {name: (1.0 - SWEEP_MARGIN, opts) for name, opts in default.items()}
     for index, variant in enumerate(variants):
         if deadline is not None and time.time() > deadline:
@@ -958,10 +967,14 @@ def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
     its own: ``rows`` the ``PROFILE_TOP`` longest kernels (name, median ms over the steps), ``steps_ms`` each step's
     busy time (the sum over every kernel it ran, ``kernel_times``) and ``busy_ms`` their median. In the CPU dry run:
     the ops' CPU times instead."""
+    return profile_method(METHODS[method], bench_inputs(B, T), repeats)
+
+
+def profile_method(fn, x: dict, repeats: int = 3) -> dict:
+    """``profile_kernels`` of the method ``fn`` on the inputs ``x`` (``bench_inputs``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    leaves = grad_leaves(bench_inputs(B, T))
-    fn = METHODS[method]
+    leaves = grad_leaves(x)
     d_o = torch.randn_like(fn(leaves))
 
     def step():  # as time_method times it: the gradients set afresh, not added to earlier ones
@@ -980,6 +993,12 @@ def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
             _sync()
         steps.append(kernel_times(prof.key_averages()))
     return step_summary(steps)
+
+
+def busy_ms(fn, x: dict) -> float:
+    """The kernels' own GPU time of one forward+backward of ``fn`` on ``x`` (median of ``SWEEP_BUSY_REPEATS``
+    profiled steps): what a training step pays for the call, whose host gaps the step's later layers hide."""
+    return profile_method(fn, x, SWEEP_BUSY_REPEATS)["busy_ms"]
 
 
 def kernel_times(events, device: str | None = None) -> dict[str, float]:
@@ -1471,6 +1490,10 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep-at", type=_batch_and_length, default=None, metavar="B,T",
                         help="the batch and length the sweep times (default: one sequence of min(--tokens, 32768)); "
                              "e.g. 4,2048 for a training micro-batch, where more sequences fill more of the GPU")
+    parser.add_argument("--sweep-metric", choices=SWEEP_METRICS, default="wall",
+                        help="what the sweep compares: wall (do_bench's median of one call) or busy (the kernels' "
+                             "own GPU time, torch.profiler; for a micro-batch shape, where one call's wall time is "
+                             "mostly the host's launches)")
     parser.add_argument("--profile", action="store_true",
                         help="after the timings: per-kernel times and GPU busy time of fwd+bwd (--profile-methods) "
                              "at each timed B and T")
@@ -1555,9 +1578,11 @@ def main(argv=None) -> None:
     if args.sweep and left() > 0.3 * args.budget:
         defaults = dict(function.kernel_options(HEAD_DIM, VALUE_DIM))
         B, T = args.sweep_at or (max(1, args.tokens // 32768), min(32768, args.tokens))
-        report["kernel_options"] = tune(variants, B, T, deadline=start + 0.8 * args.budget)
+        report["kernel_options"] = tune(variants, B, T, deadline=start + 0.8 * args.budget, metric=args.sweep_metric)
+        report["sweep_metric"] = args.sweep_metric
         reason = (f"{report['env']['gpu']} sweep (triton {report['env']['triton']}), "
-                  f"{'+'.join(name.removeprefix('linmem ') for name in SWEPT)} fwd+bwd, B={B}, T={T}, H={HEADS}")
+                  f"{'+'.join(name.removeprefix('linmem ') for name in SWEPT)} fwd+bwd, B={B}, T={T}, H={HEADS}"
+                  + (", GPU busy time" if args.sweep_metric == "busy" else ""))
         print("the row of linmem.ops.triton.function.KERNEL_OPTIONS to paste:\n"
               + table_row(HEAD_DIM, VALUE_DIM, report["kernel_options"], reason), flush=True)
         changed = {k: v for k, v in report["kernel_options"].items() if v != defaults[k]}

@@ -2,10 +2,12 @@
 ranked by their own time, and that time summed into a few kinds a reader can act on.
 
 Kinds, by kernel or operator name: ``matmul`` (cuBLAS / CUTLASS GEMMs, ``aten::mm`` and relatives), ``linmem
-kernels`` (the Triton kernels of ``linmem.ops.triton``: the memories' recurrence), ``attention`` (flash / SDPA
+kernels`` (the Triton kernels of ``linmem.ops.triton``: the memories' recurrence), ``linmem blocks`` (the Triton
+kernels of ``linmem.ops.fused``: norms, short convolution, SwiGLU, cross-entropy), ``attention`` (flash / SDPA
 kernels), ``optimizer`` (AdamW's fused and foreach kernels), ``communication`` (NCCL / gloo) and ``other``
-(element-wise work, norms, the loss, copies). A step that is mostly ``other`` is bound by memory traffic and
-launches, not by the tensor cores, and MFU stays low whatever the GEMMs do.
+(PyTorch's element-wise work, copies and casts). linmem's kernels are recognised by their exact names, which are
+unique across both packages (the profiler groups by name). A step that is mostly ``linmem blocks`` and ``other`` is
+bound by memory traffic and launches, not by the tensor cores, and MFU stays low whatever the GEMMs do.
 
     rows, kinds = profile_steps(step, steps=3, device=torch.device("cuda"))
     print(format_profile(rows, kinds))
@@ -21,7 +23,7 @@ from functools import cache
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-KINDS = ("matmul", "linmem kernels", "attention", "optimizer", "communication", "other")
+KINDS = ("matmul", "linmem kernels", "linmem blocks", "attention", "optimizer", "communication", "other")
 MATMUL_MARKS = ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
                 "aten::matmul", "aten::linear")
 ATTENTION_MARKS = ("flash", "fmha", "attention")
@@ -32,11 +34,11 @@ DRIVER_MARKERS = frozenset({"Command Buffer Full"})
 PROFILER_RECORDS = frozenset({"Activity Buffer Request"})  # the profiler's own records, not the step's work
 
 
-@cache
-def linmem_kernel_names() -> frozenset[str]:
-    """The names of the Triton kernels in ``linmem.ops.triton`` (empty where Triton is not installed)."""
+def triton_kernel_names(package_name: str) -> frozenset[str]:
+    """The names ending in ``_kernel`` defined by the modules of ``package_name`` (empty where Triton, which they
+    import, is not installed)."""
     try:
-        package = importlib.import_module("linmem.ops.triton")
+        package = importlib.import_module(package_name)
     except ImportError:
         return frozenset()
     names = set()
@@ -49,11 +51,25 @@ def linmem_kernel_names() -> frozenset[str]:
     return frozenset(names)
 
 
+@cache
+def linmem_kernel_names() -> frozenset[str]:
+    """The Triton kernels of the memories' op (``linmem.ops.triton``)."""
+    return triton_kernel_names("linmem.ops.triton")
+
+
+@cache
+def linmem_block_names() -> frozenset[str]:
+    """The Triton kernels of the fused blocks around the op (``linmem.ops.fused``)."""
+    return triton_kernel_names("linmem.ops.fused")
+
+
 def kind_of(name: str) -> str:
     """The kind (``KINDS``) of a kernel or operator ``name``."""
-    lowered = name.lower()
-    if any(kernel in name for kernel in linmem_kernel_names()):
+    if name in linmem_kernel_names():
         return "linmem kernels"
+    if name in linmem_block_names():
+        return "linmem blocks"
+    lowered = name.lower()
     for kind, marks in (("communication", COMMUNICATION_MARKS), ("optimizer", OPTIMIZER_MARKS),
                         ("attention", ATTENTION_MARKS), ("matmul", MATMUL_MARKS)):
         if any(mark in lowered for mark in marks):

@@ -117,7 +117,7 @@ class _ShortConv(torch.autograd.Function):
         y = torch.empty(batch, length, dim, device=x.device, dtype=x.dtype)
         block_t, block_d, warps = FORWARD_TILE
         grid = (triton.cdiv(length, block_t), triton.cdiv(dim, block_d), batch)
-        _forward_kernel[grid](
+        short_conv_forward_kernel[grid](
             x, weight, bias, positions, y, length, dim, x.stride(0), x.stride(1),
             WIDTH=weight.shape[1], HAS_BIAS=bias is not None, PACKED=positions is not None, SILU=silu,
             BT=block_t, BD=block_d, num_warps=warps)
@@ -137,7 +137,7 @@ class _ShortConv(torch.autograd.Function):
         dx = torch.empty(batch, length, dim, device=x.device, dtype=x.dtype)
         dweight_parts = torch.empty(programs, dim, width, device=x.device, dtype=torch.float32)
         dbias_parts = None if bias is None else torch.empty(programs, dim, device=x.device, dtype=torch.float32)
-        _backward_kernel[(time_blocks, triton.cdiv(dim, block_d), batch)](
+        short_conv_backward_kernel[(time_blocks, triton.cdiv(dim, block_d), batch)](
             x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim, x.stride(0), x.stride(1),
             WIDTH=width, HAS_BIAS=bias is not None, PACKED=positions is not None, SILU=ctx.silu,
             BT=block_t, BD=block_d, TAPS=triton.next_power_of_2(width), num_warps=warps)
@@ -169,9 +169,9 @@ def _pre_activation(x_row, weight, bias, positions, rows, rows_in, cols, cols_in
 
 
 @jit
-def _forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride_t,
-                    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr, SILU: tl.constexpr,
-                    BT: tl.constexpr, BD: tl.constexpr):
+def short_conv_forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride_t,
+                              WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr,
+                              SILU: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """One tile ``[BT tokens, BD channels]`` of one sequence row: y = act(pre-activation)."""
     row = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
@@ -187,9 +187,10 @@ def _forward_kernel(x, weight, bias, positions, y, length, dim, stride_b, stride
 
 
 @jit
-def _backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim, stride_b, stride_t,
-                     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, PACKED: tl.constexpr, SILU: tl.constexpr,
-                     BT: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr):
+def short_conv_backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim,
+                               stride_b, stride_t, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                               PACKED: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                               TAPS: tl.constexpr):
     """One tile ``[BT tokens, BD channels]`` of one sequence row (``TAPS``: W rounded up to a power of two).
 
     Token s feeds token s + k through tap W − 1 − k, so dx[t] = Σ_k weight[:, W − 1 − k] · d_pre[t + k] over the

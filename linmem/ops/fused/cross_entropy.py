@@ -56,8 +56,8 @@ class _TokenCrossEntropy(torch.autograd.Function):
         losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
         lse = torch.empty(rows, device=logits.device, dtype=torch.float32)
         block = min(VOCAB_BLOCK, triton.next_power_of_2(vocab))
-        _forward_kernel[(rows,)](logits, targets, losses, lse, logits.stride(0), vocab, ignore_index,
-                                 BLOCK=block, num_warps=8)
+        cross_entropy_forward_kernel[(rows,)](logits, targets, losses, lse, logits.stride(0), vocab, ignore_index,
+                                              BLOCK=block, num_warps=8)
         ctx.save_for_backward(logits, targets, lse)
         ctx.ignore_index = ignore_index
         return losses
@@ -68,13 +68,14 @@ class _TokenCrossEntropy(torch.autograd.Function):
         rows, vocab = logits.shape
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
         block = min(VOCAB_BLOCK, triton.next_power_of_2(vocab))
-        _backward_kernel[(rows,)](logits, targets, lse, grad_losses.float().contiguous(), grad, logits.stride(0),
-                                  vocab, ctx.ignore_index, BLOCK=block, num_warps=8)
+        cross_entropy_backward_kernel[(rows,)](logits, targets, lse, grad_losses.float().contiguous(), grad,
+                                               logits.stride(0), vocab, ctx.ignore_index, BLOCK=block, num_warps=8)
         return grad, None, None
 
 
 @jit
-def _forward_kernel(logits, targets, losses, lse_out, row_stride, vocab, ignore_index, BLOCK: tl.constexpr):
+def cross_entropy_forward_kernel(logits, targets, losses, lse_out, row_stride, vocab, ignore_index,
+                                 BLOCK: tl.constexpr):
     """One row: the running maximum m and sum s of exp(x − m) over the vocabulary, block by block."""
     row = tl.program_id(0)
     base = logits + row.to(tl.int64) * row_stride
@@ -99,8 +100,8 @@ def _forward_kernel(logits, targets, losses, lse_out, row_stride, vocab, ignore_
 
 
 @jit
-def _backward_kernel(logits, targets, lse_in, grad_losses, grad, row_stride, vocab, ignore_index,
-                     BLOCK: tl.constexpr):
+def cross_entropy_backward_kernel(logits, targets, lse_in, grad_losses, grad, row_stride, vocab, ignore_index,
+                                  BLOCK: tl.constexpr):
     """One row: ``g · (exp(x − lse) − [col == target])``, 0 for an ignored row."""
     row = tl.program_id(0)
     offset = row.to(tl.int64) * row_stride

@@ -85,7 +85,7 @@ def _product(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype, use_trito
     h = torch.empty(gate.shape, device=gate.device, dtype=dtype)
     rows, cols = gate.shape
     block_rows, block_cols, warps = TILE
-    _forward_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(cols, block_cols))](
+    swiglu_forward_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(cols, block_cols))](
         gate, up, h, rows, cols, gate.stride(0), up.stride(0), BR=block_rows, BC=block_cols, num_warps=warps)
     return h
 
@@ -107,14 +107,15 @@ def _product_backward(gate: torch.Tensor, up: torch.Tensor, dh: torch.Tensor, dt
     d_up = torch.empty(up.shape, device=up.device, dtype=up.dtype)
     h = torch.empty(gate.shape, device=gate.device, dtype=dtype)
     block_rows, block_cols, warps = TILE
-    _backward_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(cols, block_cols))](
+    swiglu_backward_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(cols, block_cols))](
         gate, up, dh, d_gate, d_up, h, rows, cols, gate.stride(0), up.stride(0),
         BR=block_rows, BC=block_cols, num_warps=warps)
     return d_gate, d_up, h
 
 
 @jit
-def _forward_kernel(gate, up, h, rows, cols, stride_gate, stride_up, BR: tl.constexpr, BC: tl.constexpr):
+def swiglu_forward_kernel(gate, up, h, rows, cols, stride_gate, stride_up, BR: tl.constexpr,
+                          BC: tl.constexpr):
     """One tile ``[BR, BC]``: h = silu(gate) · up, stored contiguous in h's dtype."""
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -125,8 +126,8 @@ def _forward_kernel(gate, up, h, rows, cols, stride_gate, stride_up, BR: tl.cons
 
 
 @jit
-def _backward_kernel(gate, up, dh, d_gate, d_up, h, rows, cols, stride_gate, stride_up,
-                     BR: tl.constexpr, BC: tl.constexpr):
+def swiglu_backward_kernel(gate, up, dh, d_gate, d_up, h, rows, cols, stride_gate, stride_up,
+                           BR: tl.constexpr, BC: tl.constexpr):
     """One tile ``[BR, BC]``: d_gate = dh·up·σ(g)(1 + g(1 − σ(g))), d_up = dh·silu(g), h = silu(g)·up, each
     stored contiguous in its own dtype."""
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)

@@ -74,8 +74,8 @@ def _write(k, g, v, beta, row, kc, vc, mk, mv, K: tl.constexpr, V: tl.constexpr)
 
 
 @triton.jit
-def forward_kernel(q, k, v, g, beta, state0, o, final, cu_seqlens, scale,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def per_key_forward_kernel(q, k, v, g, beta, state0, o, final, cu_seqlens, scale,
+                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """``o_t = scale · S_t q_t`` for every token and the final state, one (value block, sequence, head) each."""
     i_v, i_h, kc, vc, mk, mv, bos, length, at_state = _program(cu_seqlens, H, K, V, BK, BV)
     m_state = mv[:, None] & mk[None, :]
@@ -90,8 +90,8 @@ def forward_kernel(q, k, v, g, beta, state0, o, final, cu_seqlens, scale,
 
 
 @triton.jit
-def query_grad_kernel(k, v, g, beta, state0, do, dq_parts, cu_seqlens, scale, num_tokens,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def per_key_query_grad_kernel(k, v, g, beta, state0, do, dq_parts, cu_seqlens, scale, num_tokens,
+                              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """This value block's share of ``dq_t = scale · S_tᵀ do_t``, ``dq_parts [NV, N_tok, H, K]`` (the forward walk
     again; the blocks are summed afterwards)."""
     i_v, i_h, kc, vc, mk, mv, bos, length, at_state = _program(cu_seqlens, H, K, V, BK, BV)
@@ -106,8 +106,9 @@ def query_grad_kernel(k, v, g, beta, state0, do, dq_parts, cu_seqlens, scale, nu
 
 
 @triton.jit
-def state_grad_kernel(q, k, v, g, beta, do, d_final, dk_parts, du, d_state0, cu_seqlens, scale, num_tokens,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def per_key_state_grad_kernel(q, k, v, g, beta, do, d_final, dk_parts, du, d_state0, cu_seqlens, scale,
+                              num_tokens, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                              BV: tl.constexpr):
     """The walk backwards: ``D_t``, this value block's share of ``dk_t = D_tᵀ u_t`` (``dk_parts [NV, N_tok, H,
     K]``), ``du_t = D_t k_t`` (``du [N_tok, H, V]``) and ``dS_0``."""
     i_v, i_h, kc, vc, mk, mv, bos, length, at_state = _program(cu_seqlens, H, K, V, BK, BV)
@@ -127,8 +128,8 @@ def state_grad_kernel(q, k, v, g, beta, do, d_final, dk_parts, du, d_state0, cu_
 
 
 @triton.jit
-def decay_grad_kernel(q, k, dq, dk, end_term, dg, cu_seqlens,
-                      H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+def per_key_decay_grad_kernel(q, k, dq, dk, end_term, dg, cu_seqlens,
+                              H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
     """``dg_t = Σ_{s≥t} (q_s ⊙ dq_s − k_s ⊙ dk_s)`` plus ``end_term [N, H, K] = Σ_v (dS_T ⊙ S_T)[v, :]``, summed
     from each sequence's end, one (sequence, head) each."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
@@ -157,9 +158,9 @@ class PerKeyDecayFunction(torch.autograd.Function):
         bk, bv, nv, warps = tiling(key_dim, value_dim)
         o = new_buffer((num_tokens, heads, value_dim), q.device)
         final = new_buffer(state0.shape, q.device)
-        forward_kernel[(nv, num_seqs, heads)](q=q, k=k, v=v, g=g, beta=beta, state0=state0, o=o, final=final,
-                                              cu_seqlens=cu_seqlens, scale=scale, H=heads, K=key_dim, V=value_dim,
-                                              BK=bk, BV=bv, num_warps=warps)
+        per_key_forward_kernel[(nv, num_seqs, heads)](q=q, k=k, v=v, g=g, beta=beta, state0=state0, o=o,
+                                                      final=final, cu_seqlens=cu_seqlens, scale=scale, H=heads,
+                                                      K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
         ctx.save_for_backward(q, k, v, g, beta, state0, final, cu_seqlens)
         ctx.scale = scale
         return o, final
@@ -178,16 +179,16 @@ class PerKeyDecayFunction(torch.autograd.Function):
                     H=heads, K=key_dim, V=value_dim, BK=bk, BV=bv, num_warps=warps)
         grid = (nv, num_seqs, heads)
         dq_parts = new_buffer((nv, num_tokens, heads, key_dim), q.device)
-        query_grad_kernel[grid](state0=state0, dq_parts=dq_parts, **walk)
+        per_key_query_grad_kernel[grid](state0=state0, dq_parts=dq_parts, **walk)
         dk_parts = new_buffer((nv, num_tokens, heads, key_dim), q.device)
         du = new_buffer((num_tokens, heads, value_dim), q.device)
         d_state0 = new_buffer(state0.shape, q.device)
-        state_grad_kernel[grid](q=q, d_final=d_final, dk_parts=dk_parts, du=du, d_state0=d_state0, **walk)
+        per_key_state_grad_kernel[grid](q=q, d_final=d_final, dk_parts=dk_parts, du=du, d_state0=d_state0, **walk)
         dq, dk = dq_parts.sum(0), dk_parts.sum(0)
         end_term = (d_final * final).sum(2).contiguous()  # [N, H, K]
         dg = new_buffer((num_tokens, heads, key_dim), q.device)
-        decay_grad_kernel[(num_seqs, heads)](q=q, k=k, dq=dq, dk=dk, end_term=end_term, dg=dg, cu_seqlens=cu_seqlens,
-                                             H=heads, K=key_dim, BK=bk)
+        per_key_decay_grad_kernel[(num_seqs, heads)](q=q, k=k, dq=dq, dk=dk, end_term=end_term, dg=dg,
+                                                     cu_seqlens=cu_seqlens, H=heads, K=key_dim, BK=bk)
         dv = du * beta.unsqueeze(-1)
         dbeta = (du * v.float()).sum(-1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dbeta, d_state0, None, None
