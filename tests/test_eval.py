@@ -192,6 +192,30 @@ def test_stability_hooks_measure_each_layer(em):
     assert after[1]["readout_norm_mean"] == pytest.approx(before[1]["readout_norm_mean"], rel=1e-5)
 
 
+def test_stability_keeps_the_largest_read_out_norm_before_the_output_norm(em):
+    """``max_layer_readout_norm`` is the largest per-layer mean read-out norm (docs/results.md row 18's measure), and
+    a study reads it as ``readout_norm``, from the per-layer table where a record was evaluated before it was kept."""
+    from linmem.study.tables import _readout_norm
+
+    split = open_heldout(em, None, "test")
+    found = stability(em, split, seq_len=64, windows=2)
+    readouts = [r["readout_norm_mean"] for r in found["table"]]
+    assert found["metrics"]["max_layer_readout_norm"] == max(readouts) > 0
+    layer = em.model.model.layers[0].attn.hook_readout
+    handle = layer.register_forward_hook(lambda module, args, output: output * 50.0)  # the first read-out grows
+    try:
+        grown = stability(em, split, seq_len=64, windows=2)
+    finally:
+        handle.remove()
+    assert grown["metrics"]["max_layer_readout_norm"] == pytest.approx(50 * readouts[0], rel=1e-4)
+    assert grown["metrics"]["max_layer_output_norm"] > 0
+    record = {"eval_metrics": {"stability": grown["metrics"]}, "eval_tables": {"stability": found["table"]}}
+    assert _readout_norm(record, Path(".")) == grown["metrics"]["max_layer_readout_norm"]
+    del record["eval_metrics"]["stability"]["max_layer_readout_norm"]  # an older record: from its table
+    assert _readout_norm(record, Path(".")) == max(readouts)
+    assert _readout_norm({"eval_metrics": {}, "eval_tables": {}}, Path(".")) is None
+
+
 class RecallOracle(nn.Module):
     """Reads the prompt: the query ends ``key middle``; the answer is the token after the last earlier
     ``key middle`` (the latest fact about the key). Clean memory-lab recall must be exactly 1. A prompt without

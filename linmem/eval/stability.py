@@ -3,7 +3,8 @@
 For every layer, the L2 norm over the hidden size of the mixer's output (``layers.i.attn``, ``[B, T, D]``, what
 is added to the residual stream), per token, averaged and maximised over held-out windows. For linear mixers the
 norm of the memory read-out before the output norm (``hook_readout``, ``[B, T, H, V]`` flattened per token) is
-reported as well: that is where an unclipped residual memory grows.
+reported as well: that is where an unclipped residual memory grows (``max_layer_readout_norm``, the largest
+per-layer mean; the output norm after the per-head RMSNorm is held down by that norm).
 """
 
 from __future__ import annotations
@@ -60,4 +61,6 @@ def stability(em: EvalModel, split: SplitTokens, seq_len: int, windows: int = 16
              "readout_norm_max": None if readout is None else readout.max}
             for i, (output, readout) in enumerate(meters)]
     worst = max(r["output_norm_mean"] for r in rows)
-    return {"metrics": {"max_layer_output_norm": worst, "windows": len(data), "seq_len": seq_len}, "table": rows}
+    readouts = [r["readout_norm_mean"] for r in rows if r["readout_norm_mean"] is not None]
+    return {"metrics": {"max_layer_output_norm": worst, "max_layer_readout_norm": max(readouts, default=None),
+                        "windows": len(data), "seq_len": seq_len}, "table": rows}

@@ -94,6 +94,17 @@ def _recall(record: dict[str, Any], folder: Path) -> Measurement | None:
     return _items("recall")(record, folder) or _eval_metric("recall", "accuracy")(record, folder)
 
 
+def _readout_norm(record: dict[str, Any], folder: Path) -> float | None:
+    """The stability eval's largest per-layer mean read-out norm; from its per-layer table where the record was
+    evaluated before the metric was kept (the same maximum); None for a model without a memory read-out."""
+    value = _eval_metric("stability", "max_layer_readout_norm")(record, folder)
+    if value is not None:
+        return value
+    rows = record.get("eval_tables", {}).get("stability") or []
+    readouts = [float(r["readout_norm_mean"]) for r in rows if r.get("readout_norm_mean") is not None]
+    return max(readouts, default=None)
+
+
 def _final_train_loss(record: dict[str, Any], folder: Path) -> float | None:
     losses = [r["loss"] for r in training_log(folder) if r.get("loss") is not None]
     if not losses:
@@ -159,6 +170,8 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
     if "stability" in tasks:
         out.append(Metric("norm", "largest per-layer mean mixer-output norm", _eval_metric(
             "stability", "max_layer_output_norm"), False))
+        out.append(Metric("readout_norm", "largest per-layer mean memory read-out norm, before the per-head output "
+                          "norm", _readout_norm, False))
     return out
 
 
