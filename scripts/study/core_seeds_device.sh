@@ -49,11 +49,14 @@ case $verb in
     for name in "${parked_models[@]}"; do
       [ -f "$zoo/$name/model.safetensors" ] && mv "$zoo/$name/model.safetensors" "$parked/$name.safetensors"
     done
-    # a read of the sentinel sets its access time past its modification time (relatime): the tool is sending
+    # the sentinel's access time, set an hour back, moves once the tool reads it (relatime updates an access time
+    # older than the modification time; the tool's copy has also been seen to leave it equal to the modification
+    # time): any move means the tool is sending
     echo sent > .devrun/sent && touch -a -d '1 hour ago' .devrun/sent
+    unread=$(stat -c %X .devrun/sent)
     setsid nohup bash -c '
       end=$(( $(date +%s) + ${PARK_SECONDS:-600} ))
-      while [ "$(date +%s)" -lt "$end" ] && [ "$(stat -c %X .devrun/sent)" -le "$(stat -c %Y .devrun/sent)" ]; do
+      while [ "$(date +%s)" -lt "$end" ] && [ "$(stat -c %X .devrun/sent)" = "'"$unread"'" ]; do
         sleep 1
       done
       [ "$(date +%s)" -lt "$end" ] && sleep 30
