@@ -288,8 +288,8 @@ def test_default_profile_methods_are_the_ratio_pairs():
 
 
 def test_busy_time_of_a_real_step_in_the_interpreter(monkeypatch):
-    """``busy_ms``, the sweep's busy metric, on a CPU dry-run shape: the median of its profiled steps' sums, which
-    the profile of the same call brackets."""
+    """``busy_ms``, the sweep's busy metric, on a CPU dry-run shape: the kernels' (here the ops') time of its calls,
+    profiled in one session, per call; the profile of the same call, one session per call, comes out alike."""
     kernels = _kernels(monkeypatch)
     kernels._set_shape(1, 16)
     monkeypatch.setattr(kernels, "SWEEP_BUSY_REPEATS", 2)

@@ -824,7 +824,7 @@ def wide_variants(key_dim: int) -> list[dict]:
 
 SWEEP_MARGIN = 0.02  # a variant replaces the row's options only if it beats the default timed beside it by this
 SWEEP_METRICS = ("wall", "busy")  # tune's measure: do_bench's wall time of a call, or its kernels' GPU time
-SWEEP_BUSY_REPEATS = 5  # profiled steps per busy time (their median)
+SWEEP_BUSY_REPEATS = 5  # calls per busy time, profiled in one session
 
 
 def tune(variants, B, T, deadline: float | None = None, metric: str = "wall") -> dict:
@@ -972,23 +972,12 @@ def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
 
 def profile_method(fn, x: dict, repeats: int = 3) -> dict:
     """``profile_kernels`` of the method ``fn`` on the inputs ``x`` (``bench_inputs``)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
-    leaves = grad_leaves(x)
-    d_o = torch.randn_like(fn(leaves))
-
-    def step():  # as time_method times it: the gradients set afresh, not added to earlier ones
-        for leaf in leaves.values():
-            leaf.grad = None
-        fn(leaves).backward(d_o)
-
-    for _ in range(2):
-        step()
-    _sync()
-    activity = ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU
+    step = _warm_step(fn, x)
     steps = []
     for _ in range(repeats):
-        with profile(activities=[activity]) as prof:
+        with profile(activities=[_profiled_activity()]) as prof:
             step()
             _sync()
         steps.append(kernel_times(prof.key_averages()))
@@ -996,9 +985,40 @@ def profile_method(fn, x: dict, repeats: int = 3) -> dict:
 
 
 def busy_ms(fn, x: dict) -> float:
-    """The kernels' own GPU time of one forward+backward of ``fn`` on ``x`` (median of ``SWEEP_BUSY_REPEATS``
-    profiled steps): what a training step pays for the call, whose host gaps the step's later layers hide."""
-    return profile_method(fn, x, SWEEP_BUSY_REPEATS)["busy_ms"]
+    """The kernels' own GPU time of one forward+backward of ``fn`` on ``x``: their summed time over
+    ``SWEEP_BUSY_REPEATS`` calls profiled in one session (one profiler start, not one per call), per call. It is
+    what a training step pays for the call, whose host gaps the step's later layers hide."""
+    from torch.profiler import profile
+
+    step = _warm_step(fn, x)
+    with profile(activities=[_profiled_activity()]) as prof:
+        for _ in range(SWEEP_BUSY_REPEATS):
+            step()
+        _sync()
+    return sum(kernel_times(prof.key_averages()).values()) / SWEEP_BUSY_REPEATS
+
+
+def _warm_step(fn, x: dict):
+    """One forward+backward of ``fn`` on fresh leaves of ``x``, run twice before it is returned: as ``time_method``
+    times it, the gradients set afresh, not added to earlier ones."""
+    leaves = grad_leaves(x)
+    d_o = torch.randn_like(fn(leaves))
+
+    def step():
+        for leaf in leaves.values():
+            leaf.grad = None
+        fn(leaves).backward(d_o)
+
+    for _ in range(2):
+        step()
+    _sync()
+    return step
+
+
+def _profiled_activity():
+    from torch.profiler import ProfilerActivity
+
+    return ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU
 
 
 def kernel_times(events, device: str | None = None) -> dict[str, float]:
