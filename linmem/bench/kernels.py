@@ -800,7 +800,8 @@ def wide_variants(key_dim: int) -> list[dict]:
     kernels. The reverse pass at K > 128 gets two stages only with KEYS_ONCE (BV 16 and 32; with ONE_KEY_BLOCK at 8
     warps): without it two asked for 237–277 KiB of shared memory at K = 256 (the limit is 227 KiB). The forward's
     state pass at K > 128 also gets KEYS_ONCE at BV = 32 in three or four stages, or two at 8 warps: the settings
-    that fit without spills in the offline compiles of docs/benchmarks/kernel-widths.md (BV = 64 spills with it).
+    that fit without spills in the offline compiles of docs/benchmarks/kernel-widths.md (BV = 64 spills with it),
+    and at BV = 16 in two or three stages (two programs per SM at two).
     A variant that does not compile is reported and not chosen."""
     grid = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)]
     reverse_stages = (1,) if key_dim > 128 else (1, 2)
@@ -814,6 +815,10 @@ def wide_variants(key_dim: int) -> list[dict]:
     if key_dim > 128:
         forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True)
                     for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
+        # BV 16: twice the programs, and at two stages two of them fit on one SM (offline at K = 256: 92.5-108.5 KiB
+        # of shared memory and 145-193 registers each, where BV 32 at three stages takes 149-173 KiB, one per SM),
+        # so that one program's loads and dots can overlap the other's on a loop that waits for each dot
+        forward += [dict(num_warps=4, num_stages=st, BV=16, KEYS_ONCE=True) for st in (2, 3)]
     return ([{"forward": o} for o in forward]
             + [{"backward_states": o} for o in reverse]
             + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]
