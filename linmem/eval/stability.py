@@ -61,6 +61,11 @@ def stability(em: EvalModel, split: SplitTokens, seq_len: int, windows: int = 16
              "readout_norm_max": None if readout is None else readout.max}
             for i, (output, readout) in enumerate(meters)]
     worst = max(r["output_norm_mean"] for r in rows)
-    readouts = [r["readout_norm_mean"] for r in rows if r["readout_norm_mean"] is not None]
-    return {"metrics": {"max_layer_output_norm": worst, "max_layer_readout_norm": max(readouts, default=None),
+    return {"metrics": {"max_layer_output_norm": worst, "max_layer_readout_norm": largest_readout_norm(rows),
                         "windows": len(data), "seq_len": seq_len}, "table": rows}
+
+
+def largest_readout_norm(rows: list[dict[str, Any]]) -> float | None:
+    """The largest per-layer mean read-out norm of ``stability``'s table rows (None without a memory layer)."""
+    readouts = [float(r["readout_norm_mean"]) for r in rows if r.get("readout_norm_mean") is not None]
+    return max(readouts, default=None)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from linmem.eval.stability import largest_readout_norm
 from linmem.eval.task_names import WHOLE_SPLIT
 from linmem.io.atomic import atomic_write, write_json_atomic
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
@@ -100,9 +101,7 @@ def _readout_norm(record: dict[str, Any], folder: Path) -> float | None:
     value = _eval_metric("stability", "max_layer_readout_norm")(record, folder)
     if value is not None:
         return value
-    rows = record.get("eval_tables", {}).get("stability") or []
-    readouts = [float(r["readout_norm_mean"]) for r in rows if r.get("readout_norm_mean") is not None]
-    return max(readouts, default=None)
+    return largest_readout_norm(record.get("eval_tables", {}).get("stability") or [])
 
 
 def _final_train_loss(record: dict[str, Any], folder: Path) -> float | None:
