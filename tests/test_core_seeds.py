@@ -67,3 +67,16 @@ def test_gdn_wide_holds_as_many_state_numbers_as_rdn(studies):
         return memories * model["num_heads"] * model["head_dim"] ** 2 * model["expand_v"]
 
     assert state_numbers("gdn-wide") == state_numbers("rdn") == 2 * state_numbers("gdn")
+
+
+def test_core_seeds_declares_rla_papers_claims_and_the_equal_state_control(studies):
+    """The comparison's claims are declared before its runs: every claim rla-paper decides from, and RDN against
+    the GDN that holds as many state numbers on the same metrics as RDN against GDN."""
+    core, paper = studies["core-seeds"], studies["rla-paper"]
+
+    def claimed(study):
+        return {(c.a, c.b, metric) for c in study.claims for metric in c.metrics}
+
+    assert claimed(paper) <= claimed(core)
+    rdn_vs_gdn = {metric for c in paper.claims if (c.a, c.b) == ("rdn", "gdn") for metric in c.metrics}
+    assert claimed(core) - claimed(paper) == {("rdn", "gdn-wide", metric) for metric in rdn_vs_gdn}
