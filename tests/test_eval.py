@@ -195,7 +195,7 @@ def test_stability_hooks_measure_each_layer(em):
 def test_stability_keeps_the_largest_read_out_norm_before_the_output_norm(em):
     """``max_layer_readout_norm`` is the largest per-layer mean read-out norm (docs/results.md row 18's measure), and
     a study reads it as ``readout_norm``, from the per-layer table where a record was evaluated before it was kept."""
-    from linmem.study.tables import _readout_norm
+    from linmem.study.tables import _log_readout_norm, _readout_norm
 
     split = open_heldout(em, None, "test")
     found = stability(em, split, seq_len=64, windows=2)
@@ -213,7 +213,9 @@ def test_stability_keeps_the_largest_read_out_norm_before_the_output_norm(em):
     assert _readout_norm(record, Path(".")) == grown["metrics"]["max_layer_readout_norm"]
     del record["eval_metrics"]["stability"]["max_layer_readout_norm"]  # an older record: from its table
     assert _readout_norm(record, Path(".")) == max(readouts)
+    assert _log_readout_norm(record, Path(".")) == pytest.approx(math.log(max(readouts)))
     assert _readout_norm({"eval_metrics": {}, "eval_tables": {}}, Path(".")) is None
+    assert _log_readout_norm({"eval_metrics": {}, "eval_tables": {}}, Path(".")) is None
 
 
 class RecallOracle(nn.Module):

@@ -104,6 +104,11 @@ def _readout_norm(record: dict[str, Any], folder: Path) -> float | None:
     return largest_readout_norm(record.get("eval_tables", {}).get("stability") or [])
 
 
+def _log_readout_norm(record: dict[str, Any], folder: Path) -> float | None:
+    value = _readout_norm(record, folder)
+    return None if value is None or value <= 0 else math.log(value)
+
+
 def _final_train_loss(record: dict[str, Any], folder: Path) -> float | None:
     losses = [r["loss"] for r in training_log(folder) if r.get("loss") is not None]
     if not losses:
@@ -171,6 +176,10 @@ def metrics_of(study: Study, records: dict[str, dict[int, dict[str, Any]]]) -> l
             "stability", "max_layer_output_norm"), False))
         out.append(Metric("readout_norm", "largest per-layer mean memory read-out norm, before the per-head output "
                           "norm", _readout_norm, False))
+        # the same on a log scale, where a difference is a log ratio: norms that grow do so by factors (the RLA
+        # paper's Fig. 4a has a log axis), and one seed's growth by 100x does not swamp the others' spread
+        out.append(Metric("log_readout_norm", "natural log of the largest per-layer mean memory read-out norm",
+                          _log_readout_norm, False))
     return out
 
 
