@@ -868,7 +868,8 @@ def tune(variants, B, T, deadline: float | None = None, metric: str = "wall") ->
         return sum(times), " + ".join(f"{name.removeprefix('linmem ')} {ms:.2f}" for name, ms in zip(SWEPT, times))
 
     base_ms, shown = total(default)
-    measured = "wall time" if metric == "wall" else "the kernels' GPU time (busy)"
+    busy = "the kernels' GPU time" if DEVICE == "cuda" else "the ops' own CPU time (dry run)"
+    measured = "wall time" if metric == "wall" else f"{busy} (busy)"
     print(f"sweep: default fwd+bwd {shown} = {base_ms:.2f} ms at B={B} T={T}, {measured}; each variant below is "
           f"timed next to the default again (the pair in alternating order) and kept only {SWEEP_MARGIN:.0%} or more "
           "below it", flush=True)
@@ -1607,7 +1608,7 @@ def main(argv=None) -> None:
         report["sweep_metric"] = args.sweep_metric
         reason = (f"{report['env']['gpu']} sweep (triton {report['env']['triton']}), "
                   f"{'+'.join(name.removeprefix('linmem ') for name in SWEPT)} fwd+bwd, B={B}, T={T}, H={HEADS}"
-                  + (", GPU busy time" if args.sweep_metric == "busy" else ""))
+                  + (", busy time" if args.sweep_metric == "busy" else ""))
         print("the row of linmem.ops.triton.function.KERNEL_OPTIONS to paste:\n"
               + table_row(HEAD_DIM, VALUE_DIM, report["kernel_options"], reason), flush=True)
         changed = {k: v for k, v in report["kernel_options"].items() if v != defaults[k]}
