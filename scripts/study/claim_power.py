@@ -30,18 +30,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from rate_race import seed_values  # noqa: E402  (the sibling script: a model's per-seed values in the tables)
+
 from linmem.study.definition import load_study  # noqa: E402
 from linmem.study.estimates import ALPHA, paired_test  # noqa: E402
 
 
 def seed_differences(tables: dict, a: str, b: str, metric: str) -> list[float]:
     """The per-seed values of A minus B's at the seeds both have (empty where either has none)."""
-    def values(model: str) -> dict[str, float]:
-        seeds = tables["models"].get(model, {}).get("metrics", {}).get(metric, {}).get("seeds", {})
-        return {s: v["mean"] for s, v in seeds.items() if v.get("mean") is not None}
-
-    mine, theirs = values(a), values(b)
-    return [mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs), key=int)]
+    mine, theirs = seed_values(tables, a, metric), seed_values(tables, b, metric)
+    return [mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs))]
 
 
 def power(effect: float, seeds: int, level: float, draws: int, rng: np.random.Generator) -> float:
