@@ -143,7 +143,7 @@ def test_profile_kinds_of_kernel_names():
     if kernels:  # Triton installed: linmem's own kernels are recognised by their exact names
         assert "output_kernel" in kernels and step_profile.kind_of("output_kernel") == "linmem kernels"
         assert step_profile.kind_of("state_pass_kernel") == "linmem kernels"
-        for block in ("rms_norm_forward_kernel", "swiglu_backward_kernel", "short_conv_backward_kernel",
+        for block in ("rms_norm_forward_kernel", "swiglu_backward_kernel", "short_conv_backward_pre_kernel",
                       "cross_entropy_forward_kernel"):  # the fused blocks, not the op (names alike in part)
             assert step_profile.kind_of(block) == "linmem blocks"
         assert step_profile.kind_of("my_forward_kernel") == "other"  # a name that only contains an op kernel's

@@ -20,11 +20,11 @@ from linmem.ops.packing import sequence_positions
 ACTIVATIONS = (None, "silu", "swish")
 MAX_KERNEL_WIDTH = 8  # the Triton kernels unroll the taps; wider kernels run on the torch path
 
-# Tiles [tokens, channels] of one program, 16 to 32 elements a thread. The backward loads about W·(W + 2) shifted
-# tiles (the pre-activations of the W following tokens are recomputed) and keeps more float32 tiles alive, hence its
-# smaller tile; compiled for sm_90 both stay within the registers without spilling at W = 4 (about 110 and 140).
-FORWARD_TILE = (64, 128, 8)  # (BT, BD, warps)
-BACKWARD_TILE = (64, 64, 8)
+# Tiles [tokens, channels] of one program, 16 to 32 elements a thread. The forward and the backward's dx pass load W
+# shifted tiles each; the backward's first pass (d_pre and the dweight partial sums) loads 2W + 1 and reduces over
+# its tokens, hence its smaller tile.
+FORWARD_TILE = (64, 128, 8)  # (BT, BD, warps); also the backward's dx pass
+BACKWARD_TILE = (64, 64, 8)  # the backward's d_pre pass
 
 
 def short_conv(
@@ -127,6 +127,10 @@ class _ShortConv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        """Two passes over the tokens: the pre-activation's gradient ``d_pre [B, T, D]`` (float32) with each
+        program's partial sums of dweight and dbias, then dx from d_pre. Each pass loads W shifted tiles per tile,
+        where one pass computing dx straight from dy would recompute the pre-activation at W shifted rows (W² tile
+        loads)."""
         x, weight, bias, positions = ctx.saved_tensors
         batch, length, dim = x.shape
         width = weight.shape[1]
@@ -134,13 +138,18 @@ class _ShortConv(torch.autograd.Function):
         block_t, block_d, warps = BACKWARD_TILE
         time_blocks = triton.cdiv(length, block_t)
         programs = batch * time_blocks
-        dx = torch.empty(batch, length, dim, device=x.device, dtype=x.dtype)
+        d_pre = torch.empty(batch, length, dim, device=x.device, dtype=torch.float32)
         dweight_parts = torch.empty(programs, dim, width, device=x.device, dtype=torch.float32)
         dbias_parts = None if bias is None else torch.empty(programs, dim, device=x.device, dtype=torch.float32)
-        short_conv_backward_kernel[(time_blocks, triton.cdiv(dim, block_d), batch)](
-            x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim, x.stride(0), x.stride(1),
-            WIDTH=width, HAS_BIAS=bias is not None, PACKED=positions is not None, SILU=ctx.silu,
+        short_conv_backward_pre_kernel[(time_blocks, triton.cdiv(dim, block_d), batch)](
+            x, weight, bias, positions, dy, d_pre, dweight_parts, dbias_parts, length, dim, x.stride(0),
+            x.stride(1), WIDTH=width, HAS_BIAS=bias is not None, PACKED=positions is not None, SILU=ctx.silu,
             BT=block_t, BD=block_d, TAPS=triton.next_power_of_2(width), num_warps=warps)
+        dx = torch.empty(batch, length, dim, device=x.device, dtype=x.dtype)
+        block_t, block_d, warps = FORWARD_TILE
+        short_conv_backward_input_kernel[(triton.cdiv(length, block_t), triton.cdiv(dim, block_d), batch)](
+            d_pre, weight, positions, dx, length, dim, WIDTH=width, PACKED=positions is not None,
+            BT=block_t, BD=block_d, num_warps=warps)
         dweight = dweight_parts.sum(0).to(weight.dtype)
         dbias = None if bias is None else dbias_parts.sum(0).to(bias.dtype)
         return dx, dweight, dbias, None, None
@@ -187,58 +196,68 @@ def short_conv_forward_kernel(x, weight, bias, positions, y, length, dim, stride
 
 
 @jit
-def short_conv_backward_kernel(x, weight, bias, positions, dy, dx, dweight_parts, dbias_parts, length, dim,
-                               stride_b, stride_t, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               PACKED: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                               TAPS: tl.constexpr):
-    """One tile ``[BT tokens, BD channels]`` of one sequence row (``TAPS``: W rounded up to a power of two).
-
-    Token s feeds token s + k through tap W − 1 − k, so dx[t] = Σ_k weight[:, W − 1 − k] · d_pre[t + k] over the
-    k for which t + k lies in t's sequence; d_pre at the shifted rows is recomputed here (its x rows are mostly
-    in cache). The tile's own rows (k = 0) also give this program's partial sums of dweight and dbias."""
+def short_conv_backward_pre_kernel(x, weight, bias, positions, dy, d_pre, dweight_parts, dbias_parts, length, dim,
+                                   stride_b, stride_t, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                   PACKED: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                                   TAPS: tl.constexpr):
+    """One tile ``[BT tokens, BD channels]`` of one sequence row (``TAPS``: W rounded up to a power of two):
+    ``d_pre = dy ⊙ silu'(pre)`` (the pre-activation recomputed from x; dy itself without SILU) stored in float32,
+    and this program's partial sums over its tokens of dweight (tap j: Σ d_pre · x read W − 1 − j tokens back)
+    and dbias."""
     row = tl.program_id(2).to(tl.int64)
     program = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    rows_in = rows < length
     cols_in = cols < dim
+    tile_in = rows_in[:, None] & cols_in[None, :]
     x_row = x + row * stride_b
-    dy_row = dy + row * length * dim
+    own = row * length * dim + rows.to(tl.int64)[:, None] * dim + cols[None, :]
+    grad = tl.load(dy + own, mask=tile_in, other=0.0).to(tl.float32)
+    if SILU:
+        pre = _pre_activation(x_row, weight, bias, positions, rows, rows_in, cols, cols_in, stride_t,
+                              WIDTH, HAS_BIAS, PACKED)
+        gate = tl.sigmoid(pre)
+        grad = grad * gate * (1.0 + pre * (1.0 - gate))
+    tl.store(d_pre + own, grad, mask=tile_in)
+    if PACKED:
+        reach = tl.load(positions + rows, mask=rows_in, other=0)
+    else:
+        reach = rows
+    taps = tl.arange(0, TAPS)
+    dweight = tl.zeros([BD, TAPS], dtype=tl.float32)
+    for j in tl.static_range(WIDTH):
+        back = WIDTH - 1 - j
+        read = rows_in & (reach >= back)
+        src = (rows - back).to(tl.int64) * stride_t
+        xs = tl.load(x_row + src[:, None] + cols[None, :], mask=read[:, None] & cols_in[None, :], other=0.0)
+        tap_sum = tl.sum(grad * xs.to(tl.float32), axis=0)
+        dweight += tl.where(taps[None, :] == j, tap_sum[:, None], 0.0)
+    parts = dweight_parts + program.to(tl.int64) * dim * WIDTH + cols[:, None] * WIDTH + taps[None, :]
+    tl.store(parts, dweight, mask=cols_in[:, None] & (taps < WIDTH)[None, :])
+    if HAS_BIAS:
+        tl.store(dbias_parts + program.to(tl.int64) * dim + cols, tl.sum(grad, axis=0), mask=cols_in)
+
+
+@jit
+def short_conv_backward_input_kernel(d_pre, weight, positions, dx, length, dim, WIDTH: tl.constexpr,
+                                     PACKED: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """One tile ``[BT tokens, BD channels]`` of one sequence row: token t feeds token t + k through tap W − 1 − k,
+    so dx[t] = Σ_k weight[:, W − 1 − k] · d_pre[t + k] over the k for which t + k lies in t's sequence."""
+    row = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cols_in = cols < dim
+    d_pre_row = d_pre + row * length * dim
     dx_acc = tl.zeros([BT, BD], dtype=tl.float32)
     for k in tl.static_range(WIDTH):
         shifted = rows + k
         shifted_in = shifted < length
-        tile_in = shifted_in[:, None] & cols_in[None, :]
-        grad = tl.load(dy_row + shifted.to(tl.int64)[:, None] * dim + cols[None, :], mask=tile_in, other=0.0)
-        grad = grad.to(tl.float32)
-        if SILU:
-            pre = _pre_activation(x_row, weight, bias, positions, shifted, shifted_in, cols, cols_in, stride_t,
-                                  WIDTH, HAS_BIAS, PACKED)
-            gate = tl.sigmoid(pre)
-            grad = grad * gate * (1.0 + pre * (1.0 - gate))
         if PACKED:
-            same_sequence = tl.load(positions + shifted, mask=shifted_in, other=0) >= k
-        else:
-            same_sequence = shifted_in
+            shifted_in = shifted_in & (tl.load(positions + shifted, mask=shifted_in, other=0) >= k)
+        grad = tl.load(d_pre_row + shifted.to(tl.int64)[:, None] * dim + cols[None, :],
+                       mask=shifted_in[:, None] & cols_in[None, :], other=0.0)
         w = tl.load(weight + cols * WIDTH + (WIDTH - 1 - k), mask=cols_in, other=0.0).to(tl.float32)
-        dx_acc += tl.where(same_sequence[:, None], grad, 0.0) * w[None, :]
-        if k == 0:
-            rows_in = shifted_in
-            if PACKED:
-                reach = tl.load(positions + rows, mask=rows_in, other=0)
-            else:
-                reach = rows
-            taps = tl.arange(0, TAPS)
-            dweight = tl.zeros([BD, TAPS], dtype=tl.float32)
-            for j in tl.static_range(WIDTH):
-                back = WIDTH - 1 - j
-                read = rows_in & (reach >= back)
-                src = (rows - back).to(tl.int64) * stride_t
-                xs = tl.load(x_row + src[:, None] + cols[None, :], mask=read[:, None] & cols_in[None, :], other=0.0)
-                tap_sum = tl.sum(grad * xs.to(tl.float32), axis=0)
-                dweight += tl.where(taps[None, :] == j, tap_sum[:, None], 0.0)
-            parts = dweight_parts + program.to(tl.int64) * dim * WIDTH + cols[:, None] * WIDTH + taps[None, :]
-            tl.store(parts, dweight, mask=cols_in[:, None] & (taps < WIDTH)[None, :])
-            if HAS_BIAS:
-                tl.store(dbias_parts + program.to(tl.int64) * dim + cols, tl.sum(grad, axis=0), mask=cols_in)
+        dx_acc += grad * w[None, :]
     out = dx + row * length * dim + rows.to(tl.int64)[:, None] * dim + cols[None, :]
     tl.store(out, dx_acc.to(dx.dtype.element_ty), mask=(rows < length)[:, None] & cols_in[None, :])
