@@ -159,6 +159,25 @@ def test_a_close_pair_waits_for_a_spare_seed_whose_mean_decides():
     assert rate_race.spare_seeds(SEEDS, 100) == [101, 102] and rate_race.spare_seeds(SEEDS, 7) == SEEDS
 
 
+def test_every_rate_within_close_of_the_best_contends_not_only_the_runner_up():
+    """Two rates a hair apart on the deciding seed both wait for the spare; which of them ranks second is noise."""
+    wider = rate_race.Group("made-up", {**BRACKET.models, 2e-2: "quad"})
+    runs = {"half": {100: 3.52}, "zoo": {100: 3.40}, "double": {100: 3.46567}, "quad": {100: 3.46562}}
+
+    def state():
+        return rate_race.need(made_up(runs), wider, "val_loss", 100, SEEDS, 0.1)
+
+    assert state().text == ("close: 5e-3, 2e-2 and 1e-2 within 0.0657 (< 0.1) on seed 100: run seed 101 at each")
+    assert state().runs == ["zoo:101", "quad:101", "double:101"]
+    runs["zoo"][101], runs["quad"][101] = 3.51, 3.48  # the spare at two of the three does not decide yet
+    assert state().runs == ["double:101"] and state().rate is None
+    runs["double"][101] = 3.36  # means over seeds 100 and 101: 5e-3 3.455, 1e-2 3.413, 2e-2 3.473
+    assert state().text == "decided (seeds 100, 101): 1e-2" and state().rate == 1e-2
+    runs["half"][100] = 3.49  # 2.5e-3 contends too, without its spare: the race waits for it
+    assert state().text.startswith("close: 5e-3, 2e-2, 1e-2 and 2.5e-3 within 0.09 (< 0.1)")
+    assert state().runs == ["half:101"]
+
+
 def test_a_missing_run_of_the_deciding_seed_leaves_the_race_incomplete():
     runs = {"half": {100: 3.50, 101: 3.40}, "zoo": {101: 3.30}, "double": {101: 3.45}}
     assert needs(runs) == "incomplete: no run of seed 100 at 5e-3, 1e-2"
@@ -222,7 +241,7 @@ def test_the_script_prints_each_groups_next_step_under_the_studys_seeds(small_st
     printed = race(str(small_study), str(path), "--decide-seed", "100")
     assert printed.split("\n\n")[-4:-2] == [
         "What the race needs next (val_loss on seed 100 decides; a winner at an edge of its bracket gets the next rate "
-        "out first; where the two best lie less than 0.1 apart, spare seeds 101, 102 decide between them)",
+        "out first; where other rates lie less than 0.1 from the best, spare seeds 101, 102 decide among them)",
         "- gdn (GDN 6 x 256): close: 5e-3 and 2.5e-3 within 0.05 (< 0.1) on seed 100: run seed 101 at both\n"
         "- gdn-wide (GDN 6 x 256): edge: wins at 2.5e-3, the bottom of its bracket: add 1.25e-3\n"
         "- rdn-tied-gamma (RDN 6 x 256): incomplete: no run of seed 100 at 2.5e-3\n"
@@ -233,7 +252,7 @@ def test_the_script_prints_each_groups_next_step_under_the_studys_seeds(small_st
         "rdn-tied-gamma-half-lr:100 slow:100 zoo:100",
         "Models to add to the study file first (the next rate out): gdn-wide at 1.25e-3\n"]
     printed = race(str(small_study), str(path), "--decide-seed", "100", "--close", "0.01")
-    assert "less than 0.01 apart" in printed and "- gdn (GDN 6 x 256): decided: 5e-3\n" in printed
+    assert "less than 0.01 from the best" in printed and "- gdn (GDN 6 x 256): decided: 5e-3\n" in printed
 
 
 def test_a_family_without_a_common_name_is_named_by_its_first_model_when_it_needs_a_rate(small_study, tmp_path):

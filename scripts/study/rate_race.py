@@ -9,11 +9,11 @@ TABLES.json is the study's ``tables/results.json`` (``linmem study STUDY.yaml --
 Prints a markdown table (a row per group, labelled by its models' common name and its mixer and shape; a column per
 rate; each cell the seeds' values, the winner's in bold) and, with ``--also``, a table per further metric at the same
 cells; then what the race needs next, a line per group: ``decided``; ``edge`` (the winner is the bracket's top or
-bottom rate: the next rate out, twice or half, is run first); ``close`` (the deciding seed's two best rates lie less
-than ``--close`` apart in the deciding metric: the study's next seed after the deciding one, a spare, is run at both,
-and once spares are run the better mean over the seeds run at both decides); ``incomplete`` (a rate lacks its run of
-the deciding seed). ``--plot`` draws each metric against the rate, one panel per metric, a line per group through the
-deciding seed with the other seeds as dots.
+bottom rate: the next rate out, twice or half, is run first); ``close`` (other rates lie less than ``--close`` from
+the deciding seed's best in the deciding metric: the study's next seed after the deciding one, a spare, is run at each
+of these contenders, and once spares are run the best mean over the seeds run at every contender decides);
+``incomplete`` (a rate lacks its run of the deciding seed). ``--plot`` draws each metric against the rate, one panel
+per metric, a line per group through the deciding seed with the other seeds as dots.
 
 ``--core-seeds`` names the study that trains each family at the rate its race chooses (configs/study/core-seeds.yaml
 for core-seeds-lr): a model of it belongs to the race group whose models differ from it only in the race study's
@@ -171,11 +171,15 @@ def need(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], c
     - ``incomplete: no run of seed S at R1, R2``: a rate lacks its run of the deciding seed;
     - ``edge: wins at R, the top of its bracket: add 2R`` (or the bottom, R/2): the winner is the group's highest
       (lowest) rate, so the next rate out runs before the winner is used;
-    - ``close: R1 and R2 within D (< CLOSE) on seed S: run seed S2 at both``: the deciding seed's two best rates lie
-      less than ``close`` apart and no spare seed (a study seed after ``seed``) has run at both;
-    - ``decided (seeds S, S2): R``: they were that close, and the rate with the better mean over the seeds run at
-      both (``seed`` included) wins (an edge verdict where that rate is an edge);
-    - ``decided: R``: the winner is inside its bracket and the runner-up at least ``close`` away.
+    - ``close: R1 and R2 within D (< CLOSE) on seed S: run seed S2 at both`` (``R1, R2 and R3 … at each``): every
+      rate whose value on the deciding seed lies less than ``close`` from the best one's is a contender (D: the
+      farthest of them), and no spare seed (a study seed after ``seed``) has run at every contender;
+    - ``decided (seeds S, S2): R``: there were contenders, and the one with the best mean over the seeds run at
+      every contender (``seed`` included) wins (an edge verdict where that rate is an edge);
+    - ``decided: R``: the winner is inside its bracket and every other rate at least ``close`` away.
+
+    Every rate within ``close`` contends, not only the runner-up: two rates whose values on the deciding seed differ
+    by less than the seeds' spread would otherwise be told apart by that seed's noise alone.
     """
     rates = sorted(group.models)
     values = {rate: seed_values(tables, group.models[rate], metric) for rate in rates}
@@ -184,14 +188,14 @@ def need(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], c
         return Need(f"incomplete: no run of seed {seed} at {', '.join(rate_text(r) for r in missing)}",
                     [f"{group.models[r]}:{seed}" for r in missing])
     higher = tables["metrics"][metric]["higher_is_better"]
-    first, second = ranked({rate: values[rate][seed] for rate in rates}, higher)[:2]
-    gap = abs(values[first][seed] - values[second][seed])
-    is_close = gap < close  # False where a value is not finite: nothing to run a spare for
+    first, *others = ranked({rate: values[rate][seed] for rate in rates}, higher)
+    gaps = {rate: abs(values[rate][seed] - values[first][seed]) for rate in others}
+    contenders = [first] + [rate for rate in others if gaps[rate] < close]  # a value not finite never contends
     spares = spare_seeds(seeds, seed)
-    counted = [seed] + [s for s in spares if s in values[first] and s in values[second]]
+    counted = [seed] + [s for s in spares if all(s in values[rate] for rate in contenders)]
     best = first
-    if is_close and len(counted) > 1:
-        means = {rate: sum(values[rate][s] for s in counted) / len(counted) for rate in (first, second)}
+    if len(contenders) > 1 and len(counted) > 1:
+        means = {rate: sum(values[rate][s] for s in counted) / len(counted) for rate in contenders}
         best = ranked(means, higher)[0]
     if best == rates[-1]:
         return Need(f"edge: wins at {rate_text(best)}, the top of its bracket: add {rate_text(best * 2)}", [],
@@ -199,15 +203,18 @@ def need(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], c
     if best == rates[0]:
         return Need(f"edge: wins at {rate_text(best)}, the bottom of its bracket: add {rate_text(best / 2)}", [],
                     best / 2)
-    if not is_close:
+    if len(contenders) == 1:
         return Need(f"decided: {rate_text(best)}", [], rate=best)
     if len(counted) > 1:
         return Need(f"decided (seeds {', '.join(str(s) for s in counted)}): {rate_text(best)}", [], rate=best)
-    pair = f"close: {rate_text(first)} and {rate_text(second)} within {gap:.3g} (< {close:g}) on seed {seed}"
+    names = [rate_text(rate) for rate in contenders]
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    gap = max(gaps[rate] for rate in contenders[1:])
+    pair = f"close: {listed} within {gap:.3g} (< {close:g}) on seed {seed}"
     if not spares:
         return Need(f"{pair}: the study has no spare seed left", [])
-    return Need(f"{pair}: run seed {spares[0]} at both",
-                [f"{group.models[r]}:{spares[0]}" for r in (first, second) if spares[0] not in values[r]])
+    return Need(f"{pair}: run seed {spares[0]} at {'both' if len(contenders) == 2 else 'each'}",
+                [f"{group.models[r]}:{spares[0]}" for r in contenders if spares[0] not in values[r]])
 
 
 def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds: list[int], close: float) -> str:
@@ -216,7 +223,7 @@ def next_steps(tables: dict, groups: list[Group], metric: str, seed: int, seeds:
     spare = (f"spare seeds {', '.join(str(s) for s in spares)} decide" if spares
              else "a spare seed would decide (the study lists none)")
     rule = (f"{metric} on seed {seed} decides; a winner at an edge of its bracket gets the next rate out first; where "
-            f"the two best lie less than {close:g} apart, {spare} between them")
+            f"other rates lie less than {close:g} from the best, {spare} among them")
     needs = [need(tables, g, metric, seed, seeds, close) for g in groups]
     lines = [f"What the race needs next ({rule})", ""]
     lines += [f"- {g.label}: {n.text}" for g, n in zip(groups, needs)]
@@ -286,20 +293,28 @@ def decided_models(run_study: Study, race_study: Study, tables: dict, groups: li
     return "\n".join([head, "", "```yaml", *lines, "```", "", count])
 
 
-def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int) -> str:
-    """A row per group, a column per rate: the seeds' values (the deciding seed first), the winner's in bold."""
+def leader(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], close: float) -> float | None:
+    """The rate a group's race has decided, or while it is open the deciding seed's best (None while incomplete)."""
+    decided = need(tables, group, metric, seed, seeds, close).rate
+    return decided if decided is not None else winner(tables, group, metric, seed)
+
+
+def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int, seeds: list[int],
+          close: float) -> str:
+    """A row per group, a column per rate: the seeds' values (the deciding seed first), the leader's in bold."""
     rates = sorted({rate for g in groups for rate in g.models})
     info = tables["metrics"][metric]
     better = "higher" if info["higher_is_better"] else "lower"
     lines = [f"{metric}: {info['label']} ({better} is better); seed {seed} first, then the others where run; in "
-             f"bold the rate each model wins the race with ({decide}, seed {seed})",
+             f"bold each model's rate: the one its race decided, or while it is open the best on {decide} of seed "
+             f"{seed}",
              "", "| model | " + " | ".join(rate_text(r) for r in rates) + " |", "|---" * (len(rates) + 1) + "|"]
     everything = [abs(v) for g in groups for name in g.models.values()
                   for v in seed_values(tables, name, metric).values()] or [1.0]
     # one number of decimals for the whole table: 2 for accuracies, else 4 significant digits of the largest value
     decimals = 2 if info.get("bounded") else max(0, 3 - math.floor(math.log10(max(everything) or 1.0)))
     for group in groups:
-        best = winner(tables, group, decide, seed)
+        best = leader(tables, group, decide, seed, seeds, close)
         cells = []
         for rate in rates:
             values = seed_values(tables, group.models[rate], metric) if rate in group.models else {}
@@ -310,7 +325,8 @@ def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int
     return "\n".join(lines)
 
 
-def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, seed: int, path: Path) -> None:
+def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, seed: int, seeds: list[int],
+         close: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -330,7 +346,7 @@ def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, see
             for rate in xs:
                 others = [v for s, v in seed_values(tables, group.models[rate], metric).items() if s != seed]
                 ax.plot([rate] * len(others), others, ".", color=color, alpha=0.6, markersize=7)
-            best = winner(tables, group, decide, seed)
+            best = leader(tables, group, decide, seed, seeds, close)
             if best is not None:
                 value = seed_values(tables, group.models[best], metric).get(seed)
                 ax.plot([best], [value], "o", markersize=12, markerfacecolor="none", markeredgecolor=color)
@@ -345,8 +361,8 @@ def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, see
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title=f"seed {seed}",
                title_fontsize=8)
-    fig.suptitle(f"rate race: ringed, the rate each model wins with on seed {seed}'s {decide}; dots, other seeds",
-                 fontsize=10)
+    fig.suptitle(f"rate race: ringed, each model's rate (decided, or while open the best on seed {seed}'s {decide}); "
+                 "dots, other seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend right of the panels
     plt.close(fig)
@@ -359,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metric", default="val_loss", help="the metric that decides the race (val_loss)")
     parser.add_argument("--decide-seed", type=int, default=0, help="the seed whose runs decide (0)")
     parser.add_argument("--close", type=float, default=0.1,
-                        help="two best rates closer than this in the deciding metric call for a spare seed (0.1)")
+                        help="rates closer than this to the best in the deciding metric call for a spare seed (0.1)")
     parser.add_argument("--also", nargs="*", default=[], help="further metrics shown at the same cells")
     parser.add_argument("--plot", type=Path, help="write the figure here")
     parser.add_argument("--core-seeds", type=Path, metavar="RUN_STUDY.yaml",
@@ -375,7 +391,9 @@ def main(argv: list[str] | None = None) -> None:
     groups = rate_groups(study, args.decide_seed)
     if not groups:
         raise SystemExit(f"{args.study}: no two models differ only in their rate")
-    print("\n\n".join(table(tables, groups, m, args.metric, args.decide_seed) for m in [args.metric, *args.also]))
+    metrics = [args.metric, *args.also]
+    print("\n\n".join(table(tables, groups, m, args.metric, args.decide_seed, study.seeds, args.close)
+                      for m in metrics))
     print()
     print(next_steps(tables, groups, args.metric, args.decide_seed, study.seeds, args.close))
     if args.core_seeds:
@@ -383,7 +401,8 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(decided_models(run_study, study, tables, groups, args.metric, args.decide_seed, args.close))
     if args.plot:
-        plot(tables, groups, [args.metric, *args.also], args.metric, args.decide_seed, args.plot)
+        plot(tables, groups, [args.metric, *args.also], args.metric, args.decide_seed, study.seeds, args.close,
+             args.plot)
 
 
 if __name__ == "__main__":
