@@ -558,3 +558,22 @@ def test_one_round_is_the_run_without_the_option(tmp_path, monkeypatch):
     assert table[:4] == ["| T | linmem RDN | linmem GDN | RDN / GDN |", "|---|---|---|---|",
                          "| 64 | 2.00 | 1.00 | 2.00x |", ""]
     assert table[4] == "## fwd"
+
+
+def test_fla_alone_may_run_wider_than_linmems_widest_launch_row(tmp_path, monkeypatch):
+    """FLA's GDN at twice a wide head's value width (V = 512 for K = V = 256) has no linmem launch row: a run of FLA
+    methods only reports none instead of failing after its timings; a linmem method at that width is still refused
+    by its own row lookup."""
+    kernels = _kernels(monkeypatch)
+    from linmem.ops.triton import function
+
+    wide = 2 * function.WIDTH_CLASSES[-1]
+    _scripted_timings(monkeypatch, kernels, {("FLA GDN", mode, 64): 1.0 for mode in ("fwd", "fwd+bwd")})
+    kernels.main([*DRY_RUN, "--value-dim", str(wide), "--lengths", "64", "--methods", "FLA GDN", "--out",
+                  str(tmp_path)])
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert report["kernel_options"] is None and report["value_dim"] == wide
+    assert {r["method"] for r in report["results"]} == {"FLA GDN"}
+    assert "Launch options" not in (tmp_path / "kernels.md").read_text()
+    with pytest.raises(ValueError, match="over the widest launch class"):
+        function.kernel_options(16, wide)

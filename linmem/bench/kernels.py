@@ -1621,7 +1621,10 @@ def main(argv=None) -> None:
     else:
         if args.sweep:
             print(f"sweep skipped: {left():.0f} s of the budget left", flush=True)
-        report["kernel_options"] = function.kernel_options(HEAD_DIM, VALUE_DIM)
+        # linmem's launch row, where a linmem method runs (FLA's alone may run wider than linmem's widest row,
+        # e.g. its GDN at V = 512 as the twice-as-wide state of K = V = 256 heads, profiled as such)
+        chunked = set(args.methods.split(",")) & set(CHUNKED_METHODS)
+        report["kernel_options"] = function.kernel_options(HEAD_DIM, VALUE_DIM) if chunked else None
     for T in lengths:
         if left() < 30:
             report["skipped"].append(f"T={T}")
