@@ -6,7 +6,8 @@
 #
 #   here:   bash scripts/study/core_seeds_device.sh prepare
 #       .devrun/w (ignored): the committed linmem (HEAD, without the zoo's weights), configs and scripts, this
-#       checkout's core-seeds files over them, and data/zoo-4k (build it first: docs/study/core-seeds-lr/README.md)
+#       checkout's core-seeds files over them, data/zoo-4k (build it first: docs/study/core-seeds-lr/README.md) and
+#       each core-seeds study's queue.log so far (the machine's queues append to it)
 #   here:   bash scripts/study/core_seeds_device.sh park
 #       moves the shipped zoo's weights out of the checkout and puts them back in the background once the device
 #       tool has read .devrun/sent (30 s later), or after PARK_SECONDS (600) at most; a `run` call naming .devrun in
@@ -41,6 +42,17 @@ case $verb in
     git archive HEAD linmem configs scripts ":!$zoo" | tar xf - -C .devrun/w || exit 1
     cp configs/study/core-seeds*.yaml .devrun/w/configs/study/ && cp "$0" .devrun/w/scripts/study/
     mkdir -p .devrun/w/data && cp -r data/zoo-4k .devrun/w/data/
+    # each study's queue log so far (here, or in its records), so that the machine's queues append to it and the
+    # log `collect` returns holds every queue, not the machine's alone
+    for name in core-seeds-lr core-seeds; do
+      log=runs/study/$name-logs/queue.log
+      mkdir -p ".devrun/w/runs/study/$name-logs"
+      if [ -f "$log" ]; then
+        cp "$log" ".devrun/w/$log"
+      elif [ -f "docs/study/$name/runs.tar.xz" ]; then
+        tar xJf "docs/study/$name/runs.tar.xz" -C .devrun/w/runs/study "$name-logs/queue.log" 2>/dev/null || true
+      fi
+    done
     du -sh .devrun
     ;;
   park)
