@@ -584,3 +584,20 @@ def test_profile_difference_counts_a_missing_name_as_zero_and_ranks_by_the_size_
 def test_profile_must_not_be_negative():
     with pytest.raises(SystemExit, match="--profile"):
         versus_fla.main(DRY_RUN + ["--profile", "-1"])
+
+
+def test_recompute_states_option_sets_every_row_for_the_run_and_says_so(monkeypatch):
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():  # put back after the test
+        monkeypatch.setitem(row, "recompute_states", row["recompute_states"])
+    note = versus_fla.set_recompute_states("base")
+    assert all(row["recompute_states"] == "base" for row in function.KERNEL_OPTIONS.values())
+    assert "recompute_states 'base'" in note and "--recompute-states base" in note
+    versus_fla.set_recompute_states("off")
+    assert all(row["recompute_states"] is False for row in function.KERNEL_OPTIONS.values())
+    parser = versus_fla.build_parser()
+    assert versus_fla.settings_of(parser.parse_args(["--recompute-states", "on"]), "triton")["recompute_states"] == "on"
+    assert "recompute_states" not in versus_fla.settings_of(parser.parse_args([]), "triton")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--recompute-states", "maybe"])

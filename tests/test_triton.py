@@ -253,6 +253,47 @@ def test_recomputed_states_are_bit_identical(rule, residual, monkeypatch):
                                                      + 140 * 2 * 16 * ((rule == "delta") + 2 * residual))
 
 
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule, residual, monkeypatch):
+    """recompute_states "base": the forward keeps a residual memory's per-chunk states and writes w, the backward
+    runs the base memory's pass alone again (its error err too), and every output and gradient is bit for bit that
+    of the run that keeps everything; without a residual memory it is recompute_states True."""
+    from linmem.ops.triton import function
+
+    inputs = make_inputs(2, 70, 2, 32, 16, seed=23)
+    launches = _Counted(function.state_pass_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", launches)
+    results = {}
+    for recompute in (False, "base"):
+        for row in function.KERNEL_OPTIONS.values():
+            monkeypatch.setitem(row, "recompute_states", recompute)
+        before = len(launches.grids)
+        results[recompute] = run("triton", inputs, torch.float32, residual, rule=rule)
+        passes = len(launches.grids) - before
+        assert passes == (1 + residual if recompute is False else 1 + residual + 1)  # the base pass again
+    kept, base = results[False], results["base"]
+    assert torch.equal(base[0], kept[0])
+    for got, want in zip(base[1], kept[1], strict=True):
+        assert torch.equal(got, want)
+    assert base[2].keys() == kept[2].keys()
+    for name, want in kept[2].items():
+        assert torch.equal(base[2][name], want), name
+
+    leaves = {n: t.float().requires_grad_(True) for n, t in inputs.items()}
+    o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                         leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
+    saved = _autograd_node(o, "LinearMemoryFunctionBackward").saved
+    assert all(saved[name] is None for name in ("base_chunks", "u", "err"))
+    assert all((saved[name] is not None) == residual for name in ("res_chunks", "w"))
+    flags = function._Flags(function.MemoryConfig(rule=rule, residual=residual), torch.float32)
+    shapes = function.state_pass_outputs(140, 4, 2, 2, 32, 16, flags, "meta")
+    kept_bytes = 4 * (4 * 2 * 32 * 16 + 140 * 2 * 16) if residual else 0  # res_chunks and w, float32 inputs
+    assert function.recomputed_bytes(shapes, "base") == function.recomputed_bytes(shapes, True) - kept_bytes
+    with pytest.raises(ValueError, match="recompute_states must be one of"):
+        function.recomputed_names("residual")
+
+
 def test_sequential_pass_launch_options(monkeypatch):
     """The sequential passes' options where they say None: 4 warps (8 for float32 inputs), two stages, and the
     widest value block that keeps the multiprocessors busy."""
@@ -729,8 +770,8 @@ def test_sweep_variants_each_change_one_default(K, V):
     option and no variant twice; with K or V over 128 the wide candidates join (value blocks of 32 and 64, 4 or 8
     warps, one or two stages), the reverse pass in two stages at K = 256 only with KEYS_ONCE; the forward's state
     passes with KEYS_ONCE at the row's own options (where the row has it off), and at K = 256 in three or four
-    stages (BV = 32, never the spilling 64) and at BV = 16 in two or three; recompute_states is timed the other way
-    too."""
+    stages (BV = 32, never the spilling 64) and at BV = 16 in two or three; recompute_states is timed at its other
+    choices too."""
     from linmem.bench import kernels
     from linmem.ops.triton import function
 
@@ -752,7 +793,8 @@ def test_sweep_variants_each_change_one_default(K, V):
     launches = [launch(*next(iter(v.items()))) for v in variants]
     assert len(set(launches)) == len(launches)
     assert not {launch(name, row[name]) for name in row} & set(launches)
-    assert {"recompute_states": not row["recompute_states"]} in variants  # the other way, timed
+    others = [{"recompute_states": c} for c in function.RECOMPUTE_CHOICES if c != row["recompute_states"]]
+    assert [v for v in variants if "recompute_states" in v] == others  # every other choice, timed
     for variant in variants:
         ((name, options),) = variant.items()
         assert options != row[name], name

@@ -766,7 +766,9 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # spill 368-448 bytes per thread offline where 4 warps spill none
     variants += [{name: dict(options)} for name, options in function.TUNED_AT_128.items()
                  if name != "recompute_states"]
-    variants.append({"recompute_states": not row["recompute_states"]})  # timed and reported, never chosen (tune)
+    # every other recompute_states (all passes, the base memory's only, none): timed and reported, never chosen (tune)
+    variants += [{"recompute_states": choice} for choice in function.RECOMPUTE_CHOICES
+                 if choice != row["recompute_states"]]
     kept, seen = [], set()
     for variant in variants:  # neither the row's own launch nor one launch twice
         ((name, options),) = variant.items()
@@ -891,9 +893,9 @@ def tune(variants, B, T, deadline: float | None = None, metric: str = "wall") ->
         print(f"sweep: {name} {opts}: {shown} = {ms:.2f} ms against the default's {base_ms:.2f} beside it "
               f"({ratio - 1:+.1%})", flush=True)
         if name == "recompute_states" and DEVICE == "cuda":
-            print(f"sweep: peak memory of one fwd+bwd with recompute_states {opts}: "
-                  f"{peak_memory_text(x, dict(default, **variant))}; "
-                  f"{not opts}: {peak_memory_text(x, dict(default, recompute_states=not opts))}", flush=True)
+            print(f"sweep: peak memory of one fwd+bwd with recompute_states {opts!r}: "
+                  f"{peak_memory_text(x, dict(default, **variant))}; the row's {default[name]!r}: "
+                  f"{peak_memory_text(x, default)}", flush=True)
         if ratio < best[name][0] and name != "recompute_states":
             best[name] = (ratio, opts)
     chosen = {name: opts for name, (_, opts) in best.items()}
@@ -930,8 +932,8 @@ def peak_memory_text(x: dict, row: dict | None = None) -> str:
 
 def saved_states_text(B: int, T: int) -> str:
     """What ``recompute_states`` does not keep between the forward and the backward of each swept memory at
-    ``B × T`` tokens and the timed heads (``function.recomputed_bytes`` of a forward on meta tensors: the shapes
-    without the work)."""
+    ``B × T`` tokens and the timed heads, and for a residual memory what "base" does not keep
+    (``function.recomputed_bytes`` of a forward on meta tensors: the shapes without the work)."""
     from linmem.ops.config import MemoryConfig
     from linmem.ops.triton import function
     from linmem.ops.triton.layout import CHUNK
@@ -943,7 +945,10 @@ def saved_states_text(B: int, T: int) -> str:
                           "linmem GDN": ("delta", False)}[name]
         flags = function._Flags(MemoryConfig(rule=rule, residual=residual), torch.bfloat16)
         saved = function.state_pass_outputs(B * T, chunks, B, HEADS, HEAD_DIM, VALUE_DIM, flags, "meta")
-        parts.append(f"{name.removeprefix('linmem ')} {function.recomputed_bytes(saved) / 2**20:.0f} MiB")
+        text = f"{name.removeprefix('linmem ')} {function.recomputed_bytes(saved) / 2**20:.0f} MiB"
+        if residual:
+            text += f" ({function.recomputed_bytes(saved, 'base') / 2**20:.0f} with 'base')"
+        parts.append(text)
     return ", ".join(parts) + f" per layer at B={B}, T={T}, H={HEADS}, K={HEAD_DIM}, V={VALUE_DIM}"
 
 

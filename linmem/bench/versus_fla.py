@@ -53,6 +53,10 @@ that cell "OOM" and the run goes on; any other error is recorded in the cell the
 
 Ratios are linmem / FLA: above 1 linmem is slower or larger (time, memory), and faster for tokens/s.
 
+``--recompute-states on|base|off`` sets the op's ``recompute_states`` (``linmem.ops.triton.function``) in every row
+for the run, e.g. ``base`` to measure an RDN that keeps its residual memory's per-chunk states for the backward; the
+header says so.
+
 FLA 0.6.0 refuses its gated backward on Hopper with Triton >= 3.4 and < 3.7.1 (its issue #640); for timing only this
 bench sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says in its header whether that bypassed the
 check here. FLA's attention layer (the hybrid shape) needs flash-attn; without it, FLA's ``flash_attn_func`` is
@@ -675,7 +679,22 @@ def settings_of(args: argparse.Namespace, backend: str) -> dict:
                 prefill_len=args.prefill_len, decode_tokens=args.decode_tokens, decode_batches=args.decode_batches,
                 compile=args.compile, residual=args.residual, no_fla=args.no_fla, parts=args.parts, budget=args.budget,
                 scaled=args.scaled, seed=args.seed, rounds=args.rounds, backend=backend, learning_rate=LEARNING_RATE,
-                prompt_tokens=PROMPT_TOKENS, **({"profile": args.profile} if args.profile else {}))
+                prompt_tokens=PROMPT_TOKENS, **({"profile": args.profile} if args.profile else {}),
+                **({"recompute_states": args.recompute_states} if args.recompute_states else {}))
+
+
+RECOMPUTE_FLAGS = {"on": True, "base": "base", "off": False}  # --recompute-states → the rows' recompute_states
+
+
+def set_recompute_states(choice: str) -> str:
+    """Every row of ``KERNEL_OPTIONS`` takes ``recompute_states`` = ``RECOMPUTE_FLAGS[choice]`` for the rest of the
+    process; returns the note the run's header gives."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        row["recompute_states"] = RECOMPUTE_FLAGS[choice]
+    return (f"recompute_states {RECOMPUTE_FLAGS[choice]!r} in every row of the op's launch options for this run "
+            f"(--recompute-states {choice}), not the rows' own")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1006,6 +1025,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train: after each cell's timed steps (first round only), profile STEPS more and report "
                              "every kernel's own time per step, by kind and by name, with the residual mixer's "
                              "difference from linmem's import and each cell's wall − busy gap; 0: no profiling")
+    parser.add_argument("--recompute-states", choices=list(RECOMPUTE_FLAGS), default=None,
+                        help="the op's recompute_states for this run, every width's row (default: the rows' own): "
+                             "on, base (the base memory's passes only: RDN/RLA keep the residual memory's) or off")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
     parser.add_argument("--device", default="cuda")
@@ -1027,6 +1049,8 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m linmem.bench.versus_fla " + shlex.join(sys.argv[1:] if argv is None else argv)
     run = Run(args, device, command)
     run.note(bypass_fla_hopper_check())
+    if args.recompute_states:
+        run.note(set_recompute_states(args.recompute_states))
     if use_sdpa_attention_without_flash_attn():
         run.note("flash-attn is not installed: FLA's attention layers (hybrid shapes) run on an SDPA stand-in")
     if args.profile and "train" in args.parts:

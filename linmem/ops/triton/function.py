@@ -66,7 +66,10 @@ from linmem.ops.triton.scores import chunk_scores
 # (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
 # writes u, w and the error err, what ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24
-# layers at B = 4, T = 2048), at the cost of one more sequential pass per memory. On, as in FLA's own chunked delta
+# layers at B = 4, T = 2048), at the cost of one more sequential pass per memory. "base" recomputes the base memory's
+# pass only and keeps a residual memory's per-chunk states and writes w (its error err comes again from the base
+# pass): one sequential pass fewer in an RLA/RDN backward for those two tensors' bytes; for a memory without a
+# residual one it is True. On, as in FLA's own chunked delta
 # rule: in ``versus_fla`` on an H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept
 # stepped in 0.81x FLA's time but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the
 # binding cost (``--sweep`` prints the bytes and times both, never choosing by time alone).
@@ -245,12 +248,12 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
 
 
 def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, flags: _Flags,
-                  layout: SequenceLayout) -> dict:
+                  layout: SequenceLayout, residual_pass: bool = True) -> dict:
     """The sequential forward passes (forward.py ``state_pass_kernel``): each memory's state before every chunk
     (``base_chunks``, ``res_chunks`` ``[NT, H, K, V]``), its writes (u with the delta rule, w with a residual memory,
     ``[N_tok, H, V]``), the prediction error ``err`` (residual) and the final states (``[N, H, V, K]``); None where
     the memory has none. Run again in the backward with ``recompute_states``: the same launches give the same
-    bits."""
+    bits. ``residual_pass`` False runs the base memory's pass only (the residual memory's buffers stay unwritten)."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
@@ -267,7 +270,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
         state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"], writes_out=out["u"],
         err_out=out["err"], **common,
     )
-    if flags.residual:  # the residual memory (values ρ(err), strength γ)
+    if flags.residual and residual_pass:  # the residual memory (values ρ(err), strength γ)
         state_pass_kernel[grid](
             x=None, err=out["err"], strength=gamma, inverse=inv_gamma, key_scores=None, state0=res0,
             state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None, **common,
@@ -293,12 +296,24 @@ def state_pass_outputs(num_tokens: int, num_chunks: int, num_seqs: int, heads: i
 
 # what ``recompute_states`` leaves out of the forward's saved tensors: the state passes' results but the final states
 RECOMPUTED = ("base_chunks", "res_chunks", "u", "w", "err")
+RECOMPUTE_CHOICES = (True, "base", False)  # every memory's pass run again, the base memory's only, none
 
 
-def recomputed_bytes(saved: dict) -> int:
-    """Bytes of a forward's saved tensors (or of ``state_pass_outputs``) that ``recompute_states`` does not keep for
-    the backward."""
-    return sum(saved[name].numel() * saved[name].element_size() for name in RECOMPUTED if saved[name] is not None)
+def recomputed_names(recompute: bool | str) -> tuple[str, ...]:
+    """The state passes' results the backward runs again under ``recompute_states`` = ``recompute`` (the rest are
+    kept from the forward)."""
+    if recompute not in RECOMPUTE_CHOICES:
+        raise ValueError(f"recompute_states must be one of {RECOMPUTE_CHOICES}; got {recompute!r}")
+    if recompute == "base":
+        return ("base_chunks", "u", "err")
+    return RECOMPUTED if recompute else ()
+
+
+def recomputed_bytes(saved: dict, recompute: bool | str = True) -> int:
+    """Bytes of a forward's saved tensors (or of ``state_pass_outputs``) that ``recompute_states`` = ``recompute``
+    does not keep for the backward."""
+    return sum(saved[name].numel() * saved[name].element_size() for name in recomputed_names(recompute)
+               if saved[name] is not None)
 
 
 def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, saved,
@@ -409,10 +424,10 @@ class LinearMemoryFunction(torch.autograd.Function):
         store = any(ctx.needs_input_grad)
         o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout)
         if store:
-            # with recompute_states the backward runs the state passes again, from the initial states
-            ctx.recompute = kernel_options(k.shape[-1], v.shape[-1])["recompute_states"]
-            if ctx.recompute:
-                saved.update(dict.fromkeys(RECOMPUTED))
+            # with recompute_states the backward runs the state passes (all, or the base memory's) again, from the
+            # initial states
+            ctx.recompute = recomputed_names(kernel_options(k.shape[-1], v.shape[-1])["recompute_states"])
+            saved.update(dict.fromkeys(ctx.recompute))
             ctx.flags, ctx.scale, ctx.layout, ctx.saved = flags, scale, layout, saved
             ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else ()))
             ctx.set_materialize_grads(False)  # no gradient of the final states: the reverse passes start from zero
@@ -426,8 +441,9 @@ class LinearMemoryFunction(torch.autograd.Function):
         if ctx.recompute:
             base0, res0 = ctx.saved_tensors[6:]
             states = _state_passes(k, v, saved["b"], g, beta, gamma, saved["key_scores"], saved["inv_beta"],
-                                   saved["inv_gamma"], base0, res0, flags, ctx.layout)
-            saved = dict(saved, **{name: states[name] for name in RECOMPUTED})
+                                   saved["inv_gamma"], base0, res0, flags, ctx.layout,
+                                   residual_pass="res_chunks" in ctx.recompute)
+            saved = dict(saved, **{name: states[name] for name in ctx.recompute})
         do = torch.zeros_like(v) if do is None else do.contiguous()
         finals = [None if d is None else d.float().contiguous() for d in (d_base_final, d_res_final)]
         grads = _backward(do, *finals, q, k, v, g, beta, gamma, flags, ctx.scale, ctx.layout, saved,
