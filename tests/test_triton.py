@@ -294,6 +294,42 @@ def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule,
         function.recomputed_names("residual")
 
 
+@pytest.mark.parametrize("rule, target", [("delta", "clip"), ("additive", "clip"), ("delta", "tanh")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype, monkeypatch):
+    """The forward's FUSED: an RLA/RDN's two memories in one program per value block (one launch in the forward and
+    one in the backward's recomputation, none of the single-memory pass) give the output, final states and every
+    gradient of the two launches bit for bit, partial last chunks and initial states included; with recompute_states
+    "base" the backward's recomputation is the base memory's pass alone."""
+    from linmem.ops.triton import function
+
+    inputs = make_inputs(2, 70, 2, 32, 16, seed=29)
+    single = _Counted(function.state_pass_kernel)
+    both = _Counted(function.both_state_passes_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", single)
+    monkeypatch.setattr(function, "both_state_passes_kernel", both)
+    two = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(both.grids)) == (4, 0)  # two passes, and both again in the backward
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True))
+    one = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(both.grids)) == (4, 2)
+    assert torch.equal(one[0], two[0])
+    for got, want in zip(one[1], two[1], strict=True):
+        assert torch.equal(got, want)
+    assert one[2].keys() == two[2].keys()
+    for name, want in two[2].items():
+        assert torch.equal(one[2][name], want), name
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "recompute_states", "base")
+    base = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(both.grids)) == (5, 3)
+    assert torch.equal(base[0], two[0]) and all(torch.equal(base[2][n], w) for n, w in two[2].items())
+    # without a residual memory the option changes nothing: one pass of the single-memory kernel
+    run("triton", inputs, dtype, False, rule=rule)
+    assert (len(single.grids), len(both.grids)) == (7, 3)
+
+
 def test_sequential_pass_launch_options(monkeypatch):
     """The sequential passes' options where they say None: 4 warps (8 for float32 inputs), two stages, and the
     widest value block that keeps the multiprocessors busy."""
@@ -304,7 +340,8 @@ def test_sequential_pass_launch_options(monkeypatch):
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
         # the passes' own options are off unless a row turns them on
-        off = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False) if name == "backward_states" else dict(KEYS_ONCE=False)
+        off = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False) if name == "backward_states" else dict(KEYS_ONCE=False,
+                                                                                              FUSED=False)
         assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8
@@ -820,6 +857,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     assert all(o["BV"] != 64 for o in forward_keys_once) and len(forward_keys_once) <= 7
     # at K = 256 also BV 16 in two stages (two programs per SM) and three
     assert ({(o["BV"], o["num_stages"]) for o in forward_keys_once} >= {(16, 2), (16, 3)}) == (K > 128)
+    # both memories in one pass: at half the row's value block, and at K <= 128 at the row's own (it spills at 256)
+    fused = [o for v in variants for n, o in v.items() if n == "forward" and o["FUSED"]]
+    assert dict(row["forward"], FUSED=True, BV=16) in fused
+    assert (dict(row["forward"], FUSED=True) in fused) == (K <= 128)
 
 
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):

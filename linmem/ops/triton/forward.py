@@ -10,7 +10,9 @@ strength σ, per chunk (``KS = K S_0ᵀ``, one product for the delta write and t
 
 RLA/RDN run it twice: the base memory (X = V, σ = β, emitting err), then the residual memory (X = ρ(err), σ = γ):
 the residual memory depends on the base one only through err, so neither pass holds both states (half the live
-registers of one pass over both, which with the same products is slower on an H200). Everything that does not
+registers of one pass over both, which with the same products was slower on an H200 at K = 128).
+``both_state_passes_kernel`` is that one pass over both, a launch option (the forward's FUSED) for the widths where
+loading the key blocks once for both memories may pay. Everything that does not
 depend on the state (b, the score rows A', P, the inverses T_β, T_γ) comes from the chunk-parallel kernels before
 (scores.py, inverse.py). Each pass stores its state before every chunk (in the input type for half-precision
 inputs: the dots read them in that type) and its writes (u, w; not the additive base memory's, ``β∘v``).
@@ -118,6 +120,82 @@ def state_pass_kernel(
             s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, decayed_writes, H, K, BK, NK,
                                            DT)
     store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.heuristics(given(HAS_BASE0="base0", HAS_RES0="res0"))
+@triton.jit
+def both_state_passes_kernel(
+    k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, base_final, res_final, base_chunks,
+    res_chunks, u_out, w_out, err_out, cu_seqlens, chunk_offsets, clip,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, HAS_BASE0: tl.constexpr,
+    HAS_RES0: tl.constexpr, KEYS_ONCE: tl.constexpr,
+):
+    """Both memories of RLA/RDN in one pass (the forward's launch option FUSED): ``state_pass_kernel``'s base pass
+    (values v, strength β, emitting the error) and its residual pass (values ρ(err), strength γ) chunk by chunk in
+    one program, for value columns ``vc``. The residual memory reads the error of its own columns from registers
+    instead of from ``err_out``, the chunk's key blocks are loaded once for both (KEYS_ONCE: for all four products),
+    and its read ``K R_0ᵀ`` does not wait on the base memory's chain; the price is both states held at once. The
+    same products in the same order as the two launches: the same values, stored in the same buffers (``u_out`` only
+    with DELTA)."""
+    i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
+    pos = tl.arange(0, C)
+    if HAS_BASE0:
+        s0, s1, s2, s3 = load_blocks(state_at(base0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        s0 = tl.zeros([BK, BV], dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
+    if HAS_RES0:
+        r0, r1, r2, r3 = load_blocks(state_at(res0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        r0 = tl.zeros([BK, BV], dtype=tl.float32)
+        r1, r2, r3 = r0, r0, r0
+    for j in range(tl.cdiv(length, C)):
+        tok, n_valid = chunk_of_sequence(bos, length, j, C)
+        m_t = pos < n_valid
+        store_blocks(state_at(base_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
+        store_blocks(state_at(res_chunks, c0 + j, i_h, H, K * V), r0, r1, r2, r3, vc, m_v, V, 1, K, BK, NK)
+        bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+        kp = at_token(k, tok, i_h, H, K)
+        values = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+        if KEYS_ONCE:
+            k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
+            ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
+            if DELTA:  # the residual memory's read K R_0ᵀ: only its delta write needs it
+                kr = read_loaded_blocks(k0, k1, k2, k3, r0, r1, r2, r3, NK, DT)
+        else:
+            ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+            if DELTA:
+                kr = read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)
+        beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
+        if DELTA:
+            t_beta = token_scores(inv_beta, tok, i_h, pos, m_t, H, C)
+            u = mm(t_beta, beta_t[:, None] * (values - tl.exp(bb)[:, None] * ks), DT)
+            store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
+        else:
+            u = beta_t[:, None] * values
+        a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
+        error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
+        store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
+        # ρ(err) as the residual pass reads it back: 0 outside the chunk's rows and the value columns
+        res_values = tl.where(m_t[:, None] & m_v[None, :], rho(error, clip, TARGET), 0.0)
+        gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
+        if DELTA:
+            t_gamma = token_scores(inv_gamma, tok, i_h, pos, m_t, H, C)
+            w = mm(t_gamma, gamma_t[:, None] * (res_values - tl.exp(bb)[:, None] * kr), DT)
+        else:
+            w = gamma_t[:, None] * res_values
+        store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
+        chunk_decay = tl.exp(b_last)
+        to_end = tl.exp(b_last - bb)[:, None]  # each write decayed to the chunk end, e^{b_C − b_s}
+        if KEYS_ONCE:
+            s0, s1, s2, s3 = update_loaded_blocks(s0, s1, s2, s3, chunk_decay, k0, k1, k2, k3, to_end * u, NK, DT)
+            r0, r1, r2, r3 = update_loaded_blocks(r0, r1, r2, r3, chunk_decay, k0, k1, k2, k3, to_end * w, NK, DT)
+        else:
+            s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, to_end * u, H, K, BK, NK, DT)
+            r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, kp, pos, m_t, to_end * w, H, K, BK, NK, DT)
+    store_blocks(state_at(base_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+    store_blocks(state_at(res_final, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
 
 
 @triton.jit

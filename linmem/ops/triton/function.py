@@ -33,7 +33,7 @@ from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
 from linmem.ops.triton.backward_states import reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
-from linmem.ops.triton.forward import output_kernel, state_pass_kernel
+from linmem.ops.triton.forward import both_state_passes_kernel, output_kernel, state_pass_kernel
 from linmem.ops.triton.inverse import chunk_inverse
 from linmem.ops.triton.layout import (
     CHUNK,
@@ -57,7 +57,9 @@ from linmem.ops.triton.scores import chunk_scores
 # one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys' dk and dq in two
 # launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (forward, backward_states) loads
 # each [64, 64] key tile of a chunk once for both of the pass's products (the read ``K Sᵀ`` and the update ``Kᵀ(…)``):
-# less shared memory at two or more stages, more registers and spills at one. ONE_KEY_BLOCK (backward_states) holds
+# less shared memory at two or more stages, more registers and spills at one. FUSED (forward) runs an RLA/RDN's two
+# memories in one program per value block (forward.py ``both_state_passes_kernel``: the key blocks loaded once for
+# both, both states held at once) instead of two launches. ONE_KEY_BLOCK (backward_states) holds
 # dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and
 # chunk. ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward,
 # two in the reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their
@@ -76,7 +78,7 @@ from linmem.ops.triton.scores import chunk_scores
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False),
+    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, FUSED=False),
     "output": dict(num_warps=4, num_stages=2, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
@@ -108,7 +110,7 @@ KERNEL_OPTIONS = {
     (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
         scores=dict(num_warps=2, num_stages=1),
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
-        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True),
+        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False),
         output=dict(num_warps=4, num_stages=2, BV=64),
         backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
@@ -260,10 +262,18 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
+    fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
                   H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
+    if fused:  # both memories in one program per value block (FUSED): the same products, the same buffers
+        both_state_passes_kernel[grid](
+            v=v, beta=beta, gamma=gamma, key_scores=key_scores, inv_beta=inv_beta, inv_gamma=inv_gamma, base0=base0,
+            res0=res0, base_final=out["base_final"], res_final=out["res_final"], base_chunks=out["base_chunks"],
+            res_chunks=out["res_chunks"], u_out=out["u"], w_out=out["w"], err_out=out["err"], **common,
+        )
+        return out
     # the base memory (values v, strength β), emitting the prediction error for the residual memory
     state_pass_kernel[grid](
         x=v, err=None, strength=beta, inverse=inv_beta, key_scores=key_scores if flags.residual else None,

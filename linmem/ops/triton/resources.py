@@ -223,7 +223,7 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-KERNEL_ORDER = ("chunk_scores", "chunk_inverse", "state_pass", "output", "reverse_pass",
+KERNEL_ORDER = ("chunk_scores", "chunk_inverse", "state_pass", "both_state_passes", "output", "reverse_pass",
                 "backward_scores", "backward_keys", "decay_grad")
 
 
