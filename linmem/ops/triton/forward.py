@@ -58,6 +58,32 @@ from linmem.ops.triton.primitives import (
 )
 
 
+@triton.jit
+def _initial_blocks(state0, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                    NK: tl.constexpr, BV: tl.constexpr, GIVEN: tl.constexpr):
+    """A pass's state at the sequence start as key blocks ``[BK, BV]``: ``state0``'s (user states are
+    ``[N, H, V, K]``: key stride 1, value stride K), or zeros where it is not GIVEN."""
+    if GIVEN:
+        s0, s1, s2, s3 = load_blocks(state_at(state0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        s0 = tl.zeros([BK, BV], dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H: tl.constexpr, C: tl.constexpr,
+            DT: tl.constexpr, DELTA: tl.constexpr):
+    """A memory's writes in one chunk ([C, BV]): ``T_σ diag(σ)(X − diag(e^b) K S_0ᵀ)`` with the delta rule
+    (``ks = K S_0ᵀ``, ``inverse`` T_σ), else ``diag(σ) X`` (``ks`` and ``inverse`` unused)."""
+    sigma = token_gate(strength, tok, i_h, pos, m_t, H)
+    if DELTA:
+        return mm(token_scores(inverse, tok, i_h, pos, m_t, H, C), sigma[:, None] * (values - tl.exp(bb)[:, None] * ks),
+                  DT)
+    else:
+        return sigma[:, None] * values
+
+
 @triton.heuristics(given(FROM_ERR="err", ERR_OUT="err_out", STORE_WRITES="writes_out", HAS_STATE0="state0"))
 @triton.jit
 def state_pass_kernel(
@@ -75,14 +101,8 @@ def state_pass_kernel(
     in a pipelined loop instead of two; at one stage the blocks stay live in registers between the two."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
-
-    # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
-    if HAS_STATE0:
-        s0, s1, s2, s3 = load_blocks(state_at(state0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    else:
-        s0 = tl.zeros([BK, BV], dtype=tl.float32)
-        s1, s2, s3 = s0, s0, s0
-    for j in range(tl.cdiv(length, C)):
+    s0, s1, s2, s3 = _initial_blocks(state0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_STATE0)
+    for j in range(tl.cdiv(length, C)):  # chunk states are [NT, H, K, V]
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
         m_t = pos < n_valid
         store_blocks(state_at(state_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
@@ -92,7 +112,7 @@ def state_pass_kernel(
             values = rho(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
         else:
             values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
-        sigma = token_gate(strength, tok, i_h, pos, m_t, H)
+        ks = values  # unused unless DELTA or ERR_OUT
         if KEYS_ONCE:
             k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
         if DELTA or ERR_OUT:  # K S_0ᵀ
@@ -100,11 +120,7 @@ def state_pass_kernel(
                 ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
             else:
                 ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-        if DELTA:
-            t_sigma = token_scores(inverse, tok, i_h, pos, m_t, H, C)
-            u = mm(t_sigma, sigma[:, None] * (values - tl.exp(bb)[:, None] * ks), DT)
-        else:
-            u = sigma[:, None] * values
+        u = _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
         if STORE_WRITES:
             store_token_rows(writes_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
         if ERR_OUT:
@@ -140,16 +156,8 @@ def both_state_passes_kernel(
     with DELTA)."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
-    if HAS_BASE0:
-        s0, s1, s2, s3 = load_blocks(state_at(base0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    else:
-        s0 = tl.zeros([BK, BV], dtype=tl.float32)
-        s1, s2, s3 = s0, s0, s0
-    if HAS_RES0:
-        r0, r1, r2, r3 = load_blocks(state_at(res0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    else:
-        r0 = tl.zeros([BK, BV], dtype=tl.float32)
-        r1, r2, r3 = r0, r0, r0
+    s0, s1, s2, s3 = _initial_blocks(base0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE0)
+    r0, r1, r2, r3 = _initial_blocks(res0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_RES0)
     for j in range(tl.cdiv(length, C)):
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
         m_t = pos < n_valid
@@ -158,33 +166,25 @@ def both_state_passes_kernel(
         bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
         kp = at_token(k, tok, i_h, H, K)
         values = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+        kr = values  # the residual memory's read K R_0ᵀ: only its delta write needs it
         if KEYS_ONCE:
             k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
             ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
-            if DELTA:  # the residual memory's read K R_0ᵀ: only its delta write needs it
+            if DELTA:
                 kr = read_loaded_blocks(k0, k1, k2, k3, r0, r1, r2, r3, NK, DT)
         else:
             ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
             if DELTA:
                 kr = read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)
-        beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
+        u = _writes(values, ks, beta, inv_beta, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
         if DELTA:
-            t_beta = token_scores(inv_beta, tok, i_h, pos, m_t, H, C)
-            u = mm(t_beta, beta_t[:, None] * (values - tl.exp(bb)[:, None] * ks), DT)
             store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
-        else:
-            u = beta_t[:, None] * values
         a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
         error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
         store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
         # ρ(err) as the residual pass reads it back: 0 outside the chunk's rows and the value columns
         res_values = tl.where(m_t[:, None] & m_v[None, :], rho(error, clip, TARGET), 0.0)
-        gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
-        if DELTA:
-            t_gamma = token_scores(inv_gamma, tok, i_h, pos, m_t, H, C)
-            w = mm(t_gamma, gamma_t[:, None] * (res_values - tl.exp(bb)[:, None] * kr), DT)
-        else:
-            w = gamma_t[:, None] * res_values
+        w = _writes(res_values, kr, gamma, inv_gamma, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
         store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
         chunk_decay = tl.exp(b_last)
         to_end = tl.exp(b_last - bb)[:, None]  # each write decayed to the chunk end, e^{b_C − b_s}
