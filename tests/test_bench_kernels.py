@@ -282,9 +282,10 @@ def test_default_profile_methods_are_the_ratio_pairs():
     from linmem.bench import kernels
 
     assert kernels.default_profile_methods(["FLA GDN", "linmem RDN", "linmem GDN", "FLA GDN 2V"]) == [
-        "linmem RDN", "linmem GDN", "FLA GDN"]
-    assert kernels.default_profile_methods(["FLA GDN", "linmem RDN", "FLA GDN 2V"]) == ["linmem RDN", "FLA GDN"]
-    assert kernels.default_profile_methods(["linmem RDN", "FLA GDN 2V"]) == ["linmem RDN", "linmem RLA"]
+        "linmem RDN", "linmem GDN", "FLA GDN", "FLA GDN 2V"]
+    assert kernels.default_profile_methods(["FLA GDN", "linmem GDN"]) == ["linmem GDN", "FLA GDN"]
+    assert kernels.default_profile_methods(["linmem RDN", "FLA GDN 2V"]) == ["linmem RDN", "FLA GDN 2V"]
+    assert kernels.default_profile_methods(["linmem GDN", "FLA GDN 2V"]) == ["linmem RDN", "linmem RLA"]
 
 
 def test_busy_time_of_a_real_step_in_the_interpreter(monkeypatch):
@@ -577,3 +578,20 @@ def test_fla_alone_may_run_wider_than_linmems_widest_launch_row(tmp_path, monkey
     assert "Launch options" not in (tmp_path / "kernels.md").read_text()
     with pytest.raises(ValueError, match="over the widest launch class"):
         function.kernel_options(16, wide)
+
+
+def test_a_2v_method_is_profiled_on_the_wide_values_it_is_timed_on(monkeypatch):
+    """FLA's GDN at twice the value width (the state work of RDN's two memories) reads ``v_wide``: its profile gets
+    the inputs its timing gets, so that the busy times hold RDN / FLA GDN 2V beside the other ratios."""
+    kernels = _kernels(monkeypatch)
+    seen = {}
+
+    def recorded(fn, x, repeats):
+        seen[fn] = set(x)
+        return {"rows": [], "steps_ms": [1.0], "busy_ms": 1.0}
+
+    monkeypatch.setattr(kernels, "profile_method", recorded)
+    kernels.profile_kernels(1, 64, "FLA GDN 2V", 1)
+    kernels.profile_kernels(1, 64, "linmem RDN", 1)
+    assert "v_wide" in seen[kernels.METHODS["FLA GDN 2V"]]
+    assert "v_wide" not in seen[kernels.METHODS["linmem RDN"]]

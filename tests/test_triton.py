@@ -1139,9 +1139,9 @@ def test_swept_option_limits_what_the_sweep_compiles(monkeypatch):
 def test_profile_methods_are_checked_before_any_work():
     import linmem.bench.kernels as bench
 
-    for bad in ("linmem XYZ", "FLA GDN 2V"):
+    for bad in (["--profile-methods", "linmem XYZ"], ["--profile-methods", "FLA GDN,nope"], ["--profile-repeats", "0"]):
         with pytest.raises(SystemExit):
-            bench.main(["--profile", "--profile-methods", bad])
+            bench.main(["--profile", *bad])
 
 
 def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):

@@ -984,7 +984,7 @@ def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
     its own: ``rows`` the ``PROFILE_TOP`` longest kernels (name, median ms over the steps), ``steps_ms`` each step's
     busy time (the sum over every kernel it ran, ``kernel_times``) and ``busy_ms`` their median. In the CPU dry run:
     the ops' CPU times instead."""
-    return profile_method(METHODS[method], bench_inputs(B, T), repeats)
+    return profile_method(METHODS[method], bench_inputs(B, T, wide=method.endswith(" 2V")), repeats)
 
 
 def profile_method(fn, x: dict, repeats: int = 3) -> dict:
@@ -1074,11 +1074,10 @@ def profile_shapes(results: list[dict]) -> list[tuple[int, int]]:
 
 
 def default_profile_methods(methods: list[str]) -> list[str]:
-    """What ``--profile`` profiles unless told: both methods of every ``RATIOS`` pair in ``methods`` (not the 2V
-    methods, whose inputs are built for timing only), so that the busy times have the report's ratios; without such
-    a pair, linmem RDN and RLA."""
-    paired = {name for _, a, b in RATIOS if a in methods and b in methods and not b.endswith(" 2V")
-              for name in (a, b)}
+    """What ``--profile`` profiles unless told: both methods of every ``RATIOS`` pair in ``methods`` (the 2V methods
+    on the same wide values they are timed on), so that the busy times have the report's ratios; without such a
+    pair, linmem RDN and RLA."""
+    paired = {name for _, a, b in RATIOS if a in methods and b in methods for name in (a, b)}
     return [name for name in METHODS if name in paired] or ["linmem RDN", "linmem RLA"]
 
 
@@ -1560,8 +1559,6 @@ def main(argv=None) -> None:
     if unknown:
         parser.error(f"--methods / --profile-methods: unknown {', '.join(map(repr, unknown))}; known: "
                      f"{', '.join(METHODS)}")
-    if any(name.endswith(" 2V") for name in profile_methods):
-        parser.error("--profile-methods: the 2V methods are not profiled (their inputs are built for timing only)")
     if args.profile_repeats < 1:
         parser.error(f"--profile-repeats: at least 1; got {args.profile_repeats}")
     if args.rounds < 1:
