@@ -71,10 +71,10 @@ from linmem.ops.triton.scores import chunk_scores
 # layers at B = 4, T = 2048), at the cost of one more sequential pass per memory. "base" recomputes the base memory's
 # pass only and keeps a residual memory's per-chunk states and writes w (its error err comes again from the base
 # pass): one sequential pass fewer in an RLA/RDN backward for those two tensors' bytes; for a memory without a
-# residual one it is True. On, as in FLA's own chunked delta
-# rule: in ``versus_fla`` on an H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept
-# stepped in 0.81x FLA's time but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the
-# binding cost (``--sweep`` prints the bytes and times both, never choosing by time alone).
+# residual one it is True. Every row recomputes (True), as FLA's own chunked delta rule does: in ``versus_fla`` on an
+# H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept stepped in 0.81x FLA's time but
+# peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the binding cost (``--sweep`` prints
+# the bytes and times both, never choosing by time alone).
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
