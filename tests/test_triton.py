@@ -464,6 +464,28 @@ def test_forward_pass_keys_once(memory, K, packed, monkeypatch):
     assert all(kwargs["KEYS_ONCE"] is True for _, kwargs in launches.calls)
 
 
+@pytest.mark.parametrize("memory, K, packed, keys_once", [("RDN", 80, True, False), ("RLA", 80, True, True),
+                                                          ("RDN", 200, False, True), ("RLA", 200, False, False)])
+def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, monkeypatch):
+    """FUSED (both memories of RLA/RDN in one state pass) against float64: packed sequences with initial states
+    (an empty one, one shorter than a chunk, one over three chunks; two key blocks, the second partial) or two
+    sequences of two chunks (four key blocks, the fourth partial), with and without KEYS_ONCE; final states and every
+    gradient. Both the forward and the backward's recomputation launch the fused kernel, never the single one."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True, KEYS_ONCE=keys_once))
+    single = _Recorded(function.state_pass_kernel)
+    both = _Recorded(function.both_state_passes_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", single)
+    monkeypatch.setattr(function, "both_state_passes_kernel", both)
+    rule, residual = MEMORIES[memory]
+    inputs, extra = _option_case(K, packed)
+    compare(inputs, residual, rule=rule, **extra)
+    assert not single.calls and len(both.calls) == 2
+    assert all(kwargs["KEYS_ONCE"] is keys_once for _, kwargs in both.calls)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs(dtype):
     """q, k, v in half precision reach the kernels as they are (the reference sees the same rounded values; o and
