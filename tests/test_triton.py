@@ -1168,7 +1168,8 @@ def test_profile_methods_are_checked_before_any_work():
 
 def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
     """``--sweep-kernels backward_states`` times the reverse pass's variants only (fewer compiles: a sweep that fits a
-    short GPU budget); an unknown kernel name stops the run before any work."""
+    short GPU budget), ``recompute_states`` there its other choices; an unknown kernel name stops the run before any
+    work."""
     import linmem.bench.kernels as bench
 
     monkeypatch.setattr(bench, "SWEPT", bench.SWEPT)
@@ -1196,3 +1197,8 @@ def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
         bench.main(["--sweep", "--sweep-kernels", "backward_states", "--head-dim", "256", "--heads", "2"])
     assert seen["variants"] and {next(iter(v)) for v in seen["variants"]} == {"backward_states"}
     assert seen["variants"] == [v for v in bench.sweep_variants(256, 256) if "backward_states" in v]
+    with pytest.raises(RuntimeError, match="stop here"):  # the recompute choices alone: timed with their memory
+        bench.main(["--sweep", "--sweep-kernels", "forward,recompute_states", "--head-dim", "256", "--heads", "2"])
+    assert {next(iter(v)) for v in seen["variants"]} == {"forward", "recompute_states"}
+    assert [v for v in seen["variants"] if "recompute_states" in v] == [{"recompute_states": "base"},
+                                                                        {"recompute_states": False}]

@@ -1521,8 +1521,9 @@ def main(argv=None) -> None:
                         help="the linmem methods --sweep compiles and times under every variant (fewer: a sweep "
                              "that fits a shorter budget; the chosen row then rests on these only)")
     parser.add_argument("--sweep-kernels", default=None,
-                        help="a comma list of the row's kernel names (forward, backward_states, ...): --sweep times "
-                             "only their variants, the other kernels keep the row's options (default: every kernel)")
+                        help="a comma list of the row's kernel names (forward, backward_states, ...) or "
+                             "recompute_states: --sweep times only their variants, the other kernels keep the row's "
+                             "options (default: every kernel and recompute_states)")
     parser.add_argument("--sweep-at", type=_batch_and_length, default=None, metavar="B,T",
                         help="the batch and length the sweep times (default: one sequence of min(--tokens, 32768)); "
                              "e.g. 4,2048 for a training micro-batch, where more sequences fill more of the GPU")
@@ -1578,7 +1579,7 @@ def main(argv=None) -> None:
         from linmem.ops.triton import function
 
         sweep_kernels = args.sweep_kernels.split(",")
-        known = [name for name in function.kernel_options(HEAD_DIM, VALUE_DIM) if name != "recompute_states"]
+        known = list(function.kernel_options(HEAD_DIM, VALUE_DIM))  # recompute_states too: timed, never chosen
         if not set(sweep_kernels) <= set(known):
             parser.error(f"--sweep-kernels: a comma list of {', '.join(known)}; got {args.sweep_kernels!r}")
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
