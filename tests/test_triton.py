@@ -70,6 +70,16 @@ def run(backend, inputs, dtype, residual, **options):
     return o, finals, grads
 
 
+def assert_bit_identical(got, want):
+    """Two ``run`` results (output, final states, gradients) equal bit for bit."""
+    assert torch.equal(got[0], want[0])
+    for got_final, want_final in zip(got[1], want[1], strict=True):
+        assert torch.equal(got_final, want_final)
+    assert got[2].keys() == want[2].keys()
+    for name, grad in want[2].items():
+        assert torch.equal(got[2][name], grad), name
+
+
 def assert_close(name, got, want, tol):
     assert got is not None, f"{name}: no gradient"
     got, want = got.double().cpu(), want.double().cpu()
@@ -229,12 +239,7 @@ def test_recomputed_states_are_bit_identical(rule, residual, monkeypatch):
         monkeypatch.setitem(row, "recompute_states", True)
     recomputed = run("triton", inputs, torch.float32, residual, rule=rule)
     assert len(launches.grids) == 3 * passes  # the forward's passes, then again in the backward
-    assert torch.equal(recomputed[0], kept[0])
-    for got, want in zip(recomputed[1], kept[1], strict=True):
-        assert torch.equal(got, want)
-    assert recomputed[2].keys() == kept[2].keys()
-    for name, want in kept[2].items():
-        assert torch.equal(recomputed[2][name], want), name
+    assert_bit_identical(recomputed, kept)
 
     leaves = {n: t.float().requires_grad_(True) for n, t in inputs.items()}
     o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
@@ -272,13 +277,7 @@ def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule,
         results[recompute] = run("triton", inputs, torch.float32, residual, rule=rule)
         passes = len(launches.grids) - before
         assert passes == (1 + residual if recompute is False else 1 + residual + 1)  # the base pass again
-    kept, base = results[False], results["base"]
-    assert torch.equal(base[0], kept[0])
-    for got, want in zip(base[1], kept[1], strict=True):
-        assert torch.equal(got, want)
-    assert base[2].keys() == kept[2].keys()
-    for name, want in kept[2].items():
-        assert torch.equal(base[2][name], want), name
+    assert_bit_identical(results["base"], results[False])
 
     leaves = {n: t.float().requires_grad_(True) for n, t in inputs.items()}
     o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
@@ -314,17 +313,12 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
         monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True))
     one = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (4, 2)
-    assert torch.equal(one[0], two[0])
-    for got, want in zip(one[1], two[1], strict=True):
-        assert torch.equal(got, want)
-    assert one[2].keys() == two[2].keys()
-    for name, want in two[2].items():
-        assert torch.equal(one[2][name], want), name
+    assert_bit_identical(one, two)
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "recompute_states", "base")
     base = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (5, 3)
-    assert torch.equal(base[0], two[0]) and all(torch.equal(base[2][n], w) for n, w in two[2].items())
+    assert_bit_identical(base, two)
     # without a residual memory the option changes nothing: one pass of the single-memory kernel
     run("triton", inputs, dtype, False, rule=rule)
     assert (len(single.grids), len(both.grids)) == (7, 3)
