@@ -299,9 +299,9 @@ def leader(tables: dict, group: Group, metric: str, seed: int, seeds: list[int],
     return decided if decided is not None else winner(tables, group, metric, seed)
 
 
-def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int, seeds: list[int],
-          close: float) -> str:
-    """A row per group, a column per rate: the seeds' values (the deciding seed first), the leader's in bold."""
+def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int, leaders: list[float | None]) -> str:
+    """A row per group, a column per rate: the seeds' values (the deciding seed first), the group's leader (``leader``,
+    one per group in ``leaders``) in bold."""
     rates = sorted({rate for g in groups for rate in g.models})
     info = tables["metrics"][metric]
     better = "higher" if info["higher_is_better"] else "lower"
@@ -313,8 +313,7 @@ def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int
                   for v in seed_values(tables, name, metric).values()] or [1.0]
     # one number of decimals for the whole table: 2 for accuracies, else 4 significant digits of the largest value
     decimals = 2 if info.get("bounded") else max(0, 3 - math.floor(math.log10(max(everything) or 1.0)))
-    for group in groups:
-        best = leader(tables, group, decide, seed, seeds, close)
+    for group, best in zip(groups, leaders, strict=True):
         cells = []
         for rate in rates:
             values = seed_values(tables, group.models[rate], metric) if rate in group.models else {}
@@ -325,20 +324,21 @@ def table(tables: dict, groups: list[Group], metric: str, decide: str, seed: int
     return "\n".join(lines)
 
 
-def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, seed: int, seeds: list[int],
-         close: float, path: Path) -> None:
+def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, seed: int, leaders: list[float | None],
+         path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [g for g in groups if any(seed_values(tables, name, m) for name in g.models.values() for m in metrics)]
-    rates = sorted({rate for g in shown for rate in g.models})
+    shown = [(g, best) for g, best in zip(groups, leaders, strict=True)
+             if any(seed_values(tables, name, m) for name in g.models.values() for m in metrics)]
+    rates = sorted({rate for g, _ in shown for rate in g.models})
     palette = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.6), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         info = tables["metrics"][metric]
-        for i, group in enumerate(shown):
+        for i, (group, best) in enumerate(shown):
             color = palette[i % len(palette)]
             xs = sorted(group.models)
             deciding = [seed_values(tables, group.models[r], metric).get(seed, math.nan) for r in xs]
@@ -346,7 +346,6 @@ def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, see
             for rate in xs:
                 others = [v for s, v in seed_values(tables, group.models[rate], metric).items() if s != seed]
                 ax.plot([rate] * len(others), others, ".", color=color, alpha=0.6, markersize=7)
-            best = leader(tables, group, decide, seed, seeds, close)
             if best is not None:
                 value = seed_values(tables, group.models[best], metric).get(seed)
                 ax.plot([best], [value], "o", markersize=12, markerfacecolor="none", markeredgecolor=color)
@@ -392,8 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     if not groups:
         raise SystemExit(f"{args.study}: no two models differ only in their rate")
     metrics = [args.metric, *args.also]
-    print("\n\n".join(table(tables, groups, m, args.metric, args.decide_seed, study.seeds, args.close)
-                      for m in metrics))
+    leaders = [leader(tables, g, args.metric, args.decide_seed, study.seeds, args.close) for g in groups]
+    print("\n\n".join(table(tables, groups, m, args.metric, args.decide_seed, leaders) for m in metrics))
     print()
     print(next_steps(tables, groups, args.metric, args.decide_seed, study.seeds, args.close))
     if args.core_seeds:
@@ -401,8 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(decided_models(run_study, study, tables, groups, args.metric, args.decide_seed, args.close))
     if args.plot:
-        plot(tables, groups, [args.metric, *args.also], args.metric, args.decide_seed, study.seeds, args.close,
-             args.plot)
+        plot(tables, groups, metrics, args.metric, args.decide_seed, leaders, args.plot)
 
 
 if __name__ == "__main__":
