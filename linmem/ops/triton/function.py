@@ -260,7 +260,8 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
-    out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device)
+    out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device,
+                             residual_pass)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
@@ -290,18 +291,19 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
 
 
 def state_pass_outputs(num_tokens: int, num_chunks: int, num_seqs: int, heads: int, key_dim: int, value_dim: int,
-                       flags: _Flags, device) -> dict:
-    """The buffers ``_state_passes`` fills (None where the memory has none): per-chunk states ``[NT, H, K, V]`` and
-    the writes u, w in the storage type, the error err in float32, the final states ``[N, H, V, K]`` float32."""
+                       flags: _Flags, device, residual_pass: bool = True) -> dict:
+    """The buffers ``_state_passes`` fills (None where the memory has none, and for the residual memory's own
+    results when ``residual_pass`` is False): per-chunk states ``[NT, H, K, V]`` and the writes u, w in the storage
+    type, the error err in float32, the final states ``[N, H, V, K]`` float32."""
     per_chunk = (num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
     per_token = (num_tokens, heads, value_dim)
     final = (num_seqs, heads, value_dim, key_dim)
-    residual = flags.residual
+    residual = flags.residual and residual_pass
     return dict(base_chunks=_buf(per_chunk, device, flags.store_dtype),
                 res_chunks=_buf(per_chunk, device, flags.store_dtype) if residual else None,
                 u=_buf(per_token, device, flags.store_dtype) if flags.delta else None,
                 w=_buf(per_token, device, flags.store_dtype) if residual else None,
-                err=_buf(per_token, device) if residual else None,
+                err=_buf(per_token, device) if flags.residual else None,
                 base_final=_buf(final, device), res_final=_buf(final, device) if residual else None)
 
 
