@@ -244,13 +244,13 @@ def test_recomputed_states_are_bit_identical(rule, residual, monkeypatch):
     leaves = {n: t.float().requires_grad_(True) for n, t in inputs.items()}
     o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                          leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
-    saved = _autograd_node(o, "LinearMemoryFunctionBackward").saved
+    saved = function.saved_for_backward(_autograd_node(o, "LinearMemoryFunctionBackward"))
     assert all(saved[name] is None for name in function.RECOMPUTED)
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "recompute_states", False)
     o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                          leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
-    saved = _autograd_node(o, "LinearMemoryFunctionBackward").saved
+    saved = function.saved_for_backward(_autograd_node(o, "LinearMemoryFunctionBackward"))
     flags = function._Flags(function.MemoryConfig(rule=rule, residual=residual), torch.float32)
     shapes = function.state_pass_outputs(140, 4, 2, 2, 32, 16, flags, "meta")
     assert function.recomputed_bytes(saved) == function.recomputed_bytes(shapes) > 0
@@ -282,7 +282,7 @@ def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule,
     leaves = {n: t.float().requires_grad_(True) for n, t in inputs.items()}
     o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                          leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
-    saved = _autograd_node(o, "LinearMemoryFunctionBackward").saved
+    saved = function.saved_for_backward(_autograd_node(o, "LinearMemoryFunctionBackward"))
     assert all(saved[name] is None for name in ("base_chunks", "u", "err"))
     assert all((saved[name] is not None) == residual for name in ("res_chunks", "w"))
     flags = function._Flags(function.MemoryConfig(rule=rule, residual=residual), torch.float32)
@@ -291,6 +291,33 @@ def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule,
     assert function.recomputed_bytes(shapes, "base") == function.recomputed_bytes(shapes, True) - kept_bytes
     with pytest.raises(ValueError, match="recompute_states must be one of"):
         function.recomputed_names("residual")
+
+
+@pytest.mark.parametrize("recompute", [False, "base", True])
+def test_the_backward_frees_what_the_forward_kept_while_the_output_lives(recompute, monkeypatch):
+    """The tensors the forward keeps are freed once the backward has run, though the output (and so its graph) is
+    still referenced, as a training loop holds its last loss through the next step's forward; and reading them
+    after that backward is refused."""
+    import gc
+    import weakref
+
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "recompute_states", recompute)
+    leaves = {n: t.float().requires_grad_(True) for n, t in make_inputs(1, 70, 2, 32, 16, seed=29).items()}
+    o, _ = linear_memory(*(leaves[n] for n in ("q", "k", "v", "g", "beta", "gamma")), residual=True, rule="delta",
+                         backend="triton")
+    node = _autograd_node(o, "LinearMemoryFunctionBackward")
+    kept = {name: weakref.ref(t) for name, t in function.saved_for_backward(node).items() if t is not None}
+    assert {"key_scores", "inv_gamma"} <= set(kept)
+    assert ("res_chunks" in kept) == (recompute is not True) and ("base_chunks" in kept) == (recompute is False)
+    o.sum().backward()
+    gc.collect()
+    assert o.grad_fn is not None
+    assert [name for name, ref in kept.items() if ref() is not None] == []
+    with pytest.raises(RuntimeError):
+        function.saved_for_backward(node)
 
 
 @pytest.mark.parametrize("rule, target", [("delta", "clip"), ("additive", "clip"), ("delta", "tanh")])

@@ -441,18 +441,21 @@ class LinearMemoryFunction(torch.autograd.Function):
             # initial states
             ctx.recompute = recomputed_names(kernel_options(k.shape[-1], v.shape[-1])["recompute_states"])
             saved.update(dict.fromkeys(ctx.recompute))
-            ctx.flags, ctx.scale, ctx.layout, ctx.saved = flags, scale, layout, saved
-            ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else ()))
+            ctx.flags, ctx.scale, ctx.layout, ctx.saved_names = flags, scale, layout, tuple(saved)
+            # every kept tensor goes through save_for_backward, never a ctx attribute: autograd frees those once the
+            # backward has run, while a ctx attribute lives as long as the graph, into the next step's forward
+            # wherever a training loop still holds the last loss
+            ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else (None, None)),
+                                  *saved.values())
             ctx.set_materialize_grads(False)  # no gradient of the final states: the reverse passes start from zero
         return o, base_final, res_final
 
     @staticmethod
     def backward(ctx, do, d_base_final, d_res_final):
-        q, k, v, g, beta, gamma = ctx.saved_tensors[:6]
+        q, k, v, g, beta, gamma, base0, res0 = ctx.saved_tensors[:8]
         flags = ctx.flags
-        saved = ctx.saved
+        saved = saved_for_backward(ctx)
         if ctx.recompute:
-            base0, res0 = ctx.saved_tensors[6:]
             states = _state_passes(k, v, saved["b"], g, beta, gamma, saved["key_scores"], saved["inv_beta"],
                                    saved["inv_gamma"], base0, res0, flags, ctx.layout,
                                    residual_pass="res_chunks" in ctx.recompute)
@@ -463,6 +466,13 @@ class LinearMemoryFunction(torch.autograd.Function):
                           initial_grads=ctx.needs_input_grad[6:8])
         dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0 = grads
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
+
+
+def saved_for_backward(node) -> dict:
+    """What the forward of a ``LinearMemoryFunction`` node (its ``ctx``, the ``grad_fn`` of its output) keeps for the
+    backward, by name (``_forward``'s ``saved``; None for what ``recompute_states`` leaves out). Readable until the
+    backward has run."""
+    return dict(zip(node.saved_names, node.saved_tensors[8:]))
 
 
 def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
