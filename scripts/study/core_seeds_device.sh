@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # The core-seeds studies (configs/study/core-seeds*.yaml) on the lent GPU, whose working-tree copy holds at most
 # 64 MiB (the checkout's tracked files are about 110 MiB: the shipped zoo's weights, 66 MiB, and the studies' record
-# archives docs/study/*/runs.tar.xz, 26 MiB) and is sent
-# afresh with every command. The runs use a copy of their own, so that neither that limit nor uncommitted edits in
-# the checkout reach them:
+# archives docs/study/*/runs.tar.xz, 26 MiB) and is sent afresh with every command. The runs use a copy of their own,
+# so that neither that limit nor uncommitted edits in the checkout reach them:
 #
 #   here:   bash scripts/study/core_seeds_device.sh prepare
 #       .devrun/w (ignored): the committed linmem (HEAD, without the zoo's weights), configs and scripts, this
 #       checkout's core-seeds files over them, data/zoo-4k (build it first: docs/study/core-seeds-lr/README.md) and
 #       each core-seeds study's queue.log so far (the machine's queues append to it)
 #   here:   bash scripts/study/core_seeds_device.sh park
-#       moves the shipped zoo's weights and the studies' record archives out of the checkout and puts them back in the background once the device
-#       tool has read .devrun/sent (30 s later), or after PARK_SECONDS (600) at most; a `run` call naming .devrun in
-#       carry must follow at once (tests that load the zoo fail here in between). It prints the size the tool will
-#       send (tracked files present, and .devrun) and warns above 60 MiB (the tool takes 64 by its own count)
+#       moves the shipped zoo's weights and the studies' record archives out of the checkout and puts them back in
+#       the background once the device tool has read .devrun/sent (30 s later), or after PARK_SECONDS (600) at most;
+#       a `run` call naming .devrun in carry must follow at once (tests that load the zoo fail here in between). It
+#       prints the size the tool will send (tracked files present, and .devrun) and warns above 60 MiB (the tool
+#       takes 64 by its own count)
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh start STUDY.yaml MODEL:SEED [MODEL:SEED ...]
 #       copies .devrun/w to /root/w (once a machine) and starts scripts/study/detached.sh's queue there, every
 #       pair at once; the study folder is /root/w/runs/study/NAME
@@ -91,7 +91,7 @@ case $verb in
     [ $(( tracked + devrun )) -le $send_limit ] || echo "warning: above 60 MiB: the tool may refuse the call (64 MiB by its count)" >&2
     ;;
   start)
-    [ $# -ge 2 ] || { sed -n 2,21p "$0" >&2; exit 2; }
+    [ $# -ge 2 ] || { sed -n 2,22p "$0" >&2; exit 2; }
     study=$1; shift
     # the first start of a machine copies; a second (another study) joins the same copy and its running queue
     [ -d /root/w ] || cp -r "$root" /root/w || exit 1
@@ -105,7 +105,7 @@ case $verb in
     bash scripts/study/detached.sh start "$study" "runs/study/$name" $# "$@"
     ;;
   collect)
-    [ $# -eq 2 ] || { sed -n 2,21p "$0" >&2; exit 2; }
+    [ $# -eq 2 ] || { sed -n 2,22p "$0" >&2; exit 2; }
     cd /root/w || exit 1
     bash scripts/study/detached.sh watch "$1" "runs/study/$2"
     rm -rf /root/packs
@@ -118,5 +118,5 @@ case $verb in
     fi
     ls -la "$OUT"
     ;;
-  *) sed -n 2,21p "$0" >&2; exit 2 ;;
+  *) sed -n 2,22p "$0" >&2; exit 2 ;;
 esac
