@@ -320,6 +320,32 @@ def test_the_backward_frees_what_the_forward_kept_while_the_output_lives(recompu
         function.saved_for_backward(node)
 
 
+@pytest.mark.parametrize("recompute", [False, "base", True])
+def test_the_op_under_non_reentrant_checkpointing_gives_the_same_gradients(recompute, monkeypatch):
+    """Under non-reentrant ``torch.utils.checkpoint`` (what ``enable_gradient_checkpointing`` uses), whose hooks
+    unpack each saved tensor once, the op's backward runs and gives every gradient bit for bit as without it."""
+    from torch.utils.checkpoint import checkpoint
+
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "recompute_states", recompute)
+    inputs = make_inputs(1, 70, 2, 32, 16, seed=31)
+    weights = torch.randn(1, 70, 2, 16, dtype=torch.float64)
+    names = ("q", "k", "v", "g", "beta", "gamma")
+
+    def gradients(checkpointed: bool) -> list[torch.Tensor]:
+        leaves = [inputs[n].float().requires_grad_(True) for n in names]
+        op = lambda *args: linear_memory(*args, residual=True, rule="delta", backend="triton")[0]  # noqa: E731
+        o = checkpoint(op, *leaves, use_reentrant=False) if checkpointed else op(*leaves)
+        (o * weights.float()).sum().backward()
+        return [leaf.grad for leaf in leaves]
+
+    plain, checkpointed = gradients(False), gradients(True)
+    for name, a, b in zip(names, plain, checkpointed):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("rule, target", [("delta", "clip"), ("additive", "clip"), ("delta", "tanh")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype, monkeypatch):

@@ -452,9 +452,10 @@ class LinearMemoryFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, d_base_final, d_res_final):
-        q, k, v, g, beta, gamma, base0, res0 = ctx.saved_tensors[:8]
+        tensors = ctx.saved_tensors  # read once: non-reentrant checkpointing unpacks each saved tensor only once
+        q, k, v, g, beta, gamma, base0, res0 = tensors[:8]
         flags = ctx.flags
-        saved = saved_for_backward(ctx)
+        saved = saved_for_backward(ctx, tensors)
         if ctx.recompute:
             states = _state_passes(k, v, saved["b"], g, beta, gamma, saved["key_scores"], saved["inv_beta"],
                                    saved["inv_gamma"], base0, res0, flags, ctx.layout,
@@ -468,11 +469,12 @@ class LinearMemoryFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
 
 
-def saved_for_backward(node) -> dict:
+def saved_for_backward(node, tensors: tuple | None = None) -> dict:
     """What the forward of a ``LinearMemoryFunction`` node (its ``ctx``, the ``grad_fn`` of its output) keeps for the
-    backward, by name (``_forward``'s ``saved``; None for what ``recompute_states`` leaves out). Readable until the
-    backward has run."""
-    return dict(zip(node.saved_names, node.saved_tensors[8:]))
+    backward, by name (``_forward``'s ``saved``; None for what ``recompute_states`` leaves out), from ``tensors``
+    (the node's ``saved_tensors``, read here when None). Readable until the backward has run."""
+    tensors = node.saved_tensors if tensors is None else tensors
+    return dict(zip(node.saved_names, tensors[8:]))
 
 
 def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
