@@ -205,6 +205,14 @@ def test_kernels_are_launched_by_keyword_with_none_for_absent_tensors(memory, mo
         assert ("gamma" in absent) == (not residual)
 
 
+def _recompute_in_every_row(monkeypatch, choice) -> None:
+    """``recompute_states`` = ``choice`` in every row of the op's launch options, for this test."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "recompute_states", choice)
+
+
 def _autograd_node(t, name):
     """The node of the graph behind ``t`` whose class is ``name`` (a custom Function's node is its ctx)."""
     stack, seen = [t.grad_fn], set()
@@ -230,13 +238,11 @@ def test_recomputed_states_are_bit_identical(rule, residual, monkeypatch):
     inputs = make_inputs(2, 70, 2, 32, 16, seed=19)
     launches = _Counted(function.state_pass_kernel)
     monkeypatch.setattr(function, "state_pass_kernel", launches)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "recompute_states", False)
+    _recompute_in_every_row(monkeypatch, False)
     kept = run("triton", inputs, torch.float32, residual, rule=rule)
     passes = len(launches.grids)
     assert passes == (2 if residual else 1)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "recompute_states", True)
+    _recompute_in_every_row(monkeypatch, True)
     recomputed = run("triton", inputs, torch.float32, residual, rule=rule)
     assert len(launches.grids) == 3 * passes  # the forward's passes, then again in the backward
     assert_bit_identical(recomputed, kept)
@@ -246,8 +252,7 @@ def test_recomputed_states_are_bit_identical(rule, residual, monkeypatch):
                          leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
     saved = function.saved_for_backward(_autograd_node(o, "LinearMemoryFunctionBackward"))
     assert all(saved[name] is None for name in function.RECOMPUTED)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "recompute_states", False)
+    _recompute_in_every_row(monkeypatch, False)
     o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                          leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
     saved = function.saved_for_backward(_autograd_node(o, "LinearMemoryFunctionBackward"))
@@ -271,8 +276,7 @@ def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule,
     monkeypatch.setattr(function, "state_pass_kernel", launches)
     results = {}
     for recompute in (False, "base"):
-        for row in function.KERNEL_OPTIONS.values():
-            monkeypatch.setitem(row, "recompute_states", recompute)
+        _recompute_in_every_row(monkeypatch, recompute)
         before = len(launches.grids)
         results[recompute] = run("triton", inputs, torch.float32, residual, rule=rule)
         passes = len(launches.grids) - before
@@ -303,8 +307,7 @@ def test_the_backward_frees_what_the_forward_kept_while_the_output_lives(recompu
 
     from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "recompute_states", recompute)
+    _recompute_in_every_row(monkeypatch, recompute)
     leaves = {n: t.float().requires_grad_(True) for n, t in make_inputs(1, 70, 2, 32, 16, seed=29).items()}
     o, _ = linear_memory(*(leaves[n] for n in ("q", "k", "v", "g", "beta", "gamma")), residual=True, rule="delta",
                          backend="triton")
@@ -326,10 +329,8 @@ def test_the_op_under_non_reentrant_checkpointing_gives_the_same_gradients(recom
     unpack each saved tensor once, the op's backward runs and gives every gradient bit for bit as without it."""
     from torch.utils.checkpoint import checkpoint
 
-    from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "recompute_states", recompute)
+    _recompute_in_every_row(monkeypatch, recompute)
     inputs = make_inputs(1, 70, 2, 32, 16, seed=31)
     weights = torch.randn(1, 70, 2, 16, dtype=torch.float64)
     names = ("q", "k", "v", "g", "beta", "gamma")
@@ -367,8 +368,7 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
     one = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (4, 2)
     assert_bit_identical(one, two)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "recompute_states", "base")
+    _recompute_in_every_row(monkeypatch, "base")
     base = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (5, 3)
     assert_bit_identical(base, two)

@@ -427,6 +427,9 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
 
 
+SAVED_INPUTS = 8  # what LinearMemoryFunction saves before its forward's results: q, k, v, g, β, γ, the initial states
+
+
 class LinearMemoryFunction(torch.autograd.Function):
     """Both memories over packed sequences. Inputs on the flattened layout: ``q, k [N_tok, H, K]``,
     ``v [N_tok, H, V]``, ``g, beta, gamma [N_tok, H]`` float32, states ``[N, H, V, K]`` float32."""
@@ -446,14 +449,14 @@ class LinearMemoryFunction(torch.autograd.Function):
             # backward has run, while a ctx attribute lives as long as the graph, into the next step's forward
             # wherever a training loop still holds the last loss
             ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else (None, None)),
-                                  *saved.values())
+                                  *saved.values())  # the first SAVED_INPUTS, then the forward's results
             ctx.set_materialize_grads(False)  # no gradient of the final states: the reverse passes start from zero
         return o, base_final, res_final
 
     @staticmethod
     def backward(ctx, do, d_base_final, d_res_final):
         tensors = ctx.saved_tensors  # read once: non-reentrant checkpointing unpacks each saved tensor only once
-        q, k, v, g, beta, gamma, base0, res0 = tensors[:8]
+        q, k, v, g, beta, gamma, base0, res0 = tensors[:SAVED_INPUTS]
         flags = ctx.flags
         saved = saved_for_backward(ctx, tensors)
         if ctx.recompute:
@@ -474,7 +477,7 @@ def saved_for_backward(node, tensors: tuple | None = None) -> dict:
     backward, by name (``_forward``'s ``saved``; None for what ``recompute_states`` leaves out), from ``tensors``
     (the node's ``saved_tensors``, read here when None). Readable until the backward has run."""
     tensors = node.saved_tensors if tensors is None else tensors
-    return dict(zip(node.saved_names, tensors[8:]))
+    return dict(zip(node.saved_names, tensors[SAVED_INPUTS:]))
 
 
 def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: torch.Tensor | None,
