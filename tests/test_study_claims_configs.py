@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY_FILES = sorted(p for p in (ROOT / "configs" / "study").glob("*.yaml")
                      if "models" in (yaml.safe_load(p.read_text(encoding="utf-8")) or {}))
 # the studies whose comparisons docs/results.md gives verdicts on
-DECIDING = ("rla-paper", "remember-dictionary", "remember-dictionary-lr", "remember")
+DECIDING = ("rla-paper", "remember-dictionary", "remember-dictionary-lr", "remember", "core-seeds")
 # metrics docs/results.md labels "proxy: X for Y" (or, for `norm`, a post-norm stand-in for Fig. 4a's activations)
 PROXIES = ("cloze", "mqar", "norm")
 PROXY_PREFIXES = ("mqar@", "test_ppl@")

@@ -31,7 +31,7 @@ shift || true
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parked=/tmp/core-seeds-parked-weights
 zoo=linmem/zoo/models
-parked_models=($(cd "$root/$zoo" && for f in */model.safetensors; do [ -f "$f" ] && dirname "$f"; done))  # every zoo model here
+parked_models=($(cd "$root/$zoo" 2>/dev/null && for f in */model.safetensors; do [ -f "$f" ] && dirname "$f"; done))  # every zoo model here
 send_limit=$((60 * 1024 * 1024))  # the tool takes 64 MiB by its own count, and has refused 63.4 by this one
 
 case $verb in
