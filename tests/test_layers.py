@@ -184,6 +184,23 @@ def test_mixer_matches_naive_layer(name, use_short_conv):
         assert torch.allclose(cache.residual_state, R, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("name,kwargs", [("sgla", {}), ("gdn", {}), ("rdn", {}), ("rla", {}),
+                                         ("rdn", {"gamma": "tied"})])
+def test_gate_gradients_match_naive_layer(name, kwargs):
+    """The gates come from one product with the stacked a/b/c weights (``gate_inputs``): every gate weight, the decay
+    parameters and x get the naive layer's gradients (one product per gate), in float64."""
+    layer = make_mixer(name, **kwargs)
+    x = hidden(2, 9).requires_grad_()
+    weights = torch.randn(2, 9, D, dtype=F64)
+    params = [p for n, p in layer.named_parameters() if n.split(".")[0] in ("a_proj", "b_proj", "c_proj", "A_log",
+                                                                             "dt_bias")]
+    assert len(params) == (5 if hasattr(layer, "c_proj") else 4)
+    grads = torch.autograd.grad((layer(x) * weights).sum(), [x, *params])
+    expected = torch.autograd.grad((naive_gated_memory(layer, x)[0] * weights).sum(), [x, *params])
+    for got, want in zip(grads, expected):
+        assert torch.allclose(got, want, atol=1e-9, rtol=1e-9)
+
+
 ABLATIONS = [
     dict(gamma="tied"),
     dict(residual_target="tanh", clip=0.5),

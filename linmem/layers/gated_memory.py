@@ -112,15 +112,30 @@ class GatedMemoryMixer(RecurrentMixer):
         self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps, activation="swish")
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
+    def gate_projections(self) -> list[nn.Linear]:
+        """``a_proj``, ``b_proj`` and, with a γ of its own, ``c_proj`` (each ``[H, D]``)."""
+        own_gamma = self.memory.residual and self.gamma_mode == "independent"
+        return [self.a_proj, self.b_proj] + ([self.c_proj] if own_gamma else [])
+
+    def gate_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``W_a x``, ``W_b x`` (and ``W_c x``), each ``[B, T, H]``, from one product with the projections' weights
+        stacked: x is read once and its gradient comes from one product, where a product per gate would read x again
+        and add one more ``[B, T, D]`` gradient into x's per gate (the parameters stay FLA's three ``nn.Linear``; the
+        forward hooks of those modules do not run, the hook points ``hook_g``, ``hook_beta``, ``hook_gamma`` do)."""
+        projections = self.gate_projections()
+        stacked = torch.cat([projection.weight for projection in projections])
+        return list(F.linear(x, stacked).split([projection.out_features for projection in projections], dim=-1))
+
     def gates(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """``g, β, γ`` each ``[B, T, H]`` (γ None without a residual memory), zero at padding; computed in at least
         float32 (a bf16 decay would round ``log α`` coarsely)."""
         dtype = torch.promote_types(x.dtype, torch.float32)
-        g = -self.A_log.to(dtype).exp() * F.softplus(self.a_proj(x).to(dtype) + self.dt_bias.to(dtype))
-        beta = self.b_proj(x).to(dtype).sigmoid()
+        decay_input, beta_input, *gamma_input = self.gate_inputs(x)
+        g = -self.A_log.to(dtype).exp() * F.softplus(decay_input.to(dtype) + self.dt_bias.to(dtype))
+        beta = beta_input.to(dtype).sigmoid()
         gamma = None
         if self.memory.residual:
-            gamma = beta if self.gamma_mode == "tied" else self.c_proj(x).to(dtype).sigmoid()
+            gamma = gamma_input[0].to(dtype).sigmoid() if gamma_input else beta
         if self.allow_neg_eigval:
             beta, gamma = 2 * beta, None if gamma is None else 2 * gamma
         g, beta = zero_padding(g, mask), zero_padding(beta, mask)
