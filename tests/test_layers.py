@@ -18,6 +18,7 @@ from linmem.layers import (
     ShortConvolution,
     SimpleGatedLinearAttention,
 )
+from linmem.layers.gated_memory import stacked_weight
 from linmem.layers.layer_cache import AttentionLayerCache, RecurrentLayerCache
 from linmem.layers.mlp import swiglu_intermediate_size
 from tests.oracle import oracle
@@ -199,6 +200,25 @@ def test_gate_gradients_match_naive_layer(name, kwargs):
     expected = torch.autograd.grad((naive_gated_memory(layer, x)[0] * weights).sum(), [x, *params])
     for got, want in zip(grads, expected):
         assert torch.allclose(got, want, atol=1e-9, rtol=1e-9)
+
+
+def test_stacked_weight_casts_before_stacking_under_autocast():
+    """Under autocast the stack holds autocast's type and the product and every weight's gradient equal those of the
+    float32 weights stacked first and cast by autocast; without autocast it is the float32 stack."""
+    projections = [torch.nn.Linear(D, width, bias=False) for width in (8, 8, 16)]
+    x = torch.randn(3, 5, D)
+    assert torch.equal(stacked_weight(projections), torch.cat([p.weight for p in projections]))
+    results = []
+    for stack in (stacked_weight, lambda ps: torch.cat([p.weight for p in ps])):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            weight = stack(projections)
+            y = F.linear(x, weight)
+        grads = torch.autograd.grad((y.float() * torch.linspace(-1, 1, 32)).sum(), [p.weight for p in projections])
+        results.append((weight.dtype, y, grads))
+    (dtype, y, grads), (_, y_ref, grads_ref) = results
+    assert dtype == torch.bfloat16 and y.dtype == y_ref.dtype == torch.bfloat16
+    assert torch.equal(y, y_ref)
+    assert all(g.dtype == torch.float32 and torch.equal(g, r) for g, r in zip(grads, grads_ref))
 
 
 ABLATIONS = [
