@@ -4,11 +4,14 @@ models at half, the same and double the zoo rate under the same recipe, on seeds
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from linmem.study.definition import load_study, resolve_model
+from linmem.study.runs import ITEMS, run_dir
+from tests.script_modules import load_script, printed
 
 STUDIES = Path(__file__).resolve().parents[1] / "configs" / "study"
 BRACKET = {"half-lr": 0.5, "zoo-lr": 1.0, "double-lr": 2.0}
@@ -82,3 +85,37 @@ def test_core_seeds_declares_rla_papers_claims_and_the_equal_state_control(studi
     assert claimed(paper) <= claimed(core)
     rdn_vs_gdn = {metric for c in paper.claims if (c.a, c.b) == ("rdn", "gdn") for metric in c.metrics}
     assert claimed(core) - claimed(paper) == {("rdn", "gdn-wide", metric) for metric in rdn_vs_gdn}
+
+
+core_seeds_queue = load_script(STUDIES.parents[1] / "scripts" / "study" / "core_seeds_queue.py", "core_seeds_queue")
+
+
+@pytest.mark.parametrize("size", [12, 7, 3])
+def test_queues_hold_every_pending_run_once_with_each_pair_together(studies, tmp_path, size):
+    """core_seeds_queue.py: every unfinished run of a model whose rate the file sets lands in exactly one queue of at
+    most ``size`` runs; models without a rate wait; the two arms of a comparison at one seed share a queue wherever
+    their comparison group fits in one."""
+    core = studies["core-seeds"]
+    ready, waiting = core_seeds_queue.ready_models(core)
+    assert ready and set(ready).isdisjoint(waiting) and set(ready) | set(waiting) == set(core.model_names)
+    assert all("optim.lr" in core.model(name).overrides for name in ready)
+    rng = random.Random(size)
+    finished = {(name, seed) for name in core.model_names for seed in core.seeds if rng.random() < 0.3}
+    for name, seed in finished:
+        folder = run_dir(tmp_path, name, seed)
+        folder.mkdir(parents=True)
+        (folder / ITEMS).write_text("{}", encoding="utf-8")
+    planned = core_seeds_queue.queues(core, tmp_path, size)
+    runs = [run for queue in planned for run in queue]
+    assert all(0 < len(queue) <= size for queue in planned)
+    assert len(runs) == len(set(runs))
+    assert set(runs) == {(name, seed) for name in ready for seed in core.seeds} - finished
+    where = {run: i for i, queue in enumerate(planned) for run in queue}
+    largest = max(len(group) for group in core_seeds_queue.comparison_groups(core, ready))
+    together = [(a, b, seed) for a, b in core.compare for seed in core.seeds
+                if (a, seed) in where and (b, seed) in where]
+    assert together
+    if largest <= size:
+        assert all(where[a, seed] == where[b, seed] for a, b, seed in together)
+    printed_text = printed(core_seeds_queue.main, str(core.path), str(tmp_path), "--size", str(size))
+    assert printed_text.splitlines()[1:1 + len(planned)] == [" ".join(f"{n}:{s}" for n, s in q) for q in planned]
