@@ -291,14 +291,18 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
     by_source = [name for name in entry["metrics"] if name.startswith("test_ppl@")]
     assert len(by_source) == 1
     assert entry["metrics"][by_source[0]]["seeds"]["2"]["mean"] == entry["metrics"]["test_ppl"]["seeds"]["2"]["mean"]
-    # Records written before windows had sources get the same labels from scripts/study/label_window_sources.py.
+    # Records written before windows had sources or documents get the same labels from
+    # scripts/study/label_window_sources.py.
     items = run_dir(out, "rla", 0) / "items.json"
     labelled = json.loads(items.read_text())
-    unlabelled = copy.deepcopy(labelled)
-    del unlabelled["records"]["ppl"]["source"]
-    items.write_text(json.dumps(unlabelled))
-    assert label_window_sources().label(items, None).startswith("labelled")
-    assert json.loads(items.read_text()) == labelled
+    assert {"source", "document"} <= set(labelled["records"]["ppl"])
+    for missing in (["source"], ["document"], ["source", "document"]):
+        unlabelled = copy.deepcopy(labelled)
+        for column in missing:
+            del unlabelled["records"]["ppl"][column]
+        items.write_text(json.dumps(unlabelled))
+        assert label_window_sources().label(items, None).startswith(f"labelled {' and '.join(missing)}")
+        assert json.loads(items.read_text()) == labelled
     assert label_window_sources().label(items, None) == "already labelled"
 
 

@@ -1,12 +1,15 @@
-"""Add the ``source`` of each perplexity window to study records written before ``linmem.study.items`` kept it.
+"""Add the ``source`` and the ``document`` of each perplexity window to study records written before
+``linmem.study.items`` kept them.
 
     python scripts/study/label_window_sources.py runs/study/rla-paper [--data data/zoo-4k]
 
-A window's source is what ``linmem.data.windows.sequential_window_sources`` gives for the split the run was
-evaluated on, the same function a new evaluation uses, so labelled old records and new ones agree. The windows are
-rebuilt from the dataset (the run's ``data.dir`` unless ``--data`` is given) and checked against the record: the
-same number of windows or fewer (``max_tokens``) and every window's target count equal to ``seq_len - 1``. Records
-that already have sources are left as they are; each changed ``items.json`` is replaced atomically.
+A window's source and document are what ``linmem.data.windows.sequential_window_sources`` and
+``sequential_window_documents`` give for the split the run was evaluated on, the functions a new evaluation uses, so
+labelled old records and new ones agree: the study's tables then resample the test documents of the old records too
+(``linmem.study.tables``), not their windows. The windows are rebuilt from the dataset (the run's ``data.dir`` unless
+``--data`` is given) and checked against the record: the same number of windows or fewer (``max_tokens``) and every
+window's target count equal to ``seq_len - 1``. A column the record has already is left as it is; each changed
+``items.json`` is replaced atomically.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from pathlib import Path
 import yaml
 
 from linmem.data.shards import TokenShards
-from linmem.data.windows import sequential_window_sources
+from linmem.data.windows import sequential_window_documents, sequential_window_sources
 from linmem.io.atomic import write_json_atomic
+
+# the columns this script adds, each from the function a new evaluation labels its windows with
+LABELS = {"source": sequential_window_sources, "document": sequential_window_documents}
 
 
 def label(items_path: Path, data: Path | None) -> str:
@@ -27,7 +33,8 @@ def label(items_path: Path, data: Path | None) -> str:
     ppl = record["records"].get("ppl")
     if not ppl or not ppl["unit"]:
         return "no perplexity items"
-    if "source" in ppl:
+    missing = [column for column in LABELS if column not in ppl]
+    if not missing:
         return "already labelled"
     config = yaml.safe_load((items_path.parent / "config.yaml").read_text(encoding="utf-8"))
     folder = data or Path(config["data"]["dir"])
@@ -35,14 +42,18 @@ def label(items_path: Path, data: Path | None) -> str:
     if len(targets) != 1:
         raise ValueError(f"{items_path}: windows of different lengths {sorted(targets)}")
     seq_len = int(targets.pop()) + 1
-    sources = sequential_window_sources(TokenShards(folder).split(record["eval"]["options"]["split"]), seq_len)
-    if ppl["unit"] != [f"w{i}" for i in range(len(ppl["unit"]))] or len(ppl["unit"]) > len(sources):
-        raise ValueError(f"{items_path}: {len(ppl['unit'])} windows do not match the {len(sources)} windows of "
+    split = TokenShards(folder).split(record["eval"]["options"]["split"])
+    labels = {column: LABELS[column](split, seq_len) for column in missing}
+    n_windows = len(next(iter(labels.values())))
+    if ppl["unit"] != [f"w{i}" for i in range(len(ppl["unit"]))] or len(ppl["unit"]) > n_windows:
+        raise ValueError(f"{items_path}: {len(ppl['unit'])} windows do not match the {n_windows} windows of "
                          f"{seq_len} tokens in {folder}")
-    ppl["source"] = sources[:len(ppl["unit"])]
+    for column, values in labels.items():
+        ppl[column] = values[:len(ppl["unit"])]
     write_json_atomic(items_path, record)
     counts = {s: ppl["source"].count(s) for s in dict.fromkeys(ppl["source"])}
-    return "labelled " + ", ".join(f"{s} {n}" for s, n in counts.items())
+    return (f"labelled {' and '.join(missing)}: " + ", ".join(f"{s} {n}" for s, n in counts.items())
+            + f"; {len(set(ppl['document']))} documents")
 
 
 def main() -> None:
