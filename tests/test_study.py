@@ -304,6 +304,14 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
         assert label_window_sources().label(items, None).startswith(f"labelled {' and '.join(missing)}")
         assert json.loads(items.read_text()) == labelled
     assert label_window_sources().label(items, None) == "already labelled"
+    # a record whose sources are not the dataset's (other data) is refused, not labelled with documents it lacks
+    wrong = copy.deepcopy(labelled)
+    del wrong["records"]["ppl"]["document"]
+    wrong["records"]["ppl"]["source"][0] = "elsewhere"
+    items.write_text(json.dumps(wrong))
+    with pytest.raises(ValueError, match="not the data the run was evaluated on"):
+        label_window_sources().label(items, None)
+    items.write_text(json.dumps(labelled))
 
 
 def label_window_sources():

@@ -8,8 +8,10 @@ A window's source and document are what ``linmem.data.windows.sequential_window_
 labelled old records and new ones agree: the study's tables then resample the test documents of the old records too
 (``linmem.study.tables``), not their windows. The windows are rebuilt from the dataset (the run's ``data.dir`` unless
 ``--data`` is given) and checked against the record: the same number of windows or fewer (``max_tokens``) and every
-window's target count equal to ``seq_len - 1``. A column the record has already is left as it is; each changed
-``items.json`` is replaced atomically.
+window's target count equal to ``seq_len - 1``, and a column the record has already equal to the dataset's (the
+sources of a record written before documents: other data, such as other split fractions, would label the windows
+with documents they do not hold). A column the record has is left as it is; each changed ``items.json`` is replaced
+atomically.
 """
 
 from __future__ import annotations
@@ -43,11 +45,16 @@ def label(items_path: Path, data: Path | None) -> str:
         raise ValueError(f"{items_path}: windows of different lengths {sorted(targets)}")
     seq_len = int(targets.pop()) + 1
     split = TokenShards(folder).split(record["eval"]["options"]["split"])
-    labels = {column: LABELS[column](split, seq_len) for column in missing}
-    n_windows = len(next(iter(labels.values())))
+    labels = {column: function(split, seq_len) for column, function in LABELS.items()}
+    n_windows = len(labels["source"])
     if ppl["unit"] != [f"w{i}" for i in range(len(ppl["unit"]))] or len(ppl["unit"]) > n_windows:
         raise ValueError(f"{items_path}: {len(ppl['unit'])} windows do not match the {n_windows} windows of "
                          f"{seq_len} tokens in {folder}")
+    for column in LABELS:  # a column the record has must be the dataset's: else the data are not the run's
+        if column not in missing and ppl[column] != labels[column][:len(ppl["unit"])]:
+            raise ValueError(f"{items_path}: its windows' {column}s differ from those of {folder}: not the data the "
+                             "run was evaluated on")
+    labels = {column: labels[column] for column in missing}
     for column, values in labels.items():
         ppl[column] = values[:len(ppl["unit"])]
     write_json_atomic(items_path, record)
