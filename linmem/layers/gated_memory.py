@@ -120,8 +120,8 @@ class GatedMemoryMixer(RecurrentMixer):
     def gate_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``W_a x``, ``W_b x`` (and ``W_c x``), each ``[B, T, H]``, from one product with the projections' weights
         stacked: x is read once and its gradient comes from one product, where a product per gate would read x again
-        and add one more ``[B, T, D]`` gradient into x's per gate (the parameters stay FLA's three ``nn.Linear``; the
-        forward hooks of those modules do not run, the hook points ``hook_g``, ``hook_beta``, ``hook_gamma`` do)."""
+        and add one more ``[B, T, D]`` gradient into x's per gate (the parameters stay the ``nn.Linear`` modules FLA
+        names; their forward hooks do not run, the hook points ``hook_g``, ``hook_beta``, ``hook_gamma`` do)."""
         projections = self.gate_projections()
         stacked = stacked_weight(projections)
         return list(F.linear(x, stacked).split([projection.out_features for projection in projections], dim=-1))
