@@ -71,10 +71,10 @@ def queues(study: Study, out: Path, size: int) -> list[list[tuple[str, int]]]:
     for seed, names in pending_runs(study, out, ready).items():
         for group in groups:
             unit = [(name, seed) for name in group if name in names]
-            for piece in _pieces(unit, size) if unit else []:
+            for piece in _pieces(unit, size):
                 room = next((queue for queue in result if len(queue) + len(piece) <= size), None)
                 if room is None:
-                    result.append(list(piece))
+                    result.append(piece)
                 else:
                     room.extend(piece)
     return result
