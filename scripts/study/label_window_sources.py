@@ -54,9 +54,8 @@ def label(items_path: Path, data: Path | None) -> str:
         if column not in missing and ppl[column] != labels[column][:len(ppl["unit"])]:
             raise ValueError(f"{items_path}: its windows' {column}s differ from those of {folder}: not the data the "
                              "run was evaluated on")
-    labels = {column: labels[column] for column in missing}
-    for column, values in labels.items():
-        ppl[column] = values[:len(ppl["unit"])]
+    for column in missing:
+        ppl[column] = labels[column][:len(ppl["unit"])]
     write_json_atomic(items_path, record)
     counts = {s: ppl["source"].count(s) for s in dict.fromkeys(ppl["source"])}
     return (f"labelled {' and '.join(missing)}: " + ", ".join(f"{s} {n}" for s, n in counts.items())
