@@ -329,7 +329,6 @@ def test_the_op_under_non_reentrant_checkpointing_gives_the_same_gradients(recom
     unpack each saved tensor once, the op's backward runs and gives every gradient bit for bit as without it."""
     from torch.utils.checkpoint import checkpoint
 
-
     _recompute_in_every_row(monkeypatch, recompute)
     inputs = make_inputs(1, 70, 2, 32, 16, seed=31)
     weights = torch.randn(1, 70, 2, 16, dtype=torch.float64)

@@ -74,8 +74,8 @@ from linmem.ops.triton.scores import chunk_scores
 # residual one it is True. Every row recomputes (True), as FLA's own chunked delta rule does: in ``versus_fla`` on an
 # H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept stepped in 0.81x FLA's time but
 # peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the binding cost (``--sweep`` prints
-# the bytes and times both, never choosing by time alone). "base" at GDN-1.3B's shape on an H100 took 7.1 ms off RDN's
-# 442.6 ms training step at B = 8 for 15.0 GiB more peak memory (docs/benchmarks/versus_fla.md): no row takes it.
+# the bytes and times both, never choosing by time alone). "base" saves RDN a few milliseconds of a GDN-1.3B training
+# step for gigabytes of peak memory (docs/benchmarks/versus_fla.md, ``--recompute-states base``): no row takes it.
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
