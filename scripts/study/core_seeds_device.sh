@@ -14,6 +14,8 @@
 #       a `run` call naming .devrun in carry must follow at once (tests that load the zoo fail here in between). It
 #       prints the size the tool will send (tracked files present, and .devrun) and warns above 60 MiB (the tool
 #       takes 64 by its own count)
+#   here:   bash scripts/study/core_seeds_device.sh restore
+#       puts the parked files back at once (after a call the tool answered without sending the tree)
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh start STUDY.yaml MODEL:SEED [MODEL:SEED ...]
 #       copies .devrun/w to /root/w (once a machine) and starts scripts/study/detached.sh's queue there, every
 #       pair at once; the study folder is /root/w/runs/study/NAME
@@ -29,6 +31,7 @@ set -uo pipefail
 verb=${1:-}
 shift || true
 root=$(cd "$(dirname "$0")/../.." && pwd)
+self=$root/scripts/study/$(basename "$0")
 parked=/tmp/core-seeds-parked-weights
 zoo=linmem/zoo/models
 parked_models=($(cd "$root/$zoo" 2>/dev/null && for f in */model.safetensors; do [ -f "$f" ] && dirname "$f"; done))  # every zoo model here
@@ -78,20 +81,28 @@ case $verb in
         sleep 1
       done
       [ "$(date +%s)" -lt "$end" ] && sleep 30
-      for f in '"$parked"'/*.safetensors; do
-        [ -f "$f" ] && mv "$f" "'"$zoo"'/$(basename "$f" .safetensors)/model.safetensors"
-      done
-      for f in '"$parked"'/archives/*.tar.xz; do
-        [ -f "$f" ] && mv "$f" "docs/study/$(basename "$f" .tar.xz)/runs.tar.xz"
-      done' > /dev/null 2>&1 < /dev/null &
+      bash "'"$self"'" restore' > /dev/null 2>&1 < /dev/null &
     echo "parked ${parked_models[*]}; restorer pid $!"
     tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
     devrun=$(du -sb .devrun | cut -f1)
     echo "to send: $(( (tracked + devrun) / 1048576 )) MiB (tracked files present $(( tracked / 1048576 )), .devrun $(( devrun / 1048576 )))"
     [ $(( tracked + devrun )) -le $send_limit ] || echo "warning: above 60 MiB: the tool may refuse the call (64 MiB by its count)" >&2
     ;;
+  restore)
+    # the parked files back in the checkout now: the restorer `park` starts calls this, and so can a developer
+    # whose call the tool answered without sending the tree (it then never reads .devrun/sent, and the restorer
+    # waits PARK_SECONDS)
+    cd "$root" || exit 1
+    for f in "$parked"/*.safetensors; do
+      [ -f "$f" ] && mv "$f" "$zoo/$(basename "$f" .safetensors)/model.safetensors"
+    done
+    for f in "$parked"/archives/*.tar.xz; do
+      [ -f "$f" ] && mv "$f" "docs/study/$(basename "$f" .tar.xz)/runs.tar.xz"
+    done
+    echo "in the checkout: $(ls "$zoo"/*/model.safetensors 2>/dev/null | wc -l) zoo weights, $(ls docs/study/*/runs.tar.xz 2>/dev/null | wc -l) record archives"
+    ;;
   start)
-    [ $# -ge 2 ] || { sed -n 2,22p "$0" >&2; exit 2; }
+    [ $# -ge 2 ] || { sed -n 2,24p "$0" >&2; exit 2; }
     study=$1; shift
     # the first start of a machine copies; a second (another study) joins the same copy and its running queue
     [ -d /root/w ] || cp -r "$root" /root/w || exit 1
@@ -105,7 +116,7 @@ case $verb in
     bash scripts/study/detached.sh start "$study" "runs/study/$name" $# "$@"
     ;;
   collect)
-    [ $# -eq 2 ] || { sed -n 2,22p "$0" >&2; exit 2; }
+    [ $# -eq 2 ] || { sed -n 2,24p "$0" >&2; exit 2; }
     cd /root/w || exit 1
     bash scripts/study/detached.sh watch "$1" "runs/study/$2"
     rm -rf /root/packs
@@ -118,5 +129,5 @@ case $verb in
     fi
     ls -la "$OUT"
     ;;
-  *) sed -n 2,22p "$0" >&2; exit 2 ;;
+  *) sed -n 2,24p "$0" >&2; exit 2 ;;
 esac
