@@ -92,12 +92,14 @@ case $verb in
     # the parked files back in the checkout now: the restorer `park` starts calls this, and so can a developer
     # whose call the tool answered without sending the tree (it then never reads .devrun/sent, and the restorer
     # waits PARK_SECONDS)
+    # (a file that stands in a parked file's place meanwhile is kept, and the parked one stays where it is)
     cd "$root" || exit 1
+    put_back() { if [ -e "$2" ]; then echo "kept in $parked: $1 ($2 exists)" >&2; else mv "$1" "$2"; fi; }
     for f in "$parked"/*.safetensors; do
-      [ -f "$f" ] && mv "$f" "$zoo/$(basename "$f" .safetensors)/model.safetensors"
+      [ -f "$f" ] && put_back "$f" "$zoo/$(basename "$f" .safetensors)/model.safetensors"
     done
     for f in "$parked"/archives/*.tar.xz; do
-      [ -f "$f" ] && mv "$f" "docs/study/$(basename "$f" .tar.xz)/runs.tar.xz"
+      [ -f "$f" ] && put_back "$f" "docs/study/$(basename "$f" .tar.xz)/runs.tar.xz"
     done
     echo "in the checkout: $(ls "$zoo"/*/model.safetensors 2>/dev/null | wc -l) zoo weights, $(ls docs/study/*/runs.tar.xz 2>/dev/null | wc -l) record archives"
     ;;
