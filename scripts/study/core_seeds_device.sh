@@ -28,6 +28,7 @@
 # the runs' TRITON_CACHE_DIR, so that the queue's runs do not each compile the same kernels first, and `collect`
 # returns the cache as $OUT/triton-cache.tgz (under 15 MiB); copy it to .devrun/triton-cache.tgz here.
 set -uo pipefail
+usage() { sed -n 2,24p "$0" >&2; exit 2; }  # the header above
 verb=${1:-}
 shift || true
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -91,8 +92,7 @@ case $verb in
   restore)
     # the parked files back in the checkout now: the restorer `park` starts calls this, and so can a developer
     # whose call the tool answered without sending the tree (it then never reads .devrun/sent, and the restorer
-    # waits PARK_SECONDS)
-    # (a file that stands in a parked file's place meanwhile is kept, and the parked one stays where it is)
+    # waits PARK_SECONDS); a file that stands in a parked file's place meanwhile is kept, the parked one stays parked
     cd "$root" || exit 1
     put_back() { if [ -e "$2" ]; then echo "kept in $parked: $1 ($2 exists)" >&2; else mv "$1" "$2"; fi; }
     for f in "$parked"/*.safetensors; do
@@ -104,7 +104,7 @@ case $verb in
     echo "in the checkout: $(ls "$zoo"/*/model.safetensors 2>/dev/null | wc -l) zoo weights, $(ls docs/study/*/runs.tar.xz 2>/dev/null | wc -l) record archives"
     ;;
   start)
-    [ $# -ge 2 ] || { sed -n 2,24p "$0" >&2; exit 2; }
+    [ $# -ge 2 ] || usage
     study=$1; shift
     # the first start of a machine copies; a second (another study) joins the same copy and its running queue
     [ -d /root/w ] || cp -r "$root" /root/w || exit 1
@@ -118,7 +118,7 @@ case $verb in
     bash scripts/study/detached.sh start "$study" "runs/study/$name" $# "$@"
     ;;
   collect)
-    [ $# -eq 2 ] || { sed -n 2,24p "$0" >&2; exit 2; }
+    [ $# -eq 2 ] || usage
     cd /root/w || exit 1
     bash scripts/study/detached.sh watch "$1" "runs/study/$2"
     rm -rf /root/packs
@@ -131,5 +131,5 @@ case $verb in
     fi
     ls -la "$OUT"
     ;;
-  *) sed -n 2,24p "$0" >&2; exit 2 ;;
+  *) usage ;;
 esac
