@@ -121,6 +121,45 @@ def test_switches(rule, options):
     compare(make_inputs(1, 70, 2, 32, 16, seed=1), True, rule=rule, **options)
 
 
+@pytest.mark.parametrize("rule, options", [
+    ("additive", {}),
+    ("delta", {}),
+    ("delta", dict(output_gates=False, residual_target="tanh", clip=0.5)),
+    ("additive", dict(residual_target="identity", scale=0.7)),
+])
+def test_without_history_fitting(rule, options):
+    """fit_history=False on the kernels (the residual memory holding only the step's correction) against the float64
+    reference: the output, both final states (the residual one the last token's correction) and every gradient,
+    the initial residual state's absent (it never reaches the output)."""
+    compare(make_inputs(1, 100, 2, 32, 16, seed=11), True, rule=rule, fit_history=False, **options)
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_without_history_fitting_packed_and_in_half_precision(rule):
+    """fit_history=False over packed sequences (an empty one keeps its initial residual state) and with bf16 q, k,
+    v, whose output and gradients come back rounded to bf16."""
+    inputs = make_inputs(1, 180, 2, 32, 16, seed=12)
+    for name in ("S0", "R0"):
+        inputs[name] = 0.3 * torch.randn(5, 2, 16, 32, generator=torch.Generator().manual_seed(13),
+                                         dtype=torch.float64)
+    cu_seqlens = torch.tensor([0, 20, 20, 150, 151, 180], dtype=torch.int32, device=DEVICE)
+    compare(inputs, True, rule=rule, cu_seqlens=cu_seqlens, fit_history=False)
+    compare(make_inputs(1, 70, 2, 32, 16, seed=14), True, dtype=torch.bfloat16, tol=2e-2, rule=rule,
+            fit_history=False)
+
+
+def test_without_history_fitting_runs_on_the_kernels():
+    """The kernels take fit_history=False: ``auto`` sends it to them on CUDA, not to the chunk path."""
+    from linmem.ops.backend import MemoryInputs
+    from linmem.ops.config import MemoryConfig
+    from linmem.ops.triton import TRITON
+
+    x = {n: t.float().to(DEVICE) for n, t in make_inputs(1, 40, 1, 16, 16, seed=15).items()}
+    inputs = MemoryInputs(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"])
+    for rule in ("additive", "delta"):
+        assert TRITON.unsupported(inputs, MemoryConfig(rule=rule, residual=True, fit_history=False)) is None
+
+
 class _Counted:
     """Stands in for a kernel, launching it and recording the grid of every launch."""
 
@@ -1077,9 +1116,9 @@ def test_launch_table_by_width_class(monkeypatch):
 
 
 def test_chunk_fallback_under_autocast():
-    """bf16 q, k, v under a bf16 autocast (mixed-precision training) with inputs the kernels do not take (here
-    fit_history=False, where ``auto`` runs the chunk backend) run on the chunk backend in the state dtype, autocast
-    off, instead of letting the autocast mix bf16 products into its float32 accumulators."""
+    """bf16 q, k, v under a bf16 autocast (mixed-precision training) on the chunk backend (where ``auto`` sends
+    inputs the kernels do not take; here fit_history=False) run in the state dtype, autocast off, instead of
+    letting the autocast mix bf16 products into its float32 accumulators."""
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         compare(make_inputs(1, 20, 1, 16, 16, seed=8), True, dtype=torch.bfloat16, tol=3e-2, backend="chunk",
                 rule="additive", fit_history=False)

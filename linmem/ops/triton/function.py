@@ -28,6 +28,7 @@ import triton
 
 from linmem.ops.backend import Backend, MemoryInputs, Packed
 from linmem.ops.config import MemoryConfig
+from linmem.ops.step import rho
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
@@ -330,10 +331,11 @@ def recomputed_bytes(saved: dict, recompute: bool | str = True) -> int:
 
 
 def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Flags, scale, layout, saved,
-              initial_grads=(True, True)):
+              initial_grads=(True, True), d_err_out=None):
     """The gradients of q, k, v, g, β, γ and the initial states (None for γ without a residual memory, and for an
     initial state whose entry of ``initial_grads`` is False); ``d_base_final``, ``d_res_final`` may be None (no
-    gradient reaches the final states)."""
+    gradient reaches the final states). ``d_err_out`` (RLA/RDN, ``[N_tok, H, V]``): a gradient of the prediction
+    error from outside the op (where the forward returned the error), added to the residual memory's."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     dev = k.device
@@ -368,6 +370,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
             err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
             dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
         )
+        if d_err_out is not None:
+            d_err.add_(d_err_out)
     # the base memory, taking the error's gradient (RLA/RDN)
     reverse_pass_kernel[grid](
         strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
@@ -432,13 +436,16 @@ SAVED_INPUTS = 8  # what LinearMemoryFunction saves before its forward's results
 
 class LinearMemoryFunction(torch.autograd.Function):
     """Both memories over packed sequences. Inputs on the flattened layout: ``q, k [N_tok, H, K]``,
-    ``v [N_tok, H, V]``, ``g, beta, gamma [N_tok, H]`` float32, states ``[N, H, V, K]`` float32."""
+    ``v [N_tok, H, V]``, ``g, beta, gamma [N_tok, H]`` float32, states ``[N, H, V, K]`` float32. Returns the output,
+    the final states and, with ``fit_history=False`` (``_without_fitting``), the base memory's prediction error
+    ``v_t − S_{t−1} k_t`` (``[N_tok, H, V]`` float32; else None), whose gradient reaches the base memory."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, gamma, base0, res0, config, scale, layout):
         flags = _Flags(config, q.dtype)
         store = any(ctx.needs_input_grad)
         o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout)
+        err = saved["err"] if config.residual and not config.fit_history else None
         if store:
             # with recompute_states the backward runs the state passes (all, or the base memory's) again, from the
             # initial states
@@ -451,10 +458,10 @@ class LinearMemoryFunction(torch.autograd.Function):
             ctx.save_for_backward(q, k, v, g, beta, gamma, *((base0, res0) if ctx.recompute else (None, None)),
                                   *saved.values())  # the first SAVED_INPUTS, then the forward's results
             ctx.set_materialize_grads(False)  # no gradient of the final states: the reverse passes start from zero
-        return o, base_final, res_final
+        return o, base_final, res_final, err
 
     @staticmethod
-    def backward(ctx, do, d_base_final, d_res_final):
+    def backward(ctx, do, d_base_final, d_res_final, d_err=None):
         tensors = ctx.saved_tensors  # read once: non-reentrant checkpointing unpacks each saved tensor only once
         q, k, v, g, beta, gamma, base0, res0 = tensors[:SAVED_INPUTS]
         flags = ctx.flags
@@ -467,7 +474,8 @@ class LinearMemoryFunction(torch.autograd.Function):
         do = torch.zeros_like(v) if do is None else do.contiguous()
         finals = [None if d is None else d.float().contiguous() for d in (d_base_final, d_res_final)]
         grads = _backward(do, *finals, q, k, v, g, beta, gamma, flags, ctx.scale, ctx.layout, saved,
-                          initial_grads=ctx.needs_input_grad[6:8])
+                          initial_grads=ctx.needs_input_grad[6:8],
+                          d_err_out=None if d_err is None else d_err.contiguous())
         dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0 = grads
         return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0, None, None, None
 
@@ -504,16 +512,45 @@ def triton_forward(x: MemoryInputs, base_state: torch.Tensor, residual_state: to
                                                   base_state.float().contiguous(), float(scale), layout.cu_seqlens)
         return o.reshape(batch, length, heads, value_dim), base_final, None
     gates = [flat(t.float()) for t in (g, beta)] + [flat(gamma.float()) if config.residual else None]
-    o, base_final, res_final = LinearMemoryFunction.apply(
-        flat(q), flat(k), flat(v), *gates, base_state.float().contiguous(),
-        residual_state.float().contiguous() if config.residual else None, config, float(scale), layout,
-    )
+    if config.residual and not config.fit_history:
+        o, base_final, res_final = _without_fitting(flat(q), flat(k), flat(v), *gates, base_state, residual_state,
+                                                    config, float(scale), layout)
+    else:
+        o, base_final, res_final, _ = LinearMemoryFunction.apply(
+            flat(q), flat(k), flat(v), *gates, base_state.float().contiguous(),
+            residual_state.float().contiguous() if config.residual else None, config, float(scale), layout,
+        )
     return o.reshape(batch, length, heads, value_dim), base_final, res_final
+
+
+def _without_fitting(q, k, v, g, beta, gamma, base_state, residual_state, config: MemoryConfig, scale: float,
+                     layout: SequenceLayout):
+    """RLA/RDN without history fitting on the flattened layout (``LinearMemoryFunction``'s inputs): the residual
+    memory holds only this step's correction, ``R_t = r_t k_tᵀ`` with ``r_t = ρ(v_t − S_{t−1} k_t)``, so that
+    ``o_t = scale·(α_t S_{t−1} q_t + γ_t (k_tᵀ q_t) r_t)`` (without output gates ``S_{t−1} q_t`` and no γ). The
+    kernels run both memories with the residual memory written with strength 0, so that it stays zero and their
+    output is the base read alone, and return the prediction error; the per-token correction is added here, and
+    its gradient of the error enters the base memory's reverse pass. The final residual state is each sequence's
+    last correction (``residual_state`` for an empty sequence). Returns ``o [N_tok, H, V]`` and the final states."""
+    base_read, base_final, _, err = LinearMemoryFunction.apply(
+        q, k, v, g, beta, torch.zeros_like(gamma), base_state.float().contiguous(),
+        torch.zeros_like(residual_state, dtype=torch.float32), config, scale, layout,
+    )
+    r = rho(err, config.residual_target, config.clip)
+    # elementwise products and sums, not matmuls, so that an enclosing autocast keeps them in float32
+    key_query = (k.float() * q.float()).sum(-1, keepdim=True)
+    strength = gamma[..., None] if config.output_gates else 1.0
+    o = (base_read.float() + scale * strength * key_query * r).to(base_read.dtype)
+    starts, ends = layout.cu_seqlens[:-1].long(), layout.cu_seqlens[1:].long()
+    last = (ends - 1).clamp_min(0)
+    correction = r[last][..., :, None] * k[last].float()[..., None, :]  # [N, H, V, K]
+    res_final = torch.where((ends > starts)[:, None, None, None], correction, residual_state.float())
+    return o, base_final, res_final
 
 
 def unsupported(x: MemoryInputs, config: MemoryConfig) -> str | None:
     """None when the kernels run these inputs, else why not: float64, a per-key-channel decay ``g [B, T, H, K]``
-    with any memory but the additive one without a residual (GLA's), ``fit_history=False``, head widths over
+    with any memory but the additive one without a residual (GLA's), head widths over
     ``MAX_WIDTH`` (for GLA's memory only the key width: its token walk splits the value rows over programs, so FLA's
     GLA-1.3B heads, K = 256 and V = 512, stay on the kernels)."""
     per_key = x.g is not None and x.g.dim() == 4
@@ -523,8 +560,6 @@ def unsupported(x: MemoryInputs, config: MemoryConfig) -> str | None:
         return "q, k and v are float64 (the kernels take float32, bfloat16 and float16)"
     if per_key and not gla:
         return "g is a per-key-channel decay [B, T, H, K] with a residual memory (kernels exist for GLA's memory only)"
-    if config.residual and not config.fit_history:
-        return "fit_history=False (the residual memory without fitting has no kernel)"
     if key_dim > MAX_WIDTH or (value_dim > MAX_WIDTH and not (per_key and gla)):
         return f"the heads are K = {key_dim}, V = {value_dim} wide (the kernels take up to {MAX_WIDTH})"
     return None
