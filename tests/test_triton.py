@@ -1228,6 +1228,43 @@ def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
     assert all(c.grids for c in counted.values())  # the triton model ran on the walk, not on the chunk fallback
 
 
+@pytest.mark.parametrize("mixer", ["rla", pytest.param("rdn", marks=pytest.mark.slow)])
+def test_model_without_history_fitting_and_memory_lab_on_the_kernels(mixer, monkeypatch):
+    """An RLA/RDN model with fit_history=False on backend='triton' against the same weights on 'chunk': logits,
+    every parameter's gradient, and the memory lab's edits, which hand both memories' states across a split (the
+    residual one, the last token's correction, is then ignored after it, as the equations say)."""
+    import linmem.memory as mm
+    from linmem.ops.triton import function
+    from tests.test_memory_experiments import tiny_model
+
+    def build(backend):
+        return tiny_model(40, seed=31, pad_token_id=0, eos_token_id=None, bos_token_id=None, mixer=mixer,
+                          fit_history=False, backend=backend).to(DEVICE)
+
+    chunk, kernels = build("chunk"), build("triton")
+    kernels.load_state_dict(chunk.state_dict())
+    launches = _Counted(function.output_kernel)
+    monkeypatch.setattr(function, "output_kernel", launches)
+    ids = torch.randint(1, 40, (2, 19), generator=torch.Generator().manual_seed(32)).to(DEVICE)
+    outs = {}
+    for name, model in (("chunk", chunk), ("triton", kernels)):
+        logits = model(ids).logits
+        (logits.double() ** 2).mean().backward()
+        outs[name] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert_close("logits", outs["triton"][0], outs["chunk"][0], max(TOL, 1e-5))
+    assert outs["triton"][1].keys() == outs["chunk"][1].keys()
+    for n, grad in outs["chunk"][1].items():
+        assert_close(f"d {n}", outs["triton"][1][n], grad, max(TOL, 1e-4))
+    assert launches.grids  # the triton model ran on the kernels
+    donor = ids.clone()
+    donor[:, :9] = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(33)).to(DEVICE)
+    heads = mm.heads(chunk)
+    for edits in ([mm.StateSwap(heads[:2], at=9)], [mm.DonorWrite(heads[1:3], span=(2, 5))]):
+        with torch.no_grad():
+            want, got = mm.run(chunk, ids, donor, edits), mm.run(kernels, ids, donor, edits)
+        assert_close(f"{edits[0]!r}", got, want, max(TOL, 1e-5))
+
+
 def test_swept_option_limits_what_the_sweep_compiles(monkeypatch):
     import linmem.bench.kernels as bench
 
