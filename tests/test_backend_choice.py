@@ -93,13 +93,12 @@ def memory_inputs(key_dim: int = 8, dtype=torch.float32, per_key: bool = False) 
 
 UNCOVERED = [
     (dict(dtype=torch.float64), {}, "q, k and v are float64"),
-    ({}, dict(fit_history=False), "fit_history=False"),
     (dict(per_key=True), {}, r"g is a per-key-channel decay \[B, T, H, K\] with a residual memory"),
     (dict(key_dim=272), {}, "the heads are K = 272, V = 272 wide"),
 ]
 
 
-@pytest.mark.parametrize(("inputs", "switches", "reason"), UNCOVERED, ids=["float64", "no-fit", "per-key", "wide"])
+@pytest.mark.parametrize(("inputs", "switches", "reason"), UNCOVERED, ids=["float64", "per-key", "wide"])
 def test_triton_refuses_inputs_its_kernels_do_not_take_and_auto_runs_chunk(inputs, switches, reason, monkeypatch):
     """Named, the kernels' backend refuses (the reason names the input or switch) instead of running chunk; auto
     still runs chunk there."""
