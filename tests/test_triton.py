@@ -148,6 +148,27 @@ def test_without_history_fitting_packed_and_in_half_precision(rule):
             fit_history=False)
 
 
+def test_without_history_fitting_runs_no_residual_pass(monkeypatch):
+    """Without history fitting the residual memory has no sequential pass: one forward state pass (and its rerun in
+    the backward) and one reverse pass, the base memory's, against two of each with fitting."""
+    from linmem.ops.triton import function
+
+    row = function.kernel_options(32, 16)
+    monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=False))
+    monkeypatch.setitem(row, "recompute_states", True)
+    counts = {}
+    for fit_history in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            passes = {name: _Counted(getattr(function, name)) for name in ("state_pass_kernel", "reverse_pass_kernel")}
+            for name, counted in passes.items():
+                patch.setattr(function, name, counted)
+            run("triton", make_inputs(1, 70, 1, 32, 16, seed=16), torch.float32, True, rule="delta",
+                fit_history=fit_history)
+        counts[fit_history] = {name: len(counted.grids) for name, counted in passes.items()}
+    assert counts == {True: {"state_pass_kernel": 4, "reverse_pass_kernel": 2},
+                      False: {"state_pass_kernel": 2, "reverse_pass_kernel": 1}}
+
+
 def test_without_history_fitting_runs_on_the_kernels():
     """The kernels take fit_history=False: ``auto`` sends it to them on CUDA, not to the chunk path."""
     from linmem.ops.backend import MemoryInputs

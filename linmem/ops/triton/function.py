@@ -207,6 +207,9 @@ class _Flags:
     def __init__(self, config: MemoryConfig, dtype: torch.dtype):
         self.delta = config.rule == "delta"
         self.residual = config.residual
+        # without history fitting the residual memory holds one token's correction: no pass of its own
+        # (_without_fitting adds that correction around the kernels)
+        self.residual_pass = config.residual and config.fit_history
         self.gates = config.output_gates
         self.target = TARGET_CODES[config.residual_target]
         self.clip = float(config.clip)
@@ -257,12 +260,20 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     (``base_chunks``, ``res_chunks`` ``[NT, H, K, V]``), its writes (u with the delta rule, w with a residual memory,
     ``[N_tok, H, V]``), the prediction error ``err`` (residual) and the final states (``[N, H, V, K]``); None where
     the memory has none. Run again in the backward with ``recompute_states``: the same launches give the same
-    bits. ``residual_pass`` False runs the base memory's pass only (the residual memory's buffers stay unwritten)."""
+    bits. ``residual_pass`` False runs the base memory's pass only (the residual memory's buffers stay unwritten).
+    Without history fitting the residual memory has no pass: its states, writes and final state are zeros."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
-    out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device,
-                             residual_pass)
+    if flags.residual and not flags.residual_pass:
+        out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags,
+                                 k.device, residual_pass=False)
+        for name, like in (("res_chunks", "base_chunks"), ("w", "err"), ("res_final", "base_final")):
+            out[name] = torch.zeros_like(out[like], dtype=out["base_chunks"].dtype if name == "w" else None)
+        residual_pass = False
+    else:
+        out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags,
+                                 k.device, residual_pass)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
@@ -334,8 +345,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
               initial_grads=(True, True), d_err_out=None):
     """The gradients of q, k, v, g, β, γ and the initial states (None for γ without a residual memory, and for an
     initial state whose entry of ``initial_grads`` is False); ``d_base_final``, ``d_res_final`` may be None (no
-    gradient reaches the final states). ``d_err_out`` (RLA/RDN, ``[N_tok, H, V]``): a gradient of the prediction
-    error from outside the op (where the forward returned the error), added to the residual memory's."""
+    gradient reaches the final states). ``d_err_out`` (without history fitting, ``[N_tok, H, V]``; None for zero):
+    the prediction error's gradient from outside the op, where the forward returned the error."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     dev = k.device
@@ -360,7 +371,12 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
                   H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     dy = d_err = d_res_chunks = d_res0 = None
-    if flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+    if flags.residual and not flags.residual_pass:  # no residual memory to run back: the error's gradient is given
+        dy = torch.zeros(per_token, device=dev, dtype=flags.store_dtype)
+        d_err = dy.clone() if d_err_out is None else d_err_out.to(flags.store_dtype)
+        d_res_chunks = torch.zeros(per_chunk, device=dev, dtype=flags.store_dtype)
+        d_res0 = torch.zeros(initial, device=dev) if initial_grads[1] else None
+    elif flags.residual:  # the residual memory first: it emits the gradient of the prediction error
         dy = _buf(per_token, dev, flags.store_dtype)
         d_err = _buf(per_token, dev, flags.store_dtype)
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
@@ -370,8 +386,6 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
             err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
             dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
         )
-        if d_err_out is not None:
-            d_err.add_(d_err_out)
     # the base memory, taking the error's gradient (RLA/RDN)
     reverse_pass_kernel[grid](
         strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
@@ -528,9 +542,9 @@ def _without_fitting(q, k, v, g, beta, gamma, base_state, residual_state, config
     """RLA/RDN without history fitting on the flattened layout (``LinearMemoryFunction``'s inputs): the residual
     memory holds only this step's correction, ``R_t = r_t k_tᵀ`` with ``r_t = ρ(v_t − S_{t−1} k_t)``, so that
     ``o_t = scale·(α_t S_{t−1} q_t + γ_t (k_tᵀ q_t) r_t)`` (without output gates ``S_{t−1} q_t`` and no γ). The
-    kernels run both memories with the residual memory written with strength 0, so that it stays zero and their
-    output is the base read alone, and return the prediction error; the per-token correction is added here, and
-    its gradient of the error enters the base memory's reverse pass. The final residual state is each sequence's
+    kernels run the base memory alone (no residual pass, its states zero, γ given as 0), so that their output is
+    the base read, and return the prediction error; the per-token correction is added here, and the error's
+    gradient enters the base memory's reverse pass. The final residual state is each sequence's
     last correction (``residual_state`` for an empty sequence). Returns ``o [N_tok, H, V]`` and the final states."""
     base_read, base_final, _, err = LinearMemoryFunction.apply(
         q, k, v, g, beta, torch.zeros_like(gamma), base_state.float().contiguous(),
