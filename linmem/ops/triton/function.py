@@ -265,15 +265,12 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
+    residual_pass = residual_pass and flags.residual_pass
+    out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device,
+                             residual_pass)
     if flags.residual and not flags.residual_pass:
-        out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags,
-                                 k.device, residual_pass=False)
         for name, like in (("res_chunks", "base_chunks"), ("w", "err"), ("res_final", "base_final")):
             out[name] = torch.zeros_like(out[like], dtype=out["base_chunks"].dtype if name == "w" else None)
-        residual_pass = False
-    else:
-        out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags,
-                                 k.device, residual_pass)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
@@ -459,7 +456,7 @@ class LinearMemoryFunction(torch.autograd.Function):
         flags = _Flags(config, q.dtype)
         store = any(ctx.needs_input_grad)
         o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout)
-        err = saved["err"] if config.residual and not config.fit_history else None
+        err = saved["err"] if flags.residual and not flags.residual_pass else None
         if store:
             # with recompute_states the backward runs the state passes (all, or the base memory's) again, from the
             # initial states
@@ -547,8 +544,7 @@ def _without_fitting(q, k, v, g, beta, gamma, base_state, residual_state, config
     gradient enters the base memory's reverse pass. The final residual state is each sequence's
     last correction (``residual_state`` for an empty sequence). Returns ``o [N_tok, H, V]`` and the final states."""
     base_read, base_final, _, err = LinearMemoryFunction.apply(
-        q, k, v, g, beta, torch.zeros_like(gamma), base_state.float().contiguous(),
-        torch.zeros_like(residual_state, dtype=torch.float32), config, scale, layout,
+        q, k, v, g, beta, torch.zeros_like(gamma), base_state.float().contiguous(), None, config, scale, layout,
     )
     r = rho(err, config.residual_target, config.clip)
     # elementwise products and sums, not matmuls, so that an enclosing autocast keeps them in float32
