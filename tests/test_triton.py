@@ -1212,6 +1212,20 @@ def test_float32_inputs_keep_the_narrower_options(monkeypatch):
     assert _resolved("output", torch.float32)[1]["num_stages"] == function.TUNED_AT_128["output"]["num_stages"]
 
 
+def assert_same_model_outputs(kernels, chunk, ids):
+    """The logits of ``ids`` and every parameter's gradient of a fixed loss on them agree between two models with the
+    same weights, one on backend='triton' and one on 'chunk'."""
+    outs = {}
+    for name, model in (("chunk", chunk), ("triton", kernels)):
+        logits = model(ids).logits
+        (logits.double() ** 2).mean().backward()
+        outs[name] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert_close("logits", outs["triton"][0], outs["chunk"][0], max(TOL, 1e-5))
+    assert outs["triton"][1].keys() == outs["chunk"][1].keys()
+    for n, grad in outs["chunk"][1].items():
+        assert_close(f"d {n}", outs["triton"][1][n], grad, max(TOL, 1e-4))
+
+
 def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
     """A GLA model on backend='triton' (its per-key-decay walk) against the same weights on 'chunk': logits, every
     parameter's gradient, and the memory lab's edits (state swap, donor write, write block), which split the
@@ -1228,15 +1242,7 @@ def test_gla_model_and_memory_lab_on_the_kernels(monkeypatch):
     kernels.load_state_dict(chunk.state_dict())
     counted = _gla_launches(monkeypatch)
     ids = torch.randint(1, 40, (2, 19), generator=torch.Generator().manual_seed(22)).to(DEVICE)
-    outs = {}
-    for name, model in (("chunk", chunk), ("triton", kernels)):
-        logits = model(ids).logits
-        (logits.double() ** 2).mean().backward()
-        outs[name] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    assert_close("logits", outs["triton"][0], outs["chunk"][0], max(TOL, 1e-5))
-    assert outs["triton"][1].keys() == outs["chunk"][1].keys()
-    for n, grad in outs["chunk"][1].items():
-        assert_close(f"d {n}", outs["triton"][1][n], grad, max(TOL, 1e-4))
+    assert_same_model_outputs(kernels, chunk, ids)
     donor = ids.clone()
     donor[:, :9] = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(23)).to(DEVICE)
     heads = mm.heads(chunk)
@@ -1267,15 +1273,7 @@ def test_model_without_history_fitting_and_memory_lab_on_the_kernels(mixer, monk
     launches = _Counted(function.output_kernel)
     monkeypatch.setattr(function, "output_kernel", launches)
     ids = torch.randint(1, 40, (2, 19), generator=torch.Generator().manual_seed(32)).to(DEVICE)
-    outs = {}
-    for name, model in (("chunk", chunk), ("triton", kernels)):
-        logits = model(ids).logits
-        (logits.double() ** 2).mean().backward()
-        outs[name] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    assert_close("logits", outs["triton"][0], outs["chunk"][0], max(TOL, 1e-5))
-    assert outs["triton"][1].keys() == outs["chunk"][1].keys()
-    for n, grad in outs["chunk"][1].items():
-        assert_close(f"d {n}", outs["triton"][1][n], grad, max(TOL, 1e-4))
+    assert_same_model_outputs(kernels, chunk, ids)
     assert launches.grids  # the triton model ran on the kernels
     donor = ids.clone()
     donor[:, :9] = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(33)).to(DEVICE)
