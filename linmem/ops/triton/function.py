@@ -209,7 +209,7 @@ class _Flags:
         self.residual = config.residual
         # without history fitting the residual memory holds one token's correction: no pass of its own
         # (_without_fitting adds that correction around the kernels)
-        self.residual_pass = config.residual and config.fit_history
+        self.without_fitting = config.residual and not config.fit_history
         self.gates = config.output_gates
         self.target = TARGET_CODES[config.residual_target]
         self.clip = float(config.clip)
@@ -265,10 +265,10 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
-    residual_pass = residual_pass and flags.residual_pass
+    residual_pass = residual_pass and not flags.without_fitting
     out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device,
                              residual_pass)
-    if flags.residual and not flags.residual_pass:
+    if flags.without_fitting:
         for name, like in (("res_chunks", "base_chunks"), ("w", "err"), ("res_final", "base_final")):
             out[name] = torch.zeros_like(out[like], dtype=out["base_chunks"].dtype if name == "w" else None)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
@@ -368,7 +368,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
                   H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
                   TARGET=flags.target, **blocks, **launch)
     dy = d_err = d_res_chunks = d_res0 = None
-    if flags.residual and not flags.residual_pass:  # no residual memory to run back: the error's gradient is given
+    if flags.without_fitting:  # no residual memory to run back: the error's gradient is given
         dy = torch.zeros(per_token, device=dev, dtype=flags.store_dtype)
         d_err = dy.clone() if d_err_out is None else d_err_out.to(flags.store_dtype)
         d_res_chunks = torch.zeros(per_chunk, device=dev, dtype=flags.store_dtype)
@@ -456,7 +456,7 @@ class LinearMemoryFunction(torch.autograd.Function):
         flags = _Flags(config, q.dtype)
         store = any(ctx.needs_input_grad)
         o, base_final, res_final, saved = _forward(q, k, v, g, beta, gamma, base0, res0, flags, scale, layout)
-        err = saved["err"] if flags.residual and not flags.residual_pass else None
+        err = saved["err"] if flags.without_fitting else None
         if store:
             # with recompute_states the backward runs the state passes (all, or the base memory's) again, from the
             # initial states
