@@ -1343,3 +1343,44 @@ def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
     assert {next(iter(v)) for v in seen["variants"]} == {"forward", "recompute_states"}
     assert [v for v in seen["variants"] if "recompute_states" in v] == [{"recompute_states": "base"},
                                                                         {"recompute_states": False}]
+
+
+def test_sweep_only_option_keeps_the_variants_that_set_those_options(monkeypatch):
+    """``--sweep-only FUSED=True,recompute_states=base`` times, of the kernels ``--sweep-kernels`` names, only the
+    variants that set one of those options to that value; a malformed list, or one that leaves nothing to time, stops
+    the run before any work."""
+    import linmem.bench.kernels as bench
+
+    for name in ("SWEPT", "HEAD_DIM", "VALUE_DIM", "HEADS"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        import fla.ops.common.chunk_o as fla_chunk_o
+
+        monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", fla_chunk_o.TRITON_ABOVE_3_7_1)
+    except ImportError:
+        pass
+    seen = {}
+
+    def stop_at_the_compiles(variants, *args, **kwargs):
+        seen["variants"] = variants
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bench, "warm_and_check", stop_at_the_compiles)
+    wide = ["--head-dim", "256", "--heads", "2"]
+    with pytest.raises(RuntimeError, match="stop here"):
+        bench.main(["--sweep", "--sweep-kernels", "forward,recompute_states", "--sweep-only",
+                    "FUSED=True,recompute_states=base", *wide])
+    everything = [v for v in bench.sweep_variants(256, 256) if next(iter(v)) in ("forward", "recompute_states")]
+    expected = [v for v in everything if v.get("forward", {}).get("FUSED") is True
+                or v.get("recompute_states") == "base"]
+    assert seen["variants"] == expected
+    assert {"recompute_states": "base"} in expected and any("forward" in v for v in expected)
+    assert len(expected) < len(everything)
+    with pytest.raises(RuntimeError, match="stop here"):  # a value compared as text: BV=16 of any kernel
+        bench.main(["--sweep", "--sweep-only", "BV=16", *wide])
+    assert seen["variants"] and all(next(iter(v.values()))["BV"] == 16 for v in seen["variants"])
+    for bad in ("FUSED", "=True", "FUSED=", "BV=999"):
+        with pytest.raises(SystemExit):
+            bench.main(["--sweep", "--sweep-only", bad, *wide])

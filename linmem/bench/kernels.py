@@ -785,6 +785,22 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     return kept
 
 
+def _option_values(text: str) -> dict[str, str]:
+    """``--sweep-only``'s ``NAME=VALUE,...`` as {name: value text}."""
+    pairs = [item.partition("=") for item in text.split(",")]
+    if not text or any(not name or not sep or not value for name, sep, value in pairs):
+        raise ValueError(f"a comma list of NAME=VALUE; got {text!r}")
+    return {name.strip(): value.strip() for name, _, value in pairs}
+
+
+def variant_sets(variant: dict, wanted: dict[str, str]) -> bool:
+    """Whether a ``sweep_variants`` entry sets one of ``wanted``'s options (a kernel's launch option, or
+    ``recompute_states``) to its value, compared as text (``FUSED=True``, ``BV=16``, ``recompute_states=base``)."""
+    ((name, options),) = variant.items()
+    settings = options if isinstance(options, dict) else {name: options}
+    return any(key in settings and str(settings[key]) == value for key, value in wanted.items())
+
+
 def launch_key(options, key_dim: int) -> str:
     """``options`` (one kernel's entry of a ``KERNEL_OPTIONS`` row, or ``recompute_states``'s bool) as the launch the
     timed bf16 inputs get: ``num_warps`` None is 4 and ``num_stages`` None the row's pipeline depth at this key width
@@ -1524,6 +1540,10 @@ def main(argv=None) -> None:
                         help="a comma list of the row's kernel names (forward, backward_states, ...) or "
                              "recompute_states: --sweep times only their variants, the other kernels keep the row's "
                              "options (default: every kernel and recompute_states)")
+    parser.add_argument("--sweep-only", default=None, metavar="NAME=VALUE,...",
+                        help="of the variants --sweep-kernels leaves, time only those that set one of these "
+                             "options to its value (e.g. FUSED=True,recompute_states=base): a sweep of candidates "
+                             "the row's earlier sweeps have not timed, without timing the rest again")
     parser.add_argument("--sweep-at", type=_batch_and_length, default=None, metavar="B,T",
                         help="the batch and length the sweep times (default: one sequence of min(--tokens, 32768)); "
                              "e.g. 4,2048 for a training micro-batch, where more sequences fill more of the GPU")
@@ -1582,6 +1602,10 @@ def main(argv=None) -> None:
         known = list(function.kernel_options(HEAD_DIM, VALUE_DIM))  # recompute_states too: timed, never chosen
         if not set(sweep_kernels) <= set(known):
             parser.error(f"--sweep-kernels: a comma list of {', '.join(known)}; got {args.sweep_kernels!r}")
+    try:
+        sweep_only = None if args.sweep_only is None else _option_values(args.sweep_only)
+    except ValueError as exc:
+        parser.error(f"--sweep-only: {exc}")
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
@@ -1595,6 +1619,10 @@ def main(argv=None) -> None:
     variants = sweep_variants(HEAD_DIM, VALUE_DIM) if args.sweep else []
     if args.sweep_kernels is not None:
         variants = [v for v in variants if next(iter(v)) in sweep_kernels]
+    if sweep_only is not None:
+        variants = [v for v in variants if variant_sets(v, sweep_only)]
+        if args.sweep and not variants:
+            parser.error(f"--sweep-only: no variant left to time sets any of {args.sweep_only!r}")
     correctness, failures = warm_and_check(variants, args.workers, args.skip_check, args.quick_check, lengths,
                                            args.tokens, deadline=start + 0.6 * args.budget,
                                            methods=args.methods.split(","))
