@@ -357,7 +357,57 @@ def test_recomputing_the_base_pass_only_keeps_the_residual_memorys_results(rule,
         function.recomputed_names("residual")
 
 
-@pytest.mark.parametrize("recompute", [False, "base", True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_recomputing_from_the_kept_writes_gives_the_same_bits(rule, residual, dtype, monkeypatch):
+    """recompute_states "writes": the forward keeps each memory's writes (u with the delta rule, w with a residual
+    memory) and drops the per-chunk states and the error; the backward runs every pass again from those writes
+    (FROM_WRITES: the writes read, not formed or stored), and the output, final states and every gradient are bit for
+    bit those of the run that keeps everything, in bfloat16 too, where the writes are rounded to their storage type
+    before the forward's passes update their states with them."""
+    from linmem.ops.triton import function
+
+    inputs = make_inputs(2, 70, 2, 32, 16, seed=int(torch.randint(0, 2**16, ())))
+    launched = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                launched.append(kwargs)
+                return function_kernel[grid](**kwargs)
+            return launch
+
+    function_kernel = function.state_pass_kernel
+    monkeypatch.setattr(function, "state_pass_kernel", Recorded())
+    results = {}
+    for recompute in (False, "writes"):
+        _recompute_in_every_row(monkeypatch, recompute)
+        launched.clear()
+        results[recompute] = run("triton", inputs, dtype, residual, rule=rule)
+        from_writes = [kwargs["writes_in"] is not None for kwargs in launched]
+        if recompute is False:
+            assert from_writes == [False] * (1 + residual)
+        else:  # the forward's passes, then the backward's: from the writes wherever a memory stores them
+            assert from_writes == [False] * (1 + residual) + [rule == "delta"] + [True] * residual
+            assert all(kwargs["writes_out"] is None for kwargs in launched[1 + residual:])
+    assert_bit_identical(results["writes"], results[False])
+
+    leaves = {n: t.to(dtype if n in "qkv" else torch.float32).requires_grad_(True) for n, t in inputs.items()}
+    _recompute_in_every_row(monkeypatch, "writes")
+    o, _ = linear_memory(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                         leaves["gamma"] if residual else None, residual=residual, rule=rule, backend="triton")
+    saved = function.saved_for_backward(_autograd_node(o, "LinearMemoryFunctionBackward"))
+    assert all(saved[name] is None for name in ("base_chunks", "res_chunks", "err"))
+    assert (saved["u"] is not None) == (rule == "delta") and (saved["w"] is not None) == residual
+    flags = function._Flags(function.MemoryConfig(rule=rule, residual=residual), dtype)
+    shapes = function.state_pass_outputs(140, 4, 2, 2, 32, 16, flags, "meta")
+    size = shapes["base_chunks"].element_size()
+    writes_bytes = size * 140 * 2 * 16 * ((rule == "delta") + residual)
+    assert function.recomputed_bytes(shapes, "writes") == function.recomputed_bytes(shapes, True) - writes_bytes
+
+
+@pytest.mark.parametrize("recompute", [False, "base", "writes", True])
 def test_the_backward_frees_what_the_forward_kept_while_the_output_lives(recompute, monkeypatch):
     """The tensors the forward keeps are freed once the backward has run, though the output (and so its graph) is
     still referenced, as a training loop holds its last loss through the next step's forward; and reading them
@@ -374,7 +424,8 @@ def test_the_backward_frees_what_the_forward_kept_while_the_output_lives(recompu
     node = _autograd_node(o, "LinearMemoryFunctionBackward")
     kept = {name: weakref.ref(t) for name, t in function.saved_for_backward(node).items() if t is not None}
     assert {"key_scores", "inv_gamma"} <= set(kept)
-    assert ("res_chunks" in kept) == (recompute is not True) and ("base_chunks" in kept) == (recompute is False)
+    assert ("res_chunks" in kept) == (recompute in (False, "base")) and ("base_chunks" in kept) == (recompute is False)
+    assert ("w" in kept) == (recompute is not True)
     o.sum().backward()
     gc.collect()
     assert o.grad_fn is not None

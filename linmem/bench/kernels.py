@@ -772,7 +772,8 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # spill 368-448 bytes per thread offline where 4 warps spill none
     variants += [{name: dict(options)} for name, options in function.TUNED_AT_128.items()
                  if name != "recompute_states"]
-    # every other recompute_states (all passes, the base memory's only, none): timed and reported, never chosen (tune)
+    # every other recompute_states (all passes, the base memory's only, all from the kept writes, none): timed and
+    # reported, never chosen (tune)
     variants += [{"recompute_states": choice} for choice in function.RECOMPUTE_CHOICES
                  if choice != row["recompute_states"]]
     kept, seen = [], set()
@@ -968,8 +969,10 @@ def saved_states_text(B: int, T: int) -> str:
         flags = function._Flags(MemoryConfig(rule=rule, residual=residual), torch.bfloat16)
         saved = function.state_pass_outputs(B * T, chunks, B, HEADS, HEAD_DIM, VALUE_DIM, flags, "meta")
         text = f"{name.removeprefix('linmem ')} {function.recomputed_bytes(saved) / 2**20:.0f} MiB"
+        text += f" ({function.recomputed_bytes(saved, 'writes') / 2**20:.0f} with 'writes'"
         if residual:
-            text += f" ({function.recomputed_bytes(saved, 'base') / 2**20:.0f} with 'base')"
+            text += f", {function.recomputed_bytes(saved, 'base') / 2**20:.0f} with 'base'"
+        text += ")"
         parts.append(text)
     return ", ".join(parts) + f" per layer at B={B}, T={T}, H={HEADS}, K={HEAD_DIM}, V={VALUE_DIM}"
 

@@ -53,9 +53,9 @@ that cell "OOM" and the run goes on; any other error is recorded in the cell the
 
 Ratios are linmem / FLA: above 1 linmem is slower or larger (time, memory), and faster for tokens/s.
 
-``--recompute-states on|base|off`` sets the op's ``recompute_states`` (``linmem.ops.triton.function``) in every row
-for the run, e.g. ``base`` to measure an RDN that keeps its residual memory's per-chunk states for the backward; the
-header says so.
+``--recompute-states on|base|writes|off`` sets the op's ``recompute_states`` (``linmem.ops.triton.function``) in every
+row for the run, e.g. ``base`` to measure an RDN that keeps its residual memory's per-chunk states for the backward,
+or ``writes`` one whose backward rebuilds every state from the writes the forward kept; the header says so.
 
 FLA 0.6.0 refuses its gated backward on Hopper with Triton >= 3.4 and < 3.7.1 (its issue #640); for timing only this
 bench sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says in its header whether that bypassed the
@@ -683,7 +683,8 @@ def settings_of(args: argparse.Namespace, backend: str) -> dict:
                 **({"recompute_states": args.recompute_states} if args.recompute_states else {}))
 
 
-RECOMPUTE_FLAGS = {"on": True, "base": "base", "off": False}  # --recompute-states → the rows' recompute_states
+# --recompute-states → the rows' recompute_states
+RECOMPUTE_FLAGS = {"on": True, "base": "base", "writes": "writes", "off": False}
 
 
 def set_recompute_states(choice: str) -> str:
@@ -1027,7 +1028,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "difference from linmem's import and each cell's wall − busy gap; 0: no profiling")
     parser.add_argument("--recompute-states", choices=list(RECOMPUTE_FLAGS), default=None,
                         help="the op's recompute_states for this run, every width's row (default: the rows' own): "
-                             "on, base (the base memory's passes only: RDN/RLA keep the residual memory's) or off")
+                             "on, base (the base memory's passes only: RDN/RLA keep the residual memory's), writes "
+                             "(every pass again from the writes u, w the forward kept) or off")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
     parser.add_argument("--device", default="cuda")

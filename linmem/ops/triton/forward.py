@@ -50,6 +50,7 @@ from linmem.ops.triton.primitives import (
     state_at,
     store_blocks,
     store_token_rows,
+    stored,
     token_gate,
     token_rows,
     token_scores,
@@ -84,21 +85,29 @@ def _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H: tl.constex
         return sigma[:, None] * values
 
 
-@triton.heuristics(given(FROM_ERR="err", ERR_OUT="err_out", STORE_WRITES="writes_out", HAS_STATE0="state0"))
+@triton.heuristics(given(FROM_ERR="err", ERR_OUT="err_out", STORE_WRITES="writes_out", HAS_STATE0="state0",
+                         FROM_WRITES="writes_in"))
 @triton.jit
 def state_pass_kernel(
-    k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out,
+    k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out, writes_in,
     cu_seqlens, chunk_offsets, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
     ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr, KEYS_ONCE: tl.constexpr,
+    FROM_WRITES: tl.constexpr,
 ):
     """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x``, or ``ρ(err)``
     where ``err`` is given (x None), strength σ; the prediction error into ``err_out`` and the writes into
     ``writes_out`` where given; from ``state0``, or zeros where it is None. ``key_scores`` only with ``err_out``,
     ``inverse`` only with DELTA. KEYS_ONCE loads the chunk's key blocks once for the read ``K S_0ᵀ`` (DELTA or
     ERR_OUT) and the update ``Kᵀ(…)`` (``load_key_blocks``): the same products, one shared-memory tile per key block
-    in a pipelined loop instead of two; at one stage the blocks stay live in registers between the two."""
+    in a pipelined loop instead of two; at one stage the blocks stay live in registers between the two.
+
+    With ``writes_in`` (FROM_WRITES: the writes an earlier pass stored) the pass takes its writes from there instead
+    of forming them: the state's chain is then the update alone, and the read ``K S_0ᵀ`` is made only for the error
+    (ERR_OUT; ``x`` or ``err`` unused without it, ``inverse`` unused). A pass that stores its writes updates its
+    state with them as stored (rounded to ``writes_out``'s type), so that a pass from them gives its states bit for
+    bit."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
     s0, s1, s2, s3 = _initial_blocks(state0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_STATE0)
@@ -108,21 +117,27 @@ def state_pass_kernel(
         store_blocks(state_at(state_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
         bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
         kp = at_token(k, tok, i_h, H, K)
-        if FROM_ERR:
-            values = rho(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
-        else:
-            values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
+        if FROM_WRITES:
+            u = token_rows(writes_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        values = tl.zeros([C, BV], dtype=tl.float32)  # unused unless formed below
+        if not FROM_WRITES or ERR_OUT:
+            if FROM_ERR:
+                values = rho(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+            else:
+                values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
         ks = values  # unused unless DELTA or ERR_OUT
         if KEYS_ONCE:
             k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
-        if DELTA or ERR_OUT:  # K S_0ᵀ
+        if (DELTA and not FROM_WRITES) or ERR_OUT:  # K S_0ᵀ
             if KEYS_ONCE:
                 ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
             else:
                 ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-        u = _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
+        if not FROM_WRITES:
+            u = _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
         if STORE_WRITES:
             store_token_rows(writes_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
+            u = stored(u, writes_out.dtype.element_ty).to(tl.float32)  # the writes as a pass from them reads them
         if ERR_OUT:
             a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
             error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
@@ -179,6 +194,7 @@ def both_state_passes_kernel(
         u = _writes(values, ks, beta, inv_beta, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
         if DELTA:
             store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
+            u = stored(u, u_out.dtype.element_ty).to(tl.float32)  # as state_pass_kernel updates with it
         a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
         error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
         store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
@@ -186,6 +202,7 @@ def both_state_passes_kernel(
         res_values = tl.where(m_t[:, None] & m_v[None, :], rho(error, clip, TARGET), 0.0)
         w = _writes(res_values, kr, gamma, inv_gamma, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
         store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
+        w = stored(w, w_out.dtype.element_ty).to(tl.float32)
         chunk_decay = tl.exp(b_last)
         to_end = tl.exp(b_last - bb)[:, None]  # each write decayed to the chunk end, e^{b_C − b_s}
         if KEYS_ONCE:

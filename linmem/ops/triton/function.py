@@ -70,13 +70,16 @@ from linmem.ops.triton.scores import chunk_scores
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
 # writes u, w and the error err, what ``recomputed_bytes`` counts: 3.2 GB of per-chunk states alone for GDN-1.3B's 24
 # layers at B = 4, T = 2048), at the cost of one more sequential pass per memory. "base" recomputes the base memory's
-# pass only and keeps a residual memory's per-chunk states and writes w (its error err comes again from the base
-# pass): one sequential pass fewer in an RLA/RDN backward for those two tensors' bytes; for a memory without a
-# residual one it is True. Every row recomputes (True), as FLA's own chunked delta rule does: in ``versus_fla`` on an
-# H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the states kept stepped in 0.81x FLA's time but
-# peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time, was the binding cost (``--sweep`` prints
-# the bytes and times both, never choosing by time alone). "base" saves RDN a few milliseconds of a GDN-1.3B training
-# step for gigabytes of peak memory (docs/benchmarks/versus_fla.md, ``--recompute-states base``): no row takes it.
+# pass only and keeps a residual memory's per-chunk states and writes w (its error err comes again from the base pass):
+# one sequential pass fewer in an RLA/RDN backward for those two tensors' bytes; for a memory without a residual one it
+# is True. "writes" keeps each memory's writes (u, w: per token, a quarter of the per-chunk states' bytes at K = 256)
+# and runs every pass again from them (``state_pass_kernel``'s FROM_WRITES): each state's chain is then its update
+# alone, the delta write's read and triangular solve gone from it. Every row recomputes (True), as FLA's own chunked
+# delta rule does: in ``versus_fla`` on an H100 (GDN-340M, B = 4, T = 2048, bf16 autocast) linmem's model with the
+# states kept stepped in 0.81x FLA's time but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time,
+# was the binding cost (``--sweep`` prints the bytes and times both, never choosing by time alone). "base" saves RDN a
+# few milliseconds of a GDN-1.3B training step for gigabytes of peak memory (docs/benchmarks/versus_fla.md,
+# ``--recompute-states base``): no row takes it.
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
@@ -255,25 +258,31 @@ def _forward(q, k, v, g, beta, gamma, base0, res0, flags: _Flags, scale: float, 
 
 
 def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, flags: _Flags,
-                  layout: SequenceLayout, residual_pass: bool = True) -> dict:
+                  layout: SequenceLayout, residual_pass: bool = True, writes: dict | None = None) -> dict:
     """The sequential forward passes (forward.py ``state_pass_kernel``): each memory's state before every chunk
     (``base_chunks``, ``res_chunks`` ``[NT, H, K, V]``), its writes (u with the delta rule, w with a residual memory,
     ``[N_tok, H, V]``), the prediction error ``err`` (residual) and the final states (``[N, H, V, K]``); None where
     the memory has none. Run again in the backward with ``recompute_states``: the same launches give the same
     bits. ``residual_pass`` False runs the base memory's pass only (the residual memory's buffers stay unwritten).
-    Without history fitting the residual memory has no pass: its states, writes and final state are zeros."""
+    ``writes`` (``recompute_states`` "writes": the forward's u and w by name) runs each pass from them
+    (``state_pass_kernel``'s FROM_WRITES: the update alone on the chain, the base memory's read only for its error):
+    the same states and error, bit for bit; the writes are not stored again. Without history fitting the residual
+    memory has no pass: its states, writes and final state are zeros."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
     residual_pass = residual_pass and not flags.without_fitting
     out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device,
-                             residual_pass)
+                             residual_pass, with_writes=writes is None)
     if flags.without_fitting:
         for name, like in (("res_chunks", "base_chunks"), ("w", "err"), ("res_final", "base_final")):
             out[name] = torch.zeros_like(out[like], dtype=out["base_chunks"].dtype if name == "w" else None)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
-    fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
+    fused = blocks.pop("FUSED", False) and flags.residual and residual_pass and writes is None
+    u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])
+    if writes is not None:  # the kept writes are read, not written again
+        out["u"], out["w"] = u_in, w_in
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
                   H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
@@ -288,37 +297,40 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     # the base memory (values v, strength β), emitting the prediction error for the residual memory
     state_pass_kernel[grid](
         x=v, err=None, strength=beta, inverse=inv_beta, key_scores=key_scores if flags.residual else None,
-        state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"], writes_out=out["u"],
-        err_out=out["err"], **common,
+        state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"],
+        writes_out=out["u"] if u_in is None else None, err_out=out["err"], writes_in=u_in, **common,
     )
     if flags.residual and residual_pass:  # the residual memory (values ρ(err), strength γ)
         state_pass_kernel[grid](
-            x=None, err=out["err"], strength=gamma, inverse=inv_gamma, key_scores=None, state0=res0,
-            state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None, **common,
+            x=None, err=out["err"] if w_in is None else None, strength=gamma, inverse=inv_gamma, key_scores=None,
+            state0=res0, state_final=out["res_final"], state_chunks=out["res_chunks"],
+            writes_out=out["w"] if w_in is None else None, err_out=None, writes_in=w_in, **common,
         )
     return out
 
 
 def state_pass_outputs(num_tokens: int, num_chunks: int, num_seqs: int, heads: int, key_dim: int, value_dim: int,
-                       flags: _Flags, device, residual_pass: bool = True) -> dict:
-    """The buffers ``_state_passes`` fills (None where the memory has none, and for the residual memory's own
-    results when ``residual_pass`` is False): per-chunk states ``[NT, H, K, V]`` and the writes u, w in the storage
-    type, the error err in float32, the final states ``[N, H, V, K]`` float32."""
+                       flags: _Flags, device, residual_pass: bool = True, with_writes: bool = True) -> dict:
+    """The buffers ``_state_passes`` fills (None where the memory has none, for the residual memory's own results
+    when ``residual_pass`` is False, and for the writes when ``with_writes`` is False): per-chunk states
+    ``[NT, H, K, V]`` and the writes u, w in the storage type, the error err in float32, the final states
+    ``[N, H, V, K]`` float32."""
     per_chunk = (num_chunks, heads, key_dim, value_dim)  # states before each chunk, [K, V]
     per_token = (num_tokens, heads, value_dim)
     final = (num_seqs, heads, value_dim, key_dim)
     residual = flags.residual and residual_pass
     return dict(base_chunks=_buf(per_chunk, device, flags.store_dtype),
                 res_chunks=_buf(per_chunk, device, flags.store_dtype) if residual else None,
-                u=_buf(per_token, device, flags.store_dtype) if flags.delta else None,
-                w=_buf(per_token, device, flags.store_dtype) if residual else None,
+                u=_buf(per_token, device, flags.store_dtype) if flags.delta and with_writes else None,
+                w=_buf(per_token, device, flags.store_dtype) if residual and with_writes else None,
                 err=_buf(per_token, device) if flags.residual else None,
                 base_final=_buf(final, device), res_final=_buf(final, device) if residual else None)
 
 
 # what ``recompute_states`` leaves out of the forward's saved tensors: the state passes' results but the final states
 RECOMPUTED = ("base_chunks", "res_chunks", "u", "w", "err")
-RECOMPUTE_CHOICES = (True, "base", False)  # every memory's pass run again, the base memory's only, none
+# every memory's pass run again, the base memory's only, every memory's from its kept writes, none
+RECOMPUTE_CHOICES = (True, "base", "writes", False)
 
 
 def recomputed_names(recompute: bool | str) -> tuple[str, ...]:
@@ -328,6 +340,8 @@ def recomputed_names(recompute: bool | str) -> tuple[str, ...]:
         raise ValueError(f"recompute_states must be one of {RECOMPUTE_CHOICES}; got {recompute!r}")
     if recompute == "base":
         return ("base_chunks", "u", "err")
+    if recompute == "writes":
+        return ("base_chunks", "res_chunks", "err")
     return RECOMPUTED if recompute else ()
 
 
@@ -460,7 +474,8 @@ class LinearMemoryFunction(torch.autograd.Function):
         if store:
             # with recompute_states the backward runs the state passes (all, or the base memory's) again, from the
             # initial states
-            ctx.recompute = recomputed_names(kernel_options(k.shape[-1], v.shape[-1])["recompute_states"])
+            choice = kernel_options(k.shape[-1], v.shape[-1])["recompute_states"]
+            ctx.recompute, ctx.from_writes = recomputed_names(choice), choice == "writes"
             saved.update(dict.fromkeys(ctx.recompute))
             ctx.flags, ctx.scale, ctx.layout, ctx.saved_names = flags, scale, layout, tuple(saved)
             # every kept tensor goes through save_for_backward, never a ctx attribute: autograd frees those once the
@@ -480,7 +495,8 @@ class LinearMemoryFunction(torch.autograd.Function):
         if ctx.recompute:
             states = _state_passes(k, v, saved["b"], g, beta, gamma, saved["key_scores"], saved["inv_beta"],
                                    saved["inv_gamma"], base0, res0, flags, ctx.layout,
-                                   residual_pass="res_chunks" in ctx.recompute)
+                                   residual_pass="res_chunks" in ctx.recompute,
+                                   writes=saved if ctx.from_writes else None)
             saved = dict(saved, **{name: states[name] for name in ctx.recompute})
         do = torch.zeros_like(v) if do is None else do.contiguous()
         finals = [None if d is None else d.float().contiguous() for d in (d_base_final, d_res_final)]
