@@ -1422,12 +1422,13 @@ def test_sweep_only_option_keeps_the_variants_that_set_those_options(monkeypatch
     wide = ["--head-dim", "256", "--heads", "2"]
     with pytest.raises(RuntimeError, match="stop here"):
         bench.main(["--sweep", "--sweep-kernels", "forward,recompute_states", "--sweep-only",
-                    "FUSED=True,recompute_states=base", *wide])
+                    "FUSED=True,recompute_states=base,recompute_states=writes", *wide])
     everything = [v for v in bench.sweep_variants(256, 256) if next(iter(v)) in ("forward", "recompute_states")]
     expected = [v for v in everything if v.get("forward", {}).get("FUSED") is True
-                or v.get("recompute_states") == "base"]
+                or v.get("recompute_states") in ("base", "writes")]
     assert seen["variants"] == expected
-    assert {"recompute_states": "base"} in expected and any("forward" in v for v in expected)
+    assert {"recompute_states": "base"} in expected and {"recompute_states": "writes"} in expected
+    assert any("forward" in v for v in expected)
     assert len(expected) < len(everything)
     with pytest.raises(RuntimeError, match="stop here"):  # a value compared as text: BV=16 of any kernel
         bench.main(["--sweep", "--sweep-only", "BV=16", *wide])

@@ -786,20 +786,24 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     return kept
 
 
-def _option_values(text: str) -> dict[str, str]:
-    """``--sweep-only``'s ``NAME=VALUE,...`` as {name: value text}."""
+def _option_values(text: str) -> dict[str, set[str]]:
+    """``--sweep-only``'s ``NAME=VALUE,...`` as {name: the value texts given for it}."""
     pairs = [item.partition("=") for item in text.split(",")]
-    if not text or any(not name or not sep or not value for name, sep, value in pairs):
+    if not text or any(not name.strip() or not sep or not value.strip() for name, sep, value in pairs):
         raise ValueError(f"a comma list of NAME=VALUE; got {text!r}")
-    return {name.strip(): value.strip() for name, _, value in pairs}
+    wanted: dict[str, set[str]] = {}
+    for name, _, value in pairs:
+        wanted.setdefault(name.strip(), set()).add(value.strip())
+    return wanted
 
 
-def variant_sets(variant: dict, wanted: dict[str, str]) -> bool:
+def variant_sets(variant: dict, wanted: dict[str, set[str]]) -> bool:
     """Whether a ``sweep_variants`` entry sets one of ``wanted``'s options (a kernel's launch option, or
-    ``recompute_states``) to its value, compared as text (``FUSED=True``, ``BV=16``, ``recompute_states=base``)."""
+    ``recompute_states``) to one of its values, compared as text (``FUSED=True``, ``BV=16``,
+    ``recompute_states=base``)."""
     ((name, options),) = variant.items()
     settings = options if isinstance(options, dict) else {name: options}
-    return any(key in settings and str(settings[key]) == value for key, value in wanted.items())
+    return any(key in settings and str(settings[key]) in values for key, values in wanted.items())
 
 
 def launch_key(options, key_dim: int) -> str:
