@@ -1393,6 +1393,7 @@ def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
         bench.main(["--sweep", "--sweep-kernels", "forward,recompute_states", "--head-dim", "256", "--heads", "2"])
     assert {next(iter(v)) for v in seen["variants"]} == {"forward", "recompute_states"}
     assert [v for v in seen["variants"] if "recompute_states" in v] == [{"recompute_states": "base"},
+                                                                        {"recompute_states": "writes"},
                                                                         {"recompute_states": False}]
 
 
