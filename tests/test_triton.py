@@ -463,7 +463,8 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
     """The forward's FUSED: an RLA/RDN's two memories in one program per value block (one launch in the forward and
     one in the backward's recomputation, none of the single-memory pass) give the output, final states and every
     gradient of the two launches bit for bit, partial last chunks and initial states included; with recompute_states
-    "base" the backward's recomputation is the base memory's pass alone."""
+    "base" the backward's recomputation is the base memory's pass alone, with "writes" one fused pass from the
+    forward's writes."""
     from linmem.ops.triton import function
 
     inputs = make_inputs(2, 70, 2, 32, 16, seed=29)
@@ -482,9 +483,13 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
     base = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (5, 3)
     assert_bit_identical(base, two)
+    _recompute_in_every_row(monkeypatch, "writes")  # the backward rebuilds both states from the writes in one pass
+    from_writes = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(both.grids)) == (5, 5)
+    assert_bit_identical(from_writes, two)
     # without a residual memory the option changes nothing: one pass of the single-memory kernel
     run("triton", inputs, dtype, False, rule=rule)
-    assert (len(single.grids), len(both.grids)) == (7, 3)
+    assert (len(single.grids), len(both.grids)) == (7, 5)
 
 
 def test_sequential_pass_launch_options(monkeypatch):
@@ -1437,3 +1442,64 @@ def test_sweep_only_option_keeps_the_variants_that_set_those_options(monkeypatch
     for bad in ("FUSED", "=True", "FUSED=", "BV=999"):
         with pytest.raises(SystemExit):
             bench.main(["--sweep", "--sweep-only", bad, *wide])
+
+
+def test_override_options_changes_every_row_and_refuses_unknown_names(monkeypatch):
+    """``override_options`` (the kernels bench's ``--options``, the resource check's ``--options``) updates one
+    kernel's launch options or replaces ``recompute_states`` in every row; an unknown kernel, launch option or
+    recompute choice is refused before any row changes."""
+    from linmem.ops.triton import function
+
+    for key, row in function.KERNEL_OPTIONS.items():
+        monkeypatch.setitem(function.KERNEL_OPTIONS, key, {name: (dict(opts) if isinstance(opts, dict) else opts)
+                                                           for name, opts in row.items()})
+    before = {key: dict(row) for key, row in function.KERNEL_OPTIONS.items()}
+    for bad in ({"nope": {}}, {"forward": {"NOPE": 1}}, {"forward": 3}, {"recompute_states": "sometimes"},
+                {"forward": {"FUSED": True}, "recompute_states": "sometimes"}):
+        with pytest.raises(ValueError):
+            function.override_options(bad)
+        assert function.KERNEL_OPTIONS == before
+    function.override_options({"forward": {"FUSED": True}, "recompute_states": "writes"})
+    for key, row in function.KERNEL_OPTIONS.items():
+        assert row["recompute_states"] == "writes"
+        assert row["forward"] == dict(before[key]["forward"], FUSED=True)
+        assert {name: opts for name, opts in row.items() if name not in ("forward", "recompute_states")} == {
+            name: opts for name, opts in before[key].items() if name not in ("forward", "recompute_states")}
+
+
+def test_bench_options_set_the_row_before_the_sweep_reads_it(monkeypatch):
+    """``--options`` changes the launch options before the sweep builds its candidates from the row: with
+    ``recompute_states`` "writes" set, the FUSED candidate is timed against a row that rebuilds from the writes; bad
+    JSON or an unknown option stops the run before any work."""
+    import linmem.bench.kernels as bench
+    from linmem.ops.triton import function
+
+    for name in ("SWEPT", "HEAD_DIM", "VALUE_DIM", "HEADS"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):
+        monkeypatch.delenv(name, raising=False)
+    for key, row in function.KERNEL_OPTIONS.items():
+        monkeypatch.setitem(function.KERNEL_OPTIONS, key, dict(row))
+    try:
+        import fla.ops.common.chunk_o as fla_chunk_o
+
+        monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", fla_chunk_o.TRITON_ABOVE_3_7_1)
+    except ImportError:
+        pass
+    seen = {}
+
+    def stop_at_the_compiles(variants, *args, **kwargs):
+        seen["variants"] = variants
+        seen["row"] = dict(function.kernel_options(256, 256))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bench, "warm_and_check", stop_at_the_compiles)
+    wide = ["--head-dim", "256", "--heads", "2"]
+    with pytest.raises(RuntimeError, match="stop here"):
+        bench.main(["--sweep", "--sweep-kernels", "forward", "--sweep-only", "FUSED=True", "--options",
+                    '{"recompute_states": "writes"}', *wide])
+    assert seen["row"]["recompute_states"] == "writes"
+    assert seen["variants"] and all(v["forward"]["FUSED"] for v in seen["variants"])
+    for bad in ("{not json", '{"recompute_states": "sometimes"}', '{"forward": {"NOPE": 1}}', "[1, 2]"):
+        with pytest.raises(SystemExit):
+            bench.main(["--options", bad, *wide])

@@ -1551,6 +1551,10 @@ def main(argv=None) -> None:
                         help="of the variants --sweep-kernels leaves, time only those that set one of these "
                              "options to its value (e.g. FUSED=True,recompute_states=base): a sweep of candidates "
                              "the row's earlier sweeps have not timed, without timing the rest again")
+    parser.add_argument("--options", type=json.loads, default=None, metavar="JSON",
+                        help="launch options for this run, in every row of the op's KERNEL_OPTIONS before anything "
+                             "is timed or swept, e.g. '{\"recompute_states\": \"writes\"}' or "
+                             "'{\"forward\": {\"FUSED\": true}}' (the report's launch options show them)")
     parser.add_argument("--sweep-at", type=_batch_and_length, default=None, metavar="B,T",
                         help="the batch and length the sweep times (default: one sequence of min(--tokens, 32768)); "
                              "e.g. 4,2048 for a training micro-batch, where more sequences fill more of the GPU")
@@ -1613,6 +1617,13 @@ def main(argv=None) -> None:
         sweep_only = None if args.sweep_only is None else _option_values(args.sweep_only)
     except ValueError as exc:
         parser.error(f"--sweep-only: {exc}")
+    if args.options is not None:
+        from linmem.ops.triton import function
+
+        try:
+            function.override_options(args.options)
+        except (ValueError, AttributeError) as exc:
+            parser.error(f"--options: {exc}")
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
     try:
         import fla.ops.common.chunk_o as fla_chunk_o

@@ -153,14 +153,14 @@ def state_pass_kernel(
     store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
 
 
-@triton.heuristics(given(HAS_BASE0="base0", HAS_RES0="res0"))
+@triton.heuristics(given(HAS_BASE0="base0", HAS_RES0="res0", FROM_WRITES="w_in"))
 @triton.jit
 def both_state_passes_kernel(
     k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, base_final, res_final, base_chunks,
-    res_chunks, u_out, w_out, err_out, cu_seqlens, chunk_offsets, clip,
+    res_chunks, u_out, w_out, err_out, u_in, w_in, cu_seqlens, chunk_offsets, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, HAS_BASE0: tl.constexpr,
-    HAS_RES0: tl.constexpr, KEYS_ONCE: tl.constexpr,
+    HAS_RES0: tl.constexpr, KEYS_ONCE: tl.constexpr, FROM_WRITES: tl.constexpr,
 ):
     """Both memories of RLA/RDN in one pass (the forward's launch option FUSED): ``state_pass_kernel``'s base pass
     (values v, strength β, emitting the error) and its residual pass (values ρ(err), strength γ) chunk by chunk in
@@ -168,7 +168,12 @@ def both_state_passes_kernel(
     instead of from ``err_out``, the chunk's key blocks are loaded once for both (KEYS_ONCE: for all four products),
     and its read ``K R_0ᵀ`` does not wait on the base memory's chain; the price is both states held at once. The
     same products in the same order as the two launches: the same values, stored in the same buffers (``u_out`` only
-    with DELTA)."""
+    with DELTA).
+
+    With ``w_in`` (FROM_WRITES, and ``u_in`` with DELTA: the writes the forward stored) both states are rebuilt from
+    them, ``state_pass_kernel``'s FROM_WRITES for both memories at once: two chains of updates that do not wait on
+    each other, the base memory's read only for the error, nothing of the residual memory's write formed, no write
+    stored."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
     s0, s1, s2, s3 = _initial_blocks(base0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE0)
@@ -185,24 +190,30 @@ def both_state_passes_kernel(
         if KEYS_ONCE:
             k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
             ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
-            if DELTA:
+            if DELTA and not FROM_WRITES:
                 kr = read_loaded_blocks(k0, k1, k2, k3, r0, r1, r2, r3, NK, DT)
         else:
             ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-            if DELTA:
+            if DELTA and not FROM_WRITES:
                 kr = read_blocks(kp, pos, m_t, H, K, BK, NK, r0, r1, r2, r3, DT)
-        u = _writes(values, ks, beta, inv_beta, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
-        if DELTA:
+        if FROM_WRITES and DELTA:
+            u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        else:
+            u = _writes(values, ks, beta, inv_beta, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
+        if DELTA and not FROM_WRITES:
             store_token_rows(u_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
             u = stored(u, u_out.dtype.element_ty).to(tl.float32)  # as state_pass_kernel updates with it
         a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
         error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
         store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
-        # ρ(err) as the residual pass reads it back: 0 outside the chunk's rows and the value columns
-        res_values = tl.where(m_t[:, None] & m_v[None, :], rho(error, clip, TARGET), 0.0)
-        w = _writes(res_values, kr, gamma, inv_gamma, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
-        store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
-        w = stored(w, w_out.dtype.element_ty).to(tl.float32)
+        if FROM_WRITES:
+            w = token_rows(w_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        else:
+            # ρ(err) as the residual pass reads it back: 0 outside the chunk's rows and the value columns
+            res_values = tl.where(m_t[:, None] & m_v[None, :], rho(error, clip, TARGET), 0.0)
+            w = _writes(res_values, kr, gamma, inv_gamma, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
+            store_token_rows(w_out, w, tok, i_h, pos, m_t, vc, m_v, H, V)
+            w = stored(w, w_out.dtype.element_ty).to(tl.float32)
         chunk_decay = tl.exp(b_last)
         to_end = tl.exp(b_last - bb)[:, None]  # each write decayed to the chunk end, e^{b_C − b_s}
         if KEYS_ONCE:

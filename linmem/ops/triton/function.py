@@ -147,6 +147,23 @@ def kernel_options(key_dim: int, value_dim: int) -> dict:
     return KERNEL_OPTIONS[width_class(key_dim), width_class(value_dim)]
 
 
+def override_options(overrides: dict | None) -> None:
+    """Change every row of ``KERNEL_OPTIONS`` for the rest of the process: a kernel's entry of ``overrides`` updates
+    that kernel's launch options (``{"forward": {"FUSED": True}}``), ``recompute_states`` replaces the row's. An
+    unknown kernel or launch option is refused before any row changes."""
+    overrides = overrides or {}
+    for name, opts in overrides.items():
+        if name not in TUNED_AT_128:
+            raise ValueError(f"no kernel {name!r} in the launch options; known: {', '.join(TUNED_AT_128)}")
+        if name == "recompute_states":
+            recomputed_names(opts)  # refuses an unknown choice
+        elif not isinstance(opts, dict) or not set(opts) <= set(TUNED_AT_128[name]):
+            raise ValueError(f"{name}: a dict of its launch options ({', '.join(TUNED_AT_128[name])}); got {opts!r}")
+    for name, opts in overrides.items():
+        for row in KERNEL_OPTIONS.values():
+            row[name] = dict(row[name], **opts) if isinstance(opts, dict) else opts
+
+
 @functools.cache
 def _multiprocessors() -> int:
     if torch.cuda.is_available():
@@ -279,7 +296,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
             out[name] = torch.zeros_like(out[like], dtype=out["base_chunks"].dtype if name == "w" else None)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
-    fused = blocks.pop("FUSED", False) and flags.residual and residual_pass and writes is None
+    fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
     u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])
     if writes is not None:  # the kept writes are read, not written again
         out["u"], out["w"] = u_in, w_in
@@ -291,7 +308,8 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
         both_state_passes_kernel[grid](
             v=v, beta=beta, gamma=gamma, key_scores=key_scores, inv_beta=inv_beta, inv_gamma=inv_gamma, base0=base0,
             res0=res0, base_final=out["base_final"], res_final=out["res_final"], base_chunks=out["base_chunks"],
-            res_chunks=out["res_chunks"], u_out=out["u"], w_out=out["w"], err_out=out["err"], **common,
+            res_chunks=out["res_chunks"], u_out=out["u"] if u_in is None else None,
+            w_out=out["w"] if w_in is None else None, err_out=out["err"], u_in=u_in, w_in=w_in, **common,
         )
         return out
     # the base memory (values v, strength β), emitting the prediction error for the residual memory

@@ -71,7 +71,8 @@ def _recording(log):
 
 
 def record_launches(memory: str, dtype: torch.dtype, width: int, output_gates: bool = True) -> list[Launch]:
-    """The kernel launches of one forward and backward pass (B = 1, T = 200, H = 2, K = V = width)."""
+    """The kernel launches of one forward and backward pass (B = 1, T = 200, H = 2, K = V = width), the backward's
+    recomputation of the state passes (the row's ``recompute_states``) included."""
     from linmem.ops.triton import function
     from linmem.ops.triton.layout import SequenceLayout, interpreting
 
@@ -90,6 +91,12 @@ def record_launches(memory: str, dtype: torch.dtype, width: int, output_gates: b
     with _recording(log):
         _, base_final, res_final, saved = function._forward(*qk, v, *gates, state, state if residual else None,
                                                             flags, 0.1, layout)
+        recompute = function.kernel_options(width, width)["recompute_states"]
+        if recompute:  # the backward's state passes again, as LinearMemoryFunction.backward runs them
+            function._state_passes(qk[1], v, saved["b"], *gates, saved["key_scores"], saved["inv_beta"],
+                                   saved["inv_gamma"], state, state if residual else None, flags, layout,
+                                   residual_pass="res_chunks" in function.recomputed_names(recompute),
+                                   writes=saved if recompute == "writes" else None)
         function._backward(torch.zeros_like(v), state, state if residual else None, *qk, v, *gates, flags, 0.1,
                            layout, saved)
     for launch in log:
@@ -168,17 +175,11 @@ def _cubin_usage(cubin: bytes) -> dict:
 
 
 def _compile_one(args):
-    memory, dtype, width, index, overrides, arch, kernels = args
-    _override(overrides)
-    return compile_launch(record_launches(memory, dtype, width)[index], arch)
-
-
-def _override(overrides: dict | None) -> None:
     from linmem.ops.triton import function
 
-    for name, opts in (overrides or {}).items():  # at every width
-        for row in function.KERNEL_OPTIONS.values():
-            row[name] = dict(row[name], **opts)
+    memory, dtype, width, index, overrides, arch, kernels = args
+    function.override_options(overrides)
+    return compile_launch(record_launches(memory, dtype, width)[index], arch)
 
 
 def resource_table(memories, dtypes, widths, workers: int = 1, arch: int = 90, overrides: dict | None = None,
@@ -186,7 +187,9 @@ def resource_table(memories, dtypes, widths, workers: int = 1, arch: int = 90, o
     """Compile every distinct kernel launch of these configurations (in ``workers`` processes) and return a row per
     configuration and launch (launches that compile to the same kernel share one compile); ``overrides`` changes
     ``KERNEL_OPTIONS`` entries (in every row), ``kernels`` keeps only these kernels (names without ``_kernel``)."""
-    _override(overrides)
+    from linmem.ops.triton import function
+
+    function.override_options(overrides)
     jobs, keys, found = [], {}, []
     for memory in memories:
         for dtype in dtypes:
