@@ -13,7 +13,8 @@
 #       the background once the device tool has read .devrun/sent (30 s later), or after PARK_SECONDS (600) at most;
 #       a `run` call naming .devrun in carry must follow at once (tests that load the zoo fail here in between). It
 #       prints the size the tool will send (tracked files present, and .devrun) and warns above 60 MiB (the tool
-#       takes 64 by its own count)
+#       takes 64 by its own count). Every call sends the tree again, a second `collect` on the held machine too:
+#       park again before each call
 #   here:   bash scripts/study/core_seeds_device.sh restore
 #       puts the parked files back at once (after a call the tool answered without sending the tree)
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh start STUDY.yaml MODEL:SEED [MODEL:SEED ...]
@@ -28,7 +29,7 @@
 # the runs' TRITON_CACHE_DIR, so that the queue's runs do not each compile the same kernels first, and `collect`
 # returns the cache as $OUT/triton-cache.tgz (under 15 MiB); copy it to .devrun/triton-cache.tgz here.
 set -uo pipefail
-usage() { sed -n 2,24p "$0" >&2; exit 2; }  # the header above
+usage() { sed -n 2,25p "$0" >&2; exit 2; }  # the header above
 verb=${1:-}
 shift || true
 root=$(cd "$(dirname "$0")/../.." && pwd)
