@@ -626,15 +626,18 @@ def test_forward_pass_keys_once(memory, K, packed, monkeypatch):
     assert all(kwargs["KEYS_ONCE"] is True for _, kwargs in launches.calls)
 
 
-@pytest.mark.parametrize("memory, K, packed, keys_once", [("RDN", 80, True, False), ("RLA", 80, True, True),
-                                                          ("RDN", 200, False, True), ("RLA", 200, False, False)])
-def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, monkeypatch):
+@pytest.mark.parametrize("memory, K, packed, keys_once, recompute", [
+    ("RDN", 80, True, False, True), ("RLA", 80, True, True, "writes"), ("RDN", 200, False, True, "writes"),
+    ("RLA", 200, False, False, True)])
+def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, recompute, monkeypatch):
     """FUSED (both memories of RLA/RDN in one state pass) against float64: packed sequences with initial states
     (an empty one, one shorter than a chunk, one over three chunks; two key blocks, the second partial) or two
-    sequences of two chunks (four key blocks, the fourth partial), with and without KEYS_ONCE; final states and every
-    gradient. Both the forward and the backward's recomputation launch the fused kernel, never the single one."""
+    sequences of two chunks (four key blocks, the fourth partial), with and without KEYS_ONCE, the backward's
+    recomputation from the start or from the kept writes; final states and every gradient. Both the forward and the
+    backward's recomputation launch the fused kernel, never the single one."""
     from linmem.ops.triton import function
 
+    _recompute_in_every_row(monkeypatch, recompute)
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True, KEYS_ONCE=keys_once))
     single = _Recorded(function.state_pass_kernel)
@@ -646,6 +649,18 @@ def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, monkey
     compare(inputs, residual, rule=rule, **extra)
     assert not single.calls and len(both.calls) == 2
     assert all(kwargs["KEYS_ONCE"] is keys_once for _, kwargs in both.calls)
+    assert [kwargs["w_in"] is not None for _, kwargs in both.calls] == [False, recompute == "writes"]
+
+
+@pytest.mark.parametrize("memory", ["RDN", "GDN"])
+def test_recomputing_from_the_kept_writes_against_float64(memory, monkeypatch):
+    """recompute_states "writes" with a pass per memory against float64: packed sequences with initial states (an
+    empty one, one shorter than a chunk, one over three chunks; two key blocks, the second partial); final states and
+    every gradient."""
+    _recompute_in_every_row(monkeypatch, "writes")
+    rule, residual = MEMORIES[memory]
+    inputs, extra = _option_case(80, True)
+    compare(inputs, residual, rule=rule, **extra)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
