@@ -1378,33 +1378,45 @@ def test_profile_methods_are_checked_before_any_work():
             bench.main(["--profile", *bad])
 
 
-def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
-    """``--sweep-kernels backward_states`` times the reverse pass's variants only (fewer compiles: a sweep that fits a
-    short GPU budget), ``recompute_states`` there its other choices; an unknown kernel name stops the run before any
-    work."""
+@pytest.fixture
+def stopped_bench(monkeypatch):
+    """linmem.bench.kernels with what its ``main`` sets (the timed shape, the swept methods, the environment, FLA's
+    version flag, the rows ``--options`` changes) restored after the test, and its compiles replaced by a stop that
+    records the variants to time and the row at the timed widths: a run's choices, seen before any work.
+    Returns (the module, what the stop saw)."""
     import linmem.bench.kernels as bench
+    from linmem.ops.triton import function
 
-    monkeypatch.setattr(bench, "SWEPT", bench.SWEPT)
-    monkeypatch.setattr(bench, "HEAD_DIM", bench.HEAD_DIM)
-    monkeypatch.setattr(bench, "VALUE_DIM", bench.VALUE_DIM)
-    monkeypatch.setattr(bench, "HEADS", bench.HEADS)
-    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):  # main sets them; restored after the test
+    for name in ("SWEPT", "HEAD_DIM", "VALUE_DIM", "HEADS"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):
         monkeypatch.delenv(name, raising=False)
+    for key, row in function.KERNEL_OPTIONS.items():
+        monkeypatch.setitem(function.KERNEL_OPTIONS, key, dict(row))
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
 
         monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", fla_chunk_o.TRITON_ABOVE_3_7_1)
     except ImportError:
         pass
-    with pytest.raises(SystemExit):
-        bench.main(["--sweep", "--sweep-kernels", "backward_states,reverse"])
     seen = {}
 
     def stop_at_the_compiles(variants, *args, **kwargs):
         seen["variants"] = variants
+        seen["row"] = dict(function.kernel_options(bench.HEAD_DIM, bench.VALUE_DIM))
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(bench, "warm_and_check", stop_at_the_compiles)
+    return bench, seen
+
+
+def test_sweep_kernels_option_sweeps_only_those_kernels(stopped_bench):
+    """``--sweep-kernels backward_states`` times the reverse pass's variants only (fewer compiles: a sweep that fits a
+    short GPU budget), ``recompute_states`` there its other choices; an unknown kernel name stops the run before any
+    work."""
+    bench, seen = stopped_bench
+    with pytest.raises(SystemExit):
+        bench.main(["--sweep", "--sweep-kernels", "backward_states,reverse"])
     with pytest.raises(RuntimeError, match="stop here"):
         bench.main(["--sweep", "--sweep-kernels", "backward_states", "--head-dim", "256", "--heads", "2"])
     assert seen["variants"] and {next(iter(v)) for v in seen["variants"]} == {"backward_states"}
@@ -1417,29 +1429,11 @@ def test_sweep_kernels_option_sweeps_only_those_kernels(monkeypatch):
                                                                         {"recompute_states": False}]
 
 
-def test_sweep_only_option_keeps_the_variants_that_set_those_options(monkeypatch):
+def test_sweep_only_option_keeps_the_variants_that_set_those_options(stopped_bench):
     """``--sweep-only FUSED=True,recompute_states=base`` times, of the kernels ``--sweep-kernels`` names, only the
     variants that set one of those options to that value; a malformed list, or one that leaves nothing to time, stops
     the run before any work."""
-    import linmem.bench.kernels as bench
-
-    for name in ("SWEPT", "HEAD_DIM", "VALUE_DIM", "HEADS"):
-        monkeypatch.setattr(bench, name, getattr(bench, name))
-    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):
-        monkeypatch.delenv(name, raising=False)
-    try:
-        import fla.ops.common.chunk_o as fla_chunk_o
-
-        monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", fla_chunk_o.TRITON_ABOVE_3_7_1)
-    except ImportError:
-        pass
-    seen = {}
-
-    def stop_at_the_compiles(variants, *args, **kwargs):
-        seen["variants"] = variants
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(bench, "warm_and_check", stop_at_the_compiles)
+    bench, seen = stopped_bench
     wide = ["--head-dim", "256", "--heads", "2"]
     with pytest.raises(RuntimeError, match="stop here"):
         bench.main(["--sweep", "--sweep-kernels", "forward,recompute_states", "--sweep-only",
@@ -1482,33 +1476,11 @@ def test_override_options_changes_every_row_and_refuses_unknown_names(monkeypatc
             name: opts for name, opts in before[key].items() if name not in ("forward", "recompute_states")}
 
 
-def test_bench_options_set_the_row_before_the_sweep_reads_it(monkeypatch):
+def test_bench_options_set_the_row_before_the_sweep_reads_it(stopped_bench):
     """``--options`` changes the launch options before the sweep builds its candidates from the row: with
     ``recompute_states`` "writes" set, the FUSED candidate is timed against a row that rebuilds from the writes; bad
     JSON or an unknown option stops the run before any work."""
-    import linmem.bench.kernels as bench
-    from linmem.ops.triton import function
-
-    for name in ("SWEPT", "HEAD_DIM", "VALUE_DIM", "HEADS"):
-        monkeypatch.setattr(bench, name, getattr(bench, name))
-    for name in ("LINMEM_BENCH_SHAPE", "FLA_CACHE_RESULTS"):
-        monkeypatch.delenv(name, raising=False)
-    for key, row in function.KERNEL_OPTIONS.items():
-        monkeypatch.setitem(function.KERNEL_OPTIONS, key, dict(row))
-    try:
-        import fla.ops.common.chunk_o as fla_chunk_o
-
-        monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", fla_chunk_o.TRITON_ABOVE_3_7_1)
-    except ImportError:
-        pass
-    seen = {}
-
-    def stop_at_the_compiles(variants, *args, **kwargs):
-        seen["variants"] = variants
-        seen["row"] = dict(function.kernel_options(256, 256))
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(bench, "warm_and_check", stop_at_the_compiles)
+    bench, seen = stopped_bench
     wide = ["--head-dim", "256", "--heads", "2"]
     with pytest.raises(RuntimeError, match="stop here"):
         bench.main(["--sweep", "--sweep-kernels", "forward", "--sweep-only", "FUSED=True", "--options",
