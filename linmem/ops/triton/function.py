@@ -297,9 +297,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
-    u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])
-    if writes is not None:  # the kept writes are read, not written again
-        out["u"], out["w"] = u_in, w_in
+    u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])  # no u, w buffers then: not stored
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
                   H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk, DT=flags.dt, DELTA=flags.delta,
@@ -308,21 +306,21 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
         both_state_passes_kernel[grid](
             v=v, beta=beta, gamma=gamma, key_scores=key_scores, inv_beta=inv_beta, inv_gamma=inv_gamma, base0=base0,
             res0=res0, base_final=out["base_final"], res_final=out["res_final"], base_chunks=out["base_chunks"],
-            res_chunks=out["res_chunks"], u_out=out["u"] if u_in is None else None,
-            w_out=out["w"] if w_in is None else None, err_out=out["err"], u_in=u_in, w_in=w_in, **common,
+            res_chunks=out["res_chunks"], u_out=out["u"], w_out=out["w"], err_out=out["err"], u_in=u_in, w_in=w_in,
+            **common,
         )
         return out
     # the base memory (values v, strength β), emitting the prediction error for the residual memory
     state_pass_kernel[grid](
         x=v, err=None, strength=beta, inverse=inv_beta, key_scores=key_scores if flags.residual else None,
-        state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"],
-        writes_out=out["u"] if u_in is None else None, err_out=out["err"], writes_in=u_in, **common,
+        state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"], writes_out=out["u"],
+        err_out=out["err"], writes_in=u_in, **common,
     )
     if flags.residual and residual_pass:  # the residual memory (values ρ(err), strength γ)
         state_pass_kernel[grid](
-            x=None, err=out["err"] if w_in is None else None, strength=gamma, inverse=inv_gamma, key_scores=None,
-            state0=res0, state_final=out["res_final"], state_chunks=out["res_chunks"],
-            writes_out=out["w"] if w_in is None else None, err_out=None, writes_in=w_in, **common,
+            x=None, err=out["err"], strength=gamma, inverse=inv_gamma, key_scores=None, state0=res0,
+            state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None,
+            writes_in=w_in, **common,
         )
     return out
 
