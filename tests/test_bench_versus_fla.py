@@ -586,6 +586,24 @@ def test_profile_must_not_be_negative():
         versus_fla.main(DRY_RUN + ["--profile", "-1"])
 
 
+def test_options_set_every_row_for_the_run_and_say_so(tmp_path, monkeypatch, fla_decodes_on_cpu):
+    """``--options`` changes the op's launch options in every row before any work, and the report's notes and
+    settings say so; an unknown kernel or option stops the run before any work."""
+    from linmem.ops.triton import function
+
+    for key, row in function.KERNEL_OPTIONS.items():  # put back after the test
+        monkeypatch.setitem(function.KERNEL_OPTIONS, key, dict(row))
+    for bad in ('{"nope": {}}', '{"forward": {"NOPE": 1}}', '{"recompute_states": "sometimes"}', "[1]"):
+        with pytest.raises(SystemExit, match="--options"):
+            versus_fla.main(DRY_RUN + ["--options", bad, "--budget", "1e-9"])
+    options = '{"forward": {"FUSED": true, "BV": 16}, "recompute_states": "writes"}'
+    report = versus_fla.main(DRY_RUN + ["--options", options, "--budget", "1e-9", "--out", str(tmp_path)])
+    assert all(row["forward"]["FUSED"] is True and row["forward"]["BV"] == 16 and row["recompute_states"] == "writes"
+               for row in function.KERNEL_OPTIONS.values())
+    assert report["settings"]["kernel_options"] == json.loads(options)
+    assert any("--options" in note and '"FUSED": true' in note for note in report["notes"])
+
+
 def test_recompute_states_option_sets_every_row_for_the_run_and_says_so(monkeypatch):
     from linmem.ops.triton import function
 

@@ -55,7 +55,8 @@ Ratios are linmem / FLA: above 1 linmem is slower or larger (time, memory), and 
 
 ``--recompute-states on|base|writes|off`` sets the op's ``recompute_states`` (``linmem.ops.triton.function``) in every
 row for the run, e.g. ``base`` to measure an RDN that keeps its residual memory's per-chunk states for the backward,
-or ``writes`` one whose backward rebuilds every state from the writes the forward kept; the header says so.
+or ``writes`` one whose backward rebuilds every state from the writes the forward kept; ``--options JSON`` sets any
+launch option the same way (``bench.kernels --options``); the header says so.
 
 FLA 0.6.0 refuses its gated backward on Hopper with Triton >= 3.4 and < 3.7.1 (its issue #640); for timing only this
 bench sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says in its header whether that bypassed the
@@ -680,7 +681,8 @@ def settings_of(args: argparse.Namespace, backend: str) -> dict:
                 compile=args.compile, residual=args.residual, no_fla=args.no_fla, parts=args.parts, budget=args.budget,
                 scaled=args.scaled, seed=args.seed, rounds=args.rounds, backend=backend, learning_rate=LEARNING_RATE,
                 prompt_tokens=PROMPT_TOKENS, **({"profile": args.profile} if args.profile else {}),
-                **({"recompute_states": args.recompute_states} if args.recompute_states else {}))
+                **({"recompute_states": args.recompute_states} if args.recompute_states else {}),
+                **({"kernel_options": args.options} if args.options else {}))
 
 
 # --recompute-states → the rows' recompute_states
@@ -1030,6 +1032,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the op's recompute_states for this run, every width's row (default: the rows' own): "
                              "on, base (the base memory's passes only: RDN/RLA keep the residual memory's), writes "
                              "(every pass again from the writes u, w the forward kept) or off")
+    parser.add_argument("--options", type=json.loads, default=None, metavar="JSON",
+                        help="the op's launch options for this run, every width's row, as bench.kernels --options "
+                             "takes them, e.g. '{\"forward\": {\"FUSED\": true, \"BV\": 16}}'")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--out", type=Path, default=None, help="write versus_fla.json and versus_fla.md here")
     parser.add_argument("--device", default="cuda")
@@ -1053,6 +1058,15 @@ def main(argv: list[str] | None = None) -> dict:
     run.note(bypass_fla_hopper_check())
     if args.recompute_states:
         run.note(set_recompute_states(args.recompute_states))
+    if args.options:
+        from linmem.ops.triton import function
+
+        try:
+            function.override_options(args.options)
+        except (ValueError, AttributeError) as exc:
+            raise SystemExit(f"--options: {exc}") from exc
+        run.note(f"the op's launch options {json.dumps(args.options)} in every row for this run (--options), not "
+                 "the rows' own")
     if use_sdpa_attention_without_flash_attn():
         run.note("flash-attn is not installed: FLA's attention layers (hybrid shapes) run on an SDPA stand-in")
     if args.profile and "train" in args.parts:
