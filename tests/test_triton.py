@@ -369,22 +369,14 @@ def test_recomputing_from_the_kept_writes_gives_the_same_bits(rule, residual, dt
     from linmem.ops.triton import function
 
     inputs = make_inputs(2, 70, 2, 32, 16, seed=int(torch.randint(0, 2**16, ())))
-    launched = []
-
-    class Recorded:
-        def __getitem__(self, grid):
-            def launch(**kwargs):
-                launched.append(kwargs)
-                return function_kernel[grid](**kwargs)
-            return launch
-
-    function_kernel = function.state_pass_kernel
-    monkeypatch.setattr(function, "state_pass_kernel", Recorded())
+    passes = _Recorded(function.state_pass_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", passes)
     results = {}
     for recompute in (False, "writes"):
         _recompute_in_every_row(monkeypatch, recompute)
-        launched.clear()
+        passes.calls.clear()
         results[recompute] = run("triton", inputs, dtype, residual, rule=rule)
+        launched = [kwargs for _, kwargs in passes.calls]
         from_writes = [kwargs["writes_in"] is not None for kwargs in launched]
         if recompute is False:
             assert from_writes == [False] * (1 + residual)

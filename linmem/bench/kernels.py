@@ -1622,7 +1622,7 @@ def main(argv=None) -> None:
 
         try:
             function.override_options(args.options)
-        except (ValueError, AttributeError) as exc:
+        except ValueError as exc:
             parser.error(f"--options: {exc}")
     os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # FLA autotunes in this process, on quiet timings
     try:

@@ -694,8 +694,7 @@ def set_recompute_states(choice: str) -> str:
     process; returns the note the run's header gives."""
     from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        row["recompute_states"] = RECOMPUTE_FLAGS[choice]
+    function.override_options({"recompute_states": RECOMPUTE_FLAGS[choice]})
     return (f"recompute_states {RECOMPUTE_FLAGS[choice]!r} in every row of the op's launch options for this run "
             f"(--recompute-states {choice}), not the rows' own")
 
@@ -1063,7 +1062,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         try:
             function.override_options(args.options)
-        except (ValueError, AttributeError) as exc:
+        except ValueError as exc:
             raise SystemExit(f"--options: {exc}") from exc
         run.note(f"the op's launch options {json.dumps(args.options)} in every row for this run (--options), not "
                  "the rows' own")

@@ -151,7 +151,9 @@ def override_options(overrides: dict | None) -> None:
     """Change every row of ``KERNEL_OPTIONS`` for the rest of the process: a kernel's entry of ``overrides`` updates
     that kernel's launch options (``{"forward": {"FUSED": True}}``), ``recompute_states`` replaces the row's. An
     unknown kernel or launch option is refused before any row changes."""
-    overrides = overrides or {}
+    overrides = {} if overrides is None else overrides
+    if not isinstance(overrides, dict):
+        raise ValueError(f"launch options are a dict of kernel names; got {overrides!r}")
     for name, opts in overrides.items():
         if name not in TUNED_AT_128:
             raise ValueError(f"no kernel {name!r} in the launch options; known: {', '.join(TUNED_AT_128)}")
