@@ -64,6 +64,9 @@ case $verb in
   park)
     cd "$root" || exit 1
     mkdir -p "$parked" .devrun
+    # an earlier park's restorer still waiting (its call was answered without sending the tree) would put the files
+    # back in the middle of this call's send: stop it first
+    if [ -f "$parked/restorer.pid" ]; then kill "$(cat "$parked/restorer.pid")" 2>/dev/null; rm -f "$parked/restorer.pid"; fi
     for name in "${parked_models[@]}"; do
       [ -f "$zoo/$name/model.safetensors" ] && mv "$zoo/$name/model.safetensors" "$parked/$name.safetensors"
     done
@@ -84,6 +87,7 @@ case $verb in
       done
       [ "$(date +%s)" -lt "$end" ] && sleep 30
       bash "'"$self"'" restore' > /dev/null 2>&1 < /dev/null &
+    echo $! > "$parked/restorer.pid"
     echo "parked ${parked_models[*]}; restorer pid $!"
     tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
     devrun=$(du -sb .devrun | cut -f1)
