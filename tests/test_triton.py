@@ -484,6 +484,51 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
     assert (len(single.grids), len(both.grids)) == (7, 5)
 
 
+@pytest.mark.parametrize("rule, target, gates", [("delta", "clip", False), ("additive", "clip", True),
+                                                 ("delta", "tanh", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_reverse_passes_in_one_program_give_the_two_passes_bits(rule, target, gates, dtype, monkeypatch):
+    """backward_states' FUSED: an RLA/RDN's two reverse passes in one program per value block, the base memory one
+    chunk behind the residual one (one launch, none of the single-memory pass), give the output, final states and
+    every gradient of the two launches bit for bit, partial last chunks and initial states included, with and
+    without output gates; without a residual memory the option changes nothing."""
+    from linmem.ops.triton import function
+
+    inputs = make_inputs(2, 150, 2, 32, 16, seed=41)
+    options = dict(rule=rule, residual_target=target, output_gates=gates)
+    single = _Counted(function.reverse_pass_kernel)
+    both = _Counted(function.both_reverse_passes_kernel)
+    monkeypatch.setattr(function, "reverse_pass_kernel", single)
+    monkeypatch.setattr(function, "both_reverse_passes_kernel", both)
+    two = run("triton", inputs, dtype, True, **options)
+    assert (len(single.grids), len(both.grids)) == (2, 0)
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], FUSED=True))
+    one = run("triton", inputs, dtype, True, **options)
+    assert (len(single.grids), len(both.grids)) == (2, 1)
+    assert_bit_identical(one, two)
+    run("triton", inputs, dtype, False, rule=rule)
+    assert (len(single.grids), len(both.grids)) == (3, 1)
+
+
+@pytest.mark.parametrize("memory, K, packed, keys_once", [
+    ("RDN", 80, True, False), ("RLA", 80, True, True), ("RDN", 200, False, True)])
+def test_reverse_passes_fused_against_float64(memory, K, packed, keys_once, monkeypatch):
+    """backward_states' FUSED against float64: packed sequences with initial states (an empty one, one shorter than a
+    chunk, one over three chunks; two key blocks, the second partial) or two sequences of two chunks (four key
+    blocks, the fourth partial), with and without KEYS_ONCE; every gradient, the initial states' included."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], FUSED=True, KEYS_ONCE=keys_once))
+    both = _Recorded(function.both_reverse_passes_kernel)
+    monkeypatch.setattr(function, "both_reverse_passes_kernel", both)
+    rule, residual = MEMORIES[memory]
+    inputs, extra = _option_case(K, packed)
+    compare(inputs, residual, rule=rule, **extra)
+    assert len(both.calls) == 1 and both.calls[0][1]["KEYS_ONCE"] is keys_once
+
+
 def test_sequential_pass_launch_options(monkeypatch):
     """The sequential passes' options where they say None: 4 warps (8 for float32 inputs), two stages, and the
     widest value block that keeps the multiprocessors busy."""
@@ -494,8 +539,7 @@ def test_sequential_pass_launch_options(monkeypatch):
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
         # the passes' own options are off unless a row turns them on
-        off = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False) if name == "backward_states" else dict(KEYS_ONCE=False,
-                                                                                              FUSED=False)
+        off = dict(KEYS_ONCE=False, FUSED=False) | (dict(ONE_KEY_BLOCK=False) if name == "backward_states" else {})
         assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8

@@ -746,6 +746,10 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # memory; BV 32 spills 288-432 bytes per thread; at K = 128, BV 32 in two stages spills 56)
     fused = dict(row["forward"], FUSED=True)
     forward += [dict(fused, BV=max(16, (fused["BV"] or 32) // 2))] + ([fused] if key_dim <= 128 else [])
+    # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
+    # two chains that do not wait on each other, both dSᵀ held), at the row's value block and at half of it
+    fused = dict(row["backward_states"], FUSED=True)
+    reverse += [fused, dict(fused, BV=max(16, (fused["BV"] or 32) // 2))]
     variants = ([{"forward": o} for o in forward] + [{"backward_states": o} for o in reverse]
                 + [{"inverse": o} for o in inverse]
                 + [{"scores": dict(num_warps=2, num_stages=1)}]
@@ -809,12 +813,13 @@ def variant_sets(variant: dict, wanted: dict[str, set[str]]) -> bool:
 def launch_key(options, key_dim: int) -> str:
     """``options`` (one kernel's entry of a ``KERNEL_OPTIONS`` row, or ``recompute_states``'s bool) as the launch the
     timed bf16 inputs get: ``num_warps`` None is 4 and ``num_stages`` None the row's pipeline depth at this key width
-    (``function._pipeline_stages``), so that two spellings of one launch are timed once."""
+    (``function._pipeline_stages``), and a switch set False is the same as one not named, so that two spellings of one
+    launch are timed once."""
     from linmem.ops.triton import function
 
     if not isinstance(options, dict):
         return repr(options)
-    resolved = dict(options)
+    resolved = {name: value for name, value in options.items() if value is not False}  # an option off = not named
     if resolved.get("num_warps", 0) is None:
         resolved["num_warps"] = 4
     if resolved.get("num_stages", 0) is None:

@@ -43,6 +43,7 @@ from linmem.ops.triton.primitives import (
     state_at,
     store_blocks,
     store_token_rows,
+    stored,
     token_gate,
     token_rows,
     token_scores,
@@ -66,6 +67,79 @@ def _input_grad(keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h,
     return dx
 
 
+@triton.jit
+def _reverse_chunk(s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err,
+                   d_chunks, dx_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                   NK: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr,
+                   GATED: tl.constexpr, TARGET: tl.constexpr, ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr,
+                   KEYS_ONCE: tl.constexpr):
+    """One memory's reverse step over chunk ``j`` (module docstring), from ``dSᵀ`` at the chunk's end (the key
+    blocks ``s0..s3``) to ``dSᵀ`` at its start, which it returns with the chunk's d_err ``[C, BV]`` (ERR_OUT: as
+    stored in ``d_err_out``, 0 outside the chunk's rows and the value columns; else zeros). ``d_err`` (ERR_IN): the
+    prediction error's gradient in this chunk, ``[C, BV]`` float32."""
+    pos = tl.arange(0, C)
+    tok, n_valid = chunk_of_sequence(bos, length, j, C)
+    m_t = pos < n_valid
+    store_blocks(state_at(d_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
+    bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+    kp = at_token(k, tok, i_h, H, K)
+    d_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
+    if GATED:
+        d_read = token_gate(gamma, tok, i_h, pos, m_t, H)[:, None] * d_read
+    to_end = tl.exp(b_last - bb)[:, None]
+    if KEYS_ONCE:
+        k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
+        keys_read = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
+    else:
+        keys_read = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+    dx = _input_grad(to_end * keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t, H, C,
+                     DT, DELTA, ERR_IN)
+    store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
+    if DELTA or ERR_OUT:
+        sigma = token_gate(strength, tok, i_h, pos, m_t, H)
+    d_err_emitted = tl.zeros_like(dx)
+    if ERR_OUT:
+        err_grad = rho_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+        d_err_emitted = err_grad * sigma[:, None] * dx
+        store_token_rows(d_err_out, d_err_emitted, tok, i_h, pos, m_t, vc, m_v, H, V)
+        # as the base memory's pass reads it back from d_err_out
+        d_err_emitted = tl.where(m_t[:, None] & m_v[None, :],
+                                 stored(d_err_emitted, d_err_out.dtype.element_ty).to(tl.float32), 0.0)
+
+    if READ_BM:
+        read_decay = tl.exp(bm)
+    else:
+        read_decay = tl.exp(bb)
+    s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), at_token(q, tok, i_h, H, K), pos, m_t,
+                                   read_decay[:, None] * d_read, H, K, BK, NK, DT)
+    if DELTA or ERR_IN:
+        if DELTA:
+            through_keys = (sigma * tl.exp(bb))[:, None] * dx
+            if ERR_IN:
+                through_keys += tl.exp(bm)[:, None] * d_err
+        else:
+            through_keys = tl.exp(bm)[:, None] * d_err
+        if KEYS_ONCE:
+            s0, s1, s2, s3 = update_loaded_blocks(s0, s1, s2, s3, 1.0, k0, k1, k2, k3, -through_keys, NK, DT)
+        else:
+            s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
+    return s0, s1, s2, s3, d_err_emitted
+
+
+@triton.jit
+def _final_blocks(d_final, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                  NK: tl.constexpr, BV: tl.constexpr, GIVEN: tl.constexpr):
+    """``dSᵀ`` at the sequence end as key blocks ``[BK, BV]``: ``d_final``'s (user states are ``[N, H, V, K]``: key
+    stride 1, value stride K), or zeros where it is not GIVEN."""
+    if GIVEN:
+        s0, s1, s2, s3 = load_blocks(state_at(d_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        s0 = tl.zeros([BK, BV], dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
+    return s0, s1, s2, s3
+
+
 @triton.heuristics(given(ERR_IN="d_err_in", ERR_OUT="d_err_out", HAS_FINAL="d_final", STORE_INITIAL="d_initial"))
 @triton.jit
 def reverse_pass_kernel(
@@ -85,58 +159,70 @@ def reverse_pass_kernel(
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
     pos = tl.arange(0, C)
-
     # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
-    if HAS_FINAL:
-        s0, s1, s2, s3 = load_blocks(state_at(d_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    else:
-        s0 = tl.zeros([BK, BV], dtype=tl.float32)
-        s1, s2, s3 = s0, s0, s0
+    s0, s1, s2, s3 = _final_blocks(d_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_FINAL)
     for jj in range(n_chunks):
         j = n_chunks - 1 - jj
-        tok, n_valid = chunk_of_sequence(bos, length, j, C)
-        m_t = pos < n_valid
-        store_blocks(state_at(d_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
-        bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
-        kp = at_token(k, tok, i_h, H, K)
-        d_read = scale * token_rows(do, tok, i_h, pos, m_t, vc, m_v, H, V)
-        if GATED:
-            d_read = token_gate(gamma, tok, i_h, pos, m_t, H)[:, None] * d_read
-
-        d_err = d_read  # unused without ERR_IN
+        d_err = tl.zeros([C, BV], dtype=tl.float32)  # unused without ERR_IN
         if ERR_IN:
-            d_err = token_rows(d_err_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-        to_end = tl.exp(b_last - bb)[:, None]
-        if KEYS_ONCE:
-            k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
-            keys_read = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
-        else:
-            keys_read = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-        dx = _input_grad(to_end * keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t, H, C,
-                         DT, DELTA, ERR_IN)
-        store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
-        if DELTA or ERR_OUT:
-            sigma = token_gate(strength, tok, i_h, pos, m_t, H)
-        if ERR_OUT:
-            err_grad = rho_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
-            store_token_rows(d_err_out, err_grad * sigma[:, None] * dx, tok, i_h, pos, m_t, vc, m_v, H, V)
-
-        if READ_BM:
-            read_decay = tl.exp(bm)
-        else:
-            read_decay = tl.exp(bb)
-        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), at_token(q, tok, i_h, H, K), pos, m_t,
-                                       read_decay[:, None] * d_read, H, K, BK, NK, DT)
-        if DELTA or ERR_IN:
-            if DELTA:
-                through_keys = (sigma * tl.exp(bb))[:, None] * dx
-                if ERR_IN:
-                    through_keys += tl.exp(bm)[:, None] * d_err
-            else:
-                through_keys = tl.exp(bm)[:, None] * d_err
-            if KEYS_ONCE:
-                s0, s1, s2, s3 = update_loaded_blocks(s0, s1, s2, s3, 1.0, k0, k1, k2, k3, -through_keys, NK, DT)
-            else:
-                s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, kp, pos, m_t, -through_keys, H, K, BK, NK, DT)
+            tok, n_valid = chunk_of_sequence(bos, length, j, C)
+            d_err = token_rows(d_err_in, tok, i_h, pos, pos < n_valid, vc, m_v, H, V)
+        s0, s1, s2, s3, _ = _reverse_chunk(
+            s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_chunks,
+            dx_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA, READ_BM,
+            GATED, TARGET, ERR_IN, ERR_OUT, KEYS_ONCE)
     if STORE_INITIAL:
         store_blocks(state_at(d_initial, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.heuristics(given(HAS_BASE_FINAL="d_base_final", HAS_RES_FINAL="d_res_final", STORE_BASE_INITIAL="d_base0",
+                         STORE_RES_INITIAL="d_res0"))
+@triton.jit
+def both_reverse_passes_kernel(
+    q, k, do, b, g, beta, gamma, key_scores, base_scores, res_scores, inv_beta, inv_gamma, err, d_base_final,
+    d_res_final, d_base0, d_res0, d_base_chunks, d_res_chunks, dx_out, dy_out, d_err_out, cu_seqlens, chunk_offsets,
+    scale, clip,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr, GATED: tl.constexpr,
+    TARGET: tl.constexpr, HAS_BASE_FINAL: tl.constexpr, HAS_RES_FINAL: tl.constexpr, STORE_BASE_INITIAL: tl.constexpr,
+    STORE_RES_INITIAL: tl.constexpr, KEYS_ONCE: tl.constexpr,
+):
+    """Both reverse passes of RLA/RDN in one program per value block (the launch option FUSED of backward_states),
+    skewed by one chunk: each step runs the residual memory's chunk ``j`` beside the base memory's chunk ``j + 1``,
+    which takes the d_err its residual step emitted one step before, from registers. The two chains do not wait on
+    each other within a step, where the two launches run each memory's chain alone; the price is both ``dSᵀ`` held at
+    once. The same products in the same order as the two launches (``reverse_pass_kernel``, the residual memory then
+    the base memory), stored in the same buffers: ``dy_out`` and ``d_err_out`` the residual memory's, ``dx_out`` the
+    base memory's. READ_BM: the base memory's read-out decay is ``e^{bm}`` (without output gates); GATED: the
+    residual memory's read-out is gated by γ."""
+    i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
+    n_chunks = tl.cdiv(length, C)
+    s0, s1, s2, s3 = _final_blocks(d_base_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE_FINAL)
+    r0, r1, r2, r3 = _final_blocks(d_res_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_RES_FINAL)
+    unused = tl.zeros([C, BV], dtype=tl.float32)  # the residual memory takes no d_err
+    d_err = unused
+    if n_chunks > 0:  # the residual memory's last chunk, before the skewed steps
+        r0, r1, r2, r3, d_err = _reverse_chunk(
+            r0, r1, r2, r3, n_chunks - 1, unused, q, k, do, b, g, gamma, gamma, None, res_scores, inv_gamma, err,
+            d_res_chunks, dy_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT,
+            DELTA, False, GATED, TARGET, False, True, KEYS_ONCE)
+    for jj in range(1, n_chunks):
+        j = n_chunks - 1 - jj
+        r0, r1, r2, r3, d_err_next = _reverse_chunk(
+            r0, r1, r2, r3, j, unused, q, k, do, b, g, gamma, gamma, None, res_scores, inv_gamma, err, d_res_chunks,
+            dy_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA, False,
+            GATED, TARGET, False, True, KEYS_ONCE)
+        s0, s1, s2, s3, _ = _reverse_chunk(
+            s0, s1, s2, s3, j + 1, d_err, q, k, do, b, g, beta, gamma, key_scores, base_scores, inv_beta, None,
+            d_base_chunks, dx_out, None, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA,
+            READ_BM, False, TARGET, True, False, KEYS_ONCE)
+        d_err = d_err_next
+    if n_chunks > 0:  # the base memory's first chunk, after them
+        s0, s1, s2, s3, _ = _reverse_chunk(
+            s0, s1, s2, s3, 0, d_err, q, k, do, b, g, beta, gamma, key_scores, base_scores, inv_beta, None,
+            d_base_chunks, dx_out, None, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA,
+            READ_BM, False, TARGET, True, False, KEYS_ONCE)
+    if STORE_BASE_INITIAL:
+        store_blocks(state_at(d_base0, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+    if STORE_RES_INITIAL:
+        store_blocks(state_at(d_res0, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)

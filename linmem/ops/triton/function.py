@@ -32,7 +32,7 @@ from linmem.ops.step import rho
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
-from linmem.ops.triton.backward_states import reverse_pass_kernel
+from linmem.ops.triton.backward_states import both_reverse_passes_kernel, reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
 from linmem.ops.triton.forward import both_state_passes_kernel, output_kernel, state_pass_kernel
 from linmem.ops.triton.inverse import chunk_inverse
@@ -85,7 +85,8 @@ TUNED_AT_128 = {
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
     "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, FUSED=False),
     "output": dict(num_warps=4, num_stages=2, BV=128),
-    "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
+    "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False,
+                            FUSED=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
@@ -117,7 +118,7 @@ KERNEL_OPTIONS = {
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
         forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False),
         output=dict(num_warps=4, num_stages=2, BV=64),
-        backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False),
+        backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
         backward_keys=dict(num_warps=4, num_stages=2, BV=64, BK=None, SPLIT=True),
         decay_grad=dict(num_warps=1, num_stages=1),
@@ -394,6 +395,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     blocks, launch = _options("backward_states", **widths, dtype=k.dtype, sequences=layout.num_seqs * heads)
     if blocks.pop("ONE_KEY_BLOCK"):  # dSᵀ as one [K, BV] tile: one dot per product and chunk, not one per 64 keys
         bk, nk = _layout.key_block(key_dim), 1
+    # both memories' reverse passes in one launch (FUSED: both_reverse_passes_kernel)
+    fused = blocks.pop("FUSED", False) and flags.residual and not flags.without_fitting
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(q=q, k=k, do=do, b=b, g=g, gamma=gamma, cu_seqlens=layout.cu_seqlens,
                   chunk_offsets=layout.chunk_offsets, scale=scale, clip=flags.clip,
@@ -410,18 +413,27 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         d_err = _buf(per_token, dev, flags.store_dtype)
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
         d_res0 = _buf(initial, dev) if initial_grads[1] else None
+    if fused:  # both memories in one program per value block, the base memory one chunk behind (FUSED)
+        both_reverse_passes_kernel[grid](
+            beta=beta, key_scores=saved["key_scores"], base_scores=saved["base_scores"],
+            res_scores=saved["res_scores"], inv_beta=saved["inv_beta"], inv_gamma=saved["inv_gamma"],
+            err=saved["err"], d_base_final=d_base_final, d_res_final=d_res_final, d_base0=d_base0, d_res0=d_res0,
+            d_base_chunks=d_base_chunks, d_res_chunks=d_res_chunks, dx_out=dx, dy_out=dy, d_err_out=d_err,
+            READ_BM=not flags.gates, GATED=flags.gates, **common,
+        )
+    elif flags.residual and not flags.without_fitting:
         reverse_pass_kernel[grid](
             strength=gamma, key_scores=None, scores=saved["res_scores"], inverse=saved["inv_gamma"],
             err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
             dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
         )
-    # the base memory, taking the error's gradient (RLA/RDN)
-    reverse_pass_kernel[grid](
-        strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
-        inverse=saved["inv_beta"], err=None, d_err_in=d_err, d_final=d_base_final, d_initial=d_base0,
-        d_chunks=d_base_chunks, dx_out=dx, d_err_out=None, READ_BM=flags.residual and not flags.gates, GATED=False,
-        **common,
-    )
+    if not fused:  # the base memory, taking the error's gradient (RLA/RDN)
+        reverse_pass_kernel[grid](
+            strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
+            inverse=saved["inv_beta"], err=None, d_err_in=d_err, d_final=d_base_final, d_initial=d_base0,
+            d_chunks=d_base_chunks, dx_out=dx, d_err_out=None, READ_BM=flags.residual and not flags.gates,
+            GATED=False, **common,
+        )
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
     # backward_scores, then (SPLIT) one per key block of its query launch

@@ -227,7 +227,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 KERNEL_ORDER = ("chunk_scores", "chunk_inverse", "state_pass", "both_state_passes", "output", "reverse_pass",
-                "backward_scores", "backward_keys", "decay_grad")
+                "both_reverse_passes", "backward_scores", "backward_keys", "decay_grad")
 
 
 def pivot_markdown(rows: list[dict]) -> str:
