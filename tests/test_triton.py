@@ -1096,6 +1096,9 @@ def test_sweep_variants_each_change_one_default(K, V):
     fused = [o for v in variants for n, o in v.items() if n == "forward" and o["FUSED"]]
     assert dict(row["forward"], FUSED=True, BV=16) in fused
     assert (dict(row["forward"], FUSED=True) in fused) == (K <= 128)
+    # both reverse passes in one program: one stage, BV 16, and at K = 256 the key tiles loaded per product
+    fused = [o for v in variants for n, o in v.items() if n == "backward_states" and o.get("FUSED")]
+    assert [(o["num_stages"], o["BV"], o["KEYS_ONCE"]) for o in fused] == [(1, 16, False)]
 
 
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):

@@ -731,11 +731,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # the reverse passes: the same, and (where BV=None picks 64: N·H·V/64 programs fill half the GPU) 32, or 64 at
     # 8 warps; KEYS_ONCE loads each key tile once per chunk for both of its products (less shared memory at two
     # stages, more registers at one); ONE_KEY_BLOCK holds dSᵀ as one [K, BV] tile (one dot per product and chunk)
-    reverse = [dict(o, KEYS_ONCE=False, ONE_KEY_BLOCK=False) for o in sequential]
-    reverse += [dict(num_warps=None, num_stages=None, BV=32, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
-                dict(num_warps=8, num_stages=None, BV=64, KEYS_ONCE=False, ONE_KEY_BLOCK=False),
-                dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True, ONE_KEY_BLOCK=False),
-                dict(num_warps=8, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=True)]
+    reverse = [dict(o, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False) for o in sequential]
+    reverse += [dict(num_warps=None, num_stages=None, BV=32, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False),
+                dict(num_warps=8, num_stages=None, BV=64, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False),
+                dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False),
+                dict(num_warps=8, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=True, FUSED=False)]
     # the forward's state passes: the same, and KEYS_ONCE (each key tile loaded once for the read and the update) at
     # the row's own options
     row = function.kernel_options(key_dim, value_dim)
@@ -747,9 +747,12 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     fused = dict(row["forward"], FUSED=True)
     forward += [dict(fused, BV=max(16, (fused["BV"] or 32) // 2))] + ([fused] if key_dim <= 128 else [])
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
-    # two chains that do not wait on each other, both dSᵀ held), at the row's value block and at half of it
-    fused = dict(row["backward_states"], FUSED=True)
-    reverse += [fused, dict(fused, BV=max(16, (fused["BV"] or 32) // 2))]
+    # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline
+    # (sm_90, RDN bf16) two stages take 284 KB of shared memory at K = 128 and 352-480 KB at K = 256 for any value
+    # block, so it runs in one stage; at K = 128, BV 16 holds both states without spilling (BV 32 spills 192 B); at
+    # K = 256 every variant spills, least (112 B) at BV 16 with 4 warps and the key tiles loaded per product
+    fused = dict(row["backward_states"], FUSED=True, num_stages=1, BV=16, num_warps=4)
+    reverse += [fused if key_dim <= 128 else dict(fused, KEYS_ONCE=False)]
     variants = ([{"forward": o} for o in forward] + [{"backward_states": o} for o in reverse]
                 + [{"inverse": o} for o in inverse]
                 + [{"scores": dict(num_warps=2, num_stages=1)}]
@@ -842,9 +845,10 @@ def wide_variants(key_dim: int) -> list[dict]:
     keys_once = []
     if key_dim > 128:
         keys_once = [(bv, warps, False) for bv in (16, 32) for warps in (4, 8)] + [(16, 8, True), (32, 8, True)]
-    reverse = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, ONE_KEY_BLOCK=False) for bv, w, st in grid
-               if st in reverse_stages]
-    reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one) for bv, w, one in keys_once]
+    reverse = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False)
+               for bv, w, st in grid if st in reverse_stages]
+    reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one, FUSED=False)
+                for bv, w, one in keys_once]
     forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False) for bv, w, st in grid]
     if key_dim > 128:
         forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True, FUSED=False)
