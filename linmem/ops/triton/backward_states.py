@@ -32,7 +32,6 @@ from linmem.ops.triton.primitives import (
     at_token,
     chunk_of_sequence,
     given,
-    load_blocks,
     load_decays,
     load_key_blocks,
     mm,
@@ -49,6 +48,7 @@ from linmem.ops.triton.primitives import (
     token_scores,
     update_blocks,
     update_loaded_blocks,
+    user_state_blocks,
 )
 
 
@@ -127,19 +127,6 @@ def _reverse_chunk(s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, ke
     return s0, s1, s2, s3, d_err_emitted
 
 
-@triton.jit
-def _final_blocks(d_final, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                  NK: tl.constexpr, BV: tl.constexpr, GIVEN: tl.constexpr):
-    """``dSᵀ`` at the sequence end as key blocks ``[BK, BV]``: ``d_final``'s (user states are ``[N, H, V, K]``: key
-    stride 1, value stride K), or zeros where it is not GIVEN."""
-    if GIVEN:
-        s0, s1, s2, s3 = load_blocks(state_at(d_final, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    else:
-        s0 = tl.zeros([BK, BV], dtype=tl.float32)
-        s1, s2, s3 = s0, s0, s0
-    return s0, s1, s2, s3
-
-
 @triton.heuristics(given(ERR_IN="d_err_in", ERR_OUT="d_err_out", HAS_FINAL="d_final", STORE_INITIAL="d_initial"))
 @triton.jit
 def reverse_pass_kernel(
@@ -159,8 +146,7 @@ def reverse_pass_kernel(
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
     pos = tl.arange(0, C)
-    # user states are [N, H, V, K] (key stride 1, value stride K); chunk states [NT, H, K, V]
-    s0, s1, s2, s3 = _final_blocks(d_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_FINAL)
+    s0, s1, s2, s3 = user_state_blocks(d_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_FINAL)
     for jj in range(n_chunks):
         j = n_chunks - 1 - jj
         d_err = tl.zeros([C, BV], dtype=tl.float32)  # unused without ERR_IN
@@ -197,8 +183,8 @@ def both_reverse_passes_kernel(
     residual memory's read-out is gated by γ."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     n_chunks = tl.cdiv(length, C)
-    s0, s1, s2, s3 = _final_blocks(d_base_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE_FINAL)
-    r0, r1, r2, r3 = _final_blocks(d_res_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_RES_FINAL)
+    s0, s1, s2, s3 = user_state_blocks(d_base_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE_FINAL)
+    r0, r1, r2, r3 = user_state_blocks(d_res_final, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_RES_FINAL)
     unused = tl.zeros([C, BV], dtype=tl.float32)  # the residual memory takes no d_err
     d_err = unused
     if n_chunks > 0:  # the residual memory's last chunk, before the skewed steps

@@ -38,7 +38,6 @@ from linmem.ops.triton.primitives import (
     given,
     key_block,
     load_block,
-    load_blocks,
     load_decays,
     load_key_blocks,
     mm,
@@ -56,20 +55,8 @@ from linmem.ops.triton.primitives import (
     token_scores,
     update_blocks,
     update_loaded_blocks,
+    user_state_blocks,
 )
-
-
-@triton.jit
-def _initial_blocks(state0, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                    NK: tl.constexpr, BV: tl.constexpr, GIVEN: tl.constexpr):
-    """A pass's state at the sequence start as key blocks ``[BK, BV]``: ``state0``'s (user states are
-    ``[N, H, V, K]``: key stride 1, value stride K), or zeros where it is not GIVEN."""
-    if GIVEN:
-        s0, s1, s2, s3 = load_blocks(state_at(state0, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
-    else:
-        s0 = tl.zeros([BK, BV], dtype=tl.float32)
-        s1, s2, s3 = s0, s0, s0
-    return s0, s1, s2, s3
 
 
 @triton.jit
@@ -110,7 +97,7 @@ def state_pass_kernel(
     bit."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
-    s0, s1, s2, s3 = _initial_blocks(state0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_STATE0)
+    s0, s1, s2, s3 = user_state_blocks(state0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_STATE0)
     for j in range(tl.cdiv(length, C)):  # chunk states are [NT, H, K, V]
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
         m_t = pos < n_valid
@@ -176,8 +163,8 @@ def both_state_passes_kernel(
     stored."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
     pos = tl.arange(0, C)
-    s0, s1, s2, s3 = _initial_blocks(base0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE0)
-    r0, r1, r2, r3 = _initial_blocks(res0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_RES0)
+    s0, s1, s2, s3 = user_state_blocks(base0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_BASE0)
+    r0, r1, r2, r3 = user_state_blocks(res0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_RES0)
     for j in range(tl.cdiv(length, C)):
         tok, n_valid = chunk_of_sequence(bos, length, j, C)
         m_t = pos < n_valid

@@ -320,6 +320,20 @@ def load_blocks(ptr, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constex
 
 
 @triton.jit
+def user_state_blocks(state, i_n, i_h, vc, m_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, GIVEN: tl.constexpr):
+    """Sequence ``i_n``'s state of head ``i_h`` in a user's ``[N, H, V, K]`` tensor (key stride 1, value stride K)
+    as key blocks ``[BK, BV]`` (``load_blocks``), or zeros where it is not GIVEN: a pass's initial state, or a
+    reverse pass's final-state gradient."""
+    if GIVEN:
+        s0, s1, s2, s3 = load_blocks(state_at(state, i_n, i_h, H, V * K), vc, m_v, 1, K, K, BK, NK)
+    else:
+        s0 = tl.zeros([BK, BV], dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
+    return s0, s1, s2, s3
+
+
+@triton.jit
 def _store_state_block(ptr, s, vc, m_v, KEY_STRIDE: tl.constexpr, VALUE_STRIDE: tl.constexpr, K: tl.constexpr,
                        BK: tl.constexpr, I: tl.constexpr):
     rows = I * BK + tl.arange(0, BK)
