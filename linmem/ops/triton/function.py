@@ -56,15 +56,17 @@ from linmem.ops.triton.scores import chunk_scores
 # PRECISION of the inverse's block products: None picks tf32 for 16-bit inputs, full float32 ("ieee") for float32 ones
 # (inverse.chunk_inverse). num_stages=None picks software pipelining (the next loop iteration's tiles load during this
 # one's dots) where it fits in shared memory (``_pipeline_stages``). SPLIT computes backward_keys' dk and dq in two
-# launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (forward, backward_states) loads
-# each [64, 64] key tile of a chunk once for both of the pass's products (the read ``K Sᵀ`` and the update ``Kᵀ(…)``):
-# less shared memory at two or more stages, more registers and spills at one. FUSED (forward) runs an RLA/RDN's two
-# memories in one program per value block (forward.py ``both_state_passes_kernel``: the key blocks loaded once for
-# both, both states held at once) instead of two launches. ONE_KEY_BLOCK (backward_states) holds
-# dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and
-# chunk. ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward,
-# two in the reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their
-# offline sm_90 resources and the sweep's times are in docs/benchmarks/kernel-widths.md.
+# launches of one kernel (fewer live accumulators, no register spills). KEYS_ONCE (forward, backward_states) loads each
+# [64, 64] key tile of a chunk once for both of the pass's products (the read ``K Sᵀ`` and the update ``Kᵀ(…)``): less
+# shared memory at two or more stages, more registers and spills at one. FUSED (forward) runs an RLA/RDN's two memories
+# in one program per value block (forward.py ``both_state_passes_kernel``: the key blocks loaded once for both, both
+# states held at once) instead of two launches; FUSED (backward_states) runs their two reverse passes in one program,
+# the base memory a chunk behind (backward_states.py ``both_reverse_passes_kernel``). Both are off in every row: at
+# K = V = 256 on an H100 each was slower than the row's two launches. ONE_KEY_BLOCK (backward_states) holds dSᵀ as one
+# [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and chunk.
+# ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
+# reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their offline sm_90
+# resources and the sweep's times are in docs/benchmarks/kernel-widths.md.
 # TUNED_AT_128 holds the fastest of ``--sweep`` on an H200 for RDN fwd+bwd at B=4, T=32K, H=16, K = V = 128
 # (docs/benchmarks/kernels.md); each was checked against float64 on the GPU. recompute_states: the backward runs the
 # forward's state passes again instead of keeping their results (each memory's per-chunk states [NT, H, K, V], the
