@@ -410,7 +410,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         d_err = dy.clone() if d_err_out is None else d_err_out.to(flags.store_dtype)
         d_res_chunks = torch.zeros(per_chunk, device=dev, dtype=flags.store_dtype)
         d_res0 = torch.zeros(initial, device=dev) if initial_grads[1] else None
-    elif flags.residual:  # the residual memory first: it emits the gradient of the prediction error
+    elif flags.residual:  # the residual memory's reverse pass emits the gradient of the prediction error
         dy = _buf(per_token, dev, flags.store_dtype)
         d_err = _buf(per_token, dev, flags.store_dtype)
         d_res_chunks = _buf(per_chunk, dev, flags.store_dtype)
@@ -423,13 +423,14 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
             d_base_chunks=d_base_chunks, d_res_chunks=d_res_chunks, dx_out=dx, dy_out=dy, d_err_out=d_err,
             READ_BM=not flags.gates, GATED=flags.gates, **common,
         )
-    elif flags.residual and not flags.without_fitting:
-        reverse_pass_kernel[grid](
-            strength=gamma, key_scores=None, scores=saved["res_scores"], inverse=saved["inv_gamma"],
-            err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
-            dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
-        )
-    if not fused:  # the base memory, taking the error's gradient (RLA/RDN)
+    else:
+        if flags.residual and not flags.without_fitting:  # the residual memory first: it emits d_err
+            reverse_pass_kernel[grid](
+                strength=gamma, key_scores=None, scores=saved["res_scores"], inverse=saved["inv_gamma"],
+                err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
+                dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
+            )
+        # the base memory, taking the error's gradient (RLA/RDN)
         reverse_pass_kernel[grid](
             strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
             inverse=saved["inv_beta"], err=None, d_err_in=d_err, d_final=d_base_final, d_initial=d_base0,
