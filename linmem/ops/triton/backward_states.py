@@ -19,8 +19,11 @@ RLA/RDN run it twice, the residual memory first (it emits d_err), then the base 
 holds both states. Each stores dS at the end of every chunk (for backward_keys.py) and dx (dy for the residual
 memory) per token; every other gradient is chunk-parallel (backward_scores.py, backward_keys.py, decay_grad.py).
 
-Two memories in one pass, and dx's in-chunk part precomputed chunk-parallel before the pass, are both slower on an
-H200: the pass is bound by the latency of each chunk's dependent steps, not by its products.
+dx's in-chunk part precomputed chunk-parallel before the pass is slower on an H200: the pass is bound by the latency
+of each chunk's dependent steps, not by its products. ``both_reverse_passes_kernel`` (the launch option FUSED) runs
+both memories in one program with the base memory a chunk behind, so that the two chains do not wait on each other
+within a step; it holds both states and two chunks' tiles, and at K = V = 256 on an H100 it was slower than the two
+launches (docs/benchmarks/kernel-widths.md).
 """
 
 from __future__ import annotations
