@@ -65,8 +65,13 @@ case $verb in
     cd "$root" || exit 1
     mkdir -p "$parked" .devrun
     # an earlier park's restorer still waiting (its call was answered without sending the tree) would put the files
-    # back in the middle of this call's send: stop it first
-    if [ -f "$parked/restorer.pid" ]; then kill "$(cat "$parked/restorer.pid")" 2>/dev/null; rm -f "$parked/restorer.pid"; fi
+    # back in the middle of this call's send: stop it first, if that pid is still a restorer of this script (a pid
+    # left from a restorer that has finished may belong to another process by now)
+    if [ -f "$parked/restorer.pid" ]; then
+      old=$(cat "$parked/restorer.pid")
+      cat "/proc/$old/cmdline" 2>/dev/null | tr '\0' ' ' | grep -q "$(basename "$0")\" restore" && kill "$old"
+      rm -f "$parked/restorer.pid"
+    fi
     for name in "${parked_models[@]}"; do
       [ -f "$zoo/$name/model.safetensors" ] && mv "$zoo/$name/model.safetensors" "$parked/$name.safetensors"
     done
