@@ -3,7 +3,10 @@
     python -m linmem.bench.versus_fla --out runs/versus-fla                     # GDN-340M and GDN-1.3B, on CUDA
     python -m linmem.bench.versus_fla --shapes GDN-340M --batches 4 --parts train --compile --residual
     python -m linmem.bench.versus_fla --device cpu --scaled 64,2,256 --batches 2 --seq-len 16 --steps 2 \\
-        --warmup 1 --prefill-len 32 --decode-tokens 4 --decode-batches 1,2      # a dry run (FLA's kernels replaced)
+        --warmup 1 --prefill-len 32 --decode-tokens 4 --decode-batches 1,2      # linmem's cells on a CPU
+
+On a CPU FLA's own cells fail, recorded as failed (its Triton kernels need a GPU; the tests run them on PyTorch
+stand-ins), so that run measures linmem's cells alone.
 
 For each shape of ``fla_parity.PAPER`` asked for, FLA 0.6.0 builds its model with its own config and model classes and
 its own initialisation, and saves it (``write_fla_checkpoint``, bfloat16 weights, into a temporary folder); linmem
