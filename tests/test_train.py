@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -202,6 +204,14 @@ def test_crash_mid_checkpoint_leaves_no_complete_checkpoint(dataset, full_run, t
     train(config, out, resume=True)
     assert not list(root.glob(".tmp-*"))
     assert metrics(out) == metrics(full_run)
+
+
+def test_the_model_folder_names_the_device_and_software_it_was_trained_with(full_run):
+    info = json.loads((full_run / "model" / "train_info.json").read_text(encoding="utf-8"))
+    env = info["environment"]
+    assert env["device"] == info["device"] == "cpu" and env["gpu"] is None
+    assert env["torch"] == torch.__version__ and env["linmem"] == linmem.__version__
+    assert env["transformers"] == transformers.__version__ and env["python"] == platform.python_version()
 
 
 def test_checkpoint_contents_and_guards(dataset, full_run, tmp_path):

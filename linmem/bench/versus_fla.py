@@ -201,12 +201,6 @@ class Shape:
         return LinMemForCausalLM(config).to(device=self.device, dtype=dtype)
 
 
-def transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
 def trainer_loss_chunk_tokens(batch: int, seq_len: int, vocab: int) -> int:
     """The ``loss_chunk_tokens`` the trainer picks for a micro-batch ``[batch, seq_len]`` when the config leaves it
     unset (``linmem.train.config.loss_chunk_tokens``)."""
@@ -485,7 +479,7 @@ class Run:
         self.deadline = self.started + args.budget if args.budget else float("inf")
         self.backend = "triton" if device.type == "cuda" else "chunk"
         self.compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        env = dict(environment(device), transformers=transformers_version())
+        env = environment(device)
         self.report = dict(command=command, env=env, settings=settings_of(args, self.backend), notes=[], train=[],
                            residual=[], prefill=[], decode=[], skipped=[])
 

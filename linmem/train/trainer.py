@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from tqdm.auto import tqdm
 
 from linmem.io.atomic import atomic_write, write_json_atomic
+from linmem.io.environment import environment
 from linmem.io.folders import (
     check_replaceable,
     mark_output_folder,
@@ -520,13 +521,15 @@ def metrics_record(line: str) -> dict[str, Any] | None:
 
 
 def train_info(run: Run, last: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """What the model folder records about its training (read by ``linmem eval`` for defaults)."""
+    """What the model folder records about its training (read by ``linmem eval`` for defaults), with the device and
+    software it ran on (``linmem.io.environment``)."""
     return {"name": run.config.name, "description": run.config.description, "steps": run.step,
             "tokens": run.tokens, "parameters": count_parameters(unwrap(run.model)),
             "dataset": str(run.data.folder.resolve()), "dataset_fingerprint": run.dataset_fingerprint,
             "tokenizer_hash": run.data.shards.tokenizer_hash,
             "seq_len": run.config.data.seq_len, "recall_generators": run.data.generator_specs,
             "final_metrics": last, "world_size": run.state.world_size, "device": str(run.state.device),
+            "environment": environment(run.state.device),
             "train_seconds": round(seconds, 2),
             "total_tokens": total_tokens({"tokens": run.tokens, "init_from": run.init_from}),
             "config": run.config.to_dict(),
