@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from linmem.cli import main
+from linmem.io.environment import environment
 from linmem.io.folders import prepare_output_folder
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
 from linmem.memory.stats import Estimate
@@ -244,6 +245,11 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
     assert {c["metric"] for c in tables["comparisons"] if c["claim"]} == {"test_loss", "niah"}
     assert all((c["holm_p"] is None) != c["claim"] for c in tables["comparisons"])
     assert tables["test_resamples"] == "documents"
+    # every run's record names what trained it: here this machine's CPU, torch and triton
+    here = environment("cpu")
+    cpu = f"cpu, torch {here['torch']}, triton {here['triton'] or 'not installed'}"
+    assert [g["environment"] for g in tables["environments"]] == [cpu]
+    assert sorted(tables["environments"][0]["runs"]) == [f"{m}:{s}" for m in ("gdn", "rla") for s in (0, 1, 2)]
     documents = json.loads((run_dir(out, "gdn", 0) / "items.json").read_text())["records"]["ppl"]["document"]
     assert 1 < len(set(documents)) < len(documents)
     assert {"metrics", "mqar", "loss_curves", "lab_recall", "norms", "differences"} <= set(tables["figures"])
@@ -252,6 +258,7 @@ def test_tiny_study_end_to_end(dataset, configs, tmp_path, capsys):
         logged = json.loads((run_dir(out, "rla", seed) / "metrics.jsonl").read_text().splitlines()[-1])[name]
         assert 0 <= logged <= 1 and entry["metrics"][name]["seeds"][str(seed)]["mean"] == pytest.approx(logged)
     markdown = (out / "tables" / "results.md").read_text()
+    assert f"Trained on: {cpu} (6 runs)." in markdown
     assert "| rla | gdn | test_loss |" in markdown.split("## Claims")[1].split("## Exploratory")[0]
     assert "| rla | gdn | mqar |" in markdown.split("## Exploratory comparisons")[1]
     # a comparison of the lab's recall between two models both below its clean-recall gate is marked

@@ -27,6 +27,7 @@ import numpy as np
 from linmem.eval.stability import largest_readout_norm
 from linmem.eval.task_names import WHOLE_SPLIT
 from linmem.io.atomic import atomic_write, write_json_atomic
+from linmem.io.run_info import read_train_info
 from linmem.memory.experiment_names import CLEAN_RECALL_GATE
 from linmem.memory.stats import Estimate
 from linmem.study.definition import MIN_SEEDS, Study
@@ -201,6 +202,21 @@ def _estimate(e) -> dict[str, Any]:
     return {"mean": _round(e.mean), "low": _round(e.low), "high": _round(e.high), "n": e.n, "units": e.sources}
 
 
+def _environments(records: dict[str, dict[int, dict[str, Any]]], out: Path) -> list[dict[str, Any]]:
+    """Which GPU (else device), torch and triton trained the finished runs, from each run's ``train_info.json``:
+    ``[{"environment": label, "runs": ["MODEL:SEED", ...]}]``, most runs first; runs whose record names none (trained
+    before records did) under "not recorded"."""
+    groups: dict[str, list[str]] = {}
+    for model, by_seed in records.items():
+        for seed in sorted(by_seed):
+            env = read_train_info(run_dir(out, model, seed) / "model").get("environment")
+            label = "not recorded" if not env else (f"{env['gpu'] or env['device']}, torch {env['torch']}, "
+                                                    f"triton {env['triton'] or 'not installed'}")
+            groups.setdefault(label, []).append(f"{model}:{seed}")
+    return [{"environment": label, "runs": runs}
+            for label, runs in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))]
+
+
 def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
     """The tables of every finished run in ``out`` (missing runs listed), as a JSON-ready dict."""
     out = Path(out)
@@ -233,7 +249,7 @@ def build_tables(study: Study, out: str | Path) -> dict[str, Any]:
             "tasks": study.tasks, "eval": study.eval_record(),
             "metrics": {m.name: {"label": m.label, "higher_is_better": m.higher, "bounded": m.bounded}
                         for m in metrics},
-            "test_resamples": _test_resamples(records),
+            "test_resamples": _test_resamples(records), "environments": _environments(records, out),
             "models": models, "comparisons": comparisons, "claims_not_measured": not_measured}
 
 
@@ -333,6 +349,9 @@ def markdown(tables: dict[str, Any]) -> str:
               f"`{options['split']}` split ({size} for perplexity), the same settings for every run. "
               "Model rows: mean over seeds [seed-bootstrap 95% CI]; seed columns: the seed's value [item-bootstrap "
               "95% CI over test items]. With 3 seeds the seed interval cannot leave the seeds' range.", ""]
+    if tables.get("environments"):
+        lines += ["Trained on: " + "; ".join(f"{g['environment']} ({len(g['runs'])} run{'s' * (len(g['runs']) > 1)})"
+                                          for g in tables["environments"]) + ".", ""]
     missing = [f"{m}: seeds {e['missing_seeds']}" for m, e in tables["models"].items() if e["missing_seeds"]]
     if missing:
         lines += ["**Partial tables**: runs not finished: " + "; ".join(missing) + ".", ""]
