@@ -31,6 +31,7 @@ from linmem.eval.niah import haystack_tokens, niah_prompt
 from linmem.eval.perplexity import perplexity
 from linmem.eval.scoring import score_continuations
 from linmem.eval.stability import stability
+from linmem.io.environment import environment
 from linmem.train.config import parse_config
 from linmem.train.trainer import train
 from tests.test_train_support import build_tiny_dataset, tiny_config, write_corpus  # noqa: F401
@@ -318,6 +319,7 @@ def test_eval_cli_writes_json_markdown_and_figures(trained, tmp_path, capsys):
     assert code == 0
     report = json.loads((out / "results.json").read_text())
     assert list(report["tasks"]) == ["ppl", "cloze", "mqar", "niah", "recall", "stability"]
+    assert report["environment"] == environment("cpu")  # what evaluated the model, beside its numbers
     assert 0 <= report["tasks"]["cloze"]["metrics"]["accuracy"] <= 1
     assert len(report["tasks"]["niah"]["grid"]["accuracy"]) == 2
     markdown = (out / "results.md").read_text()

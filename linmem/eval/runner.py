@@ -22,6 +22,7 @@ from linmem.eval.perplexity import perplexity
 from linmem.eval.stability import stability
 from linmem.eval.task_names import TASKS  # noqa: F401 (re-exported: the tasks evaluate knows)
 from linmem.io.atomic import atomic_write, write_json_atomic
+from linmem.io.environment import environment
 from linmem.io.folders import check_output_folder, output_file, output_folder
 from linmem.io.models import default_output_folder
 from linmem.io.run_info import total_tokens
@@ -103,7 +104,7 @@ def evaluate(model_dir: str | Path, tasks: Sequence[str], options: EvalOptions |
     report = {"model": str(em.folder), "name": em.info.get("name", em.folder.name),
               "parameters": sum(p.numel() for p in em.model.parameters()), "trained_tokens": total_tokens(em.info),
               "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(o).items()},
-              "tasks": results}
+              "environment": environment(next(em.model.parameters()).device), "tasks": results}
     write_report(report, out)
     return report
 
