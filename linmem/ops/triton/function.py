@@ -235,6 +235,8 @@ class _Flags:
         # without history fitting the residual memory holds one token's correction: no pass of its own
         # (_without_fitting adds that correction around the kernels)
         self.without_fitting = config.residual and not config.fit_history
+        # a residual memory with sequential passes of its own (history fitting on)
+        self.residual_passes = config.residual and config.fit_history
         self.gates = config.output_gates
         self.target = TARGET_CODES[config.residual_target]
         self.clip = float(config.clip)
@@ -293,7 +295,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
-    residual_pass = residual_pass and not flags.without_fitting
+    residual_pass = residual_pass and flags.residual_passes
     out = state_pass_outputs(n_tok, layout.num_chunks, layout.num_seqs, heads, key_dim, value_dim, flags, k.device,
                              residual_pass, with_writes=writes is None)
     if flags.without_fitting:
@@ -301,7 +303,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
             out[name] = torch.zeros_like(out[like], dtype=out["base_chunks"].dtype if name == "w" else None)
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
-    fused = blocks.pop("FUSED", False) and flags.residual and residual_pass
+    fused = blocks.pop("FUSED", False) and residual_pass
     u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])  # no u, w buffers then: not stored
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
@@ -321,7 +323,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
         state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"], writes_out=out["u"],
         err_out=out["err"], writes_in=u_in, **common,
     )
-    if flags.residual and residual_pass:  # the residual memory (values ρ(err), strength γ)
+    if residual_pass:  # the residual memory (values ρ(err), strength γ)
         state_pass_kernel[grid](
             x=None, err=out["err"], strength=gamma, inverse=inv_gamma, key_scores=None, state0=res0,
             state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None,
@@ -398,7 +400,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
     if blocks.pop("ONE_KEY_BLOCK"):  # dSᵀ as one [K, BV] tile: one dot per product and chunk, not one per 64 keys
         bk, nk = _layout.key_block(key_dim), 1
     # both memories' reverse passes in one launch (FUSED: both_reverse_passes_kernel)
-    fused = blocks.pop("FUSED", False) and flags.residual and not flags.without_fitting
+    fused = blocks.pop("FUSED", False) and flags.residual_passes
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(q=q, k=k, do=do, b=b, g=g, gamma=gamma, cu_seqlens=layout.cu_seqlens,
                   chunk_offsets=layout.chunk_offsets, scale=scale, clip=flags.clip,
@@ -424,7 +426,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
             READ_BM=not flags.gates, GATED=flags.gates, **common,
         )
     else:
-        if flags.residual and not flags.without_fitting:  # the residual memory first: it emits d_err
+        if flags.residual_passes:  # the residual memory first: it emits d_err
             reverse_pass_kernel[grid](
                 strength=gamma, key_scores=None, scores=saved["res_scores"], inverse=saved["inv_gamma"],
                 err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
