@@ -354,52 +354,54 @@ def _additive_errors(x: dict) -> torch.Tensor:
 
 
 def test_base_errors_are_the_base_memorys_prediction_errors_and_restart_per_sequence():
-    from linmem.bench import kernels
+    from linmem.bench import kernel_checks
 
     seed = int(torch.randint(0, 2**31, ()).item())
-    x = {n: t.double() for n, t in kernels.random_inputs(2, 40, 3, 8, 5, torch.float64, "cpu", seed).items()}
-    found = kernels.base_errors(x, "additive")
+    x = {n: t.double() for n, t in kernel_checks.random_inputs(2, 40, 3, 8, 5, torch.float64, "cpu", seed).items()}
+    found = kernel_checks.base_errors(x, "additive")
     assert found.dtype == torch.float64 and found.shape == x["v"].shape
     torch.testing.assert_close(found, _additive_errors(x), rtol=1e-10, atol=1e-10)
     # the delta rule's first error is v − S0 k; its later ones differ from the additive rule's
-    delta = kernels.base_errors(x, "delta")
+    delta = kernel_checks.base_errors(x, "delta")
     torch.testing.assert_close(delta[:, 0], found[:, 0])
     assert (delta[:, 5:] - found[:, 5:]).abs().max() > 1e-3
     # packed sequences: each from its own initial state, as if run alone (an empty sequence in between)
-    one = kernels.random_inputs(1, 40, 3, 8, 5, torch.float64, "cpu", seed + 1)
+    one = kernel_checks.random_inputs(1, 40, 3, 8, 5, torch.float64, "cpu", seed + 1)
     bounds = [0, 15, 15, 40]
     one["S0"] = torch.randn(3, 3, 5, 8, dtype=torch.float64)
-    packed = kernels.base_errors(one, "delta", bounds)
+    packed = kernel_checks.base_errors(one, "delta", bounds)
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         if end > start:
             alone = {n: t[:, start:end] if t.dim() > 1 and n != "S0" else t for n, t in one.items()}
             alone["S0"] = one["S0"][i:i + 1]
-            torch.testing.assert_close(packed[:, start:end], kernels.base_errors(alone, "delta"))
+            torch.testing.assert_close(packed[:, start:end], kernel_checks.base_errors(alone, "delta"))
 
 
 def test_clip_dv_error_leaves_out_only_the_elements_beside_the_clip():
-    from linmem.bench import kernels
+    from linmem.bench import kernel_checks
 
     err = torch.randn(2, 50, 3, 16, dtype=torch.float64)
     want = torch.randn_like(err)
     near = (err.abs() - 1.0).abs() < 0.05
     assert near.any() and not near.all()
     flipped = want + torch.where(near, 5.0, 0.0)  # a flip's whole term, beside the clip only
-    found = kernels.clip_dv_error(flipped, want, err, clip=1.0, band=0.05)
+    found = kernel_checks.clip_dv_error(flipped, want, err, clip=1.0, band=0.05)
     assert found["dv"] == 0.0 and found["dv_all"] > 0.1 and found["flip_band"] == near.double().mean().item()
     wrong = want + 0.05 * torch.randn_like(want)  # an error everywhere is not hidden
-    assert kernels.clip_dv_error(wrong, want, err, clip=1.0, band=0.05)["dv"] > 0.03
+    assert kernel_checks.clip_dv_error(wrong, want, err, clip=1.0, band=0.05)["dv"] > 0.03
 
 
 def test_a_clip_case_judges_dv_beside_the_band_and_records_it_whole(monkeypatch):
     """run_check in the interpreter: a clip case reports dv without the flip band, dv_all and the band's share, and
     passes; a tanh case has none of them."""
+    from linmem.bench import kernel_checks
+
     kernels = _kernels(monkeypatch)
-    found = kernels.run_check(dict(rule="delta", residual=True, dtype="float32", B=1, T=70, H=1, K=16, V=16))
+    case = dict(rule="delta", residual=True, dtype="float32", B=1, T=70, H=1, K=16, V=16)
+    found = kernel_checks.run_check(case, kernels.DEVICE)
     assert found["passed"], found
     assert 0.0 <= found["flip_band"] < 0.2 and found["dv_all"] < 1e-3 and found["errors"]["dv"] < 1e-3
-    smooth = kernels.run_check(dict(rule="delta", residual=True, dtype="float32", B=1, T=70, H=1, K=16, V=16,
-                                    options=dict(residual_target="tanh")))
+    smooth = kernel_checks.run_check(dict(case, options=dict(residual_target="tanh")), kernels.DEVICE)
     assert "dv_all" not in smooth and "flip_band" not in smooth
 
 

@@ -830,18 +830,19 @@ def test_kernel_benchmark_times_the_op_as_a_training_step_calls_it(monkeypatch):
     """The bench's linmem methods skip the gates' value check, as a model's mixer does unless a hook could write the
     gates: that check reads flags back to the host, a synchronisation per call that FLA's functions do not make and
     that a timed step would otherwise include. The float64 checks keep it (they call the op with its defaults)."""
+    from linmem.bench import kernel_checks
     from linmem.ops import checks
 
     kernels = _bench(monkeypatch)
     checked = []
     real = checks.check_gate_values
     monkeypatch.setattr(checks, "check_gate_values", lambda *a: checked.append(1) or real(*a))
-    x = kernels.random_inputs(1, 32, 1, 16, 16, torch.float32, "cpu", seed=int(torch.randint(1000, ())))
+    x = kernel_checks.random_inputs(1, 32, 1, 16, 16, torch.float32, "cpu", seed=int(torch.randint(1000, ())))
     x["g_key"] = -0.05 * torch.rand(1, 32, 1, 16)
     for name in kernels.CHUNKED_METHODS + ["linmem GLA"]:
-        kernels.METHODS[name](kernels.grad_leaves(x)).sum().backward()
+        kernels.METHODS[name](kernel_checks.grad_leaves(x)).sum().backward()
     assert checked == []
-    kernels.linmem_run({k: v for k, v in x.items() if k != "g_key"}, "delta", True, "triton")
+    kernel_checks.linmem_run({k: v for k, v in x.items() if k != "g_key"}, "delta", True, "triton")
     assert checked  # the default call checks
 
 
@@ -1015,17 +1016,19 @@ def test_kernel_benchmark_warms_only_what_it_times():
 def test_kernel_benchmark_checks_given_launch_options(monkeypatch):
     """The benchmark's float64 checks run with other launch options when given them (a sweep's winners, before
     they are timed): every worker applies them and reports what it ran with."""
+    from linmem.bench import kernel_checks
+
     kernels = _bench(monkeypatch)
     kernels._set_shape(1, 16)
     # This test is about the options reaching every worker, not about bf16 rounding: the cases' inputs get fixed
     # seeds, so the verdict does not depend on the draw (fresh bf16 draws at these tiny shapes land near the 1e-2
     # allowance now and then; the benchmark itself keeps fresh inputs on the GPU).
-    drawn = kernels.check_cases
+    drawn = kernel_checks.check_cases
 
-    def seeded_cases(quick=False):
-        return [dict(case, seed=i) for i, case in enumerate(drawn(quick))]
+    def seeded_cases(*args):
+        return [dict(case, seed=i) for i, case in enumerate(drawn(*args))]
 
-    monkeypatch.setattr(kernels, "check_cases", seeded_cases)
+    monkeypatch.setattr(kernel_checks, "check_cases", seeded_cases)
     options = {"backward_keys": dict(num_warps=4, num_stages=1, BV=32, BK=None, SPLIT=False)}
     results, failures = kernels.warm_and_check([], workers=2, skip_check=False, quick=True, lengths=[64], tokens=64,
                                                kernel_options=options)

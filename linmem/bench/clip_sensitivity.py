@@ -8,7 +8,8 @@ rounded, and its whole gradient to v moves with it. This script runs the exact f
 the inputs and once on q, k, v rounded to tf32 (10 mantissa bits, what the GPU's float32 dots see), and prints the
 relative Frobenius change of every input gradient for the clip and the tanh target. The gap between the two is the
 part of a kernel's gradient error that no kernel can remove: dv moves most (it takes ``ρ'`` directly), and dk, dg,
-dβ move with it through the base memory's backward; ``linmem.bench.kernels`` sets its clip-case tolerances from it.
+dβ move with it through the base memory's backward; ``linmem.bench.kernel_checks`` sets its clip-case tolerances
+from it.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ in float32 elements and the warps of each program. The table behind ``NARROW_LAU
     python scripts/kernels/gla_launch_sweep.py [--settings 1024:4,4096:1,...] [--budget 300]
 
 Per shape (FLA's head, K = V = 128, H = 16, 131,072 tokens of T = 2,048; the zoo's head, K = 32, V = 64, H = 8,
-32 x 512 tokens) and launch: forward and forward+backward medians on ``linmem.bench.kernels``' inputs (bf16 q, k,
-v, per-key decays with a few channels reset) and timing, and that module's float64 check of the output, final
-state and every input gradient (B = 2, T = 300, H = 3, K = V = 128, fresh inputs per launch).
+32 x 512 tokens) and launch: forward and forward+backward medians on ``linmem.bench.kernel_checks``' inputs (bf16
+q, k, v, per-key decays with a few channels reset) and ``linmem.bench.kernels``' timing, and the float64 check of
+``kernel_checks`` of the output, final state and every input gradient (B = 2, T = 300, H = 3, K = V = 128, fresh
+inputs per launch).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import torch
 import triton
 
-from linmem.bench import kernels
+from linmem.bench import kernel_checks, kernels
 from linmem.ops.triton import layout, per_key_decay
 
 SHAPES = {"K=V=128": (64, 2048, 16, 128, 128), "zoo K=32 V=64": (32, 512, 8, 32, 64)}
@@ -28,14 +29,14 @@ CHECK_CASE = dict(rule="additive", residual=False, dtype="float32", B=2, T=300, 
 
 
 def inputs(B, T, H, K, V) -> dict:
-    x = kernels.random_inputs(B, T, H, K, V, torch.bfloat16, kernels.DEVICE, seed=0, decay="per_key")
+    x = kernel_checks.random_inputs(B, T, H, K, V, torch.bfloat16, kernels.DEVICE, seed=0, decay="per_key")
     x["g_key"] = x.pop("g")  # the name the "linmem GLA" method reads
     return x
 
 
 def check(seed: int) -> float:
-    """The worst relative error against float64 (``kernels.run_check``, which NaN-fills new kernel buffers)."""
-    worst = kernels.run_check(dict(CHECK_CASE, seed=seed))["worst"]
+    """The worst relative error against float64 (``kernel_checks.run_check``, which NaN-fills new kernel buffers)."""
+    worst = kernel_checks.run_check(dict(CHECK_CASE, seed=seed), kernels.DEVICE)["worst"]
     layout.POISON_BUFFERS = False  # the timed runs take buffers as the library does
     return worst
 
