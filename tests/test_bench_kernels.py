@@ -150,31 +150,32 @@ def test_busy_time_sums_every_kernel_once_and_takes_step_medians():
     rows shown; steps are summarised by medians."""
     from torch.autograd import DeviceType
 
-    from linmem.bench import kernels
+    from linmem.bench import kernel_profile
 
     rng = __import__("random").Random()
     steps = []
     for _ in range(3):
-        kernel_ms = [rng.uniform(0.01, 1.0) for _ in range(kernels.PROFILE_TOP + 6)]
+        kernel_ms = [rng.uniform(0.01, 1.0) for _ in range(kernel_profile.PROFILE_TOP + 6)]
         events = [_event(f"kernel_{i}", DeviceType.CUDA, ms) for i, ms in enumerate(kernel_ms)]
         events += [_event("aten::mm", DeviceType.CPU, device_ms=sum(kernel_ms), self_cpu_ms=5.0),
                    _event("LinearMemoryFunction", DeviceType.CUDA, sum(kernel_ms), annotation=True),
                    _event("Activity Buffer Request", DeviceType.CUDA, 7.0),
                    _event("Command Buffer Full", DeviceType.CUDA, 3.0)]
-        times = kernels.kernel_times(events, device="cuda")
+        times = kernel_profile.kernel_times(events, device="cuda")
         assert set(times) == {f"kernel_{i}" for i in range(len(kernel_ms))}
         assert sum(times.values()) == pytest.approx(sum(kernel_ms), rel=1e-12)
         steps.append(times)
-    found = kernels.step_summary(steps)
+    found = kernel_profile.step_summary(steps)
     busy = [sum(step.values()) for step in steps]
     assert found["steps_ms"] == pytest.approx(busy) and found["busy_ms"] == pytest.approx(sorted(busy)[1])
-    assert len(found["rows"]) == kernels.PROFILE_TOP
+    assert len(found["rows"]) == kernel_profile.PROFILE_TOP
     medians = {name: sorted(step[name] for step in steps)[1] for name in steps[0]}
-    want = sorted(medians.items(), key=lambda row: -row[1])[:kernels.PROFILE_TOP]
+    want = sorted(medians.items(), key=lambda row: -row[1])[:kernel_profile.PROFILE_TOP]
     assert [name for name, _ in found["rows"]] == [name for name, _ in want]
     assert [ms for _, ms in found["rows"]] == pytest.approx([ms for _, ms in want])
     # the CPU dry run: each op's own CPU time
-    cpu = kernels.kernel_times([_event("aten::mm", DeviceType.CPU, device_ms=9.0, self_cpu_ms=2.0)], device="cpu")
+    mm = _event("aten::mm", DeviceType.CPU, device_ms=9.0, self_cpu_ms=2.0)
+    cpu = kernel_profile.kernel_times([mm], device="cpu")
     assert cpu == {"aten::mm": pytest.approx(2.0)}
 
 
@@ -291,24 +292,27 @@ def test_default_profile_methods_are_the_ratio_pairs():
 def test_busy_time_of_a_real_step_in_the_interpreter(monkeypatch):
     """``busy_ms``, the sweep's busy metric, on a CPU dry-run shape: the kernels' (here the ops') time of its calls,
     profiled in one session, per call; the profile of the same call, one session per call, comes out alike."""
+    from linmem.bench import kernel_profile
+
     kernels = _kernels(monkeypatch)
     kernels._set_shape(1, 16)
-    monkeypatch.setattr(kernels, "SWEEP_BUSY_REPEATS", 2)
     x = kernels.bench_inputs(1, 64)
-    busy = kernels.busy_ms(kernels.METHODS["linmem GDN"], x)
-    found = kernels.profile_method(kernels.METHODS["linmem GDN"], x, repeats=2)
+    busy = kernel_profile.busy_ms(kernels.METHODS["linmem GDN"], x, 2, kernels.DEVICE)
+    found = kernel_profile.profile_method(kernels.METHODS["linmem GDN"], x, 2, kernels.DEVICE)
     assert busy > 0 and found["busy_ms"] > 0
     assert 0.2 < busy / found["busy_ms"] < 5  # the same call's CPU time twice, within a dry run's scatter
 
 
 def test_profile_of_a_real_step_in_the_interpreter(monkeypatch):
     """``profile_kernels`` itself, on a CPU dry-run shape: one busy time per step, their median, the top rows."""
+    from linmem.bench import kernel_profile
+
     kernels = _kernels(monkeypatch)
     kernels._set_shape(1, 16)
     found = kernels.profile_kernels(1, 64, "linmem sGLA", repeats=2)
     assert len(found["steps_ms"]) == 2 and all(ms > 0 for ms in found["steps_ms"])
     assert min(found["steps_ms"]) <= found["busy_ms"] <= max(found["steps_ms"])
-    assert 0 < len(found["rows"]) <= kernels.PROFILE_TOP
+    assert 0 < len(found["rows"]) <= kernel_profile.PROFILE_TOP
 
 
 @pytest.mark.parametrize("given, expected", [([], (1, 64, "wall")),
@@ -585,14 +589,16 @@ def test_fla_alone_may_run_wider_than_linmems_widest_launch_row(tmp_path, monkey
 def test_a_2v_method_is_profiled_on_the_wide_values_it_is_timed_on(monkeypatch):
     """FLA's GDN at twice the value width (the state work of RDN's two memories) reads ``v_wide``: its profile gets
     the inputs its timing gets, so that the busy times hold RDN / FLA GDN 2V beside the other ratios."""
+    from linmem.bench import kernel_profile
+
     kernels = _kernels(monkeypatch)
     seen = {}
 
-    def recorded(fn, x, repeats):
+    def recorded(fn, x, repeats, device):
         seen[fn] = set(x)
         return {"rows": [], "steps_ms": [1.0], "busy_ms": 1.0}
 
-    monkeypatch.setattr(kernels, "profile_method", recorded)
+    monkeypatch.setattr(kernel_profile, "profile_method", recorded)
     kernels.profile_kernels(1, 64, "FLA GDN 2V", 1)
     kernels.profile_kernels(1, 64, "linmem RDN", 1)
     assert "v_wide" in seen[kernels.METHODS["FLA GDN 2V"]]

@@ -1169,6 +1169,8 @@ def test_sweep_by_busy_time_judges_by_the_kernels_gpu_time(monkeypatch):
     """With ``metric="busy"`` the kernels' own time decides, not the call's wall time: a variant whose wall time is
     lower only through the host (its kernels take longer) is not chosen, one whose kernels take less is, whatever
     its wall time; an unknown metric is refused."""
+    from linmem.bench import kernel_profile
+
     kernels, row = _swept_row(monkeypatch)
     host_only = {"output": dict(row["output"], BV=64)}
     kernels_faster = {"decay_grad": dict(row["decay_grad"], num_warps=4)}
@@ -1179,7 +1181,7 @@ def test_sweep_by_busy_time_judges_by_the_kernels_gpu_time(monkeypatch):
         return row["output"]["BV"], row["decay_grad"]["num_warps"]
 
     monkeypatch.setattr(kernels, "time_method", lambda fn, x, backward: wall[key()])
-    monkeypatch.setattr(kernels, "busy_ms", lambda fn, x: busy[key()])
+    monkeypatch.setattr(kernel_profile, "busy_ms", lambda fn, x, repeats, device: busy[key()])
     chosen = kernels.tune([host_only, kernels_faster], 1, 64, metric="busy")
     assert chosen["output"]["BV"] == 128 and chosen["decay_grad"]["num_warps"] == 4
     row.update(output=dict(row["output"], BV=128), decay_grad=dict(row["decay_grad"], num_warps=2))

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import torch
 
-from linmem.bench import environment, kernel_checks
+from linmem.bench import environment, kernel_checks, kernel_profile
 from linmem.bench.kernel_checks import CLIP_COUPLED_TOLERANCE, FLIP_BAND, TOLERANCE
 from linmem.io.atomic import atomic_write
 
@@ -205,11 +205,6 @@ def bench_inputs(B, T, seed=0, wide=False):
     return x
 
 
-def _sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
 def _median_ms(fn, grad_to_none=None) -> float:
     if DEVICE == "cuda":
         import triton
@@ -315,7 +310,7 @@ def _run_task(kind, task):
         for batch in [payload["B"]] if "B" in payload else [1, 64]:
             o = fn(kernel_checks.grad_leaves(bench_inputs(batch, payload.get("T", 2048) if batch == 1 else 128)))
             o.float().sum().backward()
-        _sync()
+        kernel_profile.synchronize(DEVICE)
         return kind, dict(task=task, ok=True)
     except Exception as exc:  # noqa: BLE001
         failed = dict(task=task, ok=False, error=f"{type(exc).__name__}: {exc}",
@@ -626,9 +621,10 @@ def tune(variants, B, T, deadline: float | None = None, metric: str = "wall") ->
     below ``1 - SWEEP_MARGIN``, so that noise alone does not move a row. ``recompute_states`` is timed and its saving
     printed, but the row's own value is kept: it trades time for memory, a choice the times alone do not make.
     Variants left when ``deadline`` (``time.time()``) has passed are not timed (listed). ``metric`` "wall" times each
-    call with ``time_method`` (``do_bench``); "busy" takes the kernels' own GPU time (``busy_ms``), which leaves out
-    the host's launches between them: at a training micro-batch (B = 4, T = 2048) one call's wall time is mostly
-    host and scatters by ±20% from pair to pair, while a model step hides those gaps behind its later layers.
+    call with ``time_method`` (``do_bench``); "busy" takes the kernels' own GPU time (``kernel_profile.busy_ms``),
+    which leaves out the host's launches between them: at a training micro-batch (B = 4, T = 2048) one call's wall
+    time is mostly host and scatters by ±20% from pair to pair, while a model step hides those gaps behind its later
+    layers.
     Changes, and returns, the row of ``KERNEL_OPTIONS`` at these widths."""
     from linmem.ops.triton import function
 
@@ -644,8 +640,8 @@ def tune(variants, B, T, deadline: float | None = None, metric: str = "wall") ->
         row.clear()
         row.update(options)
         try:
-            times = [time_method(METHODS[name], x, True) if metric == "wall" else busy_ms(METHODS[name], x)
-                     for name in SWEPT]
+            times = [time_method(METHODS[name], x, True) if metric == "wall"
+                     else kernel_profile.busy_ms(METHODS[name], x, SWEEP_BUSY_REPEATS, DEVICE) for name in SWEPT]
         finally:
             row.clear()
             row.update(default)
@@ -753,97 +749,14 @@ def table_row(key_dim: int, value_dim: int, row: dict, reason: str) -> str:
     return "\n".join([f"    {cls}: _row(  # {reason}", *changes, "    ),"])
 
 
-PROFILE_TOP = 14  # the kernels a profile shows and keeps, the longest first (its busy time sums all of them)
 PROFILE_MIN_SECONDS = 30.0  # the profiles after the timings start only while this much of the budget is left
 
 
 def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
-    """Per-kernel device times of ``method``'s forward+backward (torch.profiler), ``repeats`` steps each profiled on
-    its own: ``rows`` the ``PROFILE_TOP`` longest kernels (name, median ms over the steps), ``steps_ms`` each step's
-    busy time (the sum over every kernel it ran, ``kernel_times``) and ``busy_ms`` their median. In the CPU dry run:
-    the ops' CPU times instead."""
-    return profile_method(METHODS[method], bench_inputs(B, T, wide=method.endswith(" 2V")), repeats)
-
-
-def profile_method(fn, x: dict, repeats: int = 3) -> dict:
-    """``profile_kernels`` of the method ``fn`` on the inputs ``x`` (``bench_inputs``)."""
-    from torch.profiler import profile
-
-    step = _warm_step(fn, x)
-    steps = []
-    for _ in range(repeats):
-        with profile(activities=[_profiled_activity()]) as prof:
-            step()
-            _sync()
-        steps.append(kernel_times(prof.key_averages()))
-    return step_summary(steps)
-
-
-def busy_ms(fn, x: dict) -> float:
-    """The kernels' own GPU time of one forward+backward of ``fn`` on ``x``: their summed time over
-    ``SWEEP_BUSY_REPEATS`` calls profiled in one session (one profiler start, not one per call), per call. It is
-    what a training step pays for the call, whose host gaps the step's later layers hide."""
-    from torch.profiler import profile
-
-    step = _warm_step(fn, x)
-    with profile(activities=[_profiled_activity()]) as prof:
-        for _ in range(SWEEP_BUSY_REPEATS):
-            step()
-        _sync()
-    return sum(kernel_times(prof.key_averages()).values()) / SWEEP_BUSY_REPEATS
-
-
-def _warm_step(fn, x: dict):
-    """One forward+backward of ``fn`` on fresh leaves of ``x``, run twice before it is returned: as ``time_method``
-    times it, the gradients set afresh, not added to earlier ones."""
-    leaves = kernel_checks.grad_leaves(x)
-    d_o = torch.randn_like(fn(leaves))
-
-    def step():
-        for leaf in leaves.values():
-            leaf.grad = None
-        fn(leaves).backward(d_o)
-
-    for _ in range(2):
-        step()
-    _sync()
-    return step
-
-
-def _profiled_activity():
-    from torch.profiler import ProfilerActivity
-
-    return ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU
-
-
-def kernel_times(events, device: str | None = None) -> dict[str, float]:
-    """ms per kernel name in one profiled step (``prof.key_averages()``), over every kernel: on a GPU each kernel's
-    device time, counted once (``step_profile.device_work``: no host op, whose device time is that of its kernels,
-    no annotation spanning kernels, no driver marker or profiler record); on the CPU (``device="cpu"``, the dry run)
-    each op's self CPU time."""
-    from linmem.bench.step_profile import PROFILER_RECORDS, device_work
-
-    device = device or DEVICE
-    times: dict[str, float] = {}
-    if device == "cuda":
-        for event in device_work(events):
-            times[event.key] = times.get(event.key, 0.0) + event.device_time_total / 1000
-        return times
-    for event in events:
-        if event.key not in PROFILER_RECORDS:
-            times[event.key] = times.get(event.key, 0.0) + event.self_cpu_time_total / 1000
-    return times
-
-
-def step_summary(steps: list[dict[str, float]]) -> dict:
-    """Profiled steps (``kernel_times`` each) as medians over the steps: ``rows``, the ``PROFILE_TOP`` longest kernels
-    (a kernel absent from a step counts 0 ms there); ``busy_ms``, the median of each step's sum over all its kernels;
-    and ``steps_ms``, those sums."""
-    names = set().union(*steps)
-    rows = [(name, statistics.median(step.get(name, 0.0) for step in steps)) for name in names]
-    busy = [sum(step.values()) for step in steps]
-    return dict(rows=sorted(rows, key=lambda row: -row[1])[:PROFILE_TOP], busy_ms=statistics.median(busy),
-                steps_ms=busy)
+    """``kernel_profile.profile_method`` of ``method`` on the timed inputs at ``B`` × ``T`` (a 2V method on the wide
+    values it is timed on): its ``PROFILE_TOP`` longest kernels, each step's busy time and their median."""
+    inputs = bench_inputs(B, T, wide=method.endswith(" 2V"))
+    return kernel_profile.profile_method(METHODS[method], inputs, repeats, DEVICE)
 
 
 def profile_shapes(results: list[dict]) -> list[tuple[int, int]]:

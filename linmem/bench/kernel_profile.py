@@ -1,0 +1,101 @@
+"""The kernel benchmark's profiles: one method's forward+backward under torch.profiler, as the time of each kernel it
+runs and the GPU busy time, their sum (on the CPU dry run: each operator's own CPU time)."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from linmem.bench.kernel_checks import grad_leaves
+
+PROFILE_TOP = 14  # the kernels a profile shows and keeps, the longest first (its busy time sums all of them)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the work queued on ``device`` ("cuda"; nothing to wait for on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile_method(fn, x: dict, repeats: int, device: str) -> dict:
+    """Per-kernel device times of the method ``fn``'s forward+backward on the inputs ``x`` (torch.profiler),
+    ``repeats`` steps each profiled on its own: ``rows`` the ``PROFILE_TOP`` longest kernels (name, median ms over
+    the steps), ``steps_ms`` each step's busy time (the sum over every kernel it ran, ``kernel_times``) and
+    ``busy_ms`` their median. On ``device`` "cpu" (the dry run): the ops' CPU times instead."""
+    from torch.profiler import profile
+
+    step = _warm_step(fn, x, device)
+    steps = []
+    for _ in range(repeats):
+        with profile(activities=[_profiled_activity(device)]) as prof:
+            step()
+            synchronize(device)
+        steps.append(kernel_times(prof.key_averages(), device))
+    return step_summary(steps)
+
+
+def busy_ms(fn, x: dict, repeats: int, device: str) -> float:
+    """The kernels' own GPU time of one forward+backward of ``fn`` on ``x``: their summed time over ``repeats``
+    calls profiled in one session (one profiler start, not one per call), per call. It is what a training step pays
+    for the call, whose host gaps the step's later layers hide."""
+    from torch.profiler import profile
+
+    step = _warm_step(fn, x, device)
+    with profile(activities=[_profiled_activity(device)]) as prof:
+        for _ in range(repeats):
+            step()
+        synchronize(device)
+    return sum(kernel_times(prof.key_averages(), device).values()) / repeats
+
+
+def _warm_step(fn, x: dict, device: str):
+    """One forward+backward of ``fn`` on fresh leaves of ``x``, run twice before it is returned: as the benchmark's
+    ``time_method`` times it, the gradients set afresh, not added to earlier ones."""
+    leaves = grad_leaves(x)
+    d_o = torch.randn_like(fn(leaves))
+
+    def step():
+        for leaf in leaves.values():
+            leaf.grad = None
+        fn(leaves).backward(d_o)
+
+    for _ in range(2):
+        step()
+    synchronize(device)
+    return step
+
+
+def _profiled_activity(device: str):
+    from torch.profiler import ProfilerActivity
+
+    return ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
+
+
+def kernel_times(events, device: str) -> dict[str, float]:
+    """ms per kernel name in one profiled step (``prof.key_averages()``), over every kernel: on a GPU each kernel's
+    device time, counted once (``step_profile.device_work``: no host op, whose device time is that of its kernels,
+    no annotation spanning kernels, no driver marker or profiler record); on the CPU (``device="cpu"``, the dry run)
+    each op's self CPU time."""
+    from linmem.bench.step_profile import PROFILER_RECORDS, device_work
+
+    times: dict[str, float] = {}
+    if device == "cuda":
+        for event in device_work(events):
+            times[event.key] = times.get(event.key, 0.0) + event.device_time_total / 1000
+        return times
+    for event in events:
+        if event.key not in PROFILER_RECORDS:
+            times[event.key] = times.get(event.key, 0.0) + event.self_cpu_time_total / 1000
+    return times
+
+
+def step_summary(steps: list[dict[str, float]]) -> dict:
+    """Profiled steps (``kernel_times`` each) as medians over the steps: ``rows``, the ``PROFILE_TOP`` longest kernels
+    (a kernel absent from a step counts 0 ms there); ``busy_ms``, the median of each step's sum over all its kernels;
+    and ``steps_ms``, those sums."""
+    names = set().union(*steps)
+    rows = [(name, statistics.median(step.get(name, 0.0) for step in steps)) for name in names]
+    busy = [sum(step.values()) for step in steps]
+    return dict(rows=sorted(rows, key=lambda row: -row[1])[:PROFILE_TOP], busy_ms=statistics.median(busy),
+                steps_ms=busy)
