@@ -1,6 +1,7 @@
 """``linmem.bench.kernels`` on the CPU: the order its correctness tasks run in (the memory-heavy ones after the
-parallel pool, one at a time, within the deadline), the profile after the timings at each timed shape once, and the
-report's GPU busy-time tables, old reports included.
+parallel pool, one at a time, within the deadline), the profile after the timings at each timed shape once
+(``kernel_profile``), the report's GPU busy-time tables, old reports included (``kernel_report``), and the float64
+checks' own parts (``kernel_checks``).
 
 The scheduling tests run fake tasks in spawned processes; their worker is this module's ``fake_worker``, which a
 spawned process imports by name, so this module imports nothing heavy at its top.
@@ -58,6 +59,20 @@ def _kernels(monkeypatch):
     monkeypatch.setenv("LINMEM_BENCH_SHAPE", "")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # main() starts itself again under the interpreter without it
     return kernels
+
+
+def report_page(report: dict) -> str:
+    """``report`` as the benchmark writes it to kernels.md, with its methods."""
+    from linmem.bench import kernel_report, kernels
+
+    return kernel_report.markdown(report, kernels.METHODS, kernels.CHUNKED_METHODS)
+
+
+def report_summary(report: dict) -> str:
+    """The summary a benchmark run that measured ``report`` ends with."""
+    from linmem.bench import kernel_report, kernels
+
+    return kernel_report.summary(report, kernels.METHODS)
 
 
 def _fake_tasks(monkeypatch, kernels, log: Path, sleeps: dict[str, tuple[str, float]]):
@@ -192,38 +207,34 @@ def _report(ms: dict[str, float], busy: dict[str, float] | None = None, lengths=
 
 
 def test_busy_time_table_has_the_ratios_of_the_timing_tables():
-    from linmem.bench import kernels
-
     report = _report({"linmem RDN": 2.51, "FLA GDN": 1.57, "linmem RLA": 2.0},
                      busy={"linmem RDN": 1.8, "FLA GDN": 1.2, "linmem RLA": 1.1}, lengths=(2048, 8192))
-    page = kernels.markdown(report)
+    page = report_page(report)
     section = page.split("## GPU busy time per fwd+bwd (profiler)")[1].split("##")[0]
     assert "median of 3 profiled steps" in section
     table = [line for line in section.splitlines() if line.startswith("|")]
     assert table[0] == "| T | linmem RLA | linmem RDN | FLA GDN | RDN / FLA GDN |"
     assert table[2:] == ["| 2048 | 1.10 | 1.80 | 1.20 | 1.50x |", "| 8192 | 4.40 | 7.20 | 4.80 | 1.50x |"]
     assert page.index("## fwd+bwd") < page.index("## GPU busy")
-    summary = kernels.summary(report).splitlines()
+    summary = report_summary(report).splitlines()
     assert summary[-4:] == ["| T | RDN / FLA GDN |", "|---|---|", "| 2048 | 1.80 / 1.20 ms = 1.50x |",
                             "| 8192 | 7.20 / 4.80 ms = 1.50x |"]
     assert summary[-5].startswith("GPU busy time per forward+backward (profiler, median of 3")
     assert "| 2048 | 2.51 / 1.57 ms = 1.60x |" in summary  # the do_bench table stays above it
     # without the busy times: no such table, and the summary ends with the do_bench one
     plain = _report({"linmem RDN": 2.51, "FLA GDN": 1.57})
-    assert "GPU busy" not in kernels.markdown(plain) and "GPU busy" not in kernels.summary(plain)
-    assert kernels.summary(plain).splitlines()[-1] == "| 2048 | 2.51 / 1.57 ms = 1.60x |"
+    assert "GPU busy" not in report_page(plain) and "GPU busy" not in report_summary(plain)
+    assert report_summary(plain).splitlines()[-1] == "| 2048 | 2.51 / 1.57 ms = 1.60x |"
     # no pair profiled: the busy times alone
     alone = _report({"linmem RDN": 2.51, "FLA GDN": 1.57}, busy={"linmem RDN": 1.8})
-    assert kernels.summary(alone).splitlines()[-2:] == ["|---|---|", "| 2048 | 1.80 |"]
+    assert report_summary(alone).splitlines()[-2:] == ["|---|---|", "| 2048 | 1.80 |"]
 
 
 def test_summary_counts_unfinished_correctness_and_compile_tasks_not_skipped_timings():
-    from linmem.bench import kernels
-
     report = _report({"linmem RDN": 2.51, "FLA GDN": 1.57})
     report["skipped"] = ["check RDN float32 B=2 T=300", "offsets {}", "compile {'method': 'FLA GDN'}", "T=8192",
                          "linmem GDN T=2048", "linmem GDN T=64 from fwd (stopped after 20 s)"]
-    assert "3 correctness/compile tasks not finished" in kernels.summary(report)
+    assert "3 correctness/compile tasks not finished" in report_summary(report)
 
 
 @pytest.mark.parametrize("name", ["kernels.json", "kernel-widths-256.json"])

@@ -25,6 +25,7 @@ triton = pytest.importorskip("triton")
 
 from linmem.ops import linear_memory  # noqa: E402
 from linmem.ops.triton import layout  # noqa: E402
+from tests.test_bench_kernels import report_page, report_summary  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 TOL = 3e-3 if ON_GPU else 1e-5  # tf32 dots on a GPU; float32 arithmetic in the interpreter
@@ -919,14 +920,14 @@ def test_kernel_report_compares_with_fla_at_twice_the_value_width():
     from linmem.bench import kernels
 
     report = _report({"linmem RDN": 22.0, "FLA GDN": 13.0, "FLA GDN 2V": 20.0, "linmem RLA": 19.0, "FLA sGLA": 8.0})
-    table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
+    table = report_page(report).split("## fwd+bwd")[1].strip().splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header == ["T", "linmem RLA", "linmem RDN", "FLA sGLA", "FLA GDN", "FLA GDN 2V", "RDN / FLA GDN",
                       "RLA / FLA sGLA", "RDN / FLA GDN 2V"]
     assert table[2] == "| 2048 | 19.00 | 22.00 | 8.00 | 13.00 | 20.00 | 1.69x | 2.38x | 1.10x |"
     # with linmem's single-memory ops timed too, RDN and RLA are also divided by them (each label names its divisor)
     report = _report({"linmem RDN": 22.0, "linmem GDN": 11.0, "FLA GDN": 13.0})
-    table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
+    table = report_page(report).split("## fwd+bwd")[1].strip().splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[-3:] == ["GDN / FLA GDN", "RDN / FLA GDN", "RDN / GDN"]
     assert table[2].endswith("| 0.85x | 1.69x | 2.00x |")
@@ -944,37 +945,33 @@ def _report(ms: dict[str, float], lengths=(2048,)) -> dict:
 def test_kernel_report_ratios_are_the_pairs_timed():
     """Each linmem / FLA pair timed in one run gets its ratio column (GLA's among them), no column is left for a
     pair not timed, and the closing summary gives each pair's two times and their ratio."""
-    from linmem.bench import kernels
-
     report = _report({"linmem GLA": 51.6, "FLA GLA": 23.0, "linmem RDN": 22.0}, lengths=(2048, 8192))
-    table = kernels.markdown(report).split("## fwd+bwd")[1].strip().splitlines()
+    table = report_page(report).split("## fwd+bwd")[1].strip().splitlines()
     assert table[0] == "| T | linmem RDN | linmem GLA | FLA GLA | GLA / FLA GLA |"
     assert table[2] == "| 2048 | 22.00 | 51.60 | 23.00 | 2.24x |" and table[3].startswith("| 8192 |")
-    summary = kernels.summary(report).splitlines()
+    summary = report_summary(report).splitlines()
     assert summary[-4:] == ["| T | GLA / FLA GLA |", "|---|---|", "| 2048 | 51.60 / 23.00 ms = 2.24x |",
                             "| 8192 | 51.60 / 23.00 ms = 2.24x |"]
     # the chunked kernels' launch options are listed where a method ran on them; GLA's kernels have their own
-    assert "Launch options of linmem's chunked kernels" in kernels.markdown(dict(report, kernel_options={"a": {}}))
+    assert "Launch options of linmem's chunked kernels" in report_page(dict(report, kernel_options={"a": {}}))
     gla_only = _report({"linmem GLA": 51.6, "FLA GLA": 23.0})
-    assert "Launch options" not in kernels.markdown(dict(gla_only, kernel_options={"a": {}}))
+    assert "Launch options" not in report_page(dict(gla_only, kernel_options={"a": {}}))
 
 
 def test_kernel_report_tells_a_check_that_did_not_run_from_one_that_failed():
     """The 64-bit offsets check needs tens of GiB beside the compile workers: one that raised (out of memory, say)
     is reported as not run, with its error, never as a wrong result; one whose numbers differ is FAILED."""
-    from linmem.bench import kernels
-
     case = "RDN bfloat16 B=5 T=122880: last sequence equals it run alone"
     raised = dict(case=case, errors={}, worst=float("inf"), passed=False, error="OutOfMemoryError: CUDA out of memory")
     wrong = dict(case=case, errors={"o": 0.5}, worst=0.5, passed=False)
     right = dict(case=case, errors={"o": 0.0}, worst=0.0, passed=True)
-    text = {name: kernels.markdown(dict(_report({"linmem RDN": 1.0}), offsets=found))
+    text = {name: report_page(dict(_report({"linmem RDN": 1.0}), offsets=found))
             for name, found in (("raised", raised), ("wrong", wrong), ("right", right))}
     assert f"NOT RUN (OutOfMemoryError: CUDA out of memory): {case}" in text["raised"]
     assert "FAILED" not in text["raised"]
     assert f"FAILED: {case}" in text["wrong"] and "NOT RUN" not in text["wrong"]
     assert f"passed: {case}" in text["right"]
-    assert "offsets not run" in kernels.summary(dict(_report({"linmem RDN": 1.0}), checks=[], offsets=raised))
+    assert "offsets not run" in report_summary(dict(_report({"linmem RDN": 1.0}), checks=[], offsets=raised))
 
 
 def test_kernel_report_renders_again_from_its_json(tmp_path, capsys):
@@ -1224,7 +1221,7 @@ def test_launch_table_by_width_class(monkeypatch):
     """Each head width takes the row of the smallest class at least as wide, K and V apart; K = V = 128 keeps the
     options tuned there; a row changed alone changes only the launches of its widths; the row a sweep prints is
     Python that rebuilds the row."""
-    from linmem.bench import kernels
+    from linmem.bench import kernel_report
     from linmem.ops.triton import function
 
     assert [function.width_class(d) for d in (1, 32, 64, 65, 128, 129, 200, 256)] == [64, 64, 64, 128, 128, 256,
@@ -1245,10 +1242,10 @@ def test_launch_table_by_width_class(monkeypatch):
     assert function._options("output", key_dim=128, value_dim=128)[0]["BV"] == 128
     assert function._options("output", key_dim=256, value_dim=128)[0]["BV"] == 128
 
-    text = kernels.table_row(128, 200, function.KERNEL_OPTIONS[128, 256], "a reason")
+    text = kernel_report.table_row(128, 200, function.KERNEL_OPTIONS[128, 256], "a reason")
     assert text.splitlines()[0] == "    (128, 256): _row(  # a reason"
     assert eval("{" + text + "}", vars(function)) == {(128, 256): function.KERNEL_OPTIONS[128, 256]}
-    assert kernels.table_row(64, 64, function.kernel_options(64, 64), "why") == "    (64, 64): _row(),  # why"
+    assert kernel_report.table_row(64, 64, function.kernel_options(64, 64), "why") == "    (64, 64): _row(),  # why"
 
 
 def test_chunk_fallback_under_autocast():
