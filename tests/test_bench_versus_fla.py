@@ -20,7 +20,7 @@ fla = pytest.importorskip("fla", exc_type=ImportError)
 import fla.models.modeling_utils as fla_modeling  # noqa: E402
 from fla.modules import ShortConvolution  # noqa: E402
 
-from linmem.bench import versus_fla  # noqa: E402
+from linmem.bench import versus_fla, versus_fla_report  # noqa: E402
 from linmem.bench.step_profile import table_name  # noqa: E402
 from linmem.train.config import LOSS_CHUNK_TOKENS  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_out_of_memory_is_an_oom_cell_and_the_run_goes_on(tmp_path, fla_decodes_
     assert train["linmem"] == {"status": "OOM"} and train["fla"]["status"] == "ok"
     assert "max_loss_difference" not in train
     assert report["prefill"][0]["linmem"]["status"] == "ok"
-    table = versus_fla.format_train(report["train"])
+    table = versus_fla_report.format_train(report["train"])
     assert "| OOM |" in table and table.splitlines()[-1].endswith("| – | whole |")
     assert "rounds" not in train and "per round" not in table  # one round: the table as it always was
 
@@ -128,7 +128,8 @@ def test_without_fla_only_linmems_models_run_and_the_tables_say_so(tmp_path, fla
     assert report["settings"]["no_fla"] is True
     out = capsys.readouterr().out
     assert "] measuring GDN-340M train B=2 eager linmem" in out and "eager fla" not in out
-    assert versus_fla.format_train(report["train"]).splitlines()[-1].startswith("| GDN-340M | 2 | 12 | eager | – |")
+    last = versus_fla_report.format_train(report["train"]).splitlines()[-1]
+    assert last.startswith("| GDN-340M | 2 | 12 | eager | – |")
 
 
 def test_budget_skips_and_lists_what_it_did_not_start(tmp_path, fla_decodes_on_cpu):
@@ -209,9 +210,10 @@ def test_rounds_measure_each_cell_in_abba_order_and_pool_their_steps(tmp_path, f
                                        for r in range(2)]
     markdown = (tmp_path / "versus_fla.md").read_text()
     assert "2 rounds, ABBA order" in markdown
-    for rows, row, after in ((versus_fla.format_train, train, "| linmem / FLA | per round | FLA peak GiB |"),
-                             (versus_fla.format_residual, residual, "| residual / base | per round | base peak GiB |"),
-                             (versus_fla.format_prefill, prefill, "| linmem / FLA | per round | FLA peak GiB |")):
+    for rows, row, after in (
+            (versus_fla_report.format_train, train, "| linmem / FLA | per round | FLA peak GiB |"),
+            (versus_fla_report.format_residual, residual, "| residual / base | per round | base peak GiB |"),
+            (versus_fla_report.format_prefill, prefill, "| linmem / FLA | per round | FLA peak GiB |")):
         table = rows([row])
         assert after in table and table in markdown
         assert f"x | {row['rounds_ratio'][0]:.2f}, {row['rounds_ratio'][1]:.2f} | " in table
@@ -230,7 +232,7 @@ def test_a_round_out_of_memory_makes_the_cell_oom(fla_decodes_on_cpu, monkeypatc
     assert train["fla"]["status"] == "ok" and len(train["fla"]["rounds_ms"]) == rounds
     assert train["rounds"] == {"fla": rounds, "linmem": order.count("linmem") - 1}  # the ok rounds before the OOM
     assert "rounds_ratio" not in train and "max_loss_difference" not in train
-    row = versus_fla.format_train(report["train"]).splitlines()[-1]
+    row = versus_fla_report.format_train(report["train"]).splitlines()[-1]
     assert "| OOM | – | – |" in row  # linmem's time, the ratio, the per-round ratios
 
 
@@ -336,10 +338,10 @@ def test_decode_agreement_summarises_free_running_and_teacher_forced_differences
                                         torch.bfloat16)
     assert equal["first_difference"] is None and equal["first_differences"] == [None, None]
     assert equal["fla_token_agreement"] == 1.0 and equal["disagreements"] == 1  # FLA's own miss at (1, 2)
-    assert versus_fla._agreement_cells(equal)[:3] == ["100%", "none", "83% (83%)"]
+    assert versus_fla_report._agreement_cells(equal)[:3] == ["100%", "none", "83% (83%)"]
     untested = versus_fla.decode_agreement(fla, {"tokens": linmem["tokens"]}, torch.bfloat16)  # FLA's cell failed
     assert "teacher_forced_agreement" not in untested and untested["first_difference"] == 1
-    assert versus_fla._agreement_cells(untested) == ["50%", "token 1", "–", "–", "–", "–"]
+    assert versus_fla_report._agreement_cells(untested) == ["50%", "token 1", "–", "–", "–", "–"]
 
 
 DECODE_ONLY = DRY_RUN + ["--parts", "decode", "--decode-tokens", "4"]
@@ -358,7 +360,7 @@ def test_dry_run_decode_agrees_token_for_token_and_says_how_to_read_it(tmp_path,
     markdown = (tmp_path / "versus_fla.md").read_text()
     assert "| teacher-forced agree (FLA's own) |" in markdown
     assert "| 100% | none | 100% (100%) | – | – | – |" in markdown
-    assert versus_fla.DECODE_RULE in markdown
+    assert versus_fla_report.DECODE_RULE in markdown
 
 
 def boost_linmem_at(new_token: int, boost: float):
@@ -409,7 +411,7 @@ def test_a_perturbed_linmem_disagrees_where_it_was_perturbed(tmp_path, fla_decod
         assert row["fla_margin"]["max"] == pytest.approx(max(fla_margins)) and 0 < max(fla_margins) < 1
         tops = [abs(top[1]) for forced in (linmem_forced, fla_forced) for top in forced["top"]]
         assert row["rounding_spacing"] == versus_fla.dtype_spacing(max(tops), torch.float32)
-    assert "| token 1 | 75% (100%) |" in versus_fla.format_decode(report["decode"])
+    assert "| token 1 | 75% (100%) |" in versus_fla_report.format_decode(report["decode"])
 
 
 def test_without_flas_tokens_linmem_skips_the_teacher_forced_check(fla_decodes_on_cpu, monkeypatch):
@@ -421,7 +423,7 @@ def test_without_flas_tokens_linmem_skips_the_teacher_forced_check(fla_decodes_o
     (row,) = report["decode"]
     assert row["fla"]["status"].startswith("RuntimeError") and row["linmem"]["status"] == "ok"
     assert "teacher_forced" not in row["linmem"] and "fla_token_agreement" not in row
-    assert versus_fla.format_decode([row]).splitlines()[-1].endswith("| – | – | – | – | – | – |")
+    assert versus_fla_report.format_decode([row]).splitlines()[-1].endswith("| – | – | – | – | – | – |")
 
 
 def test_a_failing_teacher_forced_check_keeps_the_cells_speeds(fla_decodes_on_cpu, monkeypatch):
@@ -467,20 +469,20 @@ def test_profile_keeps_every_kernels_time_and_shows_where_the_residual_time_goes
         profile = cell["profile"]
         assert set(profile) == PROFILE_KEYS and profile["steps"] == 1
         by_name, total = profile["by_name"], profile["total_ms"]
-        assert len(by_name) > versus_fla.PROFILE_TOP  # every operator, not only the ranked ones
+        assert len(by_name) > versus_fla_report.PROFILE_TOP  # every operator, not only the ranked ones
         assert sum(entry["ms_per_step"] for entry in by_name.values()) == pytest.approx(total, rel=1e-12)
         # the shares were taken over the whole step by the profiler: by_name's total is that whole step
         for row in profile["top"]:
             assert row["ms_per_step"] == by_name[row["name"]]["ms_per_step"]
             assert row["share"] == pytest.approx(row["ms_per_step"] / total, rel=1e-9)
-        assert len(profile["top"]) == versus_fla.PROFILE_TOP
-        ms = versus_fla.kinds_ms(by_name)
+        assert len(profile["top"]) == versus_fla_report.PROFILE_TOP
+        ms = versus_fla_report.kinds_ms(by_name)
         assert all(ms[kind] == pytest.approx(share * total, rel=1e-9, abs=1e-12)
                    for kind, share in profile["kinds"].items())
     assert report["settings"]["profile"] == 1 and any("host's gap" in note for note in report["notes"])
     markdown = (tmp_path / "versus_fla.md").read_text()
     section = markdown.split("## Where the residual mixer's extra time goes")[1].split("\n## ")[0]
-    assert versus_fla.PROFILE_RULE in section
+    assert versus_fla_report.PROFILE_RULE in section
     assert "### GDN-340M B=2 T=12 eager: rdn against linmem's import (profiled steps: 1)" in section
     base, other = residual["base"], residual["residual"]
     one, two = base["profile"], other["profile"]
@@ -491,7 +493,7 @@ def test_profile_keeps_every_kernels_time_and_shows_where_the_residual_time_goes
             f"{other['step_ms'] - two['total_ms']:.3f} ms") in section
     assert f"| busy (all) | {one['total_ms']:.3f} | {two['total_ms']:.3f} |" in section
     rows = table_after(section, "| kernel or operator |")
-    assert len(rows) == versus_fla.PROFILE_TOP
+    assert len(rows) == versus_fla_report.PROFILE_TOP
     absent = dict(ms_per_step=0.0, calls_per_step=0)
     differences = []
     for name, _, base_ms, residual_ms, difference, calls in rows:
@@ -504,7 +506,8 @@ def test_profile_keeps_every_kernels_time_and_shows_where_the_residual_time_goes
     every = {name: abs(two["by_name"].get(name, absent)["ms_per_step"]
                        - one["by_name"].get(name, absent)["ms_per_step"])
              for name in one["by_name"].keys() | two["by_name"].keys()}
-    assert differences[-1] >= sorted(every.values(), reverse=True)[versus_fla.PROFILE_TOP - 1]  # the largest shown
+    shown = versus_fla_report.PROFILE_TOP
+    assert differences[-1] >= sorted(every.values(), reverse=True)[shown - 1]  # the largest shown
     kinds = markdown.split("## Training step by kind: FLA against linmem")[1].split("\n## ")[0]
     assert "| kind | FLA ms/step | linmem ms/step | linmem − FLA ms |" in kinds
     assert f"| busy (all) | {train['fla']['profile']['total_ms']:.3f} | {train['linmem']['profile']['total_ms']:.3f}" \
@@ -518,7 +521,7 @@ def test_without_profile_no_cell_is_profiled_and_the_report_has_no_profile_secti
     assert "profile" not in report["settings"] and not any("profile" in note for note in report["notes"])
     markdown = (tmp_path / "versus_fla.md").read_text()
     assert "## Where the residual mixer's extra time goes" not in markdown and "by kind" not in markdown
-    assert versus_fla.PROFILE_RULE not in markdown
+    assert versus_fla_report.PROFILE_RULE not in markdown
 
 
 def test_with_rounds_only_the_first_round_of_each_cell_is_profiled(fla_decodes_on_cpu, monkeypatch):
@@ -531,7 +534,7 @@ def test_with_rounds_only_the_first_round_of_each_cell_is_profiled(fla_decodes_o
     (train,), (residual,) = report["train"], report["residual"]
     assert train["fla"]["profile"] == rounds_of(trained, "fla")[0]["profile"]
     assert residual["residual"]["profile"] == rounds_of(trained, "residual")[0]["profile"]
-    assert "### GDN-340M B=2 T=12 eager: rdn" in versus_fla.format_residual_profiles(report["residual"])
+    assert "### GDN-340M B=2 T=12 eager: rdn" in versus_fla_report.format_residual_profiles(report["residual"])
 
 
 def test_a_failing_profile_keeps_the_cells_timings(fla_decodes_on_cpu, monkeypatch):
@@ -544,9 +547,9 @@ def test_a_failing_profile_keeps_the_cells_timings(fla_decodes_on_cpu, monkeypat
     for cell in (residual["base"], residual["residual"]):
         assert cell["status"] == "ok" and len(cell["steps_ms"]) == 2
         assert cell["profile"] == {"steps": 2, "error": "OutOfMemoryError: no room for the trace"}
-    section = versus_fla.format_residual_profiles(report["residual"])
+    section = versus_fla_report.format_residual_profiles(report["residual"])
     assert "- GDN-340M B=2 T=12 eager residual: profiling failed: OutOfMemoryError" in section
-    assert "###" not in section and versus_fla.PROFILE_RULE not in section
+    assert "###" not in section and versus_fla_report.PROFILE_RULE not in section
 
 
 def by_name(**entries: tuple[float, float, str]) -> dict[str, dict]:
@@ -558,7 +561,7 @@ def test_profile_difference_counts_a_missing_name_as_zero_and_ranks_by_the_size_
                    adam=(1.0, 1, "optimizer"))
     residual = by_name(mm=(12.5, 6, "matmul"), mul=(1.0, 10, "other"), output_kernel=(2.0, 8, "linmem kernels"),
                        adam=(1.0, 1, "optimizer"))
-    rows = versus_fla.profile_difference(base, residual)
+    rows = versus_fla_report.profile_difference(base, residual)
     assert [(r["name"], r["difference_ms"]) for r in rows] == [
         ("mm", 2.5), ("mul", -2.0), ("output_kernel", 2.0), ("gone", -0.5), ("adam", 0.0)]  # ties: by name
     new, gone = rows[2], rows[3]
@@ -566,18 +569,19 @@ def test_profile_difference_counts_a_missing_name_as_zero_and_ranks_by_the_size_
         (0.0, 2.0, 0, 8, "linmem kernels")
     assert (gone["base_ms"], gone["other_ms"], gone["base_calls"], gone["other_calls"], gone["kind"]) == \
         (0.5, 0.0, 1, 0, "other")
-    table = versus_fla.format_difference(dict(by_name=base), dict(by_name=residual), top=3)
+    table = versus_fla_report.format_difference(dict(by_name=base), dict(by_name=residual), top=3)
     assert table.splitlines()[2:] == ["| `mm` | matmul | 10.000 | 12.500 | +2.500 | 4 / 6 |",
                                       "| `mul` | other | 3.000 | 1.000 | -2.000 | 20 / 10 |",
                                       "| `output_kernel` | linmem kernels | 0.000 | 2.000 | +2.000 | 0 / 8 |"]
-    assert versus_fla.kinds_ms(residual) == {"matmul": 12.5, "linmem kernels": 2.0, "linmem blocks": 0.0,
-                                             "attention": 0.0, "optimizer": 1.0, "communication": 0.0, "other": 1.0}
-    kinds = versus_fla.format_kinds_against(dict(by_name=base, total_ms=14.5), dict(by_name=residual, total_ms=16.5),
-                                            "base", "residual")
+    assert versus_fla_report.kinds_ms(residual) == {"matmul": 12.5, "linmem kernels": 2.0, "linmem blocks": 0.0,
+                                                    "attention": 0.0, "optimizer": 1.0, "communication": 0.0,
+                                                    "other": 1.0}
+    kinds = versus_fla_report.format_kinds_against(dict(by_name=base, total_ms=14.5),
+                                                   dict(by_name=residual, total_ms=16.5), "base", "residual")
     assert "| matmul | 10.000 | 12.500 | +2.500 |" in kinds and "| other | 3.500 | 1.000 | -2.500 |" in kinds
     assert kinds.splitlines()[-1] == "| busy (all) | 14.500 | 16.500 | +2.000 |"
     long = "k" * 100 + "|x"
-    assert table_name(long, versus_fla.NAME_WIDTH) == "`" + "k" * 89 + "…`"
+    assert table_name(long, versus_fla_report.NAME_WIDTH) == "`" + "k" * 89 + "…`"
     assert table_name("a|b") == "`a\\|b`"
 
 
