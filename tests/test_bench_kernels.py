@@ -154,9 +154,13 @@ def test_profile_shapes_are_the_timed_pairs_once():
     assert kernels.profile_shapes(results) == [(4, 2048), (1, 8192)]
 
 
-def _event(key, device_type, device_ms=0.0, self_cpu_ms=0.0, annotation=False):
+def _event(key, device_type, device_ms=0.0, self_cpu_ms=0.0, annotation=False, start_us=0.0, end_us=None):
+    """A profiler record's fields the benchmark reads; ``time_range`` from ``start_us`` for ``device_ms`` unless
+    ``end_us`` is given (µs, as torch.profiler's events)."""
+    end = start_us + 1000 * device_ms if end_us is None else end_us
     return SimpleNamespace(key=key, device_type=device_type, device_time_total=1000 * device_ms,
-                           self_cpu_time_total=1000 * self_cpu_ms, is_user_annotation=annotation)
+                           self_cpu_time_total=1000 * self_cpu_ms, is_user_annotation=annotation,
+                           time_range=SimpleNamespace(start=start_us, end=end))
 
 
 def test_busy_time_sums_every_kernel_once_and_takes_step_medians():
@@ -192,6 +196,42 @@ def test_busy_time_sums_every_kernel_once_and_takes_step_medians():
     mm = _event("aten::mm", DeviceType.CPU, device_ms=9.0, self_cpu_ms=2.0)
     cpu = kernel_profile.kernel_times([mm], device="cpu")
     assert cpu == {"aten::mm": pytest.approx(2.0)}
+
+
+def test_span_runs_from_the_first_kernel_to_the_last_and_shows_the_waits():
+    """A step's span is the first counted kernel's start to the last one's end (µs records, ms out): a host op, an
+    annotation and the profiler's records around the kernels do not widen it; the summary keeps each step's span and
+    their median, and the report puts span and waits (span - busy) beside each other."""
+    from torch.autograd import DeviceType
+
+    from linmem.bench import kernel_profile, kernel_report
+
+    rng = __import__("random").Random()
+    spans = []
+    for _ in range(3):
+        events, busy = [], 0.0
+        at = start = rng.uniform(0, 1e4)  # the first kernel's start, µs
+        for i in range(rng.randint(2, 8)):
+            at += rng.uniform(0, 300) if i else 0.0  # a wait before the kernel
+            ms = rng.uniform(0.01, 1.0)
+            events.append(_event(f"kernel_{i}", DeviceType.CUDA, ms, start_us=at))
+            at += 1000 * ms
+            busy += ms
+        events += [_event("aten::mm", DeviceType.CPU, device_ms=busy, start_us=start - 500, end_us=at + 900),
+                   _event("LinearMemoryFunction", DeviceType.CUDA, busy + 2, annotation=True, start_us=start - 800),
+                   _event("Activity Buffer Request", DeviceType.CUDA, 7.0, start_us=at + 100)]
+        span = kernel_profile.kernel_span_ms(events, device="cuda")
+        assert span == pytest.approx((at - start) / 1000, rel=1e-12) and span >= busy
+        spans.append(span)
+    assert kernel_profile.kernel_span_ms([], device="cuda") == 0.0
+    found = kernel_profile.step_summary([{"k": 1.0}, {"k": 2.0}, {"k": 3.0}], spans)
+    assert found["spans_ms"] == spans and found["span_ms"] == pytest.approx(sorted(spans)[1])
+    assert "span_ms" not in kernel_profile.step_summary([{"k": 1.0}])
+    busy = [dict(method="linmem RDN", T=2048, B=4, ms=2.35, span_ms=2.61),
+            dict(method="FLA GDN 2V", T=2048, B=4, ms=2.17)]  # a record from before spans were kept
+    table = "\n".join(kernel_report._span_table(busy, ["linmem RDN", "FLA GDN 2V"]))
+    assert "| 2048 | 2.61 (0.26) |" in table and "FLA GDN 2V" not in table
+    assert kernel_report._span_table(busy[1:], ["FLA GDN 2V"]) == []
 
 
 def _report(ms: dict[str, float], busy: dict[str, float] | None = None, lengths=(2048,)) -> dict:
@@ -264,7 +304,7 @@ def test_profile_runs_after_the_timings_at_each_timed_shape_once(tmp_path, monke
 
     def profiled(B, T, method, repeats):
         calls.append(("profile", B, T, method, repeats))
-        return dict(rows=[("k", 0.5)], busy_ms=0.75, steps_ms=[0.75] * repeats)
+        return dict(rows=[("k", 0.5)], busy_ms=0.75, steps_ms=[0.75] * repeats, span_ms=0.8, spans_ms=[0.8] * repeats)
 
     monkeypatch.setattr(kernels, "time_method", timed)
     monkeypatch.setattr(kernels, "profile_kernels", profiled)
@@ -323,6 +363,8 @@ def test_profile_of_a_real_step_in_the_interpreter(monkeypatch):
     found = kernels.profile_kernels(1, 64, "linmem sGLA", repeats=2)
     assert len(found["steps_ms"]) == 2 and all(ms > 0 for ms in found["steps_ms"])
     assert min(found["steps_ms"]) <= found["busy_ms"] <= max(found["steps_ms"])
+    # one thread runs the ops one after another: their own times fit in the span they cover
+    assert all(span >= busy * (1 - 1e-6) for span, busy in zip(found["spans_ms"], found["steps_ms"]))
     assert 0 < len(found["rows"]) <= kernel_profile.PROFILE_TOP
 
 

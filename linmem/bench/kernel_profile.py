@@ -22,17 +22,20 @@ def profile_method(fn, x: dict, repeats: int, device: str) -> dict:
     """Per-kernel device times of the method ``fn``'s forward+backward on the inputs ``x`` (torch.profiler),
     ``repeats`` steps each profiled on its own: ``rows`` the ``PROFILE_TOP`` longest kernels (name, median ms over
     the steps), ``steps_ms`` each step's busy time (the sum over every kernel it ran, ``kernel_times``) and
-    ``busy_ms`` their median. On ``device`` "cpu" (the dry run): the ops' CPU times instead."""
+    ``busy_ms`` their median; ``spans_ms`` each step's span (``kernel_span_ms``) and ``span_ms`` their median, so that
+    span - busy is the time the GPU waited inside the call. On ``device`` "cpu" (the dry run): the ops' CPU times
+    instead."""
     from torch.profiler import profile
 
     step = _warm_step(fn, x, device)
-    steps = []
+    steps, spans = [], []
     for _ in range(repeats):
         with profile(activities=[_profiled_activity(device)]) as prof:
             step()
             synchronize(device)
         steps.append(kernel_times(prof.key_averages(), device))
-    return step_summary(steps)
+        spans.append(kernel_span_ms(prof.events(), device))
+    return step_summary(steps, spans)
 
 
 def busy_ms(fn, x: dict, repeats: int, device: str) -> float:
@@ -90,12 +93,28 @@ def kernel_times(events, device: str) -> dict[str, float]:
     return times
 
 
-def step_summary(steps: list[dict[str, float]]) -> dict:
+def kernel_span_ms(events, device: str) -> float:
+    """ms from the start of the first kernel one profiled step ran to the end of its last (``prof.events()``, the
+    events ``kernel_times`` counts; 0 without one): the busy time plus every wait of the GPU between them, on the
+    host's launches or on a synchronisation. On the CPU (the dry run) the span of the counted ops."""
+    from linmem.bench.step_profile import PROFILER_RECORDS, device_work
+
+    counted = device_work(events) if device == "cuda" else [e for e in events if e.key not in PROFILER_RECORDS]
+    if not counted:
+        return 0.0
+    return (max(e.time_range.end for e in counted) - min(e.time_range.start for e in counted)) / 1000
+
+
+def step_summary(steps: list[dict[str, float]], spans: list[float] | None = None) -> dict:
     """Profiled steps (``kernel_times`` each) as medians over the steps: ``rows``, the ``PROFILE_TOP`` longest kernels
     (a kernel absent from a step counts 0 ms there); ``busy_ms``, the median of each step's sum over all its kernels;
-    and ``steps_ms``, those sums."""
+    and ``steps_ms``, those sums. With ``spans`` (``kernel_span_ms`` of each step): ``spans_ms`` and their median
+    ``span_ms`` too."""
     names = set().union(*steps)
     rows = [(name, statistics.median(step.get(name, 0.0) for step in steps)) for name in names]
     busy = [sum(step.values()) for step in steps]
-    return dict(rows=sorted(rows, key=lambda row: -row[1])[:PROFILE_TOP], busy_ms=statistics.median(busy),
-                steps_ms=busy)
+    summary = dict(rows=sorted(rows, key=lambda row: -row[1])[:PROFILE_TOP], busy_ms=statistics.median(busy),
+                   steps_ms=busy)
+    if spans is not None:
+        summary.update(span_ms=statistics.median(spans), spans_ms=spans)
+    return summary

@@ -75,6 +75,7 @@ def markdown(report: dict, methods: Collection[str], chunked: Sequence[str]) -> 
             cells = [_ms(ms, n) for n in profiled] + [_ratio(ms, a, b) for _, a, b in pairs]
             lines.append(f"| {T} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += _span_table(busy, profiled)
     checks = report.get("checks") or []
     if checks:
         passed = sum(c["passed"] for c in checks)
@@ -171,6 +172,24 @@ def summary(report: dict, methods: Collection[str]) -> str:
                      else [_ms(ms, name) for name in profiled])
             lines.append(f"| {T} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _span_table(busy: list[dict], profiled: list[str]) -> list[str]:
+    """The profiled steps' spans, first kernel start to last kernel end, beside their busy times: span - busy is the
+    GPU waiting inside the call (on the host's launches or a synchronisation), which ``do_bench``'s wall time counts
+    and the busy time does not. Nothing for records without a span."""
+    spanned = [name for name in profiled if any(b["method"] == name and "span_ms" in b for b in busy)]
+    if not spanned:
+        return []
+    lines = ["First kernel to last, per fwd+bwd (medians of the same profiled steps): the span, and in brackets the "
+             "GPU's waits inside it (span - busy).", "",
+             "| T | " + " | ".join(spanned) + " |", "|---" * (len(spanned) + 1) + "|"]
+    for T in sorted({b["T"] for b in busy}):
+        found = {b["method"]: b for b in busy if b["T"] == T and "span_ms" in b}
+        cells = [f"{found[n]['span_ms']:.2f} ({found[n]['span_ms'] - found[n]['ms']:.2f})" if n in found else "–"
+                 for n in spanned]
+        lines.append(f"| {T} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _busy_ms(busy: list[dict], T: int) -> dict:

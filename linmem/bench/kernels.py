@@ -732,7 +732,7 @@ PROFILE_MIN_SECONDS = 30.0  # the profiles after the timings start only while th
 
 def profile_kernels(B, T, method: str = "linmem RDN", repeats: int = 3) -> dict:
     """``kernel_profile.profile_method`` of ``method`` on the timed inputs at ``B`` × ``T`` (a 2V method on the wide
-    values it is timed on): its ``PROFILE_TOP`` longest kernels, each step's busy time and their median."""
+    values it is timed on): its ``PROFILE_TOP`` longest kernels, each step's busy time and span, and their medians."""
     inputs = bench_inputs(B, T, wide=method.endswith(" 2V"))
     return kernel_profile.profile_method(METHODS[method], inputs, repeats, DEVICE)
 
@@ -771,9 +771,11 @@ def profile_timed(report: dict, methods: list[str], repeats: int, left, out: Pat
                 continue
             report.setdefault("profile", {})[f"{method} T={T}"] = found["rows"]
             report.setdefault("gpu_busy", []).append(dict(method=method, T=T, B=B, ms=found["busy_ms"],
-                                                          steps_ms=found["steps_ms"]))
+                                                          steps_ms=found["steps_ms"], span_ms=found["span_ms"],
+                                                          spans_ms=found["spans_ms"]))
             print(f"profile {method} fwd+bwd B={B} T={T} (medians of {repeats} steps): busy {found['busy_ms']:.3f} "
-                  f"ms, steps {', '.join(f'{ms:.3f}' for ms in found['steps_ms'])}\n"
+                  f"ms, steps {', '.join(f'{ms:.3f}' for ms in found['steps_ms'])}; first kernel to last "
+                  f"{found['span_ms']:.3f} ms\n"
                   + "\n".join(f"  {ms:8.3f} ms  {name[:90]}" for name, ms in found["rows"]), flush=True)
             _write(report, out, with_plot=False)
 
