@@ -342,6 +342,9 @@ def test_decode_agreement_summarises_free_running_and_teacher_forced_differences
     untested = versus_fla.decode_agreement(fla, {"tokens": linmem["tokens"]}, torch.bfloat16)  # FLA's cell failed
     assert "teacher_forced_agreement" not in untested and untested["first_difference"] == 1
     assert versus_fla_report._agreement_cells(untested) == ["50%", "token 1", "–", "–", "–", "–"]
+    # a stored record made before the first difference was kept (docs/benchmarks/versus_fla-decode.json's rows)
+    older = {"fla_token_agreement": untested["fla_token_agreement"]}
+    assert versus_fla_report._agreement_cells(older) == ["50%", "not recorded", "–", "–", "–", "–"]
 
 
 DECODE_ONLY = DRY_RUN + ["--parts", "decode", "--decode-tokens", "4"]

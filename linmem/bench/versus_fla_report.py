@@ -122,8 +122,12 @@ def _agreement_cells(row: dict) -> list[str]:
     absent."""
     if "fla_token_agreement" not in row:
         return ["–"] * 6
-    first = row["first_difference"]
-    cells = [f"{row['fla_token_agreement']:.0%}", "none" if first is None else f"token {first}"]
+    if "first_difference" not in row:  # a record made before the first difference was kept
+        where = "not recorded"
+    else:
+        first = row["first_difference"]
+        where = "none" if first is None else f"token {first}"
+    cells = [f"{row['fla_token_agreement']:.0%}", where]
     if "teacher_forced_agreement" not in row:
         return cells + ["–"] * 4
     cells.append(f"{row['teacher_forced_agreement']:.0%} ({row['fla_teacher_forced_agreement']:.0%})")
