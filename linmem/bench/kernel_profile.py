@@ -75,31 +75,31 @@ def _profiled_activity(device: str):
     return ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
 
 
-def kernel_times(events, device: str) -> dict[str, float]:
-    """ms per kernel name in one profiled step (``prof.key_averages()``), over every kernel: on a GPU each kernel's
-    device time, counted once (``step_profile.device_work``: no host op, whose device time is that of its kernels,
-    no annotation spanning kernels, no driver marker or profiler record); on the CPU (``device="cpu"``, the dry run)
-    each op's self CPU time."""
+def counted_events(events, device: str) -> list:
+    """The profiler events a step's busy time counts: on a GPU its kernels, copies and fills, each once
+    (``step_profile.device_work``: no host op, whose device time is that of its kernels, no annotation spanning
+    kernels, no driver marker or profiler record); on the CPU (``device="cpu"``, the dry run) every op but the
+    profiler's own records."""
     from linmem.bench.step_profile import PROFILER_RECORDS, device_work
 
+    return device_work(events) if device == "cuda" else [e for e in events if e.key not in PROFILER_RECORDS]
+
+
+def kernel_times(events, device: str) -> dict[str, float]:
+    """ms per kernel name in one profiled step (``prof.key_averages()``), over every ``counted_events`` one: on a GPU
+    each kernel's device time, on the CPU (the dry run) each op's self CPU time."""
+    own = "device_time_total" if device == "cuda" else "self_cpu_time_total"
     times: dict[str, float] = {}
-    if device == "cuda":
-        for event in device_work(events):
-            times[event.key] = times.get(event.key, 0.0) + event.device_time_total / 1000
-        return times
-    for event in events:
-        if event.key not in PROFILER_RECORDS:
-            times[event.key] = times.get(event.key, 0.0) + event.self_cpu_time_total / 1000
+    for event in counted_events(events, device):
+        times[event.key] = times.get(event.key, 0.0) + getattr(event, own) / 1000
     return times
 
 
 def kernel_span_ms(events, device: str) -> float:
-    """ms from the start of the first kernel one profiled step ran to the end of its last (``prof.events()``, the
-    events ``kernel_times`` counts; 0 without one): the busy time plus every wait of the GPU between them, on the
-    host's launches or on a synchronisation. On the CPU (the dry run) the span of the counted ops."""
-    from linmem.bench.step_profile import PROFILER_RECORDS, device_work
-
-    counted = device_work(events) if device == "cuda" else [e for e in events if e.key not in PROFILER_RECORDS]
+    """ms from the start of the first kernel one profiled step ran to the end of its last (``prof.events()``, its
+    ``counted_events``; 0 without one): the busy time plus every wait of the GPU between them, on the host's
+    launches or on a synchronisation. On the CPU (the dry run) the span of the counted ops."""
+    counted = counted_events(events, device)
     if not counted:
         return 0.0
     return (max(e.time_range.end for e in counted) - min(e.time_range.start for e in counted)) / 1000
