@@ -81,7 +81,8 @@ from linmem.ops.triton.scores import chunk_scores
 # states kept stepped in 0.81x FLA's time but peaked at 1.15x its memory (18.05 against 15.70 GiB), so memory, not time,
 # was the binding cost (``--sweep`` prints the bytes and times both, never choosing by time alone). "base" saves RDN a
 # few milliseconds of a GDN-1.3B training step for gigabytes of peak memory (docs/benchmarks/versus_fla.md,
-# ``--recompute-states base``): no row takes it.
+# ``--recompute-states base``): no row takes it. "writes" left GDN-1.3B's steps (GDN's and RDN's) as they were and
+# raised their peaks by 1.5-3 GiB (the same page): no row takes it either.
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
