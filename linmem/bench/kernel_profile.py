@@ -8,14 +8,9 @@ import statistics
 import torch
 
 from linmem.bench.kernel_checks import grad_leaves
+from linmem.bench.step_profile import synchronize
 
 PROFILE_TOP = 14  # the kernels a profile shows and keeps, the longest first (its busy time sums all of them)
-
-
-def synchronize(device: str) -> None:
-    """Wait for the work queued on ``device`` ("cuda"; nothing to wait for on the CPU)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def profile_method(fn, x: dict, repeats: int, device: str) -> dict:

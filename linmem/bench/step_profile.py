@@ -34,6 +34,12 @@ DRIVER_MARKERS = frozenset({"Command Buffer Full"})
 PROFILER_RECORDS = frozenset({"Activity Buffer Request"})  # the profiler's own records, not the step's work
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for off CUDA)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def triton_kernel_names(package_name: str) -> frozenset[str]:
     """The names ending in ``_kernel`` defined by the modules of ``package_name`` (empty where Triton, which they
     import, is not installed)."""
@@ -104,8 +110,7 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
     own = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, own, 0) > 0]
     if cuda:

@@ -71,7 +71,7 @@ import torch.distributed as dist
 
 from linmem.bench import environment
 from linmem.bench.flops import H200_BF16_DENSE_TFLOPS, flops_per_token, mfu
-from linmem.bench.step_profile import format_profile, profile_steps
+from linmem.bench.step_profile import format_profile, profile_steps, synchronize
 from linmem.models import LinMemConfig, LinMemForCausalLM
 from linmem.models.configuration import MIXERS
 from linmem.ops import BACKENDS
@@ -124,17 +124,14 @@ def time_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int, device
                deadline: float) -> tuple[list[float], float]:
     """Run ``warmup`` untimed steps, then time up to ``steps`` steps one by one (fewer once ``deadline``, a
     ``time.perf_counter()`` value, has passed); returns the step times (s) and the last loss."""
-    cuda = device.type == "cuda"
     for _ in range(warmup):
         step()
     times, loss = [], None
     for _ in range(steps):
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
         t0 = time.perf_counter()
         loss = step()
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
         if time.perf_counter() > deadline:
             break

@@ -124,7 +124,7 @@ import torch
 
 from linmem.bench import environment
 from linmem.bench.fla_parity import PAPER, scaled_paper_settings, sdpa_flash_attn_func, write_fla_checkpoint
-from linmem.bench.step_profile import own_time_by_name, profile_steps
+from linmem.bench.step_profile import own_time_by_name, profile_steps, synchronize
 from linmem.bench.training import free_memory, random_tokens
 from linmem.bench.versus_fla_report import (
     OOM,
@@ -222,11 +222,6 @@ def trainer_loss_chunk_tokens(batch: int, seq_len: int, vocab: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # Measurements: each takes a freshly built model and returns raw numbers
 # ---------------------------------------------------------------------------------------------------------------
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
