@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The core-seeds studies (configs/study/core-seeds*.yaml) on the lent GPU, whose working-tree copy holds at most
 # 64 MiB (the checkout's tracked files are about 110 MiB: the shipped zoo's weights, 66 MiB, and the studies' record
-# archives docs/study/*/runs.tar.xz, 26 MiB) and is sent afresh with every command. The runs use a copy of their own,
+# archives docs/study/*/runs-NN.tar.xz, 26 MiB) and is sent afresh with every command. The runs use a copy of their own,
 # so that neither that limit nor uncommitted edits in the checkout reach them:
 #
 #   here:   bash scripts/study/core_seeds_device.sh prepare
@@ -24,7 +24,8 @@
 #       watches the queue up to SECONDS, then packs every evaluated run (records, no weights) and the logs into
 #       $OUT/NAME-runs.tar.gz; repeat until the queue is done (a machine given back loses the runs not packed)
 #
-# Here, `tar xzf NAME-runs.tar.gz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs.
+# Here, `tar xzf NAME-runs.tar.gz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs, and
+# `python scripts/study/run_archive.py pack NAME` adds them to the shipped records as the next part.
 # Triton's compiled kernels travel between machines: `start` unpacks .devrun/triton-cache.tgz (when carried) into
 # the runs' TRITON_CACHE_DIR, so that the queue's runs do not each compile the same kernels first, and `collect`
 # returns the cache as $OUT/triton-cache.tgz (under 15 MiB); copy it to .devrun/triton-cache.tgz here.
@@ -55,8 +56,10 @@ case $verb in
       mkdir -p ".devrun/w/runs/study/$name-logs"
       if [ -f "$log" ]; then
         cp "$log" ".devrun/w/$log"
-      elif [ -f "docs/study/$name/runs.tar.xz" ]; then
-        tar xJf "docs/study/$name/runs.tar.xz" -C .devrun/w/runs/study "$name-logs/queue.log" 2>/dev/null || true
+      else  # the parts in order: a later part's log is the longer one
+        for part in $(ls docs/study/$name/runs-*.tar.xz 2>/dev/null | sort); do
+          tar xJf "$part" -C .devrun/w/runs/study "$name-logs/queue.log" 2>/dev/null || true
+        done
       fi
     done
     du -sh .devrun
@@ -77,8 +80,10 @@ case $verb in
     done
     # the record archives: `prepare` has taken what the machine needs of them (the queue logs) into .devrun/w
     mkdir -p "$parked/archives"
-    for archive in docs/study/*/runs.tar.xz; do
-      [ -f "$archive" ] && mv "$archive" "$parked/archives/$(basename "$(dirname "$archive")").tar.xz"
+    for archive in docs/study/*/runs-*.tar.xz; do
+      [ -f "$archive" ] || continue
+      mkdir -p "$parked/archives/$(basename "$(dirname "$archive")")"
+      mv "$archive" "$parked/archives/$(basename "$(dirname "$archive")")/"
     done
     # the sentinel's access time, set an hour back, moves once the tool reads it (relatime updates an access time
     # older than the modification time; the tool's copy has also been seen to leave it equal to the modification
@@ -108,10 +113,10 @@ case $verb in
     for f in "$parked"/*.safetensors; do
       [ -f "$f" ] && put_back "$f" "$zoo/$(basename "$f" .safetensors)/model.safetensors"
     done
-    for f in "$parked"/archives/*.tar.xz; do
-      [ -f "$f" ] && put_back "$f" "docs/study/$(basename "$f" .tar.xz)/runs.tar.xz"
+    for f in "$parked"/archives/*/runs-*.tar.xz; do
+      [ -f "$f" ] && put_back "$f" "docs/study/$(basename "$(dirname "$f")")/$(basename "$f")"
     done
-    echo "in the checkout: $(ls "$zoo"/*/model.safetensors 2>/dev/null | wc -l) zoo weights, $(ls docs/study/*/runs.tar.xz 2>/dev/null | wc -l) record archives"
+    echo "in the checkout: $(ls "$zoo"/*/model.safetensors 2>/dev/null | wc -l) zoo weights, $(ls docs/study/*/runs-*.tar.xz 2>/dev/null | wc -l) record archives"
     ;;
   start)
     [ $# -ge 2 ] || usage
