@@ -8,7 +8,8 @@ of rewriting (and re-committing) every earlier run.
 A part holds what the study's tables read (configs, metrics.jsonl, items.json, evaluation JSON) and the queue logs,
 never weights. ``pack`` writes only the files that no earlier part holds with the same bytes (a new run, a queue log
 that grew, a record rewritten), so unpacking the parts in order rebuilds the folder as it was packed; it writes
-nothing when nothing changed. ``--study-dir`` and ``--docs`` point elsewhere (tests).
+nothing when nothing changed. Records are only ever added or rewritten: a file deleted here stays in the part
+that holds it. ``--study-dir`` and ``--docs`` point elsewhere (tests).
 """
 from __future__ import annotations
 
