@@ -31,9 +31,11 @@ from linmem.study.estimates import ItemSet, item_estimate, paired_difference, se
 from linmem.study.runs import check_finished_runs, run_dir
 from linmem.study.tables import _verdict, decide
 from linmem.train.trainer import train
+from tests.script_modules import load_script
 from tests.test_train_support import TINY  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parent.parent
+run_archive = load_script(REPO / "scripts" / "study" / "run_archive.py", "run_archive")
 STUDY_SCRIPTS = REPO / "scripts" / "study"
 
 
@@ -441,9 +443,7 @@ def test_shipped_studies_hold_one_recipe(name):
 def test_every_shipped_run_record_matches_its_study_file(record, tmp_path):
     """The records that docs/results.md's study tables are rebuilt from (every part, in order) were trained and
     evaluated as the study file now says (what `linmem study --report-only` checks before it writes a table)."""
-    for part in sorted((REPO / "docs" / "study" / record).glob("runs-*.tar.xz")):
-        with tarfile.open(part) as tar:
-            tar.extractall(tmp_path, filter="data")
+    run_archive.unpack(record, tmp_path, REPO / "docs" / "study")
     study = load_study(REPO / "configs" / "study" / f"{record}.yaml")
     finished = check_finished_runs(tmp_path / record, study)
     tables = json.loads((REPO / "docs" / "study" / record / "results.json").read_text())
