@@ -119,3 +119,23 @@ def test_queues_hold_every_pending_run_once_with_each_pair_together(studies, tmp
         assert all(where[a, seed] == where[b, seed] for a, b, seed in together)
     printed_text = printed(core_seeds_queue.main, str(core.path), str(tmp_path), "--size", str(size))
     assert printed_text.splitlines()[1:1 + len(planned)] == [" ".join(f"{n}:{s}" for n, s in q) for q in planned]
+
+
+def test_queues_of_named_models_hold_only_their_pending_runs(studies, tmp_path):
+    """``--models``: a machine that holds none of the study's earlier runs queues only the models it names (those
+    whose rate it has just set), earliest seeds first; a name the study lacks is refused."""
+    core = studies["core-seeds"]
+    ready, _ = core_seeds_queue.ready_models(core)
+    named = ready[-2:]
+    folder = run_dir(tmp_path, named[0], core.seeds[0])
+    folder.mkdir(parents=True)
+    (folder / ITEMS).write_text("{}", encoding="utf-8")
+    planned = core_seeds_queue.queues(core, tmp_path, 5, named)
+    runs = [run for queue in planned for run in queue]
+    assert set(runs) == {(name, seed) for name in named for seed in core.seeds} - {(named[0], core.seeds[0])}
+    assert [seed for _, seed in runs] == sorted(seed for _, seed in runs)
+    assert all(len(queue) <= 5 for queue in planned)
+    with pytest.raises(ValueError, match="no model nonesuch"):
+        core_seeds_queue.queues(core, tmp_path, 5, ["nonesuch"])
+    text = printed(core_seeds_queue.main, str(core.path), str(tmp_path), "--size", "5", "--models", *named)
+    assert text.splitlines()[1] == " ".join(f"{n}:{s}" for n, s in planned[0])

@@ -348,3 +348,56 @@ def test_rates_are_written_with_a_point_in_the_mantissa():
     assert [rate_race.rate_yaml(r) for r in rates] == [
         "3.0e-3", "1.2e-2", "2.5e-4", "1.0e-2", "1.25e-3", "1.0e-1", "2.4e-3"]
     assert all(yaml.safe_load(rate_race.rate_yaml(r)) == pytest.approx(r, rel=1e-12) for r in rates)
+
+
+def test_tables_of_separate_machines_are_read_as_one_and_write_sets_only_bare_lines(race_and_runs, tmp_path):
+    """Two tables (a shipped one and a machine's new runs) decide as their union would, a later file's value at a
+    seed replacing an earlier one's; ``--write`` puts each decided rate into the run study's line that sets none,
+    keeps its comment, leaves a line that sets a rate alone and says which lines it changed."""
+    race_path, _ = race_and_runs
+    zoo = ROOT / "configs" / "zoo"
+    runs_path = tmp_path / "runs.yaml"
+    runs_path.write_text(
+        "name: runs\nseeds: [0, 1, 2]\n"
+        f"recipe: {{include: {zoo / 'base.yaml'}}}\n"
+        "per_model: [optim.lr, optim.min_lr]\neval: {tasks: [ppl]}\nmodels:\n"
+        f"  - {{name: gdn, config: {zoo / 'gdn.yaml'}}}   # the first family\n"
+        f"  - {{name: gdn-wide, config: {zoo / 'gdn.yaml'}, set: {{optim.lr: 1.0e-2, optim.min_lr: 1.0e-3,"
+        " model.expand_v: 2.0}}\n"
+        f"  - {{name: rdn, config: {zoo / 'rdn.yaml'}}}\n", encoding="utf-8")
+    shipped = {"gdn-quarter-lr": {100: 3.60}, "gdn-half-lr": {100: 3.30},
+               "gdn-wide-half-lr": {100: 3.60}, "gdn-wide-zoo-lr": {100: 3.30}, "gdn-wide-double-lr": {100: 3.50},
+               "rdn-half-lr": {100: 3.60}, "rdn-zoo-lr": {100: 3.65}, "rdn-double-lr": {100: 3.70}}
+    new = {"gdn-zoo-lr": {100: 3.50}, "rdn-zoo-lr": {100: 3.35}}  # gdn's missing run, and a replaced value
+    paths = []
+    for name, runs in (("shipped", shipped), ("new", new)):
+        tables = made_up(runs)
+        tables["study"] = "race"
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(tables))
+    alone = race(str(race_path), str(paths[0]), "--decide-seed", "100")
+    assert "incomplete: no run of seed 100 at 5e-3" in alone  # gdn's zoo rate lacks its run in the shipped table
+    assert "edge: wins at 2.5e-3, the bottom of its bracket" in alone  # rdn, before its zoo rate's new value
+    before = runs_path.read_text(encoding="utf-8")
+    printed_text = race(str(race_path), str(paths[0]), str(paths[1]), "--decide-seed", "100",
+                        "--core-seeds", str(runs_path), "--write")
+    assert printed_text.rstrip("\n").splitlines()[-1] == "written: gdn rdn"
+    after = runs_path.read_text(encoding="utf-8").splitlines()
+    assert after[-3] == (f"  - {{name: gdn, config: {zoo / 'gdn.yaml'}, set: {{optim.lr: 2.5e-3, "
+                         "optim.min_lr: 2.5e-4}}   # the first family")
+    assert after[-2] == before.splitlines()[-2]  # gdn-wide sets a rate already: never rewritten
+    assert after[-1] == (f"  - {{name: rdn, config: {zoo / 'rdn.yaml'}, set: {{optim.lr: 5.0e-3, "
+                         f"optim.min_lr: 5.0e-4}}}}   {rate_race.ZOO_RATE_NOTE}")  # 3.35 replaced 3.65
+    study = rate_race.load_study(runs_path)
+    assert study.model("gdn").overrides["optim.lr"] == pytest.approx(2.5e-3)
+    assert study.model("rdn").overrides["optim.min_lr"] == pytest.approx(5e-4)
+    # nothing newly decided: the file stays as it is
+    again = race(str(race_path), str(paths[0]), str(paths[1]), "--decide-seed", "100",
+                 "--core-seeds", str(runs_path), "--write")
+    assert again.rstrip("\n").splitlines()[-1] == "written: "
+    assert runs_path.read_text(encoding="utf-8").splitlines() == after
+    assert "--write needs --core-seeds" in refused(str(race_path), str(paths[0]), "--write")
+    other = made_up(new)
+    other["study"] = "another"
+    paths[1].write_text(json.dumps(other))
+    assert "not 'race'" in refused(str(race_path), str(paths[0]), str(paths[1]))

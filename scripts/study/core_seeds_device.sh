@@ -23,6 +23,11 @@
 #   device: bash .devrun/w/scripts/study/core_seeds_device.sh collect SECONDS NAME
 #       watches the queue up to SECONDS, then packs every evaluated run (records, no weights) and the logs into
 #       $OUT/NAME-runs.tar.gz; repeat until the queue is done (a machine given back loses the runs not packed)
+#   device: bash .devrun/w/scripts/study/core_seeds_device.sh race-then-seeds SECONDS SIZE
+#       watches the race's queue (core-seeds-lr) up to SECONDS; once every run of it is evaluated, decides the races
+#       on its runs and the shipped tables (rate_race.py --write, the rule unchanged; $OUT/race-next.txt), sets the
+#       rates just decided in the machine's core-seeds.yaml and starts core-seeds' first queue of those models' runs
+#       (at most SIZE), so that one held machine goes from a race to its runs; `collect` both studies after it
 #
 # Here, `tar xzf NAME-runs.tar.gz -C DIR` then `tar xf` of each tar in DIR inside runs/study merges the runs, and
 # `python scripts/study/run_archive.py pack NAME` adds them to the shipped records as the next part.
@@ -30,7 +35,7 @@
 # the runs' TRITON_CACHE_DIR, so that the queue's runs do not each compile the same kernels first, and `collect`
 # returns the cache as $OUT/triton-cache.tgz (under 15 MiB); copy it to .devrun/triton-cache.tgz here.
 set -uo pipefail
-usage() { sed -n 2,25p "$0" >&2; exit 2; }  # the header above
+usage() { sed -n 2,29p "$0" >&2; exit 2; }  # the header above
 verb=${1:-}
 shift || true
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +54,8 @@ case $verb in
     git archive HEAD linmem configs scripts ":!$zoo" | tar xf - -C .devrun/w || exit 1
     cp configs/study/core-seeds*.yaml .devrun/w/configs/study/ && cp "$0" .devrun/w/scripts/study/
     mkdir -p .devrun/w/data && cp -r data/zoo-4k .devrun/w/data/
+    # the race's tables so far, which race-then-seeds reads beside the machine's new runs
+    mkdir -p .devrun/w/docs/study/core-seeds-lr && cp docs/study/core-seeds-lr/results.json .devrun/w/docs/study/core-seeds-lr/
     # each study's queue log so far (here, or in its records), so that the machine's queues append to it and the
     # log `collect` returns holds every queue, not the machine's alone
     for name in core-seeds-lr core-seeds; do
@@ -145,6 +152,26 @@ case $verb in
         else echo "triton cache over 15 MiB: not returned"; fi
     fi
     ls -la "$OUT"
+    ;;
+  race-then-seeds)
+    [ $# -eq 2 ] || usage
+    cd /root/w || exit 1
+    race=runs/study/core-seeds-lr
+    bash scripts/study/detached.sh watch "$1" "$race"
+    for run in "$race"/runs/*/seed-*; do
+      [ -f "$run/items.json" ] || { echo "$run is not evaluated yet: no race decided; watch again" >&2; exit 1; }
+    done
+    python3 -m linmem.cli study configs/study/core-seeds-lr.yaml --out "$race" --report-only --no-figures \
+      > /root/race-report.log 2>&1 || { tail -n 20 /root/race-report.log >&2; exit 1; }
+    python3 scripts/study/rate_race.py configs/study/core-seeds-lr.yaml docs/study/core-seeds-lr/results.json \
+      "$race/tables/results.json" --decide-seed 100 --core-seeds configs/study/core-seeds.yaml --write \
+      | tee "${OUT:?}/race-next.txt" || exit 1
+    decided=$(sed -n 's/^written: *//p' "$OUT/race-next.txt")
+    [ -n "$decided" ] || { echo "no race newly decided: no core-seeds queue started"; exit 0; }
+    queue=$(python3 scripts/study/core_seeds_queue.py configs/study/core-seeds.yaml runs/study/core-seeds \
+            --models $decided --size "$2" | sed -n 2p)
+    [ -n "$queue" ] || { echo "no core-seeds run pending for $decided"; exit 0; }
+    bash "$self" start configs/study/core-seeds.yaml $queue
     ;;
   *) usage ;;
 esac

@@ -2,6 +2,7 @@
 grouped so that both arms of a comparison train at the same seed in the same queue.
 
     python scripts/study/core_seeds_queue.py configs/study/core-seeds.yaml runs/study/core-seeds [--size 12]
+        [--models NAME ...]
 
 A model is ready when the study file sets its ``optim.lr`` (its rate race is decided; core-seeds.yaml's header says
 so), and waits otherwise. A run is finished when ``linmem study`` has evaluated it (``is_finished``). The pending
@@ -9,7 +10,8 @@ runs of the ready models are cut into units, one seed's runs of one connected gr
 and each unit goes whole into the first queue of at most ``--size`` runs with room for it: a comparison's two arms at
 one seed never land in different queues (where one machine given back would leave a pair half run), and the queues
 fill up. Each queue prints as one line of ``MODEL:SEED`` words for ``core_seeds_device.sh start``, earliest seeds
-first.
+first. ``--models`` keeps the runs of those models only (a machine that holds none of the study's earlier runs queues
+the models whose rates it has just set).
 """
 
 from __future__ import annotations
@@ -59,13 +61,18 @@ def _pieces(unit: list[tuple[str, int]], size: int) -> list[list[tuple[str, int]
     return [unit[i:i + size] for i in range(0, len(unit), size)]
 
 
-def queues(study: Study, out: Path, size: int) -> list[list[tuple[str, int]]]:
-    """The pending runs of the ready models as queues of at most ``size`` runs (module docstring): the units are one
-    seed's pending runs of one comparison group, taken by seed and group order, each into the first queue with room
-    for all of it (a new queue where none has)."""
+def queues(study: Study, out: Path, size: int, models: list[str] | None = None) -> list[list[tuple[str, int]]]:
+    """The pending runs of the ready models (of those in ``models`` where given) as queues of at most ``size`` runs
+    (module docstring): the units are one seed's pending runs of one comparison group, taken by seed and group
+    order, each into the first queue with room for all of it (a new queue where none has)."""
     if size < 1:
         raise ValueError(f"a queue holds at least one run; got --size {size}")
     ready, _ = ready_models(study)
+    if models is not None:
+        unknown = [name for name in models if name not in study.model_names]
+        if unknown:
+            raise ValueError(f"{study.name} has no model {', '.join(unknown)}")
+        ready = [name for name in ready if name in models]
     groups = comparison_groups(study, ready)
     result: list[list[tuple[str, int]]] = []
     for seed, names in pending_runs(study, out, ready).items():
@@ -85,10 +92,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("study", type=Path, help="the study file (YAML)")
     parser.add_argument("out", type=Path, help="the study's folder (its runs/ holds the finished runs)")
     parser.add_argument("--size", type=int, default=12, help="runs per queue (12)")
+    parser.add_argument("--models", nargs="*", help="only these models' runs")
     args = parser.parse_args(argv)
     study = load_study(args.study)
     ready, waiting = ready_models(study)
-    planned = queues(study, args.out, args.size)
+    if args.models is not None:
+        ready = [name for name in ready if name in args.models]
+        waiting = [name for name in waiting if name in args.models]
+    try:
+        planned = queues(study, args.out, args.size, args.models)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     total = sum(len(queue) for queue in planned)
     print(f"{study.name}: {total} runs of {len(ready)} ready models in {len(planned)} queues of at most {args.size}")
     for queue in planned:

@@ -2,8 +2,8 @@
 study's ``per_model`` keys) form one group; each group's rates side by side, with every seed's value, and the rate
 each group wins with on one seed's metric (the race's rule: one seed decides, the winner's other seeds follow).
 
-    python scripts/study/rate_race.py STUDY.yaml TABLES.json [--metric val_loss] [--decide-seed 0] [--close 0.1]
-        [--also test_ppl mqar ...] [--plot FIG.png] [--core-seeds RUN_STUDY.yaml]
+    python scripts/study/rate_race.py STUDY.yaml TABLES.json [TABLES.json ...] [--metric val_loss] [--decide-seed 0]
+        [--close 0.1] [--also test_ppl mqar ...] [--plot FIG.png] [--core-seeds RUN_STUDY.yaml [--write]]
 
 TABLES.json is the study's ``tables/results.json`` (``linmem study STUDY.yaml --out OUT --report-only`` writes it).
 Prints a markdown table (a row per group, labelled by its models' common name and its mixer and shape; a column per
@@ -19,14 +19,22 @@ per metric, a line per group through the deciding seed with the other seeds as d
 for core-seeds-lr): a model of it belongs to the race group whose models differ from it only in the race study's
 ``per_model`` keys. Printed last: the ``models:`` line of each of its models whose race is decided, with ``optim.lr``
 the winner and ``optim.min_lr`` a tenth of it merged into its ``set:``, and a comment line with the race's state for
-every other model. Nothing is written: the lines are pasted into that file.
+every other model. Nothing is written unless ``--write``: then each decided model whose line sets no ``optim.lr`` yet
+gets its new line in that file (its comment kept), and the last line printed is ``written: NAME ...`` (the models
+whose line changed; none where it is bare), which scripts/study/core_seeds_device.sh reads to queue their runs.
+
+Several TABLES.json of one study (the records of separate machines, or a shipped table and a machine's new runs)
+are read as one: each model's per-seed values from every file, a later file's value at a seed replacing an
+earlier file's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,6 +125,29 @@ def rate_yaml(rate: float) -> str:
     string."""
     mantissa, _, exponent = rate_text(rate).partition("e")
     return f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
+
+
+def merged_tables(paths: list[Path], study: str) -> dict:
+    """The tables of ``study`` in ``paths`` as one: the first file's, with every model's per-seed values of every
+    metric from each later file added, a later file's value at a seed replacing an earlier one's."""
+    merged = None
+    for path in paths:
+        tables = json.loads(path.read_text(encoding="utf-8"))
+        if tables.get("study") != study:
+            raise SystemExit(f"{path} holds the tables of {tables.get('study')!r}, not {study!r}")
+        if merged is None:
+            merged = tables
+            continue
+        for model, entry in tables["models"].items():
+            if model not in merged["models"]:
+                merged["models"][model] = copy.deepcopy(entry)
+                continue
+            metrics = merged["models"][model].setdefault("metrics", {})
+            for metric, values in entry.get("metrics", {}).items():
+                metrics.setdefault(metric, {}).setdefault("seeds", {}).update(values.get("seeds", {}))
+        for metric, meta in tables["metrics"].items():
+            merged["metrics"].setdefault(metric, meta)
+    return merged
 
 
 def seed_values(tables: dict, model: str, metric: str) -> dict[int, float]:
@@ -251,11 +282,11 @@ def models_line(name: str, config: str, overrides: dict, rate: float) -> str:
     return f"  - {{name: {flow_scalar(name)}, config: {flow_scalar(config)}, set: {{{values}}}}}"
 
 
-def decided_models(run_study: Study, race_study: Study, tables: dict, groups: list[Group], metric: str, seed: int,
-                   close: float) -> str:
-    """``run_study``'s ``models:`` lines at the rates their races decided (``need``): a line per model whose race
-    is decided, its config path and other ``set:`` keys as its study file writes them (the zoo-rate note where the
-    winner is its config file's own rate); a comment with the race's state for every other model; the count.
+def decided_lines(run_study: Study, race_study: Study, tables: dict, groups: list[Group], metric: str, seed: int,
+                  close: float) -> dict[str, str]:
+    """Per model of ``run_study`` (file order), its ``models:`` line at the rate its race decided (``need``): its
+    config path and other ``set:`` keys as its study file writes them (the zoo-rate note where the winner is its
+    config file's own rate); for a model whose race is not decided, a comment with the race's state.
 
     A model's race is the group whose models differ from it only in the race study's ``per_model`` keys (and in
     settings that change no update), both resolved at ``seed``."""
@@ -269,28 +300,61 @@ def decided_models(run_study: Study, race_study: Study, tables: dict, groups: li
     def comparable(key: dict) -> dict:
         return {k: v for k, v in key.items() if k not in UPDATE_NEUTRAL_KEYS}
 
-    lines, decided = [], 0
+    lines = {}
     for model in run_study.models:
         key = comparable(race_key(resolve_model(run_study, model, seed), race_study.per_model))
         group = next((g for g in groups if comparable(g.key) == key), None)
         if group is None:
-            lines.append(f"# {model.name}: no race in the study file")
+            lines[model.name] = f"# {model.name}: no race in the study file"
             continue
         state = need(tables, group, metric, seed, race_study.seeds, close)
         if state.rate is None:
-            lines.append(f"# {model.name}: not decided ({state.text})")
+            lines[model.name] = f"# {model.name}: not decided ({state.text})"
             continue
-        decided += 1
         line = models_line(model.name, entries[model.name]["config"], model.overrides, state.rate)
         own = {k: v for k, v in model.overrides.items() if k not in run_study.per_model}
         zoo_rate = resolve_model(run_study, replace(model, overrides=own), seed).optim.lr
         if math.isclose(state.rate, zoo_rate, rel_tol=1e-9):
             line += f"   {ZOO_RATE_NOTE}"
-        lines.append(line)
+        lines[model.name] = line
+    return lines
+
+
+def decided_models(run_study: Study, race_study: Study, tables: dict, groups: list[Group], metric: str, seed: int,
+                   close: float) -> str:
+    """``run_study``'s ``models:`` lines at the rates their races decided (``decided_lines``) under a heading, and
+    the count of decided models."""
+    lines = decided_lines(run_study, race_study, tables, groups, metric, seed, close)
+    decided = sum(not line.startswith("#") for line in lines.values())
     head = (f"{run_study.name} models at the decided rates (its `models:` lines, {run_study.path}; optim.min_lr a "
             f"tenth of optim.lr; decided on {metric} of seed {seed})")
     count = f"{decided} of {len(run_study.models)} {run_study.name} models decided"
-    return "\n".join([head, "", "```yaml", *lines, "```", "", count])
+    return "\n".join([head, "", "```yaml", *lines.values(), "```", "", count])
+
+
+def write_rates(run_study: Study, lines: dict[str, str]) -> list[str]:
+    """Each decided model of ``run_study`` whose file line sets no ``optim.lr`` yet gets its line from ``lines``
+    (``decided_lines``) in the study file, the old line's comment kept after the new one's; a model whose line sets
+    a rate is never rewritten (its runs may exist). Returns the names whose line changed."""
+    text = run_study.path.read_text(encoding="utf-8")
+    out, written = [], []
+    for old in text.splitlines(keepends=True):
+        entry = re.match(r"^\s*- \{name: ([^,}]+)[,}]", old)
+        name = entry and entry.group(1).strip().strip("'\"")
+        new = lines.get(name) if name else None
+        if new is None or new.startswith("#") or "optim.lr" in run_study.model(name).overrides:
+            out.append(old)
+            continue
+        comment = re.search(r"\}\s*(#.*)$", old.rstrip("\n"))
+        if comment:
+            note = comment.group(1)[1:].strip()
+            new = f"{new}; {note}" if "#" in new else f"{new}   # {note}"
+        out.append(new + "\n")
+        written.append(name)
+    if written:
+        run_study.path.write_text("".join(out), encoding="utf-8")
+        load_study(run_study.path)  # the file still reads as a study
+    return written
 
 
 def leader(tables: dict, group: Group, metric: str, seed: int, seeds: list[int], close: float) -> float | None:
@@ -370,7 +434,9 @@ def plot(tables: dict, groups: list[Group], metrics: list[str], decide: str, see
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path, help="the study file (YAML)")
-    parser.add_argument("tables", type=Path, help="the study's tables/results.json")
+    parser.add_argument("tables", type=Path, nargs="+",
+                        help="the study's tables/results.json, or several: their per-seed values merged, a later "
+                             "file's replacing an earlier one's")
     parser.add_argument("--metric", default="val_loss", help="the metric that decides the race (val_loss)")
     parser.add_argument("--decide-seed", type=int, default=0, help="the seed whose runs decide (0)")
     parser.add_argument("--close", type=float, default=0.1,
@@ -378,15 +444,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--also", nargs="*", default=[], help="further metrics shown at the same cells")
     parser.add_argument("--plot", type=Path, help="write the figure here")
     parser.add_argument("--core-seeds", type=Path, metavar="RUN_STUDY.yaml",
-                        help="print this study's models: lines at the rates the races decided (nothing is written)")
+                        help="print this study's models: lines at the rates the races decided")
+    parser.add_argument("--write", action="store_true",
+                        help="with --core-seeds: set the decided rates in that file where its line has none yet")
     args = parser.parse_args(argv)
+    if args.write and not args.core_seeds:
+        raise SystemExit("--write needs --core-seeds: the study file to write the decided rates into")
     study = load_study(args.study)
-    tables = json.loads(args.tables.read_text(encoding="utf-8"))
-    if tables.get("study") != study.name:
-        raise SystemExit(f"{args.tables} holds the tables of {tables.get('study')!r}, not {study.name!r}")
+    tables = merged_tables(args.tables, study.name)
     for metric in [args.metric, *args.also]:
         if metric not in tables["metrics"]:
-            raise SystemExit(f"no metric {metric!r} in {args.tables}; it has {', '.join(tables['metrics'])}")
+            raise SystemExit(f"no metric {metric!r} in {', '.join(map(str, args.tables))}; it has "
+                             f"{', '.join(tables['metrics'])}")
     groups = rate_groups(study, args.decide_seed)
     if not groups:
         raise SystemExit(f"{args.study}: no two models differ only in their rate")
@@ -399,6 +468,9 @@ def main(argv: list[str] | None = None) -> None:
         run_study = load_study(args.core_seeds)
         print()
         print(decided_models(run_study, study, tables, groups, args.metric, args.decide_seed, args.close))
+        if args.write:
+            lines = decided_lines(run_study, study, tables, groups, args.metric, args.decide_seed, args.close)
+            print("written: " + " ".join(write_rates(run_study, lines)))
     if args.plot:
         plot(tables, groups, metrics, args.metric, args.decide_seed, leaders, args.plot)
 
