@@ -598,6 +598,26 @@ def test_detached_watch_waits_for_every_queue_started_on_a_folder(tmp_path):
     assert sum(line.endswith("queue done") for line in log.read_text().splitlines()) == 3
 
 
+def test_detached_watch_returns_soon_after_the_queue_ends_whatever_its_report_interval(tmp_path):
+    """The watch checks for the queues' end every WATCH_CHECK seconds and prints the runs every WATCH_INTERVAL and
+    once at the end: a queue that ends 2 s in ends a watch whose interval is 600 s within a few seconds, so that the
+    pack after it still fits in the command."""
+    script = STUDY_SCRIPTS / "detached.sh"
+    out = tmp_path / "study"
+    runs = tmp_path / "python"  # every run takes 2 s
+    runs.write_text("#!/bin/sh\nsleep 2\n")
+    runs.chmod(0o755)
+    env = {**os.environ, "WATCH_INTERVAL": "600", "WATCH_CHECK": "1", "PYTHON": str(runs)}
+    subprocess.run(["bash", str(script), "start", "study.yaml", str(out), "1", "a:0"], capture_output=True,
+                   env=env, timeout=30, check=True)
+    began = time.monotonic()
+    watched = subprocess.run(["bash", str(script), "watch", "120", str(out)], capture_output=True, text=True,
+                             env=env, timeout=60, check=True).stdout
+    assert time.monotonic() - began < 15
+    assert sum(line == str(out) for line in watched.splitlines()) == 2  # at the start and at the end
+    assert (tmp_path / "study-logs" / "queue.log").read_text().splitlines()[-1].endswith("queue done")
+
+
 @pytest.mark.slow
 def test_detached_queue_watch_and_pack_carry_runs_off_a_machine(dataset, configs, tmp_path):
     """scripts/study/detached.sh: a queue that outlives its command, a watch that waits for it, and a pack of the

@@ -8,8 +8,8 @@
 #   bash scripts/study/detached.sh watch SECONDS OUT [OUT ...]
 #       every 60 s (WATCH_INTERVAL): each run's last update of its total (metrics.jsonl, config.yaml) with, while it
 #       trains, about how many seconds to its last update at its last speed, whether it is evaluated (items.json),
-#       the GPU's load; returns when every queue under the OUTs is done or SECONDS have passed, and fails at once
-#       for an OUT whose queue was not started on this machine
+#       the GPU's load; returns within 5 s (WATCH_CHECK) of every queue under the OUTs being done, or when SECONDS
+#       have passed, and fails at once for an OUT whose queue was not started on this machine
 #   bash scripts/study/detached.sh pack [--no-weights] DEST OUT [OUT ...]
 #       one tar per evaluated run, DEST/STUDY-MODEL-seed-S.tar (config, metrics, eval JSON, items and, unless
 #       --no-weights, the model's weights; never checkpoints), and DEST/STUDY-logs.tar (study.json, the logs)
@@ -82,24 +82,32 @@ case $verb in
         exit 1
       }
     done
-    end=$(( $(date +%s) + seconds ))
+    # the queues' end is checked every WATCH_CHECK (5) seconds and the progress printed every WATCH_INTERVAL (60)
+    # and once at the end: a watch returns within seconds of the last run's end, whatever the interval, so that the
+    # pack after it fits in the command that ran the queue
+    end=$(( $(date +%s) + seconds )) report=0
     while :; do
-      echo "$(date -u +%T)"
-      all_done=1
+      now=$(date +%s) all_done=1
       for out in "$@"; do
-        echo "$out"
-        progress "$out"
         # a folder's log holds every queue started on it: done when its last line says so and, from the first
         # queue `start` put in it on, as many queues have ended as were started (side by side, they end in turn)
         awk '/ queued / {q++} q && / queue done$/ {d++} {last = $0}
              END {exit !(last ~ / queue done$/ && d >= q)}' "$out-logs/queue.log" 2>/dev/null || all_done=0
-        grep -h " rc [1-9]" "$out-logs/queue.log" 2>/dev/null | sed 's/^/  failed: /'
       done
-      command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+      if [ $all_done = 1 ] || [ "$now" -ge "$report" ] || [ "$now" -ge "$end" ]; then
+        echo "$(date -u +%T)"
+        for out in "$@"; do
+          echo "$out"
+          progress "$out"
+          grep -h " rc [1-9]" "$out-logs/queue.log" 2>/dev/null | sed 's/^/  failed: /'
+        done
+        command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+        report=$(( now + ${WATCH_INTERVAL:-60} ))
+      fi
       [ $all_done = 1 ] && break
-      [ "$(date +%s)" -ge "$end" ] && break
-      interval=${WATCH_INTERVAL:-60} left=$(( end - $(date +%s) ))
-      sleep $(( left < interval ? left : interval ))
+      [ "$now" -ge "$end" ] && break
+      check=${WATCH_CHECK:-5} left=$(( end - now ))
+      sleep $(( left < check ? left : check ))
     done
     ;;
   pack)
