@@ -31,7 +31,6 @@ earlier file's.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import re
@@ -140,7 +139,7 @@ def merged_tables(paths: list[Path], study: str) -> dict:
             continue
         for model, entry in tables["models"].items():
             if model not in merged["models"]:
-                merged["models"][model] = copy.deepcopy(entry)
+                merged["models"][model] = entry
                 continue
             metrics = merged["models"][model].setdefault("metrics", {})
             for metric, values in entry.get("metrics", {}).items():
@@ -320,11 +319,9 @@ def decided_lines(run_study: Study, race_study: Study, tables: dict, groups: lis
     return lines
 
 
-def decided_models(run_study: Study, race_study: Study, tables: dict, groups: list[Group], metric: str, seed: int,
-                   close: float) -> str:
+def decided_models(run_study: Study, lines: dict[str, str], metric: str, seed: int) -> str:
     """``run_study``'s ``models:`` lines at the rates their races decided (``decided_lines``) under a heading, and
     the count of decided models."""
-    lines = decided_lines(run_study, race_study, tables, groups, metric, seed, close)
     decided = sum(not line.startswith("#") for line in lines.values())
     head = (f"{run_study.name} models at the decided rates (its `models:` lines, {run_study.path}; optim.min_lr a "
             f"tenth of optim.lr; decided on {metric} of seed {seed})")
@@ -467,9 +464,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.core_seeds:
         run_study = load_study(args.core_seeds)
         print()
-        print(decided_models(run_study, study, tables, groups, args.metric, args.decide_seed, args.close))
+        lines = decided_lines(run_study, study, tables, groups, args.metric, args.decide_seed, args.close)
+        print(decided_models(run_study, lines, args.metric, args.decide_seed))
         if args.write:
-            lines = decided_lines(run_study, study, tables, groups, args.metric, args.decide_seed, args.close)
             print("written: " + " ".join(write_rates(run_study, lines)))
     if args.plot:
         plot(tables, groups, metrics, args.metric, args.decide_seed, leaders, args.plot)
