@@ -278,6 +278,14 @@ def _empty_rows(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(like.shape, dtype=dtype, device=like.device)
 
 
+def _weight_partials(programs: int, width: int, device: torch.device, n_rows: int) -> torch.Tensor:
+    """``[programs, width]`` float32 rows for a backward launch's weight-gradient partials: left unset when the launch
+    runs (every program stores its row, a program past the last row block its zeros), zeros when there are no rows
+    and nothing is launched. An unset tensor saves one fill kernel per norm and backward."""
+    make = torch.empty if n_rows else torch.zeros
+    return make(programs, width, dtype=torch.float32, device=device)
+
+
 def _weight_grad(partials: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return partials.sum(0).to(weight.dtype)
 
@@ -329,7 +337,7 @@ class RMSNormFunction(torch.autograd.Function):
         store_residual = ctx.has_residual and residual_dtype != x_dtype
         d_residual = _empty_rows(x, residual_dtype) if store_residual else None
         programs, per_program = _backward_grid(x, block_rows) if n_rows else (1, 0)
-        partials = torch.zeros(programs, width, dtype=torch.float32, device=x.device)
+        partials = _weight_partials(programs, width, x.device, n_rows)
         has_ds = d_summed is not None
         (xr, dyr, dsr), inner, ((xo, xi), (yo, yi), (so, si)) = row_layout(x, dy, d_summed if has_ds else dy)
         if n_rows:
@@ -375,7 +383,7 @@ class GatedRMSNormFunction(torch.autograd.Function):
         dx = _empty_rows(x, x.dtype)
         d_gate = _empty_rows(gate, gate.dtype)
         programs, per_program = _backward_grid(x, block_rows) if n_rows else (1, 0)
-        partials = torch.zeros(programs, width, dtype=torch.float32, device=x.device)
+        partials = _weight_partials(programs, width, x.device, n_rows)
         (xr, gr, dyr), inner, ((xo, xi), (go, gi), (yo, yi)) = row_layout(x, gate, dy)
         if n_rows:
             gated_rms_norm_backward_kernel[(programs,)](
