@@ -156,6 +156,7 @@ case $verb in
   race-then-seeds)
     [ $# -eq 2 ] || usage
     cd /root/w || exit 1
+    export PYTHONPATH=/root/w  # the machine's copy is not installed: the scripts below import linmem from it
     race=runs/study/core-seeds-lr
     bash scripts/study/detached.sh watch "$1" "$race"
     for run in "$race"/runs/*/seed-*; do
@@ -163,14 +164,13 @@ case $verb in
     done
     python3 -m linmem.cli study configs/study/core-seeds-lr.yaml --out "$race" --report-only --no-figures \
       > /root/race-report.log 2>&1 || { tail -n 20 /root/race-report.log >&2; exit 1; }
-    PYTHONPATH=/root/w python3 scripts/study/rate_race.py configs/study/core-seeds-lr.yaml \
+    python3 scripts/study/rate_race.py configs/study/core-seeds-lr.yaml \
       docs/study/core-seeds-lr/results.json "$race/tables/results.json" --decide-seed 100 \
       --core-seeds configs/study/core-seeds.yaml --write \
       | tee "${OUT:?}/race-next.txt" || exit 1
     decided=$(sed -n 's/^written: *//p' "$OUT/race-next.txt")
     [ -n "$decided" ] || { echo "no race newly decided: no core-seeds queue started"; exit 0; }
-    # the machine's checkout is not installed: the scripts import linmem from /root/w
-    queue=$(PYTHONPATH=/root/w python3 scripts/study/core_seeds_queue.py configs/study/core-seeds.yaml \
+    queue=$(python3 scripts/study/core_seeds_queue.py configs/study/core-seeds.yaml \
             runs/study/core-seeds --models $decided --size "$2" | sed -n 2p) || {
       echo "core_seeds_queue.py failed: no core-seeds queue started" >&2; exit 1; }
     [ -n "$queue" ] || { echo "no core-seeds run pending for $decided"; exit 0; }
