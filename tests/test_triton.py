@@ -485,6 +485,39 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
     assert (len(single.grids), len(both.grids)) == (7, 5)
 
 
+@pytest.mark.parametrize("rule, target", [("delta", "clip"), ("additive", "tanh")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pipelined_passes_give_the_two_passes_bits(rule, target, dtype, monkeypatch):
+    """The forward's PIPELINED: an RLA/RDN's two passes in one launch of two programs per value block, the residual
+    memory's waiting for each chunk's error, give the output, final states and every gradient of the two launches bit
+    for bit (three sequences, partial last chunks, initial states), in the forward and in the
+    backward's recomputation, with recompute_states True and "writes"; without a residual memory the single pass
+    runs. The interpreter runs the programs one after another in ticket order, so a residual program finds its
+    base program's chunks all counted: what runs on a GPU with the two chains overlapped is timed by
+    ``linmem.bench.kernels --sweep``."""
+    from linmem.ops.triton import function
+
+    inputs = make_inputs(3, 70, 2, 32, 16, seed=31)
+    single = _Counted(function.state_pass_kernel)
+    pipelined = _Counted(function.pipelined_state_passes_kernel)
+    monkeypatch.setattr(function, "state_pass_kernel", single)
+    monkeypatch.setattr(function, "pipelined_state_passes_kernel", pipelined)
+    two = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(pipelined.grids)) == (4, 0)
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "forward", dict(row["forward"], PIPELINED=True))
+    one = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(pipelined.grids)) == (4, 2)
+    assert all(grid[2] == 2 for grid in pipelined.grids)  # a base and a residual program per value block
+    assert_bit_identical(one, two)
+    _recompute_in_every_row(monkeypatch, "writes")  # both states rebuilt from the writes, in one launch again
+    from_writes = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
+    assert (len(single.grids), len(pipelined.grids)) == (4, 4)
+    assert_bit_identical(from_writes, two)
+    run("triton", inputs, dtype, False, rule=rule)
+    assert (len(single.grids), len(pipelined.grids)) == (6, 4)
+
+
 @pytest.mark.parametrize("rule, target, gates", [("delta", "clip", False), ("additive", "clip", True),
                                                  ("delta", "tanh", True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -540,7 +573,8 @@ def test_sequential_pass_launch_options(monkeypatch):
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
         # the passes' own options are off unless a row turns them on
-        off = dict(KEYS_ONCE=False, FUSED=False) | (dict(ONE_KEY_BLOCK=False) if name == "backward_states" else {})
+        off = dict(KEYS_ONCE=False, FUSED=False) | (dict(ONE_KEY_BLOCK=False) if name == "backward_states"
+                                                     else dict(PIPELINED=False))
         assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8

@@ -475,13 +475,17 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # the forward's state passes: the same, and KEYS_ONCE (each key tile loaded once for the read and the update) at
     # the row's own options
     row = function.kernel_options(key_dim, value_dim)
-    forward = [dict(o, KEYS_ONCE=False, FUSED=False) for o in sequential] + [dict(row["forward"], KEYS_ONCE=True)]
+    forward = [dict(o, KEYS_ONCE=False, FUSED=False, PIPELINED=False) for o in sequential]
+    forward += [dict(row["forward"], KEYS_ONCE=True)]
     # an RLA/RDN's two memories in one pass (FUSED: both states held, the key blocks loaded once for both) with half
     # the row's value block (the same registers for two states as for one), and at K <= 128 at the row's own too
     # (offline sm_90, RDN bf16: at K = 256 only BV 16 in three stages holds both without spilling, 192 KB of shared
     # memory; BV 32 spills 288-432 bytes per thread; at K = 128, BV 32 in two stages spills 56)
     fused = dict(row["forward"], FUSED=True)
     forward += [dict(fused, BV=max(16, (fused["BV"] or 32) // 2))] + ([fused] if key_dim <= 128 else [])
+    # the two passes in one launch, the residual memory's programs a chunk behind the base memory's (PIPELINED: one
+    # state per program, the row's own value block)
+    forward += [dict(row["forward"], PIPELINED=True)]
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
     # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline
     # (sm_90, RDN bf16) two stages take 284 KB of shared memory at K = 128 and 352-480 KB at K = 256 for any value
@@ -585,14 +589,16 @@ def wide_variants(key_dim: int) -> list[dict]:
                for bv, w, st in grid if st in reverse_stages]
     reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one, FUSED=False)
                 for bv, w, one in keys_once]
-    forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False) for bv, w, st in grid]
+    forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False, PIPELINED=False)
+               for bv, w, st in grid]
     if key_dim > 128:
-        forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True, FUSED=False)
+        forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False)
                     for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
         # BV 16: twice the programs, and at two stages two of them fit on one SM (offline at K = 256: 92.5-108.5 KiB
         # of shared memory and 145-193 registers each, where BV 32 at three stages takes 149-173 KiB, one per SM),
         # so that one program's loads and dots can overlap the other's on a loop that waits for each dot
-        forward += [dict(num_warps=4, num_stages=st, BV=16, KEYS_ONCE=True, FUSED=False) for st in (2, 3)]
+        forward += [dict(num_warps=4, num_stages=st, BV=16, KEYS_ONCE=True, FUSED=False, PIPELINED=False)
+                    for st in (2, 3)]
     return ([{"forward": o} for o in forward]
             + [{"backward_states": o} for o in reverse]
             + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]

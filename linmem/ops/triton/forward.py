@@ -42,10 +42,12 @@ from linmem.ops.triton.primitives import (
     load_key_blocks,
     mm,
     mm_acc,
+    publish_count,
     read_blocks,
     read_loaded_blocks,
     rho,
     sequential_program,
+    sequential_program_at,
     state_at,
     store_blocks,
     store_token_rows,
@@ -56,6 +58,7 @@ from linmem.ops.triton.primitives import (
     update_blocks,
     update_loaded_blocks,
     user_state_blocks,
+    wait_for_count,
 )
 
 
@@ -83,6 +86,58 @@ def state_pass_kernel(
     ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr, KEYS_ONCE: tl.constexpr,
     FROM_WRITES: tl.constexpr,
 ):
+    """One memory's pass (``_state_pass``), program ``(value block, sequence·head)``."""
+    _state_pass(k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out,
+                err_out, writes_in, cu_seqlens, chunk_offsets, clip, None, tl.program_id(0), tl.program_id(1),
+                H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, FROM_ERR, ERR_OUT, STORE_WRITES, HAS_STATE0, KEYS_ONCE,
+                FROM_WRITES, False, False, 1)
+
+
+@triton.heuristics(given(HAS_BASE0="base0", HAS_RES0="res0", STORE_U="u_out", STORE_W="w_out", U_IN="u_in",
+                         W_IN="w_in"))
+@triton.jit
+def pipelined_state_passes_kernel(
+    k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, base_final, res_final, base_chunks,
+    res_chunks, u_out, w_out, err_out, u_in, w_in, cu_seqlens, chunk_offsets, clip, sync,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, HAS_BASE0: tl.constexpr,
+    HAS_RES0: tl.constexpr, STORE_U: tl.constexpr, STORE_W: tl.constexpr, U_IN: tl.constexpr, W_IN: tl.constexpr,
+    KEYS_ONCE: tl.constexpr, GROUP: tl.constexpr,
+):
+    """Both memories of RLA/RDN in one launch of two programs per value block (the forward's launch option
+    PIPELINED): ``_state_pass``'s base pass and its residual pass, each holding one state as the two launches do, the
+    residual program GROUP chunks behind the base one instead of a whole pass. Grid ``(value blocks, N·H, 2)``; ``sync``
+    (int32, zeros: a ticket counter, then one chunk counter per base program) orders them: each program takes a
+    ticket as it starts, the first half of the tickets run the base memory, so that a residual program only waits on
+    a base program already running (no order of dispatch can deadlock them), and it reads a group of chunks' error
+    once that program has counted the group stored (counted every GROUP chunks, so that the loop over a group's
+    chunks holds no wait and no count and keeps its software pipelining). The same products in the same order as the
+    two launches, into the same buffers: the same bits."""
+    programs = tl.num_programs(0) * tl.num_programs(1)
+    ticket = tl.atomic_add(sync, 1)
+    i_v = (ticket % programs) % tl.num_programs(0)
+    i_nh = (ticket % programs) // tl.num_programs(0)
+    if ticket < programs:  # the base memory (values v, strength β), counting each chunk's error stored
+        _state_pass(k, v, b, g, beta, key_scores, inv_beta, None, base0, base_final, base_chunks, u_out, err_out,
+                    u_in, cu_seqlens, chunk_offsets, clip, sync + 1 + ticket, i_v, i_nh,
+                    H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, False, True, STORE_U, HAS_BASE0, KEYS_ONCE, U_IN,
+                    False, True, GROUP)
+    else:  # the residual memory (values ρ(err), strength γ), waiting for each chunk's error
+        _state_pass(k, None, b, g, gamma, None, inv_gamma, err_out, res0, res_final, res_chunks, w_out, None, w_in,
+                    cu_seqlens, chunk_offsets, clip, sync + 1 + ticket - programs, i_v, i_nh,
+                    H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, True, False, STORE_W, HAS_RES0, KEYS_ONCE, W_IN,
+                    not W_IN, False, GROUP)
+
+
+@triton.jit
+def _state_pass(
+    k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out, writes_in,
+    cu_seqlens, chunk_offsets, clip, chunks_done, i_v, i_nh,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
+    ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr, KEYS_ONCE: tl.constexpr,
+    FROM_WRITES: tl.constexpr, WAIT: tl.constexpr, SIGNAL: tl.constexpr, GROUP: tl.constexpr,
+):
     """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x``, or ``ρ(err)``
     where ``err`` is given (x None), strength σ; the prediction error into ``err_out`` and the writes into
     ``writes_out`` where given; from ``state0``, or zeros where it is None. ``key_scores`` only with ``err_out``,
@@ -94,50 +149,82 @@ def state_pass_kernel(
     of forming them: the state's chain is then the update alone, and the read ``K S_0ᵀ`` is made only for the error
     (ERR_OUT; ``x`` or ``err`` unused without it, ``inverse`` unused). A pass that stores its writes updates its
     state with them as stored (rounded to ``writes_out``'s type), so that a pass from them gives its states bit for
-    bit."""
-    i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
-    pos = tl.arange(0, C)
+    bit.
+
+    ``chunks_done`` (an int32 counter; None outside PIPELINED): with SIGNAL the pass counts there the chunks whose
+    error it has stored, every GROUP chunks; with WAIT it reads the error ``err`` of the next GROUP chunks only once
+    the counter has reached their end."""
+    i_n, i_h, bos, length, c0, vc, m_v = sequential_program_at(i_v, i_nh, cu_seqlens, chunk_offsets, H, V, BV)
     s0, s1, s2, s3 = user_state_blocks(state0, i_n, i_h, vc, m_v, H, K, V, BK, NK, BV, HAS_STATE0)
-    for j in range(tl.cdiv(length, C)):  # chunk states are [NT, H, K, V]
-        tok, n_valid = chunk_of_sequence(bos, length, j, C)
-        m_t = pos < n_valid
-        store_blocks(state_at(state_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
-        bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
-        kp = at_token(k, tok, i_h, H, K)
-        if FROM_WRITES:
-            u = token_rows(writes_in, tok, i_h, pos, m_t, vc, m_v, H, V)
-        values = tl.zeros([C, BV], dtype=tl.float32)  # unused unless formed below
-        if not FROM_WRITES or ERR_OUT:
-            if FROM_ERR:
-                values = rho(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
-            else:
-                values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
-        ks = values  # unused unless DELTA or ERR_OUT
-        if KEYS_ONCE:
-            k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
-        if (DELTA and not FROM_WRITES) or ERR_OUT:  # K S_0ᵀ
-            if KEYS_ONCE:
-                ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
-            else:
-                ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
-        if not FROM_WRITES:
-            u = _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
-        if STORE_WRITES:
-            store_token_rows(writes_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
-            u = stored(u, writes_out.dtype.element_ty).to(tl.float32)  # the writes as a pass from them reads them
-        if ERR_OUT:
-            a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
-            error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
-            store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
-        chunk_decay = tl.exp(b_last)
-        decayed_writes = tl.exp(b_last - bb)[:, None] * u  # each write decayed to the chunk end, e^{b_C − b_s}
-        if KEYS_ONCE:
-            s0, s1, s2, s3 = update_loaded_blocks(s0, s1, s2, s3, chunk_decay, k0, k1, k2, k3, decayed_writes, NK,
-                                                  DT)
-        else:
-            s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, decayed_writes, H, K, BK, NK,
-                                           DT)
+    n_chunks = tl.cdiv(length, C)
+    if WAIT or SIGNAL:
+        # GROUP chunks between counts: the inner loop holds no wait and no count, so that it keeps its stages
+        for j0 in range(0, n_chunks, GROUP):
+            j1 = tl.minimum(j0 + GROUP, n_chunks)
+            if WAIT:
+                wait_for_count(chunks_done, j1)
+            for j in range(j0, j1):
+                s0, s1, s2, s3 = _chunk_step(
+                    j, s0, s1, s2, s3, k, x, b, g, strength, key_scores, inverse, err, state_chunks, writes_out,
+                    err_out, writes_in, clip, i_h, bos, length, c0, vc, m_v, H, K, V, C, BK, NK, BV, DT, DELTA,
+                    TARGET, FROM_ERR, ERR_OUT, STORE_WRITES, KEYS_ONCE, FROM_WRITES)
+            if SIGNAL:
+                publish_count(chunks_done, j1)
+    else:
+        for j in range(n_chunks):  # chunk states are [NT, H, K, V]
+            s0, s1, s2, s3 = _chunk_step(
+                j, s0, s1, s2, s3, k, x, b, g, strength, key_scores, inverse, err, state_chunks, writes_out, err_out,
+                writes_in, clip, i_h, bos, length, c0, vc, m_v, H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, FROM_ERR,
+                ERR_OUT, STORE_WRITES, KEYS_ONCE, FROM_WRITES)
     store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.jit
+def _chunk_step(
+    j, s0, s1, s2, s3, k, x, b, g, strength, key_scores, inverse, err, state_chunks, writes_out, err_out, writes_in,
+    clip, i_h, bos, length, c0, vc, m_v,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
+    ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, KEYS_ONCE: tl.constexpr, FROM_WRITES: tl.constexpr,
+):
+    """``_state_pass`` at chunk ``j``: stores the state before it (key blocks ``s0``-``s3``), the writes and the
+    error where asked, and returns the state after it."""
+    pos = tl.arange(0, C)
+    tok, n_valid = chunk_of_sequence(bos, length, j, C)
+    m_t = pos < n_valid
+    store_blocks(state_at(state_chunks, c0 + j, i_h, H, K * V), s0, s1, s2, s3, vc, m_v, V, 1, K, BK, NK)
+    bb, bm, b_last = load_decays(b, g, tok, i_h, pos, n_valid, H)
+    kp = at_token(k, tok, i_h, H, K)
+    if FROM_WRITES:
+        u = token_rows(writes_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+    values = tl.zeros([C, BV], dtype=tl.float32)  # unused unless formed below
+    if not FROM_WRITES or ERR_OUT:
+        if FROM_ERR:
+            values = rho(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+        else:
+            values = token_rows(x, tok, i_h, pos, m_t, vc, m_v, H, V)
+    ks = values  # unused unless DELTA or ERR_OUT
+    if KEYS_ONCE:
+        k0, k1, k2, k3 = load_key_blocks(kp, pos, m_t, H, K, BK, NK)
+    if (DELTA and not FROM_WRITES) or ERR_OUT:  # K S_0ᵀ
+        if KEYS_ONCE:
+            ks = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
+        else:
+            ks = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+    if not FROM_WRITES:
+        u = _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H, C, DT, DELTA)
+    if STORE_WRITES:
+        store_token_rows(writes_out, u, tok, i_h, pos, m_t, vc, m_v, H, V)
+        u = stored(u, writes_out.dtype.element_ty).to(tl.float32)  # the writes as a pass from them reads them
+    if ERR_OUT:
+        a_prev = token_scores(key_scores, tok, i_h, pos, m_t, H, C)
+        error = values - tl.exp(bm)[:, None] * ks - mm(a_prev, u, DT)
+        store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
+    chunk_decay = tl.exp(b_last)
+    decayed_writes = tl.exp(b_last - bb)[:, None] * u  # each write decayed to the chunk end, e^{b_C − b_s}
+    if KEYS_ONCE:
+        return update_loaded_blocks(s0, s1, s2, s3, chunk_decay, k0, k1, k2, k3, decayed_writes, NK, DT)
+    return update_blocks(s0, s1, s2, s3, chunk_decay, kp, pos, m_t, decayed_writes, H, K, BK, NK, DT)
 
 
 @triton.heuristics(given(HAS_BASE0="base0", HAS_RES0="res0", FROM_WRITES="w_in"))

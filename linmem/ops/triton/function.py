@@ -34,7 +34,12 @@ from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
 from linmem.ops.triton.backward_states import both_reverse_passes_kernel, reverse_pass_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
-from linmem.ops.triton.forward import both_state_passes_kernel, output_kernel, state_pass_kernel
+from linmem.ops.triton.forward import (
+    both_state_passes_kernel,
+    output_kernel,
+    pipelined_state_passes_kernel,
+    state_pass_kernel,
+)
 from linmem.ops.triton.inverse import chunk_inverse
 from linmem.ops.triton.layout import (
     CHUNK,
@@ -62,7 +67,11 @@ from linmem.ops.triton.scores import chunk_scores
 # in one program per value block (forward.py ``both_state_passes_kernel``: the key blocks loaded once for both, both
 # states held at once) instead of two launches; FUSED (backward_states) runs their two reverse passes in one program,
 # the base memory a chunk behind (backward_states.py ``both_reverse_passes_kernel``). Both are off in every row: at
-# K = V = 256 on an H100 each was slower than the row's two launches. ONE_KEY_BLOCK (backward_states) holds dSᵀ as one
+# K = V = 256 on an H100 each was slower than the row's two launches. PIPELINED (forward) runs an RLA/RDN's two passes
+# in one launch of one program per memory and value block, the residual memory's a chunk behind the base memory's
+# (forward.py ``pipelined_state_passes_kernel``: one state per program, as in the two launches, the two chains
+# overlapped instead of one after the other); off in every row until a GPU has timed it.
+# ONE_KEY_BLOCK (backward_states) holds dSᵀ as one
 # [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
 # reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their offline sm_90
@@ -83,10 +92,11 @@ from linmem.ops.triton.scores import chunk_scores
 # few milliseconds of a GDN-1.3B training step for gigabytes of peak memory (docs/benchmarks/versus_fla.md,
 # ``--recompute-states base``): no row takes it. "writes" left GDN-1.3B's steps (GDN's and RDN's) as they were and
 # raised their peaks by 1.5-3 GiB (the same page): no row takes it either.
+PIPELINED_GROUP = 4  # PIPELINED: the chunks a base program stores between two counts (the residual one's lag)
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, FUSED=False),
+    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, FUSED=False, PIPELINED=False),
     "output": dict(num_warps=4, num_stages=2, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False,
                             FUSED=False),
@@ -119,7 +129,7 @@ KERNEL_OPTIONS = {
     (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
         scores=dict(num_warps=2, num_stages=1),
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
-        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False),
+        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False),
         output=dict(num_warps=4, num_stages=2, BV=64),
         backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
@@ -305,6 +315,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
     blocks, launch = _options("forward", value_dim=value_dim, key_dim=key_dim, dtype=k.dtype,
                               sequences=layout.num_seqs * heads)
     fused = blocks.pop("FUSED", False) and residual_pass
+    pipelined = blocks.pop("PIPELINED", False) and residual_pass and not fused
     u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])  # no u, w buffers then: not stored
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
@@ -316,6 +327,15 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
             res0=res0, base_final=out["base_final"], res_final=out["res_final"], base_chunks=out["base_chunks"],
             res_chunks=out["res_chunks"], u_out=out["u"], w_out=out["w"], err_out=out["err"], u_in=u_in, w_in=w_in,
             **common,
+        )
+        return out
+    if pipelined:  # both memories in one launch, the residual memory's programs a chunk behind (PIPELINED)
+        sync = torch.zeros(1 + grid[0] * grid[1], device=k.device, dtype=torch.int32)  # tickets, chunks counted
+        pipelined_state_passes_kernel[grid + (2,)](
+            v=v, beta=beta, gamma=gamma, key_scores=key_scores, inv_beta=inv_beta, inv_gamma=inv_gamma, base0=base0,
+            res0=res0, base_final=out["base_final"], res_final=out["res_final"], base_chunks=out["base_chunks"],
+            res_chunks=out["res_chunks"], u_out=out["u"], w_out=out["w"], err_out=out["err"], u_in=u_in, w_in=w_in,
+            sync=sync, GROUP=PIPELINED_GROUP, **common,
         )
         return out
     # the base memory (values v, strength β), emitting the prediction error for the residual memory

@@ -75,7 +75,14 @@ def sequential_program(cu_seqlens, chunk_offsets, H: tl.constexpr, V: tl.constex
     """What program ``(value block, sequence·head)`` of a sequential pass works on: sequence ``i_n``, head ``i_h``,
     the sequence's first token (int64) and length, its first global chunk ``c0``, value columns ``vc`` and their
     mask."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    return sequential_program_at(tl.program_id(0), tl.program_id(1), cu_seqlens, chunk_offsets, H, V, BV)
+
+
+@triton.jit
+def sequential_program_at(i_v, i_nh, cu_seqlens, chunk_offsets, H: tl.constexpr, V: tl.constexpr,
+                          BV: tl.constexpr):
+    """``sequential_program`` for value block ``i_v`` and sequence·head ``i_nh`` given (a program that chose its
+    work itself)."""
     i_n = i_nh // H
     bos, length = sequence_at(cu_seqlens, i_n)
     vc = i_v * BV + tl.arange(0, BV)
@@ -386,3 +393,21 @@ def rho_grad(err, clip, TARGET: tl.constexpr):
     else:
         return tl.full(err.shape, 1.0, tl.float32)
 
+
+
+@triton.jit
+def publish_count(counter, count):
+    """Sets the int32 at ``counter`` to ``count`` once every thread of the program has stored what came before
+    (release: a program that reads the count reads those stores too)."""
+    tl.debug_barrier()
+    tl.atomic_xchg(counter, count, sem="release")
+
+
+@triton.jit
+def wait_for_count(counter, count):
+    """Spins until the int32 at ``counter`` (``publish_count``'s, from another program of the launch) reaches
+    ``count`` (acquire: the loads after it read what that program stored before the count)."""
+    seen = tl.atomic_add(counter, 0, sem="acquire")
+    while seen < count:
+        seen = tl.atomic_add(counter, 0, sem="acquire")
+    tl.debug_barrier()
