@@ -68,11 +68,11 @@ from linmem.ops.triton.scores import chunk_scores
 # states held at once) instead of two launches; FUSED (backward_states) runs their two reverse passes in one program,
 # the base memory a chunk behind (backward_states.py ``both_reverse_passes_kernel``). Both are off in every row: at
 # K = V = 256 on an H100 each was slower than the row's two launches. PIPELINED (forward) runs an RLA/RDN's two passes
-# in one launch of one program per memory and value block, the residual memory's a chunk behind the base memory's
-# (forward.py ``pipelined_state_passes_kernel``: one state per program, as in the two launches, the two chains
-# overlapped instead of one after the other); off in every row until a GPU has timed it.
-# ONE_KEY_BLOCK (backward_states) holds dSᵀ as one
-# [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones: one dot per product and chunk.
+# in one launch of one program per memory and value block, the residual memory's PIPELINED_GROUP chunks behind the
+# base memory's (forward.py ``pipelined_state_passes_kernel``: one state per program, as in the two launches, the two
+# chains overlapped instead of one after the other); off in every row until a GPU has timed it. ONE_KEY_BLOCK
+# (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones:
+# one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
 # reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their offline sm_90
 # resources and the sweep's times are in docs/benchmarks/kernel-widths.md.
