@@ -483,8 +483,8 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # memory; BV 32 spills 288-432 bytes per thread; at K = 128, BV 32 in two stages spills 56)
     fused = dict(row["forward"], FUSED=True)
     forward += [dict(fused, BV=max(16, (fused["BV"] or 32) // 2))] + ([fused] if key_dim <= 128 else [])
-    # the two passes in one launch, the residual memory's programs a chunk behind the base memory's (PIPELINED: one
-    # state per program, the row's own value block)
+    # the two passes in one launch, the residual memory's programs PIPELINED_GROUP chunks behind the base memory's
+    # (PIPELINED: one state per program, the row's own value block)
     forward += [dict(row["forward"], PIPELINED=True)]
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
     # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline

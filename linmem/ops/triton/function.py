@@ -329,7 +329,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
             **common,
         )
         return out
-    if pipelined:  # both memories in one launch, the residual memory's programs a chunk behind (PIPELINED)
+    if pipelined:  # both memories in one launch, the residual memory's programs PIPELINED_GROUP chunks behind
         sync = torch.zeros(1 + grid[0] * grid[1], device=k.device, dtype=torch.int32)  # tickets, chunks counted
         pipelined_state_passes_kernel[grid + (2,)](
             v=v, beta=beta, gamma=gamma, key_scores=key_scores, inv_beta=inv_beta, inv_gamma=inv_gamma, base0=base0,
