@@ -115,16 +115,16 @@ def pipelined_state_passes_kernel(
     two launches, into the same buffers: the same bits."""
     programs = tl.num_programs(0) * tl.num_programs(1)
     ticket = tl.atomic_add(sync, 1)
-    work = ticket % programs  # the value block and sequence·head, and its base program's counter
-    i_v, i_nh = work % tl.num_programs(0), work // tl.num_programs(0)
+    i_v = (ticket % programs) % tl.num_programs(0)
+    i_nh = (ticket % programs) // tl.num_programs(0)
     if ticket < programs:  # the base memory (values v, strength β), counting its stored error every GROUP chunks
         _state_pass(k, v, b, g, beta, key_scores, inv_beta, None, base0, base_final, base_chunks, u_out, err_out,
-                    u_in, cu_seqlens, chunk_offsets, clip, sync + 1 + work, i_v, i_nh,
+                    u_in, cu_seqlens, chunk_offsets, clip, sync + 1 + ticket, i_v, i_nh,
                     H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, False, True, STORE_U, HAS_BASE0, KEYS_ONCE, U_IN,
                     False, True, GROUP)
     else:  # the residual memory (values ρ(err), strength γ), waiting for each group's error
         _state_pass(k, None, b, g, gamma, None, inv_gamma, err_out, res0, res_final, res_chunks, w_out, None, w_in,
-                    cu_seqlens, chunk_offsets, clip, sync + 1 + work, i_v, i_nh,
+                    cu_seqlens, chunk_offsets, clip, sync + 1 + ticket - programs, i_v, i_nh,
                     H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, True, False, STORE_W, HAS_RES0, KEYS_ONCE, W_IN,
                     not W_IN, False, GROUP)
 
