@@ -422,6 +422,64 @@ def test_loss_curves_of_many_models_tell_them_apart_with_the_whole_legend_shown(
         f"{m} ({n} seed{'s' if n > 1 else ''})" for m, n in seeds.items()]
     assert_legends_inside(fig)
 
+def test_layer_norm_figure_draws_each_seeds_readout_on_a_log_scale_and_the_mean_output_from_zero():
+    from linmem.study.figures import layer_norm_figure
+
+    rng = np.random.default_rng()
+    layers = int(rng.integers(3, 7))
+
+    def table(memory: list[bool]) -> list[dict]:
+        return [{"output_norm_mean": float(rng.uniform(1, 40)),
+                 "readout_norm_mean": float(np.exp(rng.uniform(-7, 4))) if has else None} for has in memory]
+
+    attention_at = int(rng.integers(layers))  # a hybrid's attention layer has no read-out: a gap in its line
+    hybrid = [i != attention_at for i in range(layers)]
+    stability = {"rla": {s: table([True] * layers) for s in range(3)},
+                 "hybrid": {s: table(hybrid) for s in range(2)},
+                 "transformer": {0: table([False] * layers)},  # no memory: the left panel only
+                 "not-run": {}}
+    fig = layer_norm_figure(stability)
+    output, readout = fig.axes
+    assert output.get_ylim()[0] == 0 and readout.get_yscale() == "log"
+    means = {line.get_label(): line.get_ydata() for line in output.get_lines()}
+    assert list(means) == ["rla", "hybrid", "transformer"]
+    for model, seeds in stability.items():
+        if seeds:
+            expected = np.mean([[r["output_norm_mean"] for r in t] for t in seeds.values()], axis=0)
+            assert np.allclose(means[model], expected, rtol=1e-12)
+    drawn = [np.asarray(line.get_ydata(), dtype=float) for line in readout.get_lines()]
+    expected = [[np.nan if r["readout_norm_mean"] is None else r["readout_norm_mean"] for r in t]
+                for model in ("rla", "hybrid") for t in stability[model].values()]
+    assert len(drawn) == 5 and all(np.allclose(d, e, equal_nan=True) for d, e in zip(drawn, expected))
+    assert [t.get_text() for t in readout.get_legend().get_texts()] == ["rla (3 seeds)", "hybrid (2 seeds)"]
+    colour = {line.get_label(): line.get_color() for line in output.get_lines()}
+    assert {line.get_color() for line in readout.get_lines()[:3]} == {colour["rla"]}
+    only_output = layer_norm_figure({"transformer": stability["transformer"]})
+    assert len(only_output.axes) == 1 and layer_norm_figure({"not-run": {}}) is None
+
+
+def test_differences_draw_every_claimed_metric_beside_the_headline(tmp_path, monkeypatch):
+    import linmem.study.figures as figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda plt, fig, path: drawn.append(
+        [ax.get_title() for ax in fig.axes if ax.get_visible()]) or path.name)
+    rng = np.random.default_rng()
+
+    def row(metric: str, claim: bool) -> dict:
+        mean = float(rng.normal())
+        return {"a": "rla", "b": "rla-no-clip", "metric": metric, "claim": claim, "enough_seeds": True,
+                "difference": {"mean": mean, "low": mean - 1, "high": mean + 1, "n": 6}}
+
+    tables = {"comparisons": [row("train_loss", True), row("log_readout_norm", True), row("val_loss", False),
+                              row("readout_norm", False), row("test_loss", False)]}
+    assert figures.differences(tables, tmp_path / "d.png") == "d.png"
+    tables["comparisons"][1]["claim"] = False  # the same metric, no longer claimed: not drawn
+    figures.differences(tables, tmp_path / "e.png")
+    assert drawn == [["train_loss: A - B", "log_readout_norm: A - B", "test_loss: A - B"],
+                     ["train_loss: A - B", "test_loss: A - B"]]
+    assert figures.differences({"comparisons": [row("val_loss", False)]}, tmp_path / "f.png") is None
+
 
 # ---------------------------------------------------------------- the shipped studies
 

@@ -317,33 +317,64 @@ def lab_recall_curves(study: Study, out: Path, tables: dict[str, Any], path: Pat
     return None if fig is None else _save(_pyplot(), fig, path)
 
 
-def layer_norms(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
-    """Mean mixer-output norm per layer (mean over seeds) per model, from zero: the RLA paper's Fig. 4a."""
-    series = {}
-    for model, entry in tables["models"].items():
-        rows = [read_items(out, model, s).get("eval_tables", {}).get("stability") for s in entry["seeds"]]
-        rows = [r for r in rows if r]
-        if rows:
-            series[model] = np.mean([[layer["output_norm_mean"] for layer in r] for r in rows], axis=0)
-    if not series:
+def _stability_rows(out: Path, model: str, seeds) -> dict[Any, list[dict[str, Any]]]:
+    """``{seed: per-layer stability table}`` of a model's runs that have one."""
+    rows = {s: read_items(out, model, s).get("eval_tables", {}).get("stability") for s in seeds}
+    return {s: r for s, r in rows.items() if r}
+
+
+def layer_norm_figure(stability: dict[str, dict[Any, list[dict[str, Any]]]]):
+    """Per layer: the mean mixer-output norm (mean over seeds, from zero: the RLA paper's Fig. 4a) and, where the
+    models have a memory read-out, its norm before the per-head output norm, one line per seed on a log scale (an
+    unclipped residual memory grows by factors, in some seeds only, which a mean over seeds would hide).
+    ``stability``: ``{model: {seed: per-layer stability table}}``. Returns the figure, or None with no table."""
+    stability = {model: rows for model, rows in stability.items() if rows}
+    if not stability:
         return None
+    readout = {model: {seed: [np.nan if layer["readout_norm_mean"] is None else layer["readout_norm_mean"]
+                              for layer in table] for seed, table in rows.items()}
+               for model, rows in stability.items()}
+    readout = {model: seeds for model, seeds in readout.items()
+               if any(np.isfinite(v).any() for v in seeds.values())}
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for model, norms in series.items():
-        ax.plot(np.arange(len(norms)), norms, "o-", label=model, markersize=3)
+    fig, axes = _grid(plt, 2 if readout else 1, 5.5, 3.8)
+    ax = axes[0]
+    for i, (model, rows) in enumerate(stability.items()):
+        norms = np.mean([[layer["output_norm_mean"] for layer in table] for table in rows.values()], axis=0)
+        ax.plot(np.arange(len(norms)), norms, "o-", color=f"C{i}", label=model, markersize=3)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("layer")
     ax.set_ylabel("mean mixer-output L2 norm")
-    ax.set_title("activation norms per layer (mean over seeds)", fontsize=9)
+    ax.set_title("mixer output, after the per-head norm (mean over seeds)", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    if readout:
+        ax = axes[1]
+        colours = {model: f"C{i}" for i, model in enumerate(stability)}
+        for model, seeds in readout.items():
+            for j, values in enumerate(seeds.values()):
+                ax.plot(np.arange(len(values)), values, "o-", color=colours[model], alpha=0.7, linewidth=1,
+                        markersize=2.5, label=f"{model} ({len(seeds)} seeds)" if j == 0 else None)
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("mean read-out L2 norm (log scale)")
+        ax.set_title("memory read-out, before the per-head norm (one line per seed)", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def layer_norms(study: Study, out: Path, tables: dict[str, Any], path: Path) -> str | None:
+    """:func:`layer_norm_figure` of the study's runs, saved to ``path``; its file name, or None without a table."""
+    fig = layer_norm_figure({model: _stability_rows(out, model, entry["seeds"])
+                             for model, entry in tables["models"].items()})
+    return None if fig is None else _save(_pyplot(), fig, path)
 
 
 def differences(tables: dict[str, Any], path: Path) -> str | None:
-    """The paired differences A - B with their intervals, one panel per metric (one x scale within a metric)."""
+    """The paired differences A - B with their intervals, one panel per metric (one x scale within a metric): the
+    headline metrics, test loss and every metric the study declares as a claim."""
     by_metric: dict[str, list[dict[str, Any]]] = {}
     for c in tables["comparisons"]:
-        if c["metric"] in HEADLINE or c["metric"] == "test_loss":
+        if c["metric"] in HEADLINE or c["metric"] == "test_loss" or c.get("claim"):
             by_metric.setdefault(c["metric"], []).append(c)
     if not by_metric:
         return None
