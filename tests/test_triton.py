@@ -1123,12 +1123,16 @@ def test_sweep_variants_each_change_one_default(K, V):
         if name != "recompute_states" and launch(name, options) != launch(name, row[name]):
             assert launch(name, options) in launches, name
     assert ({o["num_stages"] for o in forward_keys_once} >= {3, 4}) == (K > 128)
-    assert all(o["BV"] != 64 for o in forward_keys_once) and len(forward_keys_once) <= 7
+    assert all(o["BV"] != 64 for o in forward_keys_once) and len(forward_keys_once) <= 8
     # at K = 256 also BV 16 in two stages (two programs per SM) and three
     assert ({(o["BV"], o["num_stages"]) for o in forward_keys_once} >= {(16, 2), (16, 3)}) == (K > 128)
     # both memories in one pass: at half the row's value block, and at K <= 128 at the row's own (it spills at 256)
     fused = [o for v in variants for n, o in v.items() if n == "forward" and o["FUSED"]]
     assert dict(row["forward"], FUSED=True, BV=16) in fused
+    # both passes in one launch: at the row's own launch, and at BV 16 in two stages (two programs per SM)
+    pipelined = [o for v in variants for n, o in v.items() if n == "forward" and o["PIPELINED"]]
+    assert pipelined == [dict(row["forward"], PIPELINED=True), dict(row["forward"], PIPELINED=True, BV=16,
+                                                                     num_stages=2)]
     assert (dict(row["forward"], FUSED=True) in fused) == (K <= 128)
     # both reverse passes in one program: one stage, BV 16, and at K = 256 the key tiles loaded per product
     fused = [o for v in variants for n, o in v.items() if n == "backward_states" and o.get("FUSED")]
