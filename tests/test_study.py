@@ -423,6 +423,8 @@ def test_loss_curves_of_many_models_tell_them_apart_with_the_whole_legend_shown(
     assert_legends_inside(fig)
 
 def test_layer_norm_figure_draws_each_seeds_readout_on_a_log_scale_and_the_mean_output_from_zero():
+    from matplotlib.colors import to_rgba
+
     from linmem.study.figures import layer_norm_figure
 
     rng = np.random.default_rng()
@@ -441,7 +443,7 @@ def test_layer_norm_figure_draws_each_seeds_readout_on_a_log_scale_and_the_mean_
     fig = layer_norm_figure(stability)
     output, readout = fig.axes
     assert output.get_ylim()[0] == 0 and readout.get_yscale() == "log"
-    means = {line.get_label(): line.get_ydata() for line in output.get_lines()}
+    means = {line.get_label().split(" (")[0]: line.get_ydata() for line in output.get_lines()}
     assert list(means) == ["rla", "hybrid", "transformer"]
     for model, seeds in stability.items():
         if seeds:
@@ -451,11 +453,18 @@ def test_layer_norm_figure_draws_each_seeds_readout_on_a_log_scale_and_the_mean_
     expected = [[np.nan if r["readout_norm_mean"] is None else r["readout_norm_mean"] for r in t]
                 for model in ("rla", "hybrid") for t in stability[model].values()]
     assert len(drawn) == 5 and all(np.allclose(d, e, equal_nan=True) for d, e in zip(drawn, expected))
-    assert [t.get_text() for t in readout.get_legend().get_texts()] == ["rla (3 seeds)", "hybrid (2 seeds)"]
-    colour = {line.get_label(): line.get_color() for line in output.get_lines()}
-    assert {line.get_color() for line in readout.get_lines()[:3]} == {colour["rla"]}
+    legend, = fig.legends  # one legend for both panels, the seed counts in it
+    assert [t.get_text() for t in legend.get_texts()] == ["rla (3 seeds)", "hybrid (2 seeds)", "transformer (1 seed)"]
+    style = {line.get_label().split(" (")[0]: (to_rgba(line.get_color()), line.get_linestyle())
+             for line in output.get_lines()}
+    assert [(to_rgba(line.get_color()), line.get_linestyle()) for line in readout.get_lines()] == \
+        [style["rla"]] * 3 + [style["hybrid"]] * 2
     only_output = layer_norm_figure({"transformer": stability["transformer"]})
     assert len(only_output.axes) == 1 and layer_norm_figure({"not-run": {}}) is None
+    # thirteen models (a study's size): a colour and line style each, in both panels
+    many = layer_norm_figure({f"model-{i}": {0: table([True] * layers)} for i in range(13)})
+    styles = {(to_rgba(line.get_color()), line.get_linestyle()) for line in many.axes[0].get_lines()}
+    assert len(styles) == 13
 
 
 def test_differences_draw_every_claimed_metric_beside_the_headline(tmp_path, monkeypatch):

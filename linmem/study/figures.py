@@ -174,13 +174,12 @@ def _two_panels(plt, series: dict[str, dict[str, Any]]):
     """Training loss (left) and validation loss (right) of every model on one y scale; a (colour, line style) per
     model, the line styles cycled when the colours run out; the legend right of the panels, in as many columns as
     keep it at most 18 entries tall, the figure as tall as the legend."""
-    colours = (plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(series) <= 10
-               else plt.get_cmap("tab20").colors)
-    columns = -(-len(series) // 18)
+    styles = _model_styles(plt, list(series))
+    columns = _legend_columns(len(series))
     height = max(3.8, 0.18 * -(-len(series) // columns) + 1.0)
     fig, axes = plt.subplots(1, 2, figsize=(9.0 + 2.6 * columns, height), sharey=True, layout="constrained")
-    for i, (model, curves) in enumerate(series.items()):
-        colour, style = colours[i % len(colours)], _LINESTYLES[(i // len(colours)) % len(_LINESTYLES)]
+    for model, curves in series.items():
+        colour, style = styles[model]
         label = f"{model} ({_seed_label(curves['train'][1].shape[0])})"
         _band(axes[0], curves["train"], color=colour, linestyle=style, label=label)
         if curves["val"] is not None:
@@ -193,6 +192,19 @@ def _two_panels(plt, series: dict[str, dict[str, Any]]):
     axes[0].set_ylabel("loss (nats/token)")
     fig.legend(handles=axes[0].lines, loc="outside right upper", fontsize=7, ncols=columns)
     return fig
+
+
+def _model_styles(plt, models: list[str]) -> dict[str, tuple[Any, str]]:
+    """``{model: (colour, line style)}``, distinct for every model: the default colours for up to ten models, tab20's
+    beyond, the line styles cycled when the colours run out."""
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"] if len(models) <= 10 else plt.get_cmap("tab20").colors
+    return {m: (colours[i % len(colours)], _LINESTYLES[(i // len(colours)) % len(_LINESTYLES)])
+            for i, m in enumerate(models)}
+
+
+def _legend_columns(entries: int) -> int:
+    """Columns of a legend right of the panels that keep it at most 18 entries tall."""
+    return -(-entries // 18)
 
 
 def _rate_panels(plt, series: dict[str, dict[str, Any]], families: dict[str, dict[str, str]]):
@@ -326,8 +338,9 @@ def _stability_rows(out: Path, model: str, seeds) -> dict[Any, list[dict[str, An
 def layer_norm_figure(stability: dict[str, dict[Any, list[dict[str, Any]]]]):
     """Per layer: the mean mixer-output norm (mean over seeds, from zero: the RLA paper's Fig. 4a) and, where the
     models have a memory read-out, its norm before the per-head output norm, one line per seed on a log scale (an
-    unclipped residual memory grows by factors, in some seeds only, which a mean over seeds would hide).
-    ``stability``: ``{model: {seed: per-layer stability table}}``. Returns the figure, or None with no table."""
+    unclipped residual memory grows by factors, in some seeds only, which a mean over seeds would hide); a (colour,
+    line style) per model in both panels, one legend right of them. ``stability``: ``{model: {seed: per-layer
+    stability table}}``. Returns the figure, or None with no table."""
     stability = {model: rows for model, rows in stability.items() if rows}
     if not stability:
         return None
@@ -337,28 +350,34 @@ def layer_norm_figure(stability: dict[str, dict[Any, list[dict[str, Any]]]]):
     readout = {model: seeds for model, seeds in readout.items()
                if any(np.isfinite(v).any() for v in seeds.values())}
     plt = _pyplot()
-    fig, axes = _grid(plt, 2 if readout else 1, 5.5, 3.8)
+    styles = _model_styles(plt, list(stability))
+    columns = _legend_columns(len(stability))
+    height = max(3.8, 0.18 * -(-len(stability) // columns) + 1.0)
+    fig, axes = plt.subplots(1, 2 if readout else 1, figsize=((10.5 if readout else 5.5) + 2.6 * columns, height),
+                             squeeze=False, layout="constrained")
+    axes = list(axes.flat)
     ax = axes[0]
-    for i, (model, rows) in enumerate(stability.items()):
+    for model, rows in stability.items():
         norms = np.mean([[layer["output_norm_mean"] for layer in table] for table in rows.values()], axis=0)
-        ax.plot(np.arange(len(norms)), norms, "o-", color=f"C{i}", label=model, markersize=3)
+        colour, style = styles[model]
+        ax.plot(np.arange(len(norms)), norms, marker="o", color=colour, linestyle=style, markersize=3,
+                label=f"{model} ({_seed_label(len(rows))})")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("layer")
     ax.set_ylabel("mean mixer-output L2 norm")
     ax.set_title("mixer output, after the per-head norm (mean over seeds)", fontsize=9)
-    ax.legend(fontsize=7)
     if readout:
         ax = axes[1]
-        colours = {model: f"C{i}" for i, model in enumerate(stability)}
         for model, seeds in readout.items():
-            for j, values in enumerate(seeds.values()):
-                ax.plot(np.arange(len(values)), values, "o-", color=colours[model], alpha=0.7, linewidth=1,
-                        markersize=2.5, label=f"{model} ({len(seeds)} seeds)" if j == 0 else None)
+            colour, style = styles[model]
+            for values in seeds.values():
+                ax.plot(np.arange(len(values)), values, marker="o", color=colour, linestyle=style, alpha=0.7,
+                        linewidth=1, markersize=2.5, label=model)
         ax.set_yscale("log")
         ax.set_xlabel("layer")
         ax.set_ylabel("mean read-out L2 norm (log scale)")
         ax.set_title("memory read-out, before the per-head norm (one line per seed)", fontsize=9)
-        ax.legend(fontsize=7)
+    fig.legend(handles=axes[0].lines, loc="outside right upper", fontsize=7, ncols=columns)
     return fig
 
 
