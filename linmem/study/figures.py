@@ -175,8 +175,7 @@ def _two_panels(plt, series: dict[str, dict[str, Any]]):
     model, the line styles cycled when the colours run out; the legend right of the panels, in as many columns as
     keep it at most 18 entries tall, the figure as tall as the legend."""
     styles = _model_styles(plt, list(series))
-    columns = _legend_columns(len(series))
-    height = max(3.8, 0.18 * -(-len(series) // columns) + 1.0)
+    columns, height = _legend_layout(len(series))
     fig, axes = plt.subplots(1, 2, figsize=(9.0 + 2.6 * columns, height), sharey=True, layout="constrained")
     for model, curves in series.items():
         colour, style = styles[model]
@@ -202,9 +201,11 @@ def _model_styles(plt, models: list[str]) -> dict[str, tuple[Any, str]]:
             for i, m in enumerate(models)}
 
 
-def _legend_columns(entries: int) -> int:
-    """Columns of a legend right of the panels that keep it at most 18 entries tall."""
-    return -(-entries // 18)
+def _legend_layout(entries: int) -> tuple[int, float]:
+    """A legend right of the panels: the columns that keep it at most 18 entries tall, and a figure height in inches
+    that holds it (3.8 at least)."""
+    columns = -(-entries // 18)
+    return columns, max(3.8, 0.18 * -(-entries // columns) + 1.0)
 
 
 def _rate_panels(plt, series: dict[str, dict[str, Any]], families: dict[str, dict[str, str]]):
@@ -351,8 +352,7 @@ def layer_norm_figure(stability: dict[str, dict[Any, list[dict[str, Any]]]]):
                if any(np.isfinite(v).any() for v in seeds.values())}
     plt = _pyplot()
     styles = _model_styles(plt, list(stability))
-    columns = _legend_columns(len(stability))
-    height = max(3.8, 0.18 * -(-len(stability) // columns) + 1.0)
+    columns, height = _legend_layout(len(stability))
     fig, axes = plt.subplots(1, 2 if readout else 1, figsize=((10.5 if readout else 5.5) + 2.6 * columns, height),
                              squeeze=False, layout="constrained")
     axes = list(axes.flat)
