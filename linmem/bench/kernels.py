@@ -484,10 +484,12 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     fused = dict(row["forward"], FUSED=True)
     forward += [dict(fused, BV=max(16, (fused["BV"] or 32) // 2))] + ([fused] if key_dim <= 128 else [])
     # the two passes in one launch, the residual memory's programs PIPELINED_GROUP chunks behind the base memory's
-    # (PIPELINED: one state per program, the row's own value block), and at BV 16 in two stages, where a base and a
-    # residual program fit one SM together (offline sm_90, RDN bf16, K = V = 256: 108.5 KB of shared memory and 226
-    # registers each, no spill; the row's BV 32 in three stages takes 173 KB, one program per SM)
-    forward += [dict(row["forward"], PIPELINED=True), dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)]
+    # (PIPELINED: one state per program, the row's own value block), and at K = 256 at BV 16 in two stages, where a
+    # base and a residual program fit one SM together (offline sm_90, RDN bf16, K = V = 256: 108.5 KB of shared memory
+    # and 226 registers each, no spill; the row's BV 32 in three stages takes 173 KB, one program per SM); at K <= 128
+    # the row's BV None already picks 16 or 32 per call, two stages the default there
+    forward += [dict(row["forward"], PIPELINED=True)]
+    forward += [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if key_dim > 128 else []
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
     # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline
     # (sm_90, RDN bf16) two stages take 284 KB of shared memory at K = 128 and 352-480 KB at K = 256 for any value

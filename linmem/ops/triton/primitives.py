@@ -394,7 +394,6 @@ def rho_grad(err, clip, TARGET: tl.constexpr):
         return tl.full(err.shape, 1.0, tl.float32)
 
 
-
 @triton.jit
 def publish_count(counter, count):
     """Sets the int32 at ``counter`` to ``count`` once every thread of the program has stored what came before
