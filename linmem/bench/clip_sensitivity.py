@@ -6,10 +6,10 @@ The clipped residual target ``r = clip(err, ±c)`` has the derivative ``ρ' ∈ 
 memory's prediction error that lies within rounding distance of ±c flips between the two when the inputs are
 rounded, and its whole gradient to v moves with it. This script runs the exact float64 ``chunk`` op twice, once on
 the inputs and once on q, k, v rounded to tf32 (10 mantissa bits, what the GPU's float32 dots see), and prints the
-relative Frobenius change of every input gradient for the clip and the tanh target. The gap between the two is the
-part of a kernel's gradient error that no kernel can remove: dv moves most (it takes ``ρ'`` directly), and dk, dg,
-dβ move with it through the base memory's backward; ``linmem.bench.kernel_checks`` sets its clip-case tolerances
-from it.
+relative Frobenius change of every input gradient (the initial states' too) for the clip and the tanh target. The
+gap between the two is the part of a kernel's gradient error that no kernel can remove: dv moves most (it takes
+``ρ'`` directly), and dk, dg, dβ and the base memory's initial state dS0 move with it through the base memory's
+backward; ``linmem.bench.kernel_checks`` sets its clip-case tolerances from it.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.round(mantissa * 2**11) / 2**11, exponent)
 
 
-GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dgamma")
+GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dgamma", "dS0", "dR0")
 
 
 def input_gradients(inputs: list[torch.Tensor], grad_o: torch.Tensor, rule: str, target: str) -> dict:
-    """The residual memory's gradients for ``inputs = [q, k, v, g, beta, gamma]``, named as in ``GRADIENTS``."""
+    """The residual memory's gradients for ``inputs = [q, k, v, g, beta, gamma, S0, R0]`` (the initial states
+    ``[B, H, V, K]``), named as in ``GRADIENTS``."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    o, _ = linear_memory(*leaves, rule=rule, residual=True, residual_target=target, backend="chunk")
+    o, _ = linear_memory(*leaves[:6], rule=rule, residual=True, residual_target=target, initial_state=tuple(leaves[6:]),
+                         backend="chunk")
     o.backward(grad_o)
     return {name: leaf.grad for name, leaf in zip(GRADIENTS, leaves)}
 
@@ -48,7 +50,8 @@ def random_inputs(generator: torch.Generator) -> tuple[list[torch.Tensor], torch
     q, k = (F.normalize(normal(B, T, H, D), dim=-1) for _ in range(2))
     g = F.logsigmoid(normal(B, T, H) + 3)
     beta, gamma = (torch.rand(B, T, H, dtype=torch.float64, generator=generator) for _ in range(2))
-    return [q, k, normal(B, T, H, D), g, beta, gamma], normal(B, T, H, D)
+    states = [0.3 * normal(B, H, D, D) for _ in range(2)]  # the kernel checks' initial states' scale
+    return [q, k, normal(B, T, H, D), g, beta, gamma, *states], normal(B, T, H, D)
 
 
 def main(argv: list[str] | None = None) -> dict[tuple[str, str, str], float]:

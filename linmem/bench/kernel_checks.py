@@ -21,10 +21,13 @@ TOLERANCE = {torch.float32: 3e-3, torch.bfloat16: 1e-2}  # relative, on whole te
 FLIP_BAND = {torch.float32: 1e-2, torch.bfloat16: 8e-2}
 # The flips reach the other elements of dv, and dk, dg and dβ, through the base memory's backward, at up to a
 # quarter of the flipped elements' change (16 trials of the tf32 rounding: dk 1.5e-3, dg 1.2e-3, dβ 1.9e-3 against dv
-# 8.1e-3; tanh 3-4e-4 for all; float32 dβ and dg 3.0e-3 to 4.4e-3 seen on a GPU), so clip cases allow those four
-# the plain tolerance plus CLIP_SPREAD; dq, dγ and the states keep the plain one. The tanh cases check the same
-# paths at the plain tolerance.
+# 8.1e-3; tanh 3-4e-4 for all; float32 dβ and dg 3.0e-3 to 4.4e-3 seen on a GPU). The base memory's initial state's
+# dS0 moves by the same path, but only where a flip falls while that state still counts, early in a sequence: 2e-4 to
+# 4.9e-3 over ten single trials (tanh 2e-4), float32 dS0 3.4e-3 and 4.2e-3 on a GPU. So clip cases allow those five
+# the plain tolerance plus CLIP_SPREAD; dq, dγ, the residual memory's dR0 (its chain takes ρ's value, never its slope)
+# and the final states keep the plain one. The tanh cases check the same paths at the plain tolerance.
 CLIP_SPREAD = {torch.float32: 5e-3, torch.bfloat16: 1e-2}
+CLIP_COUPLED = ("dv", "dk", "dg", "dbeta", "dS0")
 CLIP_COUPLED_TOLERANCE = {dtype: TOLERANCE[dtype] + CLIP_SPREAD[dtype] for dtype in TOLERANCE}
 
 
@@ -33,7 +36,7 @@ def _clipped(case: dict) -> bool:
 
 
 def _tolerance(case: dict, dtype: torch.dtype, name: str) -> float:
-    if _clipped(case) and name in ("dv", "dk", "dg", "dbeta"):
+    if _clipped(case) and name in CLIP_COUPLED:
         return CLIP_COUPLED_TOLERANCE[dtype]
     return TOLERANCE[dtype]
 

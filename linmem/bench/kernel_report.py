@@ -81,7 +81,7 @@ def markdown(report: dict, methods: Collection[str], chunked: Sequence[str]) -> 
         passed = sum(c["passed"] for c in checks)
         lines += ["## Correctness (linmem Triton vs float64 reference, relative Frobenius errors)", "",
                   f"{passed} of {len(checks)} cases within tolerance (fp32 {TOLERANCE[torch.float32]:.0e}, bf16 "
-                  f"{TOLERANCE[torch.bfloat16]:.0e}; clip cases' dv, dk, dg, dβ "
+                  f"{TOLERANCE[torch.bfloat16]:.0e}; clip cases' dv, dk, dg, dβ, dS0 "
                   f"{CLIP_COUPLED_TOLERANCE[torch.float32]:.1e} / {CLIP_COUPLED_TOLERANCE[torch.bfloat16]:.1e}, "
                   f"their dv without the elements whose float64 error lies within {FLIP_BAND[torch.float32]:.0e} / "
                   f"{FLIP_BAND[torch.bfloat16]:.0e} of ±clip, where rounding flips the clip's slope; dv_all: every "
