@@ -70,7 +70,8 @@ from linmem.ops.triton.scores import chunk_scores
 # K = V = 256 on an H100 each was slower than the row's two launches. PIPELINED (forward) runs an RLA/RDN's two passes
 # in one launch of one program per memory and value block, the residual memory's PIPELINED_GROUP chunks behind the
 # base memory's (forward.py ``pipelined_state_passes_kernel``: one state per program, as in the two launches, the two
-# chains overlapped instead of one after the other); off in every row until a GPU has timed it. ONE_KEY_BLOCK
+# chains overlapped instead of one after the other); off in every row: on an H100 at B=4, T=2048, H=8 RDN's fwd+bwd
+# took 3.9-5.5% more GPU time with it at K = V = 256 and 1.6% more at K = 128, V = 256. ONE_KEY_BLOCK
 # (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones:
 # one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
@@ -123,7 +124,7 @@ KERNEL_OPTIONS = {
     (64, 256): _row(),  # from K=128, not swept
     (128, 64): _row(),  # from K=128, not swept
     (128, 128): _row(),  # H200 sweep, RDN fwd+bwd, B=4, T=32K, H=16 (TUNED_AT_128)
-    (128, 256): _row(),  # from K=128, not swept
+    (128, 256): _row(),  # H100 busy sweep, forward and backward_states, GDN+RDN, B=4, T=2048, H=8: row stands
     (256, 64): _row(),  # from K=128, not swept
     (256, 128): _row(),  # from K=128, not swept
     (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
