@@ -257,17 +257,34 @@ def test_busy_time_table_has_the_ratios_of_the_timing_tables():
     assert table[2:] == ["| 2048 | 1.10 | 1.80 | 1.20 | 1.50x |", "| 8192 | 4.40 | 7.20 | 4.80 | 1.50x |"]
     assert page.index("## fwd+bwd") < page.index("## GPU busy")
     summary = report_summary(report).splitlines()
-    assert summary[-4:] == ["| T | RDN / FLA GDN |", "|---|---|", "| 2048 | 1.80 / 1.20 ms = 1.50x |",
-                            "| 8192 | 7.20 / 4.80 ms = 1.50x |"]
-    assert summary[-5].startswith("GPU busy time per forward+backward (profiler, median of 3")
+    # wall over busy by 39% (RDN), 31% (FLA GDN), 82% (RLA) at 2048: a warning after the busy table; at 8192 the
+    # busy times are four times longer and the wall times the same, no warning
+    assert summary[-1].startswith("Host-bound at T=2048: wall time over GPU busy time by linmem RLA +82%, linmem RDN "
+                                  "+39%, FLA GDN +31%.")
+    assert summary[-5:-1] == ["| T | RDN / FLA GDN |", "|---|---|", "| 2048 | 1.80 / 1.20 ms = 1.50x |",
+                              "| 8192 | 7.20 / 4.80 ms = 1.50x |"]
+    assert summary[-6].startswith("GPU busy time per forward+backward (profiler, median of 3")
+    assert summary[-1] + "\n" in page.split("## GPU busy time")[1]
     assert "| 2048 | 2.51 / 1.57 ms = 1.60x |" in summary  # the do_bench table stays above it
     # without the busy times: no such table, and the summary ends with the do_bench one
     plain = _report({"linmem RDN": 2.51, "FLA GDN": 1.57})
     assert "GPU busy" not in report_page(plain) and "GPU busy" not in report_summary(plain)
     assert report_summary(plain).splitlines()[-1] == "| 2048 | 2.51 / 1.57 ms = 1.60x |"
     # no pair profiled: the busy times alone
-    alone = _report({"linmem RDN": 2.51, "FLA GDN": 1.57}, busy={"linmem RDN": 1.8})
-    assert report_summary(alone).splitlines()[-2:] == ["|---|---|", "| 2048 | 1.80 |"]
+    alone = _report({"linmem RDN": 2.51, "FLA GDN": 1.57}, busy={"linmem RDN": 2.3})
+    assert report_summary(alone).splitlines()[-2:] == ["|---|---|", "| 2048 | 2.30 |"]
+
+
+def test_host_bound_warns_only_where_wall_time_exceeds_busy_time_by_the_margin():
+    from linmem.bench import kernel_report
+
+    margin = kernel_report.HOST_BOUND_MARGIN
+    busy = {"linmem RDN": 2.0, "FLA GDN": 2.0}
+    report = _report({"linmem RDN": 2.0 * (1 + margin) * 0.99, "FLA GDN": 2.0 * (1 + margin) * 1.01}, busy=busy)
+    (warning,) = kernel_report.host_bound(report, ["linmem RDN", "FLA GDN"])
+    assert "FLA GDN +" in warning and "linmem RDN" not in warning
+    assert kernel_report.host_bound(report, ["linmem RDN"]) == []  # the methods asked about only
+    assert kernel_report.host_bound(_report({"linmem RDN": 2.0}), ["linmem RDN"]) == []  # not profiled
 
 
 def test_summary_counts_unfinished_correctness_and_compile_tasks_not_skipped_timings():

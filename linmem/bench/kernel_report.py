@@ -76,6 +76,7 @@ def markdown(report: dict, methods: Collection[str], chunked: Sequence[str]) -> 
             lines.append(f"| {T} | " + " | ".join(cells) + " |")
         lines.append("")
         lines += _span_table(busy, profiled)
+        lines += [line + "\n" for line in host_bound(report, profiled)]
     checks = report.get("checks") or []
     if checks:
         passed = sum(c["passed"] for c in checks)
@@ -171,7 +172,29 @@ def summary(report: dict, methods: Collection[str]) -> str:
             cells = ([f"{_ms(ms, a)} / {_ms(ms, b)} ms = {_ratio(ms, a, b)}" for _, a, b in pairs] if pairs
                      else [_ms(ms, name) for name in profiled])
             lines.append(f"| {T} | " + " | ".join(cells) + " |")
+        lines += host_bound(report, profiled)
     return "\n".join(lines)
+
+
+HOST_BOUND_MARGIN = 0.15  # wall time this far over the kernels' busy time: the host's launches set the pace
+
+
+def host_bound(report: dict, methods: Collection[str]) -> list[str]:
+    """One warning per length at which some of ``methods`` took HOST_BOUND_MARGIN or more wall time (``do_bench``,
+    fwd+bwd) than GPU busy time: there the host's launches, not the kernels, set the wall times, and a wall-time
+    ratio compares launch overheads (a slower host draws every method's wall ratio towards 1), where the busy ratio
+    still compares the kernels. Nothing where every profiled method kept within the margin."""
+    warnings = []
+    for T in sorted({b["T"] for b in report.get("gpu_busy") or ()}):
+        busy = _busy_ms(report["gpu_busy"], T)
+        wall = {name: row["ms"] for name, row in _rows(report["results"], T, "fwd+bwd").items() if row.get("ms")}
+        over = {name: wall[name] / busy[name] - 1 for name in methods
+                if busy.get(name) and wall.get(name) and wall[name] > (1 + HOST_BOUND_MARGIN) * busy[name]}
+        if over:
+            listed = ", ".join(f"{name} {share:+.0%}" for name, share in over.items())
+            warnings.append(f"Host-bound at T={T}: wall time over GPU busy time by {listed}. There the host's "
+                            "launches set the wall times: compare the kernels by the busy-time ratios.")
+    return warnings
 
 
 def _span_table(busy: list[dict], profiled: list[str]) -> list[str]:

@@ -32,7 +32,8 @@ One run does five things, in this order, so that one GPU session answers both "i
    forward+backward of ``--profile-methods`` at each (B, T) it timed, ``--profile-repeats`` steps each
    (torch.profiler): the longest kernels' times and the GPU busy time, the sum of every kernel's device time, as
    medians over the steps. ``do_bench`` counts the host's gaps between launches too; the busy times, with the same
-   A / B ratios, show what the kernels alone take;
+   A / B ratios, show what the kernels alone take, and a line warns at each length where a method's wall time exceeds
+   its busy time by ``kernel_report.HOST_BOUND_MARGIN`` or more (a host-bound machine: compare by the busy ratios);
 5. writes ``kernels.json``, ``kernels.md`` and ``kernels.png`` under ``--out``, with GPU, torch and triton versions
    and the ratios of the linmem / FLA pairs it timed (``kernel_report.RATIOS``), and ends its output with a short
    table of those ratios at every length (RDN / GDN and RLA / sGLA against the 1.5x goal), by ``do_bench`` and, when
