@@ -574,7 +574,7 @@ def test_sequential_pass_launch_options(monkeypatch):
         # 256 sequences of 128 values keep every width busy
         # the passes' own options are off unless a row turns them on
         off = dict(KEYS_ONCE=False, FUSED=False) | (dict(ONE_KEY_BLOCK=False) if name == "backward_states"
-                                                     else dict(PIPELINED=False))
+                                                     else dict(PIPELINED=False, PREFORMED=False))
         assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8
@@ -721,6 +721,42 @@ def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, recomp
     assert not single.calls and len(both.calls) == 2
     assert all(kwargs["KEYS_ONCE"] is keys_once for _, kwargs in both.calls)
     assert [kwargs["w_in"] is not None for _, kwargs in both.calls] == [False, recompute == "writes"]
+
+
+@pytest.mark.parametrize("memory, K, packed, keys_once, recompute", [
+    ("RDN", 80, True, False, True), ("GDN", 80, True, True, True), ("RDN", 200, False, True, "writes"),
+    ("RLA", 80, True, False, True), ("GDN", 200, False, False, "base")])
+def test_forward_pass_preformed_against_float64(memory, K, packed, keys_once, recompute, monkeypatch):
+    """PREFORMED (the delta writes' state-free products ``W = T diag(σ e^b) K`` and ``ũ = T diag(σ) X`` formed in
+    parallel kernels, each chain ``u = ũ − W S_0ᵀ`` and the update, the base memory's error after its pass) against
+    float64: packed sequences with initial states (an empty one, one shorter than a chunk, one over three chunks;
+    two key blocks, the second partial) or two sequences of two chunks (four key blocks, the fourth partial), with
+    and without KEYS_ONCE, the backward recomputing the passes the same way, from the kept writes, or the base pass
+    only; final states and every gradient. The delta rule's passes take the preformed writes in the forward and in a
+    recomputation from the start; the additive rule (RLA) has no writes to form and runs the passes as before."""
+    from linmem.ops.triton import function
+
+    _recompute_in_every_row(monkeypatch, recompute)
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "forward", dict(row["forward"], PREFORMED=True, KEYS_ONCE=keys_once))
+    passes = _Recorded(function.state_pass_kernel)
+    writes = _Recorded(function.preformed_writes_kernel)
+    errors = _Recorded(function.preformed_error_kernel)
+    for name, kernel in (("state_pass_kernel", passes), ("preformed_writes_kernel", writes),
+                         ("preformed_error_kernel", errors)):
+        monkeypatch.setattr(function, name, kernel)
+    rule, residual = MEMORIES[memory]
+    inputs, extra = _option_case(K, packed)
+    compare(inputs, residual, rule=rule, **extra)
+    preformed_runs = 0 if rule == "additive" else 1 + (recompute in (True, "base"))
+    assert len(writes.calls) == preformed_runs
+    assert len(errors.calls) == preformed_runs * residual
+    preformed = [kwargs for _, kwargs in passes.calls if kwargs["write_keys"] is not None]
+    assert len(preformed) == (rule == "delta") * ((1 + residual) * (1 + (recompute is True)) + (recompute == "base"))
+    assert all(kwargs["err_out"] is None and kwargs["KEYS_ONCE"] is keys_once for kwargs in preformed)
+    # the residual memory's W only where its pass runs: in the forward, and in a recomputation of every pass
+    want_res_keys = ([residual] + [residual and recompute is True] * (preformed_runs - 1))[:preformed_runs]
+    assert [kwargs["res_keys_out"] is not None for _, kwargs in writes.calls] == want_res_keys
 
 
 @pytest.mark.parametrize("memory", ["RDN", "GDN"])
@@ -1114,7 +1150,8 @@ def test_sweep_variants_each_change_one_default(K, V):
     assert ((2, False) in reverse) == (K <= 128 and V > 128)
     assert ((2, True) in reverse) == (K > 128)  # two stages fit at K = 256 with each key tile loaded once
     assert any(keys_once for _, keys_once in reverse)
-    forward_keys_once = [o for v in variants for n, o in v.items() if n == "forward" and o["KEYS_ONCE"]]
+    forward_keys_once = [o for v in variants for n, o in v.items() if n == "forward" and o["KEYS_ONCE"]
+                         and not o["PREFORMED"]]
     if not row["forward"]["KEYS_ONCE"]:  # a row with it on (K = 256) is not timed again as a variant
         assert dict(row["forward"], KEYS_ONCE=True) in forward_keys_once
     assert row["forward"] not in forward_keys_once
@@ -1134,6 +1171,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     assert pipelined == [dict(row["forward"], PIPELINED=True)] + (
         [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if K > 128 else [])
     assert (dict(row["forward"], FUSED=True) in fused) == (K <= 128)
+    # the writes' state-free products before each chain: at the row's launch and at BV 64 in two stages, 4 or 8 warps
+    preformed = [o for v in variants for n, o in v.items() if n == "forward" and o["PREFORMED"]]
+    assert preformed == [dict(row["forward"], PREFORMED=True)] + [
+        dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=w, num_stages=2) for w in (4, 8)]
     # both reverse passes in one program: one stage, BV 16, and at K = 256 the key tiles loaded per product
     fused = [o for v in variants for n, o in v.items() if n == "backward_states" and o.get("FUSED")]
     assert [(o["num_stages"], o["BV"], o["KEYS_ONCE"]) for o in fused] == [(1, 16, False)]

@@ -476,7 +476,7 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # the forward's state passes: the same, and KEYS_ONCE (each key tile loaded once for the read and the update) at
     # the row's own options
     row = function.kernel_options(key_dim, value_dim)
-    forward = [dict(o, KEYS_ONCE=False, FUSED=False, PIPELINED=False) for o in sequential]
+    forward = [dict(o, KEYS_ONCE=False, FUSED=False, PIPELINED=False, PREFORMED=False) for o in sequential]
     forward += [dict(row["forward"], KEYS_ONCE=True)]
     # an RLA/RDN's two memories in one pass (FUSED: both states held, the key blocks loaded once for both) with half
     # the row's value block (the same registers for two states as for one), and at K <= 128 at the row's own too
@@ -491,6 +491,12 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # the row's BV None already picks 16 or 32 per call, two stages the default there
     forward += [dict(row["forward"], PIPELINED=True)]
     forward += [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if key_dim > 128 else []
+    # the delta writes' state-free products formed in parallel kernels before each chain (PREFORMED: the chain one
+    # read and one update, as FLA's state pass), at the row's launch and at BV 64 (at K = 256 the forming passes
+    # spill there, offline sm_90; a chain of one read and one update holds a [256, 64] state without a spill)
+    forward += [dict(row["forward"], PREFORMED=True)]
+    forward += [dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=w, num_stages=2)
+                for w in (4, 8)]
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
     # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline
     # (sm_90, RDN bf16) two stages take 284 KB of shared memory at K = 128 and 352-480 KB at K = 256 for any value
@@ -594,16 +600,16 @@ def wide_variants(key_dim: int) -> list[dict]:
                for bv, w, st in grid if st in reverse_stages]
     reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one, FUSED=False)
                 for bv, w, one in keys_once]
-    forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False, PIPELINED=False)
-               for bv, w, st in grid]
+    forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False, PIPELINED=False,
+                    PREFORMED=False) for bv, w, st in grid]
     if key_dim > 128:
-        forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False)
-                    for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
+        forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False,
+                         PREFORMED=False) for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
         # BV 16: twice the programs, and at two stages two of them fit on one SM (offline at K = 256: 92.5-108.5 KiB
         # of shared memory and 145-193 registers each, where BV 32 at three stages takes 149-173 KiB, one per SM),
         # so that one program's loads and dots can overlap the other's on a loop that waits for each dot
-        forward += [dict(num_warps=4, num_stages=st, BV=16, KEYS_ONCE=True, FUSED=False, PIPELINED=False)
-                    for st in (2, 3)]
+        forward += [dict(num_warps=4, num_stages=st, BV=16, KEYS_ONCE=True, FUSED=False, PIPELINED=False,
+                         PREFORMED=False) for st in (2, 3)]
     return ([{"forward": o} for o in forward]
             + [{"backward_states": o} for o in reverse]
             + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]

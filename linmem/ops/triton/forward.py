@@ -76,21 +76,21 @@ def _writes(values, ks, strength, inverse, bb, tok, i_h, pos, m_t, H: tl.constex
 
 
 @triton.heuristics(given(FROM_ERR="err", ERR_OUT="err_out", STORE_WRITES="writes_out", HAS_STATE0="state0",
-                         FROM_WRITES="writes_in"))
+                         FROM_WRITES="writes_in", PREFORMED="write_keys"))
 @triton.jit
 def state_pass_kernel(
     k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out, writes_in,
-    cu_seqlens, chunk_offsets, clip,
+    write_keys, cu_seqlens, chunk_offsets, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
     ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr, KEYS_ONCE: tl.constexpr,
-    FROM_WRITES: tl.constexpr,
+    FROM_WRITES: tl.constexpr, PREFORMED: tl.constexpr,
 ):
     """One memory's pass (``_state_pass``), program ``(value block, sequence·head)``."""
     _state_pass(k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out,
-                err_out, writes_in, cu_seqlens, chunk_offsets, clip, None, tl.program_id(0), tl.program_id(1),
-                H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, FROM_ERR, ERR_OUT, STORE_WRITES, HAS_STATE0, KEYS_ONCE,
-                FROM_WRITES, False, False, 1)
+                err_out, writes_in, write_keys, cu_seqlens, chunk_offsets, clip, None, tl.program_id(0),
+                tl.program_id(1), H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, FROM_ERR, ERR_OUT, STORE_WRITES,
+                HAS_STATE0, KEYS_ONCE, FROM_WRITES, PREFORMED, False, False, 1)
 
 
 @triton.heuristics(given(HAS_BASE0="base0", HAS_RES0="res0", STORE_U="u_out", STORE_W="w_out", U_IN="u_in",
@@ -119,24 +119,25 @@ def pipelined_state_passes_kernel(
     i_nh = (ticket % programs) // tl.num_programs(0)
     if ticket < programs:  # the base memory (values v, strength β), counting its stored error every GROUP chunks
         _state_pass(k, v, b, g, beta, key_scores, inv_beta, None, base0, base_final, base_chunks, u_out, err_out,
-                    u_in, cu_seqlens, chunk_offsets, clip, sync + 1 + ticket, i_v, i_nh,
+                    u_in, None, cu_seqlens, chunk_offsets, clip, sync + 1 + ticket, i_v, i_nh,
                     H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, False, True, STORE_U, HAS_BASE0, KEYS_ONCE, U_IN,
-                    False, True, GROUP)
+                    False, False, True, GROUP)
     else:  # the residual memory (values ρ(err), strength γ), waiting for each group's error
         _state_pass(k, None, b, g, gamma, None, inv_gamma, err_out, res0, res_final, res_chunks, w_out, None, w_in,
-                    cu_seqlens, chunk_offsets, clip, sync + 1 + ticket - programs, i_v, i_nh,
+                    None, cu_seqlens, chunk_offsets, clip, sync + 1 + ticket - programs, i_v, i_nh,
                     H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, True, False, STORE_W, HAS_RES0, KEYS_ONCE, W_IN,
-                    not W_IN, False, GROUP)
+                    False, not W_IN, False, GROUP)
 
 
 @triton.jit
 def _state_pass(
     k, x, b, g, strength, key_scores, inverse, err, state0, state_final, state_chunks, writes_out, err_out, writes_in,
-    cu_seqlens, chunk_offsets, clip, chunks_done, i_v, i_nh,
+    write_keys, cu_seqlens, chunk_offsets, clip, chunks_done, i_v, i_nh,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
     ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, HAS_STATE0: tl.constexpr, KEYS_ONCE: tl.constexpr,
-    FROM_WRITES: tl.constexpr, WAIT: tl.constexpr, SIGNAL: tl.constexpr, GROUP: tl.constexpr,
+    FROM_WRITES: tl.constexpr, PREFORMED: tl.constexpr, WAIT: tl.constexpr, SIGNAL: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     """One memory (S, or R) over the chunks of one sequence, for value columns ``vc``. Values ``x``, or ``ρ(err)``
     where ``err`` is given (x None), strength σ; the prediction error into ``err_out`` and the writes into
@@ -149,7 +150,9 @@ def _state_pass(
     of forming them: the state's chain is then the update alone, and the read ``K S_0ᵀ`` is made only for the error
     (ERR_OUT; ``x`` or ``err`` unused without it, ``inverse`` unused). A pass that stores its writes updates its
     state with them as stored (rounded to ``writes_out``'s type), so that a pass from them gives its states bit for
-    bit.
+    bit. With ``write_keys`` too (PREFORMED, the delta rule: ``W = T_σ diag(σ e^b) K`` per token) ``writes_in`` holds
+    ``ũ = T_σ diag(σ) X`` and the pass forms its writes ``u = ũ − W S_0ᵀ`` (``_writes`` with its state-free products
+    taken before the pass, ``preformed_writes_kernel``): one read and one update on the chain.
 
     ``chunks_done`` (an int32 counter; None outside PIPELINED): with SIGNAL the pass counts there the chunks whose
     error it has stored, every GROUP chunks; with WAIT it reads the error ``err`` of the next GROUP chunks only once
@@ -166,26 +169,27 @@ def _state_pass(
             for j in range(j0, j1):
                 s0, s1, s2, s3 = _chunk_step(
                     j, s0, s1, s2, s3, k, x, b, g, strength, key_scores, inverse, err, state_chunks, writes_out,
-                    err_out, writes_in, clip, i_h, bos, length, c0, vc, m_v, H, K, V, C, BK, NK, BV, DT, DELTA,
-                    TARGET, FROM_ERR, ERR_OUT, STORE_WRITES, KEYS_ONCE, FROM_WRITES)
+                    err_out, writes_in, write_keys, clip, i_h, bos, length, c0, vc, m_v, H, K, V, C, BK, NK, BV, DT,
+                    DELTA, TARGET, FROM_ERR, ERR_OUT, STORE_WRITES, KEYS_ONCE, FROM_WRITES, PREFORMED)
             if SIGNAL:
                 publish_count(chunks_done, j1)
     else:
         for j in range(n_chunks):  # chunk states are [NT, H, K, V]
             s0, s1, s2, s3 = _chunk_step(
                 j, s0, s1, s2, s3, k, x, b, g, strength, key_scores, inverse, err, state_chunks, writes_out, err_out,
-                writes_in, clip, i_h, bos, length, c0, vc, m_v, H, K, V, C, BK, NK, BV, DT, DELTA, TARGET, FROM_ERR,
-                ERR_OUT, STORE_WRITES, KEYS_ONCE, FROM_WRITES)
+                writes_in, write_keys, clip, i_h, bos, length, c0, vc, m_v, H, K, V, C, BK, NK, BV, DT, DELTA, TARGET,
+                FROM_ERR, ERR_OUT, STORE_WRITES, KEYS_ONCE, FROM_WRITES, PREFORMED)
     store_blocks(state_at(state_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
 
 
 @triton.jit
 def _chunk_step(
     j, s0, s1, s2, s3, k, x, b, g, strength, key_scores, inverse, err, state_chunks, writes_out, err_out, writes_in,
-    clip, i_h, bos, length, c0, vc, m_v,
+    write_keys, clip, i_h, bos, length, c0, vc, m_v,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, TARGET: tl.constexpr, FROM_ERR: tl.constexpr,
     ERR_OUT: tl.constexpr, STORE_WRITES: tl.constexpr, KEYS_ONCE: tl.constexpr, FROM_WRITES: tl.constexpr,
+    PREFORMED: tl.constexpr,
 ):
     """``_state_pass`` at chunk ``j``: stores the state before it (key blocks ``s0``-``s3``), the writes and the
     error where asked, and returns the state after it."""
@@ -197,6 +201,8 @@ def _chunk_step(
     kp = at_token(k, tok, i_h, H, K)
     if FROM_WRITES:
         u = token_rows(writes_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+        if PREFORMED:  # ũ − W S_0ᵀ
+            u -= read_blocks(at_token(write_keys, tok, i_h, H, K), pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
     values = tl.zeros([C, BV], dtype=tl.float32)  # unused unless formed below
     if not FROM_WRITES or ERR_OUT:
         if FROM_ERR:
@@ -298,6 +304,74 @@ def both_state_passes_kernel(
             r0, r1, r2, r3 = update_blocks(r0, r1, r2, r3, chunk_decay, kp, pos, m_t, to_end * w, H, K, BK, NK, DT)
     store_blocks(state_at(base_final, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
     store_blocks(state_at(res_final, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.heuristics(given(RES_KEYS="res_keys_out"))
+@triton.jit
+def preformed_writes_kernel(
+    k, v, b, g, beta, gamma, inv_beta, inv_gamma, base_keys_out, res_keys_out, base_values_out,
+    cu_seqlens, chunk_indices,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NKB: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, RES_KEYS: tl.constexpr,
+):
+    """The delta writes' state-free products of one chunk and head (the forward's PREFORMED), program
+    ``(column block, chunk, head)``: the first NKB blocks are BK key columns of ``W = T_β diag(β e^b) K`` (into
+    ``base_keys_out``, and of ``T_γ diag(γ e^b) K`` into ``res_keys_out`` with RES_KEYS), the others BV value columns
+    of ``ũ = T_β diag(β) V`` (``base_values_out``). All ``[N_tok, H, ·]`` in the storage type."""
+    i_blk, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    pos = tl.arange(0, C)
+    m_t = pos < n_valid
+    beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
+    if i_blk < NKB:
+        bb, _, _ = load_decays(b, g, tok, i_h, pos, n_valid, H)
+        kc = i_blk * BK + tl.arange(0, BK)
+        m_k = kc < K
+        decayed = tl.exp(bb)[:, None] * token_rows(k, tok, i_h, pos, m_t, kc, m_k, H, K)
+        store_token_rows(base_keys_out, mm(token_scores(inv_beta, tok, i_h, pos, m_t, H, C), beta_t[:, None] * decayed,
+                                           DT), tok, i_h, pos, m_t, kc, m_k, H, K)
+        if RES_KEYS:
+            gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
+            store_token_rows(res_keys_out, mm(token_scores(inv_gamma, tok, i_h, pos, m_t, H, C),
+                                              gamma_t[:, None] * decayed, DT), tok, i_h, pos, m_t, kc, m_k, H, K)
+    else:
+        vc = (i_blk - NKB) * BV + tl.arange(0, BV)
+        m_v = vc < V
+        values = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)
+        store_token_rows(base_values_out, mm(token_scores(inv_beta, tok, i_h, pos, m_t, H, C),
+                                             beta_t[:, None] * values, DT), tok, i_h, pos, m_t, vc, m_v, H, V)
+
+
+@triton.heuristics(given(RES_VALUES="res_values_out"))
+@triton.jit
+def preformed_error_kernel(
+    k, v, b, g, gamma, key_scores, inv_gamma, base_chunks, u_in, err_out, res_values_out,
+    cu_seqlens, chunk_indices, clip,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, TARGET: tl.constexpr, RES_VALUES: tl.constexpr,
+):
+    """The base memory's prediction error after its pass (the forward's PREFORMED), program ``(value block, chunk,
+    head)``: ``err = V − diag(e^{bm}) K S_0ᵀ − A' u`` from the stored state before the chunk and the stored writes
+    (what ``_state_pass`` computes on its chain with ERR_OUT, here off it), into ``err_out``; with RES_VALUES the
+    residual memory's state-free write ``T_γ diag(γ) ρ(err)`` into ``res_values_out``."""
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    pos = tl.arange(0, C)
+    m_t = pos < n_valid
+    vc = i_v * BV + tl.arange(0, BV)
+    m_v = vc < V
+    _, bm, _ = load_decays(b, g, tok, i_h, pos, n_valid, H)
+    ks, _ = _read_states(at_token(k, tok, i_h, H, K), base_chunks, None, i_c, i_h, pos, m_t, vc, m_v, H, K, V, C, BK,
+                         NK, BV, DT, False)
+    u = token_rows(u_in, tok, i_h, pos, m_t, vc, m_v, H, V)
+    error = (token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V) - tl.exp(bm)[:, None] * ks
+             - mm(token_scores(key_scores, tok, i_h, pos, m_t, H, C), u, DT))
+    store_token_rows(err_out, error, tok, i_h, pos, m_t, vc, m_v, H, V)
+    if RES_VALUES:
+        res_values = tl.where(m_t[:, None] & m_v[None, :], rho(error, clip, TARGET), 0.0)
+        gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
+        store_token_rows(res_values_out, mm(token_scores(inv_gamma, tok, i_h, pos, m_t, H, C),
+                                            gamma_t[:, None] * res_values, DT), tok, i_h, pos, m_t, vc, m_v, H, V)
 
 
 @triton.jit

@@ -38,6 +38,8 @@ from linmem.ops.triton.forward import (
     both_state_passes_kernel,
     output_kernel,
     pipelined_state_passes_kernel,
+    preformed_error_kernel,
+    preformed_writes_kernel,
     state_pass_kernel,
 )
 from linmem.ops.triton.inverse import chunk_inverse
@@ -97,7 +99,8 @@ PIPELINED_GROUP = 4  # PIPELINED: the chunks a base program stores between two c
 TUNED_AT_128 = {
     "scores": dict(num_warps=4, num_stages=1),
     "inverse": dict(num_warps=1, num_stages=1, PRECISION=None),
-    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, FUSED=False, PIPELINED=False),
+    "forward": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, FUSED=False, PIPELINED=False,
+                    PREFORMED=False),
     "output": dict(num_warps=4, num_stages=2, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False,
                             FUSED=False),
@@ -130,7 +133,7 @@ KERNEL_OPTIONS = {
     (256, 256): _row(  # H100 sweep (triton 3.6), GDN+RDN fwd+bwd, B=1, T=8192, H=8 (docs/benchmarks/kernel-widths.md)
         scores=dict(num_warps=2, num_stages=1),
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
-        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False),
+        forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False, PREFORMED=False),
         output=dict(num_warps=4, num_stages=2, BV=64),
         backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
@@ -317,6 +320,7 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
                               sequences=layout.num_seqs * heads)
     fused = blocks.pop("FUSED", False) and residual_pass
     pipelined = blocks.pop("PIPELINED", False) and residual_pass and not fused
+    preformed = blocks.pop("PREFORMED", False) and flags.delta and writes is None and not (fused or pipelined)
     u_in, w_in = (None, None) if writes is None else (writes["u"], writes["w"])  # no u, w buffers then: not stored
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(k=k, b=b, g=g, cu_seqlens=layout.cu_seqlens, chunk_offsets=layout.chunk_offsets, clip=flags.clip,
@@ -339,19 +343,69 @@ def _state_passes(k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base
             sync=sync, GROUP=PIPELINED_GROUP, **common,
         )
         return out
+    if preformed:  # each chain one read and one update, the rest in parallel kernels before and between (PREFORMED)
+        _preformed_passes(out, k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0, flags, layout,
+                          residual_pass, grid, common)
+        return out
     # the base memory (values v, strength β), emitting the prediction error for the residual memory
     state_pass_kernel[grid](
         x=v, err=None, strength=beta, inverse=inv_beta, key_scores=key_scores if flags.residual else None,
         state0=base0, state_final=out["base_final"], state_chunks=out["base_chunks"], writes_out=out["u"],
-        err_out=out["err"], writes_in=u_in, **common,
+        err_out=out["err"], writes_in=u_in, write_keys=None, **common,
     )
     if residual_pass:  # the residual memory (values ρ(err), strength γ)
         state_pass_kernel[grid](
             x=None, err=out["err"], strength=gamma, inverse=inv_gamma, key_scores=None, state0=res0,
             state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None,
-            writes_in=w_in, **common,
+            writes_in=w_in, write_keys=None, **common,
         )
     return out
+
+
+def _preformed_passes(out: dict, k, v, b, g, beta, gamma, key_scores, inv_beta, inv_gamma, base0, res0,
+                      flags: _Flags, layout: SequenceLayout, residual_pass: bool, grid: tuple, common: dict) -> None:
+    """``_state_passes`` with the delta writes' state-free products taken before each chain (the forward's
+    PREFORMED, as FLA's chunked delta rule forms its writes): ``preformed_writes_kernel`` forms
+    ``W = T_β diag(β e^b) K`` (and the residual memory's ``T_γ diag(γ e^b) K``) and ``ũ = T_β diag(β) V``, the base
+    memory's pass forms
+    ``u = ũ − W S_0ᵀ`` on its chain, ``preformed_error_kernel`` then takes the error from the stored states and
+    writes and forms the residual memory's ``T_γ diag(γ) ρ(err)``, and its pass forms ``w`` likewise. The same
+    results as the forming passes up to rounding (W and ũ are stored in the input type), into ``out``; three
+    tensors of the forward's size (``[N_tok, H, K]`` twice, ``[N_tok, H, V]``) live only during the passes."""
+    n_tok, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    bk, nk = key_tiling(key_dim)
+    bv = INTERPRETER_BV if interpreting() else min(64, max(16, triton.next_power_of_2(value_dim)))
+    _, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)
+    per_key, per_value = (n_tok, heads, key_dim), (n_tok, heads, value_dim)
+    base_keys = _buf(per_key, k.device, flags.store_dtype)
+    res_keys = _buf(per_key, k.device, flags.store_dtype) if residual_pass else None
+    base_values = _buf(per_value, k.device, flags.store_dtype)
+    chunks = dict(cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, K=key_dim, V=value_dim,
+                  C=CHUNK, BK=bk, BV=bv, DT=flags.dt, **launch)
+    preformed_writes_kernel[(nk + triton.cdiv(value_dim, bv), layout.num_chunks, heads)](
+        k=k, v=v, b=b, g=g, beta=beta, gamma=gamma, inv_beta=inv_beta, inv_gamma=inv_gamma, base_keys_out=base_keys,
+        res_keys_out=res_keys, base_values_out=base_values, NKB=nk, **chunks,
+    )
+    state_pass_kernel[grid](
+        x=None, err=None, strength=beta, inverse=None, key_scores=None, state0=base0, state_final=out["base_final"],
+        state_chunks=out["base_chunks"], writes_out=out["u"], err_out=None, writes_in=base_values,
+        write_keys=base_keys, **common,
+    )
+    if not flags.residual:
+        return
+    res_values = _buf(per_value, k.device, flags.store_dtype) if residual_pass else None
+    preformed_error_kernel[(triton.cdiv(value_dim, bv), layout.num_chunks, heads)](
+        k=k, v=v, b=b, g=g, gamma=gamma, key_scores=key_scores, inv_gamma=inv_gamma, base_chunks=out["base_chunks"],
+        u_in=out["u"], err_out=out["err"], res_values_out=res_values, clip=flags.clip, NK=nk, TARGET=flags.target,
+        **chunks,
+    )
+    if residual_pass:
+        state_pass_kernel[grid](
+            x=None, err=None, strength=gamma, inverse=None, key_scores=None, state0=res0,
+            state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None,
+            writes_in=res_values, write_keys=res_keys, **common,
+        )
 
 
 def state_pass_outputs(num_tokens: int, num_chunks: int, num_seqs: int, heads: int, key_dim: int, value_dim: int,
