@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     x = inputs(args.batch, args.length, args.heads, args.width, device)
     rows = []
     for warps, stages, bv, keys_once in LAUNCHES:
-        options = dict(num_warps=warps, num_stages=stages, BV=bv, KEYS_ONCE=keys_once)
+        options = dict(num_warps=warps, num_stages=stages, BV=bv, KEYS_ONCE=keys_once, PREFORMED=False)
         function.override_options({"forward": options})
         row = dict(options)
         try:
@@ -110,6 +110,15 @@ def main(argv: list[str] | None = None) -> dict:
                                            ("base from writes", False, kept), ("both from writes", True, kept)):
                 if device == "cuda":
                     row[name] = triton.testing.do_bench(functools.partial(passes, x, residual, writes))
+            # PREFORMED: the writes' state-free products in parallel kernels, each chain one read and one update
+            function.override_options({"forward": options | dict(PREFORMED=True)})
+            preformed = passes(x, True)
+            row["preformed max rel diff"] = max(
+                ((preformed[n].float() - formed[n].float()).norm() / formed[n].float().norm()).item()
+                for n in ("base_chunks", "res_chunks", "err"))
+            for name, residual in (("base preformed", False), ("both preformed", True)):
+                if device == "cuda":
+                    row[name] = triton.testing.do_bench(functools.partial(passes, x, residual))
         except Exception as exc:  # noqa: BLE001 (a launch that does not compile or fit is reported, not fatal)
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
@@ -119,13 +128,16 @@ def main(argv: list[str] | None = None) -> dict:
         run = fla_pass(x, args.batch, factor) if device == "cuda" else None
         fla[f"FLA fwd_h V x{factor}"] = triton.testing.do_bench(run) if run else None
     print(json.dumps(fla), flush=True)
-    columns = ("base formed", "both formed", "base from writes", "both from writes")
-    print("| warps, stages, BV, KEYS_ONCE | " + " | ".join(f"{c} ms" for c in columns) + " | same states |")
-    print("|---" * (len(columns) + 2) + "|")
+    columns = ("base formed", "both formed", "base from writes", "both from writes", "base preformed",
+               "both preformed")
+    print("| warps, stages, BV, KEYS_ONCE | " + " | ".join(f"{c} ms" for c in columns)
+          + " | same states | preformed rel. diff |")
+    print("|---" * (len(columns) + 3) + "|")
     for row in rows:
         cells = [f"{row[c]:.3f}" if row.get(c) is not None else "–" for c in columns]
         launch = f"{row['num_warps']}, {row['num_stages']}, {row['BV']}, {row['KEYS_ONCE']}"
-        print(f"| {launch} | " + " | ".join(cells) + f" | {row.get('same_states', row.get('error'))} |")
+        print(f"| {launch} | " + " | ".join(cells) + f" | {row.get('same_states', row.get('error'))} | "
+              f"{row.get('preformed max rel diff', float('nan')):.1e} |")
     print(" ".join(f"{name}: {ms:.3f} ms" if ms is not None else f"{name}: –" for name, ms in fla.items()))
     report = dict(shape=vars(args) | {"out": None}, gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
                   torch=torch.__version__, triton=triton.__version__, rows=rows, fla=fla)
