@@ -492,11 +492,12 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     forward += [dict(row["forward"], PIPELINED=True)]
     forward += [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if key_dim > 128 else []
     # the delta writes' state-free products formed in parallel kernels before each chain (PREFORMED: the chain one
-    # read and one update, as FLA's state pass), at the row's launch and at BV 64 (at K = 256 the forming passes
-    # spill there, offline sm_90; a chain of one read and one update holds a [256, 64] state without a spill)
+    # read and one update, as FLA's state pass), at the row's launch and at BV 64 with 8 warps in one or two stages
+    # (offline sm_90, RDN bf16, K = V = 256: 231-246 registers, no spill, 40 or 176 KB of shared memory; 4 warps
+    # spill 152 bytes per thread there, and the forming passes spill at BV 64)
     forward += [dict(row["forward"], PREFORMED=True)]
-    forward += [dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=w, num_stages=2)
-                for w in (4, 8)]
+    forward += [dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=8, num_stages=st)
+                for st in (2, 1)]
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
     # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline
     # (sm_90, RDN bf16) two stages take 284 KB of shared memory at K = 128 and 352-480 KB at K = 256 for any value

@@ -324,7 +324,7 @@ def preformed_writes_kernel(
     m_t = pos < n_valid
     beta_t = token_gate(beta, tok, i_h, pos, m_t, H)
     if i_blk < NKB:
-        bb, _, _ = load_decays(b, g, tok, i_h, pos, n_valid, H)
+        bb = load_decays(b, g, tok, i_h, pos, n_valid, H)[0]
         kc = i_blk * BK + tl.arange(0, BK)
         m_k = kc < K
         decayed = tl.exp(bb)[:, None] * token_rows(k, tok, i_h, pos, m_t, kc, m_k, H, K)
