@@ -73,7 +73,11 @@ from linmem.ops.triton.scores import chunk_scores
 # in one launch of one program per memory and value block, the residual memory's PIPELINED_GROUP chunks behind the
 # base memory's (forward.py ``pipelined_state_passes_kernel``: one state per program, as in the two launches, the two
 # chains overlapped instead of one after the other); off in every row: on an H100 at B=4, T=2048, H=8 RDN's fwd+bwd
-# took 3.9-5.5% more GPU time with it at K = V = 256 and 1.6% more at K = 128, V = 256. ONE_KEY_BLOCK
+# took 3.9-5.5% more GPU time with it at K = V = 256 and 1.6% more at K = 128, V = 256. PREFORMED (forward, the delta
+# rule) forms the writes' state-free products in parallel kernels before each memory's pass (forward.py
+# ``preformed_writes_kernel``, ``preformed_error_kernel``), each chain one read ``W S_0ᵀ`` and one update as in FLA's
+# state pass, at the cost of two [N_tok, H, K] tensors written and read; off in every row until a GPU sweep times it
+# (``--sweep-only PREFORMED=True``; offline it holds a [256, 64] state in 8 warps without a spill). ONE_KEY_BLOCK
 # (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones:
 # one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
