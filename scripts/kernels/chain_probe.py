@@ -8,7 +8,9 @@ updates the state, as FLA's ``chunk_gated_delta_rule_fwd_h`` nearly does (its wr
 loop keeps one read ``w Sᵀ``). Offline (docs/benchmarks/kernel-widths.md, last section) the passes from kept writes
 hold a [256, 64] state without a spill, two programs per SM, where the forming passes spill. This times, per value
 block and launch: the base memory's pass alone and both memories' passes, forming and from kept writes, and FLA's pass
-at the same and at twice the value width; it checks that both ways give the same per-chunk states and errors.
+at the same and at twice the value width; it checks that both ways give the same per-chunk states and errors. It
+times the forward's PREFORMED passes too (the writes' state-free products formed in parallel kernels before each
+chain, which is then one read and one update, as in FLA), with their relative difference from the forming passes.
 Without CUDA it runs in Triton's interpreter at a tiny shape (a dry run of the flow, no timings worth reading).
 """
 
