@@ -62,6 +62,7 @@ from linmem.ops.triton.primitives import (
     update_blocks,
     update_loaded_blocks,
     user_state_blocks,
+    value_block_program,
     wait_for_count,
 )
 
@@ -358,12 +359,7 @@ def preformed_error_kernel(
     head)``: ``err = V − diag(e^{bm}) K S_0ᵀ − A' u`` from the stored state before the chunk and the stored writes
     (what ``_state_pass`` computes on its chain with ERR_OUT, here off it), into ``err_out``; with RES_VALUES the
     residual memory's state-free write ``T_γ diag(γ) ρ(err)`` into ``res_values_out``."""
-    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
-    pos = tl.arange(0, C)
-    m_t = pos < n_valid
-    vc = i_v * BV + tl.arange(0, BV)
-    m_v = vc < V
+    i_c, i_h, tok, n_valid, pos, m_t, vc, m_v = value_block_program(cu_seqlens, chunk_indices, C, V, BV)
     _, bm, _ = load_decays(b, g, tok, i_h, pos, n_valid, H)
     ks, _ = _read_states(at_token(k, tok, i_h, H, K), base_chunks, None, i_c, i_h, pos, m_t, vc, m_v, H, K, V, C, BK,
                          NK, BV, DT, False)
@@ -408,12 +404,7 @@ def output_kernel(
 ):
     """The read-outs of one chunk and head for value columns ``vc``. ``u_in`` only with DELTA; ``gamma``,
     ``res_scores``, ``res_chunks`` and ``w_in`` only with RESIDUAL (None without)."""
-    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
-    pos = tl.arange(0, C)
-    m_t = pos < n_valid
-    vc = i_v * BV + tl.arange(0, BV)
-    m_v = vc < V
+    i_c, i_h, tok, n_valid, pos, m_t, vc, m_v = value_block_program(cu_seqlens, chunk_indices, C, V, BV)
     bb, bm, _ = load_decays(b, g, tok, i_h, pos, n_valid, H)
     read_base, read_res = _read_states(at_token(q, tok, i_h, H, K), base_chunks, res_chunks, i_c, i_h, pos, m_t,
                                        vc, m_v, H, K, V, C, BK, NK, BV, DT, RESIDUAL)

@@ -100,6 +100,18 @@ def chunk_at(cu_seqlens, chunk_indices, i_c, C: tl.constexpr):
 
 
 @triton.jit
+def value_block_program(cu_seqlens, chunk_indices, C: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """What program ``(value block, chunk, head)`` of a chunk-parallel kernel works on: chunk ``i_c``, head ``i_h``,
+    the chunk's first token (int64) and number of tokens, its rows ``pos`` and their mask, value columns ``vc`` and
+    their mask."""
+    i_c, i_h = tl.program_id(1), tl.program_id(2)
+    _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
+    pos = tl.arange(0, C)
+    vc = tl.program_id(0) * BV + tl.arange(0, BV)
+    return i_c, i_h, tok, n_valid, pos, pos < n_valid, vc, vc < V
+
+
+@triton.jit
 def at_token(ptr, tok, i_h, H: tl.constexpr, WIDTH: tl.constexpr):
     """``ptr`` moved to token ``tok`` (int64) and head ``i_h`` of a ``[N_tok, H, WIDTH]`` tensor."""
     return ptr + (tok * H + i_h) * WIDTH
