@@ -777,6 +777,16 @@ def test_half_precision_inputs(dtype):
     compare(make_inputs(1, 70, 2, 32, 16, seed=7), True, dtype=dtype, tol=2e-2, rule="delta")
 
 
+def test_preformed_writes_in_half_precision(monkeypatch):
+    """PREFORMED with bf16 inputs, where W and ũ are stored rounded to bf16 before the chain: RDN against float64
+    within the half-precision allowance, two sequences of two chunks, four key blocks (the fourth partial)."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "forward", dict(row["forward"], PREFORMED=True))
+    compare(make_inputs(2, 100, 2, 200, 16, seed=37), True, dtype=torch.bfloat16, tol=2e-2, rule="delta")
+
+
 def per_key_inputs(B, T, H, K, V, seed, reset_rate=0.0):
     """``make_inputs`` with GLA's decay, one log decay per key channel ``g [B, T, H, K]``; ``reset_rate`` of the
     entries are ``-inf`` (that channel's memory wiped)."""
