@@ -21,7 +21,7 @@ This is the WY/UT form with the state product taken first. The launch option PRE
 FLA's chunked delta rule does: ``preformed_writes_kernel`` forms ``W = T_σ diag(σ e^b) K`` and ``ũ = T_σ diag(σ) X``
 for every chunk in parallel before the pass, whose chain is then ``u = ũ − W S_0ᵀ`` and the update (no ``T_σ·``, no
 error on it), and ``preformed_error_kernel`` takes the base memory's error from its stored states and writes after its
-pass, with the residual memory's ``ũ``: the same products and two [N_tok, H, K] tensors more to write and read, for a
+pass, with the residual memory's ``ũ``: the same products and four per-token tensors more to write and read, for a
 chain of two dependent products instead of three, and at K = 256 a [256, 64] state in 8 warps without a spill
 (offline sm_90).
 

@@ -76,8 +76,9 @@ from linmem.ops.triton.scores import chunk_scores
 # took 3.9-5.5% more GPU time with it at K = V = 256 and 1.6% more at K = 128, V = 256. PREFORMED (forward, the delta
 # rule) forms the writes' state-free products in parallel kernels before each memory's pass (forward.py
 # ``preformed_writes_kernel``, ``preformed_error_kernel``), each chain one read ``W S_0ᵀ`` and one update as in FLA's
-# state pass, at the cost of two [N_tok, H, K] tensors written and read; off in every row until a GPU sweep times it
-# (``--sweep-only PREFORMED=True``; offline it holds a [256, 64] state in 8 warps without a spill). ONE_KEY_BLOCK
+# state pass, at the cost of four per-token tensors written and read (W, ũ per memory); off in every row until a GPU
+# sweep times it (``--sweep-only PREFORMED=True``; offline it holds a [256, 64] state in 8 warps without a spill).
+# ONE_KEY_BLOCK
 # (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones:
 # one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
@@ -371,11 +372,10 @@ def _preformed_passes(out: dict, k, v, b, g, beta, gamma, key_scores, inv_beta, 
     """``_state_passes`` with the delta writes' state-free products taken before each chain (the forward's
     PREFORMED, as FLA's chunked delta rule forms its writes): ``preformed_writes_kernel`` forms
     ``W = T_β diag(β e^b) K`` (and the residual memory's ``T_γ diag(γ e^b) K``) and ``ũ = T_β diag(β) V``, the base
-    memory's pass forms
-    ``u = ũ − W S_0ᵀ`` on its chain, ``preformed_error_kernel`` then takes the error from the stored states and
-    writes and forms the residual memory's ``T_γ diag(γ) ρ(err)``, and its pass forms ``w`` likewise. The same
-    results as the forming passes up to rounding (W and ũ are stored in the input type), into ``out``; three
-    tensors of the forward's size (``[N_tok, H, K]`` twice, ``[N_tok, H, V]``) live only during the passes."""
+    memory's pass forms ``u = ũ − W S_0ᵀ`` on its chain, ``preformed_error_kernel`` then takes the error from the
+    stored states and writes and forms the residual memory's ``ũ = T_γ diag(γ) ρ(err)``, and its pass forms ``w``
+    likewise. The same results as the forming passes up to rounding (W and ũ are stored in the input type), into
+    ``out``; the two W ``[N_tok, H, K]`` and the two ũ ``[N_tok, H, V]`` live only during the passes."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
