@@ -78,9 +78,8 @@ from linmem.ops.triton.scores import chunk_scores
 # ``preformed_writes_kernel``, ``preformed_error_kernel``), each chain one read ``W S_0ᵀ`` and one update as in FLA's
 # state pass, at the cost of four per-token tensors written and read (W, ũ per memory); off in every row until a GPU
 # sweep times it (``--sweep-only PREFORMED=True``; offline it holds a [256, 64] state in 8 warps without a spill).
-# ONE_KEY_BLOCK
-# (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four [64, BV] ones:
-# one dot per product and chunk.
+# ONE_KEY_BLOCK (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four
+# [64, BV] ones: one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
 # reverse pass, which one stage could not hold at that width), ONE_KEY_BLOCK stays off everywhere. Their offline sm_90
 # resources and the sweep's times are in docs/benchmarks/kernel-widths.md.
