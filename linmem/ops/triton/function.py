@@ -378,8 +378,8 @@ def _preformed_passes(out: dict, k, v, b, g, beta, gamma, key_scores, inv_beta, 
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     bk, nk = key_tiling(key_dim)
-    bv = INTERPRETER_BV if interpreting() else min(64, max(16, triton.next_power_of_2(value_dim)))
-    _, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)
+    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)  # chunk-parallel alike
+    bv = blocks["BV"]
     per_key, per_value = (n_tok, heads, key_dim), (n_tok, heads, value_dim)
     base_keys = _buf(per_key, k.device, flags.store_dtype)
     res_keys = _buf(per_key, k.device, flags.store_dtype) if residual_pass else None
