@@ -573,8 +573,8 @@ def test_sequential_pass_launch_options(monkeypatch):
     for name in ("forward", "backward_states"):
         # 256 sequences of 128 values keep every width busy
         # the passes' own options are off unless a row turns them on
-        off = dict(KEYS_ONCE=False, FUSED=False) | (dict(ONE_KEY_BLOCK=False) if name == "backward_states"
-                                                     else dict(PIPELINED=False, PREFORMED=False))
+        off = dict(KEYS_ONCE=False, FUSED=False, PREFORMED=False) | (
+            dict(ONE_KEY_BLOCK=False) if name == "backward_states" else dict(PIPELINED=False))
         assert _resolved(name, torch.bfloat16) == (
             {"BV": function.SEQUENTIAL_WIDEST[name], **off}, {"num_warps": 4, "num_stages": 2})
         assert _resolved(name, torch.float32)[1]["num_warps"] == 8
@@ -757,6 +757,54 @@ def test_forward_pass_preformed_against_float64(memory, K, packed, keys_once, re
     # the residual memory's W only where its pass runs: in the forward, and in a recomputation of every pass
     want_res_keys = ([residual] + [residual and recompute is True] * (preformed_runs - 1))[:preformed_runs]
     assert [kwargs["res_keys_out"] is not None for _, kwargs in writes.calls] == want_res_keys
+
+
+@pytest.mark.parametrize("memory, K, packed, keys_once, extra", [
+    ("RDN", 80, True, False, {}), ("GDN", 80, True, True, {}), ("RDN", 200, False, True, {}),
+    ("RLA", 80, True, False, {}), ("RDN", 80, True, True, dict(output_gates=False, residual_target="tanh", clip=0.5)),
+    ("RDN", 200, False, False, dict(fit_history=False))])
+def test_reverse_pass_preformed_against_float64(memory, K, packed, keys_once, extra, monkeypatch):
+    """PREFORMED of the reverse passes (each memory's ``W = T diag(σ e^b) K`` formed before them, each chain the
+    read and the update ``Wᵀ du``, ``dx = T_σᵀ du`` and the residual memory's error gradient formed after each pass)
+    against float64: packed sequences with initial states (an empty one, one shorter than a chunk, one over three
+    chunks; two key blocks, the second partial) or two sequences of two chunks (four key blocks, the fourth partial),
+    with and without KEYS_ONCE; RDN with the output gates off and a tanh target (the error gradient through ρ'), and
+    without history fitting (the error's gradient given, no residual pass); every gradient. The delta rule's passes
+    take W and are followed by ``reverse_writes_kernel``, the residual memory's with its error gradient out; the
+    additive rule (RLA) has no W and runs as before."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=keys_once))
+    passes = _Recorded(function.reverse_pass_kernel)
+    writes = _Recorded(function.reverse_writes_kernel)
+    keys = _Recorded(function.preformed_writes_kernel)
+    for name, kernel in (("reverse_pass_kernel", passes), ("reverse_writes_kernel", writes),
+                         ("preformed_writes_kernel", keys)):
+        monkeypatch.setattr(function, name, kernel)
+    rule, residual = MEMORIES[memory]
+    inputs, options = _option_case(K, packed)
+    compare(inputs, residual, rule=rule, **options, **extra)
+    residual_pass = residual and extra.get("fit_history", True)
+    delta = rule == "delta"
+    assert len(passes.calls) == 1 + residual_pass
+    assert [kwargs["write_keys"] is not None for _, kwargs in passes.calls] == [delta] * (1 + residual_pass)
+    assert all(kwargs["d_err_out"] is None or not delta for _, kwargs in passes.calls)
+    assert len(keys.calls) == delta
+    assert [kwargs["res_keys_out"] is not None for _, kwargs in keys.calls] == [residual_pass] * delta
+    # the residual memory's dx with its error gradient, then the base memory's
+    assert [kwargs["d_err_out"] is not None for _, kwargs in writes.calls] == ([True] * residual_pass + [False]) * delta
+
+
+def test_reverse_pass_preformed_in_half_precision(monkeypatch):
+    """The reverse passes' PREFORMED with bf16 inputs, where W and du are stored rounded to bf16 (du before
+    ``T_σᵀ``): RDN against float64 within the half-precision allowance, two sequences of two chunks, four key
+    blocks (the fourth partial), the clip target."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], PREFORMED=True))
+    compare(make_inputs(2, 100, 2, 200, 16, seed=41), True, dtype=torch.bfloat16, tol=2e-2, rule="delta")
 
 
 @pytest.mark.parametrize("memory", ["RDN", "GDN"])
@@ -1188,6 +1236,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     # both reverse passes in one program: one stage, BV 16, and at K = 256 the key tiles loaded per product
     fused = [o for v in variants for n, o in v.items() if n == "backward_states" and o.get("FUSED")]
     assert [(o["num_stages"], o["BV"], o["KEYS_ONCE"]) for o in fused] == [(1, 16, False)]
+    # each memory's W before the reverse passes: one stage, at the row's value block and at 16
+    preformed = [o for v in variants for n, o in v.items() if n == "backward_states" and o["PREFORMED"]]
+    assert preformed == [dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=False, num_stages=1, BV=bv)
+                         for bv in (row["backward_states"]["BV"], 16)]
 
 
 def test_sweep_keeps_the_variant_best_for_every_rule(monkeypatch):

@@ -451,6 +451,10 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
 SWEPT = ("linmem RDN", "linmem RLA", "linmem GDN")
 
 
+# the reverse pass's own launch options, all off
+REVERSE_OFF = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False, PREFORMED=False)
+
+
 def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     """One kernel's launch options changed at a time from their row of ``KERNEL_OPTIONS`` in
     linmem.ops.triton.function at these widths (the offline sm_90 compiles say which of them spill: ``--profile``);
@@ -468,11 +472,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # the reverse passes: the same, and (where BV=None picks 64: N·H·V/64 programs fill half the GPU) 32, or 64 at
     # 8 warps; KEYS_ONCE loads each key tile once per chunk for both of its products (less shared memory at two
     # stages, more registers at one); ONE_KEY_BLOCK holds dSᵀ as one [K, BV] tile (one dot per product and chunk)
-    reverse = [dict(o, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False) for o in sequential]
-    reverse += [dict(num_warps=None, num_stages=None, BV=32, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False),
-                dict(num_warps=8, num_stages=None, BV=64, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False),
-                dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False),
-                dict(num_warps=8, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=True, FUSED=False)]
+    reverse = [dict(o, **REVERSE_OFF) for o in sequential]
+    reverse += [dict(REVERSE_OFF, num_warps=None, num_stages=None, BV=32),
+                dict(REVERSE_OFF, num_warps=8, num_stages=None, BV=64),
+                dict(REVERSE_OFF, num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True),
+                dict(REVERSE_OFF, num_warps=8, num_stages=None, BV=None, ONE_KEY_BLOCK=True)]
     # the forward's state passes: the same, and KEYS_ONCE (each key tile loaded once for the read and the update) at
     # the row's own options
     row = function.kernel_options(key_dim, value_dim)
@@ -505,6 +509,12 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # K = 256 every variant spills, least (112 B) at BV 16 with 4 warps and the key tiles loaded per product
     fused = dict(row["backward_states"], FUSED=True, num_stages=1, BV=16, num_warps=4)
     reverse += [fused if key_dim <= 128 else dict(fused, KEYS_ONCE=False)]
+    # each memory's W formed before the reverse passes (PREFORMED: the chain the read K dSᵀ and the update Wᵀ du, as
+    # FLA's reverse state pass; dx = T_σᵀ du after it), in one stage at the row's value block and at 16 (offline
+    # sm_90, RDN bf16, K = V = 256, BV 32: 190-248 registers, no spill, 24-28 KB of shared memory; two stages ask for
+    # 232-316 KB with or without KEYS_ONCE, and BV 64 spills 288-672 bytes per thread at 4 or 8 warps)
+    reverse += [dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=False, num_stages=1, BV=bv)
+                for bv in (row["backward_states"]["BV"], 16)]
     variants = ([{"forward": o} for o in forward] + [{"backward_states": o} for o in reverse]
                 + [{"inverse": o} for o in inverse]
                 + [{"scores": dict(num_warps=2, num_stages=1)}]
@@ -597,9 +607,8 @@ def wide_variants(key_dim: int) -> list[dict]:
     keys_once = []
     if key_dim > 128:
         keys_once = [(bv, warps, False) for bv in (16, 32) for warps in (4, 8)] + [(16, 8, True), (32, 8, True)]
-    reverse = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False)
-               for bv, w, st in grid if st in reverse_stages]
-    reverse += [dict(num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one, FUSED=False)
+    reverse = [dict(REVERSE_OFF, num_warps=w, num_stages=st, BV=bv) for bv, w, st in grid if st in reverse_stages]
+    reverse += [dict(REVERSE_OFF, num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one)
                 for bv, w, one in keys_once]
     forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False, PIPELINED=False,
                     PREFORMED=False) for bv, w, st in grid]

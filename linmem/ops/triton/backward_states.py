@@ -52,6 +52,7 @@ from linmem.ops.triton.primitives import (
     update_blocks,
     update_loaded_blocks,
     user_state_blocks,
+    value_block_program,
 )
 
 
@@ -72,15 +73,17 @@ def _input_grad(keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h,
 
 @triton.jit
 def _reverse_chunk(s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err,
-                   d_chunks, dx_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip,
+                   write_keys, d_chunks, dx_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    NK: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr,
                    GATED: tl.constexpr, TARGET: tl.constexpr, ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr,
-                   KEYS_ONCE: tl.constexpr):
+                   KEYS_ONCE: tl.constexpr, PREFORMED: tl.constexpr):
     """One memory's reverse step over chunk ``j`` (module docstring), from ``dSᵀ`` at the chunk's end (the key
     blocks ``s0..s3``) to ``dSᵀ`` at its start, which it returns with the chunk's d_err ``[C, BV]`` (ERR_OUT: as
     stored in ``d_err_out``, 0 outside the chunk's rows and the value columns; else zeros). ``d_err`` (ERR_IN): the
-    prediction error's gradient in this chunk, ``[C, BV]`` float32."""
+    prediction error's gradient in this chunk, ``[C, BV]`` float32. PREFORMED (delta rule, ``write_keys`` the
+    forward's ``W = T_σ diag(σ e^b) K``): stores du, not dx, into ``dx_out`` and takes ``Wᵀ du`` for ``Kᵀ diag(σ e^b)
+    dx`` in the update; ``reverse_writes_kernel`` forms dx and d_err (ERR_OUT) after the pass."""
     pos = tl.arange(0, C)
     tok, n_valid = chunk_of_sequence(bos, length, j, C)
     m_t = pos < n_valid
@@ -96,10 +99,11 @@ def _reverse_chunk(s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, ke
         keys_read = read_loaded_blocks(k0, k1, k2, k3, s0, s1, s2, s3, NK, DT)
     else:
         keys_read = read_blocks(kp, pos, m_t, H, K, BK, NK, s0, s1, s2, s3, DT)
+    # du alone (PREFORMED: T_σᵀ is taken after the pass), else dx
     dx = _input_grad(to_end * keys_read, scores, d_read, key_scores, d_err, inverse, tok, i_h, pos, m_t, H, C,
-                     DT, DELTA, ERR_IN)
+                     DT, DELTA and not PREFORMED, ERR_IN)
     store_token_rows(dx_out, dx, tok, i_h, pos, m_t, vc, m_v, H, V)
-    if DELTA or ERR_OUT:
+    if (DELTA and not PREFORMED) or ERR_OUT:
         sigma = token_gate(strength, tok, i_h, pos, m_t, H)
     d_err_emitted = tl.zeros_like(dx)
     if ERR_OUT:
@@ -116,8 +120,11 @@ def _reverse_chunk(s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, ke
         read_decay = tl.exp(bb)
     s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, tl.exp(b_last), at_token(q, tok, i_h, H, K), pos, m_t,
                                    read_decay[:, None] * d_read, H, K, BK, NK, DT)
-    if DELTA or ERR_IN:
-        if DELTA:
+    if PREFORMED:  # Kᵀ diag(σ e^b) T_σᵀ du = Wᵀ du
+        s0, s1, s2, s3 = update_blocks(s0, s1, s2, s3, 1.0, at_token(write_keys, tok, i_h, H, K), pos, m_t, -dx, H,
+                                       K, BK, NK, DT)
+    if (DELTA and not PREFORMED) or ERR_IN:
+        if DELTA and not PREFORMED:
             through_keys = (sigma * tl.exp(bb))[:, None] * dx
             if ERR_IN:
                 through_keys += tl.exp(bm)[:, None] * d_err
@@ -130,20 +137,23 @@ def _reverse_chunk(s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, ke
     return s0, s1, s2, s3, d_err_emitted
 
 
-@triton.heuristics(given(ERR_IN="d_err_in", ERR_OUT="d_err_out", HAS_FINAL="d_final", STORE_INITIAL="d_initial"))
+@triton.heuristics(given(ERR_IN="d_err_in", ERR_OUT="d_err_out", HAS_FINAL="d_final", STORE_INITIAL="d_initial",
+                         PREFORMED="write_keys"))
 @triton.jit
 def reverse_pass_kernel(
-    q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_err_in, d_final, d_initial, d_chunks,
-    dx_out, d_err_out, cu_seqlens, chunk_offsets, scale, clip,
+    q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, write_keys, d_err_in, d_final, d_initial,
+    d_chunks, dx_out, d_err_out, cu_seqlens, chunk_offsets, scale, clip,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     BV: tl.constexpr, DT: tl.constexpr, DELTA: tl.constexpr, READ_BM: tl.constexpr, GATED: tl.constexpr,
     TARGET: tl.constexpr, ERR_IN: tl.constexpr, ERR_OUT: tl.constexpr, HAS_FINAL: tl.constexpr,
-    STORE_INITIAL: tl.constexpr, KEYS_ONCE: tl.constexpr,
+    STORE_INITIAL: tl.constexpr, KEYS_ONCE: tl.constexpr, PREFORMED: tl.constexpr,
 ):
     """One memory's reverse pass (module docstring). ``d_err_in`` (with ``key_scores``) for the base memory of
     RLA/RDN, ``d_err_out`` (with ``err``) for the residual memory, ``gamma`` only with GATED, ``inverse`` only with
     DELTA; from ``d_final``, or zeros where it is None; the initial state's gradient into ``d_initial`` where
-    given. KEYS_ONCE loads the chunk's key blocks once for the read ``K dSᵀ`` and the update ``Kᵀ(…)``
+    given. With ``write_keys`` (PREFORMED, delta rule) the chain is the read, ``du`` and the update ``Wᵀ du``;
+    ``d_err_out`` is then left to ``reverse_writes_kernel``. KEYS_ONCE loads the chunk's key blocks once for the read
+    ``K dSᵀ`` and the update ``Kᵀ(…)``
     (``load_key_blocks``): the same products, one shared-memory tile per key block in a pipelined loop instead of
     two, so that two stages fit at K = 256; at one stage the blocks stay live in registers between the two."""
     i_n, i_h, bos, length, c0, vc, m_v = sequential_program(cu_seqlens, chunk_offsets, H, V, BV)
@@ -157,9 +167,9 @@ def reverse_pass_kernel(
             tok, n_valid = chunk_of_sequence(bos, length, j, C)
             d_err = token_rows(d_err_in, tok, i_h, pos, pos < n_valid, vc, m_v, H, V)
         s0, s1, s2, s3, _ = _reverse_chunk(
-            s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, d_chunks,
-            dx_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA, READ_BM,
-            GATED, TARGET, ERR_IN, ERR_OUT, KEYS_ONCE)
+            s0, s1, s2, s3, j, d_err, q, k, do, b, g, strength, gamma, key_scores, scores, inverse, err, write_keys,
+            d_chunks, dx_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA,
+            READ_BM, GATED, TARGET, ERR_IN, ERR_OUT, KEYS_ONCE, PREFORMED)
     if STORE_INITIAL:
         store_blocks(state_at(d_initial, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
 
@@ -193,25 +203,46 @@ def both_reverse_passes_kernel(
     if n_chunks > 0:  # the residual memory's last chunk, before the skewed steps
         r0, r1, r2, r3, d_err = _reverse_chunk(
             r0, r1, r2, r3, n_chunks - 1, unused, q, k, do, b, g, gamma, gamma, None, res_scores, inv_gamma, err,
-            d_res_chunks, dy_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT,
-            DELTA, False, GATED, TARGET, False, True, KEYS_ONCE)
+            None, d_res_chunks, dy_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK,
+            DT, DELTA, False, GATED, TARGET, False, True, KEYS_ONCE, False)
     for jj in range(1, n_chunks):
         j = n_chunks - 1 - jj
         r0, r1, r2, r3, d_err_next = _reverse_chunk(
-            r0, r1, r2, r3, j, unused, q, k, do, b, g, gamma, gamma, None, res_scores, inv_gamma, err, d_res_chunks,
-            dy_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA, False,
-            GATED, TARGET, False, True, KEYS_ONCE)
+            r0, r1, r2, r3, j, unused, q, k, do, b, g, gamma, gamma, None, res_scores, inv_gamma, err, None,
+            d_res_chunks, dy_out, d_err_out, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT,
+            DELTA, False, GATED, TARGET, False, True, KEYS_ONCE, False)
         s0, s1, s2, s3, _ = _reverse_chunk(
             s0, s1, s2, s3, j + 1, d_err, q, k, do, b, g, beta, gamma, key_scores, base_scores, inv_beta, None,
-            d_base_chunks, dx_out, None, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA,
-            READ_BM, False, TARGET, True, False, KEYS_ONCE)
+            None, d_base_chunks, dx_out, None, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT,
+            DELTA, READ_BM, False, TARGET, True, False, KEYS_ONCE, False)
         d_err = d_err_next
     if n_chunks > 0:  # the base memory's first chunk, after them
         s0, s1, s2, s3, _ = _reverse_chunk(
             s0, s1, s2, s3, 0, d_err, q, k, do, b, g, beta, gamma, key_scores, base_scores, inv_beta, None,
-            d_base_chunks, dx_out, None, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT, DELTA,
-            READ_BM, False, TARGET, True, False, KEYS_ONCE)
+            None, d_base_chunks, dx_out, None, bos, length, c0, i_h, vc, m_v, scale, clip, H, K, V, C, BK, NK, DT,
+            DELTA, READ_BM, False, TARGET, True, False, KEYS_ONCE, False)
     if STORE_BASE_INITIAL:
         store_blocks(state_at(d_base0, i_n, i_h, H, V * K), s0, s1, s2, s3, vc, m_v, 1, K, K, BK, NK)
     if STORE_RES_INITIAL:
         store_blocks(state_at(d_res0, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
+
+
+@triton.heuristics(given(ERR_OUT="d_err_out"))
+@triton.jit
+def reverse_writes_kernel(
+    dx, strength, inverse, err, d_err_out, cu_seqlens, chunk_indices, clip,
+    H: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, TARGET: tl.constexpr,
+    ERR_OUT: tl.constexpr,
+):
+    """After a PREFORMED reverse pass, program ``(value block, chunk, head)``: ``dx = T_σᵀ du`` in place of the du
+    the pass stored in ``dx`` (``[N_tok, H, V]``, storage type), and with ERR_OUT (the residual memory, whose values
+    are ``ρ(err)``) the prediction error's gradient ``ρ'(err) ∘ σ ∘ dx`` into ``d_err_out``: what
+    ``_reverse_chunk`` forms on its chain without PREFORMED, here in parallel over chunks."""
+    _, i_h, tok, _, pos, m_t, vc, m_v = value_block_program(cu_seqlens, chunk_indices, C, V, BV)
+    du = token_rows(dx, tok, i_h, pos, m_t, vc, m_v, H, V)
+    grad = mm(tl.trans(token_scores(inverse, tok, i_h, pos, m_t, H, C)), du, DT)
+    store_token_rows(dx, grad, tok, i_h, pos, m_t, vc, m_v, H, V)
+    if ERR_OUT:
+        sigma = token_gate(strength, tok, i_h, pos, m_t, H)
+        err_grad = rho_grad(token_rows(err, tok, i_h, pos, m_t, vc, m_v, H, V), clip, TARGET)
+        store_token_rows(d_err_out, err_grad * sigma[:, None] * grad, tok, i_h, pos, m_t, vc, m_v, H, V)

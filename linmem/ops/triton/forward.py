@@ -311,18 +311,19 @@ def both_state_passes_kernel(
     store_blocks(state_at(res_final, i_n, i_h, H, V * K), r0, r1, r2, r3, vc, m_v, 1, K, K, BK, NK)
 
 
-@triton.heuristics(given(RES_KEYS="res_keys_out"))
+@triton.heuristics(given(RES_KEYS="res_keys_out", VALUES="base_values_out"))
 @triton.jit
 def preformed_writes_kernel(
     k, v, b, g, beta, gamma, inv_beta, inv_gamma, base_keys_out, res_keys_out, base_values_out,
     cu_seqlens, chunk_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, NKB: tl.constexpr,
-    BV: tl.constexpr, DT: tl.constexpr, RES_KEYS: tl.constexpr,
+    BV: tl.constexpr, DT: tl.constexpr, RES_KEYS: tl.constexpr, VALUES: tl.constexpr,
 ):
-    """The delta writes' state-free products of one chunk and head (the forward's PREFORMED), program
-    ``(column block, chunk, head)``: the first NKB blocks are BK key columns of ``W = T_β diag(β e^b) K`` (into
-    ``base_keys_out``, and of ``T_γ diag(γ e^b) K`` into ``res_keys_out`` with RES_KEYS), the others BV value columns
-    of ``ũ = T_β diag(β) V`` (``base_values_out``). All ``[N_tok, H, ·]`` in the storage type."""
+    """The delta writes' state-free products of one chunk and head (the forward's PREFORMED, and W alone for the
+    reverse passes' PREFORMED), program ``(column block, chunk, head)``: the first NKB blocks are BK key columns of
+    ``W = T_β diag(β e^b) K`` (into ``base_keys_out``, and of ``T_γ diag(γ e^b) K`` into ``res_keys_out`` with
+    RES_KEYS), the others (VALUES) BV value columns of ``ũ = T_β diag(β) V`` (``base_values_out``). All
+    ``[N_tok, H, ·]`` in the storage type."""
     i_blk, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     pos = tl.arange(0, C)
@@ -339,7 +340,7 @@ def preformed_writes_kernel(
             gamma_t = token_gate(gamma, tok, i_h, pos, m_t, H)
             store_token_rows(res_keys_out, mm(token_scores(inv_gamma, tok, i_h, pos, m_t, H, C),
                                               gamma_t[:, None] * decayed, DT), tok, i_h, pos, m_t, kc, m_k, H, K)
-    else:
+    elif VALUES:
         vc = (i_blk - NKB) * BV + tl.arange(0, BV)
         m_v = vc < V
         values = token_rows(v, tok, i_h, pos, m_t, vc, m_v, H, V)

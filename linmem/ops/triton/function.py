@@ -32,7 +32,7 @@ from linmem.ops.step import rho
 from linmem.ops.triton import layout as _layout
 from linmem.ops.triton.backward_keys import backward_keys_kernel
 from linmem.ops.triton.backward_scores import backward_scores_kernel
-from linmem.ops.triton.backward_states import both_reverse_passes_kernel, reverse_pass_kernel
+from linmem.ops.triton.backward_states import both_reverse_passes_kernel, reverse_pass_kernel, reverse_writes_kernel
 from linmem.ops.triton.decay_grad import decay_grad_kernel
 from linmem.ops.triton.forward import (
     both_state_passes_kernel,
@@ -78,6 +78,10 @@ from linmem.ops.triton.scores import chunk_scores
 # ``preformed_writes_kernel``, ``preformed_error_kernel``), each chain one read ``W S_0ᵀ`` and one update as in FLA's
 # state pass, at the cost of four per-token tensors written and read (W, ũ per memory); off in every row until a GPU
 # sweep times it (``--sweep-only PREFORMED=True``; offline it holds a [256, 64] state in 8 warps without a spill).
+# PREFORMED (backward_states, the delta rule) is the same for the reverse passes: each memory's W formed before them,
+# each chain the read ``K dSᵀ`` and the update ``Wᵀ du`` (as FLA's reverse state pass), and ``dx = T_σᵀ du`` (with
+# the residual memory's error gradient) formed after each pass in parallel (backward_states.py
+# ``reverse_writes_kernel``); off in every row until a GPU sweep times it.
 # ONE_KEY_BLOCK (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four
 # [64, BV] ones: one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
@@ -107,7 +111,7 @@ TUNED_AT_128 = {
                     PREFORMED=False),
     "output": dict(num_warps=4, num_stages=2, BV=128),
     "backward_states": dict(num_warps=None, num_stages=None, BV=None, KEYS_ONCE=False, ONE_KEY_BLOCK=False,
-                            FUSED=False),
+                            FUSED=False, PREFORMED=False),
     "backward_scores": dict(num_warps=8, num_stages=None, BV=64),
     "backward_keys": dict(num_warps=4, num_stages=None, BV=64, BK=None, SPLIT=True),
     "decay_grad": dict(num_warps=2, num_stages=1),
@@ -139,7 +143,8 @@ KERNEL_OPTIONS = {
         inverse=dict(num_warps=1, num_stages=1, PRECISION="tf32x3"),
         forward=dict(num_warps=4, num_stages=3, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False, PREFORMED=False),
         output=dict(num_warps=4, num_stages=2, BV=64),
-        backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False),
+        backward_states=dict(num_warps=4, num_stages=2, BV=32, KEYS_ONCE=True, ONE_KEY_BLOCK=False, FUSED=False,
+                             PREFORMED=False),
         backward_scores=dict(num_warps=8, num_stages=1, BV=64),
         backward_keys=dict(num_warps=4, num_stages=2, BV=64, BK=None, SPLIT=True),
         decay_grad=dict(num_warps=1, num_stages=1),
@@ -480,6 +485,8 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         bk, nk = _layout.key_block(key_dim), 1
     # both memories' reverse passes in one launch (FUSED: both_reverse_passes_kernel)
     fused = blocks.pop("FUSED", False) and flags.residual_passes
+    # each delta chain the read and the update Wᵀ du, dx = T_σᵀ du after it (PREFORMED: _preformed_reverse_passes)
+    preformed = blocks.pop("PREFORMED", False) and flags.delta and not fused
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(q=q, k=k, do=do, b=b, g=g, gamma=gamma, cu_seqlens=layout.cu_seqlens,
                   chunk_offsets=layout.chunk_offsets, scale=scale, clip=flags.clip,
@@ -505,19 +512,28 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
             READ_BM=not flags.gates, GATED=flags.gates, **common,
         )
     else:
+        if preformed:  # W of each memory, and dx (dy, d_err) formed after each pass
+            write_keys, writes = _preformed_reverse_writes(k, g, beta, gamma, value_dim, saved, flags, layout)
+        else:
+            write_keys, writes = {"base": None, "res": None}, None
         if flags.residual_passes:  # the residual memory first: it emits d_err
             reverse_pass_kernel[grid](
                 strength=gamma, key_scores=None, scores=saved["res_scores"], inverse=saved["inv_gamma"],
-                err=saved["err"], d_err_in=None, d_final=d_res_final, d_initial=d_res0, d_chunks=d_res_chunks,
-                dx_out=dy, d_err_out=d_err, READ_BM=False, GATED=flags.gates, **common,
+                err=saved["err"], write_keys=write_keys["res"], d_err_in=None, d_final=d_res_final,
+                d_initial=d_res0, d_chunks=d_res_chunks, dx_out=dy, d_err_out=None if preformed else d_err,
+                READ_BM=False, GATED=flags.gates, **common,
             )
+            if preformed:
+                writes(dx=dy, strength=gamma, inverse=saved["inv_gamma"], err=saved["err"], d_err_out=d_err)
         # the base memory, taking the error's gradient (RLA/RDN)
         reverse_pass_kernel[grid](
             strength=beta, key_scores=saved["key_scores"] if flags.residual else None, scores=saved["base_scores"],
-            inverse=saved["inv_beta"], err=None, d_err_in=d_err, d_final=d_base_final, d_initial=d_base0,
-            d_chunks=d_base_chunks, dx_out=dx, d_err_out=None, READ_BM=flags.residual and not flags.gates,
-            GATED=False, **common,
+            inverse=saved["inv_beta"], err=None, write_keys=write_keys["base"], d_err_in=d_err,
+            d_final=d_base_final, d_initial=d_base0, d_chunks=d_base_chunks, dx_out=dx, d_err_out=None,
+            READ_BM=flags.residual and not flags.gates, GATED=False, **common,
         )
+        if preformed:
+            writes(dx=dx, strength=beta, inverse=saved["inv_beta"], err=None, d_err_out=None)
 
     # partial sums of the per-token gate gradients: one slot per key block of backward_keys, then one from
     # backward_scores, then (SPLIT) one per key block of its query launch
@@ -568,6 +584,34 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         END_PARTS=keys_nk, **_options("decay_grad", **widths)[1],
     )
     return dq, dk, dv, dg, dbeta, dgamma, d_base0, d_res0
+
+
+def _preformed_reverse_writes(k, g, beta, gamma, value_dim: int, saved: dict, flags: _Flags,
+                              layout: SequenceLayout):
+    """What the reverse passes' PREFORMED takes: each delta memory's ``W = T_σ diag(σ e^b) K`` (``{"base": W_β,
+    "res": W_γ or None}``, ``[N_tok, H, K]`` in the storage type, formed by ``preformed_writes_kernel``), and a
+    launcher of ``reverse_writes_kernel`` that turns the du a pass stored in ``dx`` into ``T_σᵀ du`` in place (with
+    the residual memory's ``d_err_out``, its error's gradient too)."""
+    n_tok, heads, key_dim = k.shape
+    bk, nk = key_tiling(key_dim)
+    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)
+    keys = {"base": _buf((n_tok, heads, key_dim), k.device, flags.store_dtype),
+            "res": _buf((n_tok, heads, key_dim), k.device, flags.store_dtype) if flags.residual_passes else None}
+    chunks = dict(cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, C=CHUNK, DT=flags.dt,
+                  **launch)
+    preformed_writes_kernel[(nk, layout.num_chunks, heads)](
+        k=k, v=None, b=saved["b"], g=g, beta=beta, gamma=gamma, inv_beta=saved["inv_beta"],
+        inv_gamma=saved["inv_gamma"], base_keys_out=keys["base"], res_keys_out=keys["res"], base_values_out=None,
+        K=key_dim, V=value_dim, BK=bk, NKB=nk, BV=blocks["BV"], **chunks,
+    )
+
+    def writes(dx, strength, inverse, err, d_err_out):
+        reverse_writes_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
+            dx=dx, strength=strength, inverse=inverse, err=err, d_err_out=d_err_out, clip=flags.clip, V=value_dim,
+            BV=blocks["BV"], TARGET=flags.target, **chunks,
+        )
+
+    return keys, writes
 
 
 SAVED_INPUTS = 8  # what LinearMemoryFunction saves before its forward's results: q, k, v, g, β, γ, the initial states
