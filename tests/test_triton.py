@@ -825,14 +825,17 @@ def test_half_precision_inputs(dtype):
     compare(make_inputs(1, 70, 2, 32, 16, seed=7), True, dtype=dtype, tol=2e-2, rule="delta")
 
 
-def test_preformed_writes_in_half_precision(monkeypatch):
-    """PREFORMED with bf16 inputs, where W and ũ are stored rounded to bf16 before the chain: RDN against float64
-    within the half-precision allowance, two sequences of two chunks, four key blocks (the fourth partial)."""
+@pytest.mark.parametrize("seed", [37, 41])
+def test_preformed_writes_in_half_precision(seed, monkeypatch):
+    """PREFORMED with bf16 inputs, where W is stored rounded to bf16 before the chain (ũ in float32): RDN with the
+    clip target against float64 within the half-precision allowance, two sequences of two chunks, four key blocks
+    (the fourth partial). With ũ rounded to bf16 too, seed 41 misses it (dv 7.6e-2: u = ũ − W S_0ᵀ is small beside
+    its terms, and its error moves entries of the error across the clip)."""
     from linmem.ops.triton import function
 
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "forward", dict(row["forward"], PREFORMED=True))
-    compare(make_inputs(2, 100, 2, 200, 16, seed=37), True, dtype=torch.bfloat16, tol=2e-2, rule="delta")
+    compare(make_inputs(2, 100, 2, 200, 16, seed=seed), True, dtype=torch.bfloat16, tol=2e-2, rule="delta")
 
 
 def per_key_inputs(B, T, H, K, V, seed, reset_rate=0.0):
@@ -1229,9 +1232,10 @@ def test_sweep_variants_each_change_one_default(K, V):
     assert pipelined == [dict(row["forward"], PIPELINED=True)] + (
         [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if K > 128 else [])
     assert (dict(row["forward"], FUSED=True) in fused) == (K <= 128)
-    # the writes' state-free products before each chain: at the row's launch and at BV 64, 8 warps, two or one stage
+    # the writes' state-free products before each chain: at the row's launch in two stages and at BV 64, 8 warps,
+    # two or one stage
     preformed = [o for v in variants for n, o in v.items() if n == "forward" and o["PREFORMED"]]
-    assert preformed == [dict(row["forward"], PREFORMED=True)] + [
+    assert preformed == [dict(row["forward"], PREFORMED=True, num_stages=2)] + [
         dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=8, num_stages=st) for st in (2, 1)]
     # both reverse passes in one program: one stage, BV 16, and at K = 256 the key tiles loaded per product
     fused = [o for v in variants for n, o in v.items() if n == "backward_states" and o.get("FUSED")]

@@ -496,10 +496,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     forward += [dict(row["forward"], PIPELINED=True)]
     forward += [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if key_dim > 128 else []
     # the delta writes' state-free products formed in parallel kernels before each chain (PREFORMED: the chain one
-    # read and one update, as FLA's state pass), at the row's launch and at BV 64 with 8 warps in one or two stages
-    # (offline sm_90, RDN bf16, K = V = 256: 231-246 registers, no spill, 40 or 176 KB of shared memory; 4 warps
-    # spill 152 bytes per thread there, and the forming passes spill at BV 64)
-    forward += [dict(row["forward"], PREFORMED=True)]
+    # read and one update, as FLA's state pass), at the row's launch in two stages and at BV 64 with 8 warps in one
+    # or two (offline sm_90, RDN bf16, K = V = 256: 210 and 244 registers, no spill, 156, 40 or 184 KB of shared
+    # memory; the row's three stages ask for 228.5 KB with ũ in float32, 4 warps at BV 64 spill 152 bytes per
+    # thread, and the forming passes spill at BV 64)
+    forward += [dict(row["forward"], PREFORMED=True, num_stages=2)]
     forward += [dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=8, num_stages=st)
                 for st in (2, 1)]
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
