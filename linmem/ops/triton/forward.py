@@ -323,7 +323,8 @@ def preformed_writes_kernel(
     reverse passes' PREFORMED), program ``(column block, chunk, head)``: the first NKB blocks are BK key columns of
     ``W = T_β diag(β e^b) K`` (into ``base_keys_out``, and of ``T_γ diag(γ e^b) K`` into ``res_keys_out`` with
     RES_KEYS), the others (VALUES) BV value columns of ``ũ = T_β diag(β) V`` (``base_values_out``). All
-    ``[N_tok, H, ·]`` in the storage type."""
+    ``[N_tok, H, ·]``, stored in their buffers' types (``function._preformed_passes``: W in the storage type, ũ in
+    float32)."""
     i_blk, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, tok, n_valid = chunk_at(cu_seqlens, chunk_indices, i_c, C)
     pos = tl.arange(0, C)
