@@ -218,6 +218,17 @@ class _Recorded(_Counted):
         return recorded
 
 
+def _record_launches(monkeypatch, *names: str) -> tuple[_Recorded, ...]:
+    """The op's kernels of these names (in linmem.ops.triton.function) replaced, for this test, by ``_Recorded``
+    stand-ins, returned in the same order."""
+    from linmem.ops.triton import function
+
+    recorders = tuple(_Recorded(getattr(function, name)) for name in names)
+    for name, recorder in zip(names, recorders):
+        monkeypatch.setattr(function, name, recorder)
+    return recorders
+
+
 @pytest.mark.parametrize("memory", ["RDN", "GDN", "RLA", "GLA"])
 def test_kernels_are_launched_by_keyword_with_none_for_absent_tensors(memory, monkeypatch):
     """Every kernel launch of a forward and backward passes its arguments by keyword, and a tensor the call does not
@@ -711,10 +722,7 @@ def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, recomp
     _recompute_in_every_row(monkeypatch, recompute)
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True, KEYS_ONCE=keys_once))
-    single = _Recorded(function.state_pass_kernel)
-    both = _Recorded(function.both_state_passes_kernel)
-    monkeypatch.setattr(function, "state_pass_kernel", single)
-    monkeypatch.setattr(function, "both_state_passes_kernel", both)
+    single, both = _record_launches(monkeypatch, "state_pass_kernel", "both_state_passes_kernel")
     rule, residual = MEMORIES[memory]
     inputs, extra = _option_case(K, packed)
     compare(inputs, residual, rule=rule, **extra)
@@ -739,12 +747,8 @@ def test_forward_pass_preformed_against_float64(memory, K, packed, keys_once, re
     _recompute_in_every_row(monkeypatch, recompute)
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "forward", dict(row["forward"], PREFORMED=True, KEYS_ONCE=keys_once))
-    passes = _Recorded(function.state_pass_kernel)
-    writes = _Recorded(function.preformed_writes_kernel)
-    errors = _Recorded(function.preformed_error_kernel)
-    for name, kernel in (("state_pass_kernel", passes), ("preformed_writes_kernel", writes),
-                         ("preformed_error_kernel", errors)):
-        monkeypatch.setattr(function, name, kernel)
+    passes, writes, errors = _record_launches(monkeypatch, "state_pass_kernel", "preformed_writes_kernel",
+                                              "preformed_error_kernel")
     rule, residual = MEMORIES[memory]
     inputs, extra = _option_case(K, packed)
     compare(inputs, residual, rule=rule, **extra)
@@ -776,12 +780,8 @@ def test_reverse_pass_preformed_against_float64(memory, K, packed, keys_once, ex
 
     for row in function.KERNEL_OPTIONS.values():
         monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=keys_once))
-    passes = _Recorded(function.reverse_pass_kernel)
-    writes = _Recorded(function.reverse_writes_kernel)
-    keys = _Recorded(function.preformed_writes_kernel)
-    for name, kernel in (("reverse_pass_kernel", passes), ("reverse_writes_kernel", writes),
-                         ("preformed_writes_kernel", keys)):
-        monkeypatch.setattr(function, name, kernel)
+    passes, writes, keys = _record_launches(monkeypatch, "reverse_pass_kernel", "reverse_writes_kernel",
+                                            "preformed_writes_kernel")
     rule, residual = MEMORIES[memory]
     inputs, options = _option_case(K, packed)
     compare(inputs, residual, rule=rule, **options, **extra)

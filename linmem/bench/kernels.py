@@ -451,7 +451,8 @@ def warm_and_check(sweep_variants, workers: int, skip_check: bool, quick: bool =
 SWEPT = ("linmem RDN", "linmem RLA", "linmem GDN")
 
 
-# the reverse pass's own launch options, all off
+# the state passes' own launch options, all off (a candidate's launch | these | the ones it turns on)
+FORWARD_OFF = dict(KEYS_ONCE=False, FUSED=False, PIPELINED=False, PREFORMED=False)
 REVERSE_OFF = dict(KEYS_ONCE=False, ONE_KEY_BLOCK=False, FUSED=False, PREFORMED=False)
 
 
@@ -472,15 +473,15 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     # the reverse passes: the same, and (where BV=None picks 64: N·H·V/64 programs fill half the GPU) 32, or 64 at
     # 8 warps; KEYS_ONCE loads each key tile once per chunk for both of its products (less shared memory at two
     # stages, more registers at one); ONE_KEY_BLOCK holds dSᵀ as one [K, BV] tile (one dot per product and chunk)
-    reverse = [dict(o, **REVERSE_OFF) for o in sequential]
-    reverse += [dict(REVERSE_OFF, num_warps=None, num_stages=None, BV=32),
-                dict(REVERSE_OFF, num_warps=8, num_stages=None, BV=64),
-                dict(REVERSE_OFF, num_warps=None, num_stages=None, BV=None, KEYS_ONCE=True),
-                dict(REVERSE_OFF, num_warps=8, num_stages=None, BV=None, ONE_KEY_BLOCK=True)]
+    reverse = [o | REVERSE_OFF for o in sequential]
+    reverse += [dict(num_warps=None, num_stages=None, BV=32) | REVERSE_OFF,
+                dict(num_warps=8, num_stages=None, BV=64) | REVERSE_OFF,
+                dict(num_warps=None, num_stages=None, BV=None) | REVERSE_OFF | dict(KEYS_ONCE=True),
+                dict(num_warps=8, num_stages=None, BV=None) | REVERSE_OFF | dict(ONE_KEY_BLOCK=True)]
     # the forward's state passes: the same, and KEYS_ONCE (each key tile loaded once for the read and the update) at
     # the row's own options
     row = function.kernel_options(key_dim, value_dim)
-    forward = [dict(o, KEYS_ONCE=False, FUSED=False, PIPELINED=False, PREFORMED=False) for o in sequential]
+    forward = [o | FORWARD_OFF for o in sequential]
     forward += [dict(row["forward"], KEYS_ONCE=True)]
     # an RLA/RDN's two memories in one pass (FUSED: both states held, the key blocks loaded once for both) with half
     # the row's value block (the same registers for two states as for one), and at K <= 128 at the row's own too
@@ -608,19 +609,17 @@ def wide_variants(key_dim: int) -> list[dict]:
     keys_once = []
     if key_dim > 128:
         keys_once = [(bv, warps, False) for bv in (16, 32) for warps in (4, 8)] + [(16, 8, True), (32, 8, True)]
-    reverse = [dict(REVERSE_OFF, num_warps=w, num_stages=st, BV=bv) for bv, w, st in grid if st in reverse_stages]
-    reverse += [dict(REVERSE_OFF, num_warps=w, num_stages=2, BV=bv, KEYS_ONCE=True, ONE_KEY_BLOCK=one)
+    reverse = [dict(num_warps=w, num_stages=st, BV=bv) | REVERSE_OFF for bv, w, st in grid if st in reverse_stages]
+    reverse += [dict(num_warps=w, num_stages=2, BV=bv) | REVERSE_OFF | dict(KEYS_ONCE=True, ONE_KEY_BLOCK=one)
                 for bv, w, one in keys_once]
-    forward = [dict(num_warps=w, num_stages=st, BV=bv, KEYS_ONCE=False, FUSED=False, PIPELINED=False,
-                    PREFORMED=False) for bv, w, st in grid]
+    forward = [dict(num_warps=w, num_stages=st, BV=bv) | FORWARD_OFF for bv, w, st in grid]
     if key_dim > 128:
-        forward += [dict(num_warps=w, num_stages=st, BV=32, KEYS_ONCE=True, FUSED=False, PIPELINED=False,
-                         PREFORMED=False) for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
+        forward += [dict(num_warps=w, num_stages=st, BV=32) | FORWARD_OFF | dict(KEYS_ONCE=True)
+                    for w, st in ((4, 3), (4, 4), (8, 2), (8, 3))]
         # BV 16: twice the programs, and at two stages two of them fit on one SM (offline at K = 256: 92.5-108.5 KiB
         # of shared memory and 145-193 registers each, where BV 32 at three stages takes 149-173 KiB, one per SM),
         # so that one program's loads and dots can overlap the other's on a loop that waits for each dot
-        forward += [dict(num_warps=4, num_stages=st, BV=16, KEYS_ONCE=True, FUSED=False, PIPELINED=False,
-                         PREFORMED=False) for st in (2, 3)]
+        forward += [dict(num_warps=4, num_stages=st, BV=16) | FORWARD_OFF | dict(KEYS_ONCE=True) for st in (2, 3)]
     return ([{"forward": o} for o in forward]
             + [{"backward_states": o} for o in reverse]
             + [{"output": dict(num_warps=w, num_stages=st, BV=bv)} for bv, w, st in grid]

@@ -385,38 +385,53 @@ def _preformed_passes(out: dict, k, v, b, g, beta, gamma, key_scores, inv_beta, 
     kernel-widths.md) live only during the passes."""
     n_tok, heads, key_dim = k.shape
     value_dim = v.shape[-1]
-    bk, nk = key_tiling(key_dim)
-    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)  # chunk-parallel alike
-    bv = blocks["BV"]
-    per_key, per_value = (n_tok, heads, key_dim), (n_tok, heads, value_dim)
-    base_keys = _buf(per_key, k.device, flags.store_dtype)
-    res_keys = _buf(per_key, k.device, flags.store_dtype) if residual_pass else None
-    base_values = _buf(per_value, k.device)  # float32 (docstring)
-    chunks = dict(cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, K=key_dim, V=value_dim,
-                  C=CHUNK, BK=bk, BV=bv, DT=flags.dt, **launch)
-    preformed_writes_kernel[(nk + triton.cdiv(value_dim, bv), layout.num_chunks, heads)](
-        k=k, v=v, b=b, g=g, beta=beta, gamma=gamma, inv_beta=inv_beta, inv_gamma=inv_gamma, base_keys_out=base_keys,
-        res_keys_out=res_keys, base_values_out=base_values, NKB=nk, **chunks,
-    )
+    formed = _preformed_writes(k, v, value_dim, b, g, beta, gamma, inv_beta, inv_gamma, flags, layout,
+                               residual_keys=residual_pass)
     state_pass_kernel[grid](
         x=None, err=None, strength=beta, inverse=None, key_scores=None, state0=base0, state_final=out["base_final"],
-        state_chunks=out["base_chunks"], writes_out=out["u"], err_out=None, writes_in=base_values,
-        write_keys=base_keys, **common,
+        state_chunks=out["base_chunks"], writes_out=out["u"], err_out=None, writes_in=formed["base_values"],
+        write_keys=formed["base_keys"], **common,
     )
     if not flags.residual:
         return
-    res_values = _buf(per_value, k.device) if residual_pass else None
-    preformed_error_kernel[(triton.cdiv(value_dim, bv), layout.num_chunks, heads)](
+    bk, nk = key_tiling(key_dim)
+    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)  # chunk-parallel alike
+    res_values = _buf((n_tok, heads, value_dim), k.device) if residual_pass else None  # float32 (docstring)
+    preformed_error_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
         k=k, v=v, b=b, g=g, gamma=gamma, key_scores=key_scores, inv_gamma=inv_gamma, base_chunks=out["base_chunks"],
-        u_in=out["u"], err_out=out["err"], res_values_out=res_values, clip=flags.clip, NK=nk, TARGET=flags.target,
-        **chunks,
+        u_in=out["u"], err_out=out["err"], res_values_out=res_values, cu_seqlens=layout.cu_seqlens,
+        chunk_indices=layout.chunk_indices, clip=flags.clip, H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk,
+        BV=blocks["BV"], DT=flags.dt, TARGET=flags.target, **launch,
     )
     if residual_pass:
         state_pass_kernel[grid](
             x=None, err=None, strength=gamma, inverse=None, key_scores=None, state0=res0,
             state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None,
-            writes_in=res_values, write_keys=res_keys, **common,
+            writes_in=res_values, write_keys=formed["res_keys"], **common,
         )
+
+
+def _preformed_writes(k, v, value_dim: int, b, g, beta, gamma, inv_beta, inv_gamma, flags: _Flags,
+                      layout: SequenceLayout, residual_keys: bool) -> dict:
+    """The delta writes' state-free products, chunk-parallel (``preformed_writes_kernel``): ``base_keys``
+    ``W = T_β diag(β e^b) K`` and, with ``residual_keys``, ``res_keys`` ``T_γ diag(γ e^b) K`` (``[N_tok, H, K]`` in
+    the storage type, else None); with ``v`` also ``base_values`` ``ũ = T_β diag(β) V`` (``[N_tok, H, V]`` float32,
+    ``_preformed_passes`` says why; else None)."""
+    n_tok, heads, key_dim = k.shape
+    bk, nk = key_tiling(key_dim)
+    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)  # chunk-parallel alike
+    per_key = (n_tok, heads, key_dim)
+    formed = dict(base_keys=_buf(per_key, k.device, flags.store_dtype),
+                  res_keys=_buf(per_key, k.device, flags.store_dtype) if residual_keys else None,
+                  base_values=None if v is None else _buf((n_tok, heads, value_dim), k.device))
+    value_blocks = 0 if v is None else triton.cdiv(value_dim, blocks["BV"])
+    preformed_writes_kernel[(nk + value_blocks, layout.num_chunks, heads)](
+        k=k, v=v, b=b, g=g, beta=beta, gamma=gamma, inv_beta=inv_beta, inv_gamma=inv_gamma,
+        base_keys_out=formed["base_keys"], res_keys_out=formed["res_keys"], base_values_out=formed["base_values"],
+        cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, K=key_dim, V=value_dim, C=CHUNK,
+        BK=bk, NKB=nk, BV=blocks["BV"], DT=flags.dt, **launch,
+    )
+    return formed
 
 
 def state_pass_outputs(num_tokens: int, num_chunks: int, num_seqs: int, heads: int, key_dim: int, value_dim: int,
@@ -488,7 +503,7 @@ def _backward(do, d_base_final, d_res_final, q, k, v, g, beta, gamma, flags: _Fl
         bk, nk = _layout.key_block(key_dim), 1
     # both memories' reverse passes in one launch (FUSED: both_reverse_passes_kernel)
     fused = blocks.pop("FUSED", False) and flags.residual_passes
-    # each delta chain the read and the update Wᵀ du, dx = T_σᵀ du after it (PREFORMED: _preformed_reverse_passes)
+    # each delta chain the read and the update Wᵀ du, dx = T_σᵀ du after it (PREFORMED: _preformed_reverse_writes)
     preformed = blocks.pop("PREFORMED", False) and flags.delta and not fused
     grid = (triton.cdiv(value_dim, blocks["BV"]), layout.num_seqs * heads)
     common = dict(q=q, k=k, do=do, b=b, g=g, gamma=gamma, cu_seqlens=layout.cu_seqlens,
@@ -595,26 +610,19 @@ def _preformed_reverse_writes(k, g, beta, gamma, value_dim: int, saved: dict, fl
     "res": W_γ or None}``, ``[N_tok, H, K]`` in the storage type, formed by ``preformed_writes_kernel``), and a
     launcher of ``reverse_writes_kernel`` that turns the du a pass stored in ``dx`` into ``T_σᵀ du`` in place (with
     the residual memory's ``d_err_out``, its error's gradient too)."""
-    n_tok, heads, key_dim = k.shape
-    bk, nk = key_tiling(key_dim)
-    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)
-    keys = {"base": _buf((n_tok, heads, key_dim), k.device, flags.store_dtype),
-            "res": _buf((n_tok, heads, key_dim), k.device, flags.store_dtype) if flags.residual_passes else None}
-    chunks = dict(cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, C=CHUNK, DT=flags.dt,
-                  **launch)
-    preformed_writes_kernel[(nk, layout.num_chunks, heads)](
-        k=k, v=None, b=saved["b"], g=g, beta=beta, gamma=gamma, inv_beta=saved["inv_beta"],
-        inv_gamma=saved["inv_gamma"], base_keys_out=keys["base"], res_keys_out=keys["res"], base_values_out=None,
-        K=key_dim, V=value_dim, BK=bk, NKB=nk, BV=blocks["BV"], **chunks,
-    )
+    heads = k.shape[1]
+    formed = _preformed_writes(k, None, value_dim, saved["b"], g, beta, gamma, saved["inv_beta"], saved["inv_gamma"],
+                               flags, layout, residual_keys=flags.residual_passes)
+    blocks, launch = _options("output", key_dim=k.shape[-1], value_dim=value_dim, dtype=k.dtype)
 
     def writes(dx, strength, inverse, err, d_err_out):
         reverse_writes_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
-            dx=dx, strength=strength, inverse=inverse, err=err, d_err_out=d_err_out, clip=flags.clip, V=value_dim,
-            BV=blocks["BV"], TARGET=flags.target, **chunks,
+            dx=dx, strength=strength, inverse=inverse, err=err, d_err_out=d_err_out, cu_seqlens=layout.cu_seqlens,
+            chunk_indices=layout.chunk_indices, clip=flags.clip, H=heads, V=value_dim, C=CHUNK, BV=blocks["BV"],
+            DT=flags.dt, TARGET=flags.target, **launch,
         )
 
-    return keys, writes
+    return {"base": formed["base_keys"], "res": formed["res_keys"]}, writes
 
 
 SAVED_INPUTS = 8  # what LinearMemoryFunction saves before its forward's results: q, k, v, g, β, γ, the initial states
