@@ -497,13 +497,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     forward += [dict(row["forward"], PIPELINED=True)]
     forward += [dict(row["forward"], PIPELINED=True, BV=16, num_stages=2)] if key_dim > 128 else []
     # the delta writes' state-free products formed in parallel kernels before each chain (PREFORMED: the chain one
-    # read and one update, as FLA's state pass), at the row's launch in two stages and at BV 64 with 8 warps in one
-    # or two (offline sm_90, RDN bf16, K = V = 256: 210 and 244 registers, no spill, 156, 40 or 184 KB of shared
-    # memory; the row's three stages ask for 228.5 KB with ũ in float32, 4 warps at BV 64 spill 152 bytes per
-    # thread, and the forming passes spill at BV 64)
-    forward += [dict(row["forward"], PREFORMED=True, num_stages=2)]
-    forward += [dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=8, num_stages=st)
-                for st in (2, 1)]
+    # read and one update, as FLA's state pass), at BV 64 with 8 warps in two stages (offline sm_90, RDN bf16,
+    # K = V = 256: 244 registers, no spill, 184 KB of shared memory). On an H100 at K = V = 256 its chains took 14%
+    # less than the row's forming passes, its forming kernels more than that saved (GDN + RDN +13.8%); the row's
+    # launch in two stages (+21%) and BV 64 in one stage (+36.5%) lost more (docs/benchmarks/kernel-widths.md)
+    forward += [dict(row["forward"], PREFORMED=True, BV=64, KEYS_ONCE=False, num_warps=8, num_stages=2)]
     # their two reverse passes in one program (FUSED: the base memory's chunk beside the residual memory's next one,
     # two chains that do not wait on each other, both dSᵀ held). Pipelined, its loop loads two chunks' tiles: offline
     # (sm_90, RDN bf16) two stages take 284 KB of shared memory at K = 128 and 352-480 KB at K = 256 for any value
@@ -512,11 +510,11 @@ def sweep_variants(key_dim: int = 128, value_dim: int = 128) -> list[dict]:
     fused = dict(row["backward_states"], FUSED=True, num_stages=1, BV=16, num_warps=4)
     reverse += [fused if key_dim <= 128 else dict(fused, KEYS_ONCE=False)]
     # each memory's W formed before the reverse passes (PREFORMED: the chain the read K dSᵀ and the update Wᵀ du, as
-    # FLA's reverse state pass; dx = T_σᵀ du after it), in one stage at the row's value block and at 16 (offline
-    # sm_90, RDN bf16, K = V = 256, BV 32: 190-248 registers, no spill, 24-28 KB of shared memory; two stages ask for
-    # 232-316 KB with or without KEYS_ONCE, and BV 64 spills 288-672 bytes per thread at 4 or 8 warps)
-    reverse += [dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=False, num_stages=1, BV=bv)
-                for bv in (row["backward_states"]["BV"], 16)]
+    # FLA's reverse state pass; dx = T_σᵀ du after it), in one stage at the row's value block (offline sm_90, RDN
+    # bf16, K = V = 256, BV 32: 190-248 registers, no spill, 24-28 KB of shared memory; two stages ask for 232-316 KB
+    # with or without KEYS_ONCE, and BV 64 spills 288-672 bytes per thread at 4 or 8 warps). On an H100 at
+    # K = V = 256 the one stage cost its chains 38% (GDN + RDN +15.0%; at BV 16 +37.1%)
+    reverse += [dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=False, num_stages=1)]
     variants = ([{"forward": o} for o in forward] + [{"backward_states": o} for o in reverse]
                 + [{"inverse": o} for o in inverse]
                 + [{"scores": dict(num_warps=2, num_stages=1)}]

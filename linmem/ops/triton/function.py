@@ -76,12 +76,14 @@ from linmem.ops.triton.scores import chunk_scores
 # took 3.9-5.5% more GPU time with it at K = V = 256 and 1.6% more at K = 128, V = 256. PREFORMED (forward, the delta
 # rule) forms the writes' state-free products in parallel kernels before each memory's pass (forward.py
 # ``preformed_writes_kernel``, ``preformed_error_kernel``), each chain one read ``W S_0ᵀ`` and one update as in FLA's
-# state pass, at the cost of four per-token tensors written and read (W, ũ per memory); off in every row until a GPU
-# sweep times it (``--sweep-only PREFORMED=True``; offline it holds a [256, 64] state in 8 warps without a spill).
-# PREFORMED (backward_states, the delta rule) is the same for the reverse passes: each memory's W formed before them,
-# each chain the read ``K dSᵀ`` and the update ``Wᵀ du`` (as FLA's reverse state pass), and ``dx = T_σᵀ du`` (with
-# the residual memory's error gradient) formed after each pass in parallel (backward_states.py
-# ``reverse_writes_kernel``); off in every row until a GPU sweep times it.
+# state pass, at the cost of four per-token tensors written and read (W, ũ per memory); off in every row: on an H100
+# at B=4, T=2048, H=8 RDN's chains took 14% less at K = V = 256 (none less at K = 128, V = 256), but its forming
+# kernels, the base memory's error read back from the stored states most, cost 4.5 times that (GDN + RDN fwd+bwd
+# +13.8% at its best launch, BV 64 in 8 warps). PREFORMED (backward_states, the delta rule) is the same for the
+# reverse passes: each memory's W formed before them, each chain the read ``K dSᵀ`` and the update ``Wᵀ du`` (as
+# FLA's reverse state pass), and ``dx = T_σᵀ du`` (with the residual memory's error gradient) formed after each pass
+# in parallel (backward_states.py ``reverse_writes_kernel``); off in every row: it fits the shared memory in one stage
+# only, where its chains took 38-54% longer than the row's two (GDN + RDN +15.0% at K = V = 256).
 # ONE_KEY_BLOCK (backward_states) holds dSᵀ as one [K, BV] tile (BK = K's power of two, NK = 1) instead of up to four
 # [64, BV] ones: one dot per product and chunk.
 # ``--sweep`` times them; the K = V = 256 row turns KEYS_ONCE on in both passes (three stages in the forward, two in the
