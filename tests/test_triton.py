@@ -285,6 +285,14 @@ def _recompute_in_every_row(monkeypatch, choice) -> None:
         monkeypatch.setitem(row, "recompute_states", choice)
 
 
+def _options_in_every_row(monkeypatch, kernel: str, **options) -> None:
+    """``kernel``'s launch options updated with ``options`` in every row of the op's launch options, for this test."""
+    from linmem.ops.triton import function
+
+    for row in function.KERNEL_OPTIONS.values():
+        monkeypatch.setitem(row, kernel, dict(row[kernel], **options))
+
+
 def _autograd_node(t, name):
     """The node of the graph behind ``t`` whose class is ``name`` (a custom Function's node is its ctx)."""
     stack, seen = [t.grad_fn], set()
@@ -478,8 +486,7 @@ def test_both_memories_in_one_pass_give_the_two_passes_bits(rule, target, dtype,
     monkeypatch.setattr(function, "both_state_passes_kernel", both)
     two = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (4, 0)  # two passes, and both again in the backward
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True))
+    _options_in_every_row(monkeypatch, "forward", FUSED=True)
     one = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(both.grids)) == (4, 2)
     assert_bit_identical(one, two)
@@ -515,8 +522,7 @@ def test_pipelined_passes_give_the_two_passes_bits(rule, target, dtype, monkeypa
     monkeypatch.setattr(function, "pipelined_state_passes_kernel", pipelined)
     two = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(pipelined.grids)) == (4, 0)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "forward", dict(row["forward"], PIPELINED=True))
+    _options_in_every_row(monkeypatch, "forward", PIPELINED=True)
     one = run("triton", inputs, dtype, True, rule=rule, residual_target=target)
     assert (len(single.grids), len(pipelined.grids)) == (4, 2)
     assert all(grid[2] == 2 for grid in pipelined.grids)  # a base and a residual program per value block
@@ -547,8 +553,7 @@ def test_both_reverse_passes_in_one_program_give_the_two_passes_bits(rule, targe
     monkeypatch.setattr(function, "both_reverse_passes_kernel", both)
     two = run("triton", inputs, dtype, True, **options)
     assert (len(single.grids), len(both.grids)) == (2, 0)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], FUSED=True))
+    _options_in_every_row(monkeypatch, "backward_states", FUSED=True)
     one = run("triton", inputs, dtype, True, **options)
     assert (len(single.grids), len(both.grids)) == (2, 1)
     assert_bit_identical(one, two)
@@ -564,8 +569,7 @@ def test_reverse_passes_fused_against_float64(memory, K, packed, keys_once, monk
     blocks, the fourth partial), with and without KEYS_ONCE; every gradient, the initial states' included."""
     from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], FUSED=True, KEYS_ONCE=keys_once))
+    _options_in_every_row(monkeypatch, "backward_states", FUSED=True, KEYS_ONCE=keys_once)
     both = _Recorded(function.both_reverse_passes_kernel)
     monkeypatch.setattr(function, "both_reverse_passes_kernel", both)
     rule, residual = MEMORIES[memory]
@@ -672,8 +676,7 @@ def test_reverse_pass_options(options, memory, K, packed, monkeypatch):
     passes are launched with the options (one block of K's power of two with ONE_KEY_BLOCK)."""
     from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], **options))
+    _options_in_every_row(monkeypatch, "backward_states", **options)
     launches = _Recorded(function.reverse_pass_kernel)
     monkeypatch.setattr(function, "reverse_pass_kernel", launches)
     rule, residual = MEMORIES[memory]
@@ -696,8 +699,7 @@ def test_forward_pass_keys_once(memory, K, packed, monkeypatch):
     (the backward runs the state passes again with ``recompute_states``). Every state pass is launched with it."""
     from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "forward", dict(row["forward"], KEYS_ONCE=True))
+    _options_in_every_row(monkeypatch, "forward", KEYS_ONCE=True)
     launches = _Recorded(function.state_pass_kernel)
     monkeypatch.setattr(function, "state_pass_kernel", launches)
     rule, residual = MEMORIES[memory]
@@ -717,11 +719,9 @@ def test_forward_pass_fused_against_float64(memory, K, packed, keys_once, recomp
     sequences of two chunks (four key blocks, the fourth partial), with and without KEYS_ONCE, the backward's
     recomputation from the start or from the kept writes; final states and every gradient. Both the forward and the
     backward's recomputation launch the fused kernel, never the single one."""
-    from linmem.ops.triton import function
 
     _recompute_in_every_row(monkeypatch, recompute)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "forward", dict(row["forward"], FUSED=True, KEYS_ONCE=keys_once))
+    _options_in_every_row(monkeypatch, "forward", FUSED=True, KEYS_ONCE=keys_once)
     single, both = _record_launches(monkeypatch, "state_pass_kernel", "both_state_passes_kernel")
     rule, residual = MEMORIES[memory]
     inputs, extra = _option_case(K, packed)
@@ -742,11 +742,9 @@ def test_forward_pass_preformed_against_float64(memory, K, packed, keys_once, re
     and without KEYS_ONCE, the backward recomputing the passes the same way, from the kept writes, or the base pass
     only; final states and every gradient. The delta rule's passes take the preformed writes in the forward and in a
     recomputation from the start; the additive rule (RLA) has no writes to form and runs the passes as before."""
-    from linmem.ops.triton import function
 
     _recompute_in_every_row(monkeypatch, recompute)
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "forward", dict(row["forward"], PREFORMED=True, KEYS_ONCE=keys_once))
+    _options_in_every_row(monkeypatch, "forward", PREFORMED=True, KEYS_ONCE=keys_once)
     passes, writes, errors = _record_launches(monkeypatch, "state_pass_kernel", "preformed_writes_kernel",
                                               "preformed_error_kernel")
     rule, residual = MEMORIES[memory]
@@ -776,10 +774,8 @@ def test_reverse_pass_preformed_against_float64(memory, K, packed, keys_once, ex
     without history fitting (the error's gradient given, no residual pass); every gradient. The delta rule's passes
     take W and are followed by ``reverse_writes_kernel``, the residual memory's with its error gradient out; the
     additive rule (RLA) has no W and runs as before."""
-    from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], PREFORMED=True, KEYS_ONCE=keys_once))
+    _options_in_every_row(monkeypatch, "backward_states", PREFORMED=True, KEYS_ONCE=keys_once)
     passes, writes, keys = _record_launches(monkeypatch, "reverse_pass_kernel", "reverse_writes_kernel",
                                             "preformed_writes_kernel")
     rule, residual = MEMORIES[memory]
@@ -800,10 +796,8 @@ def test_reverse_pass_preformed_in_half_precision(monkeypatch):
     """The reverse passes' PREFORMED with bf16 inputs, where W and du are stored rounded to bf16 (du before
     ``T_σᵀ``): RDN against float64 within the half-precision allowance, two sequences of two chunks, four key
     blocks (the fourth partial), the clip target."""
-    from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "backward_states", dict(row["backward_states"], PREFORMED=True))
+    _options_in_every_row(monkeypatch, "backward_states", PREFORMED=True)
     compare(make_inputs(2, 100, 2, 200, 16, seed=41), True, dtype=torch.bfloat16, tol=2e-2, rule="delta")
 
 
@@ -831,10 +825,8 @@ def test_preformed_writes_in_half_precision(seed, monkeypatch):
     clip target against float64 within the half-precision allowance, two sequences of two chunks, four key blocks
     (the fourth partial). With ũ rounded to bf16 too, seed 41 misses it (dv 7.6e-2: u = ũ − W S_0ᵀ is small beside
     its terms, and its error moves entries of the error across the clip)."""
-    from linmem.ops.triton import function
 
-    for row in function.KERNEL_OPTIONS.values():
-        monkeypatch.setitem(row, "forward", dict(row["forward"], PREFORMED=True))
+    _options_in_every_row(monkeypatch, "forward", PREFORMED=True)
     compare(make_inputs(2, 100, 2, 200, 16, seed=seed), True, dtype=torch.bfloat16, tol=2e-2, rule="delta")
 
 
