@@ -397,13 +397,13 @@ def _preformed_passes(out: dict, k, v, b, g, beta, gamma, key_scores, inv_beta, 
     if not flags.residual:
         return
     bk, nk = key_tiling(key_dim)
-    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)  # chunk-parallel alike
+    bv, launch = _preformed_launch(key_dim, value_dim, k.dtype)
     res_values = _buf((n_tok, heads, value_dim), k.device) if residual_pass else None  # float32 (docstring)
-    preformed_error_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
+    preformed_error_kernel[(triton.cdiv(value_dim, bv), layout.num_chunks, heads)](
         k=k, v=v, b=b, g=g, gamma=gamma, key_scores=key_scores, inv_gamma=inv_gamma, base_chunks=out["base_chunks"],
         u_in=out["u"], err_out=out["err"], res_values_out=res_values, cu_seqlens=layout.cu_seqlens,
         chunk_indices=layout.chunk_indices, clip=flags.clip, H=heads, K=key_dim, V=value_dim, C=CHUNK, BK=bk, NK=nk,
-        BV=blocks["BV"], DT=flags.dt, TARGET=flags.target, **launch,
+        BV=bv, DT=flags.dt, TARGET=flags.target, **launch,
     )
     if residual_pass:
         state_pass_kernel[grid](
@@ -411,6 +411,13 @@ def _preformed_passes(out: dict, k, v, b, g, beta, gamma, key_scores, inv_beta, 
             state_final=out["res_final"], state_chunks=out["res_chunks"], writes_out=out["w"], err_out=None,
             writes_in=res_values, write_keys=formed["res_keys"], **common,
         )
+
+
+def _preformed_launch(key_dim: int, value_dim: int, dtype: torch.dtype) -> tuple[int, dict]:
+    """The value block and launch options of the chunk-parallel PREFORMED kernels (``preformed_writes_kernel``,
+    ``preformed_error_kernel``, ``reverse_writes_kernel``): the output kernel's, a chunk-parallel kernel alike."""
+    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=dtype)
+    return blocks["BV"], launch
 
 
 def _preformed_writes(k, v, value_dim: int, b, g, beta, gamma, inv_beta, inv_gamma, flags: _Flags,
@@ -421,17 +428,17 @@ def _preformed_writes(k, v, value_dim: int, b, g, beta, gamma, inv_beta, inv_gam
     ``_preformed_passes`` says why; else None)."""
     n_tok, heads, key_dim = k.shape
     bk, nk = key_tiling(key_dim)
-    blocks, launch = _options("output", key_dim=key_dim, value_dim=value_dim, dtype=k.dtype)  # chunk-parallel alike
+    bv, launch = _preformed_launch(key_dim, value_dim, k.dtype)
     per_key = (n_tok, heads, key_dim)
     formed = dict(base_keys=_buf(per_key, k.device, flags.store_dtype),
                   res_keys=_buf(per_key, k.device, flags.store_dtype) if residual_keys else None,
                   base_values=None if v is None else _buf((n_tok, heads, value_dim), k.device))
-    value_blocks = 0 if v is None else triton.cdiv(value_dim, blocks["BV"])
+    value_blocks = 0 if v is None else triton.cdiv(value_dim, bv)
     preformed_writes_kernel[(nk + value_blocks, layout.num_chunks, heads)](
         k=k, v=v, b=b, g=g, beta=beta, gamma=gamma, inv_beta=inv_beta, inv_gamma=inv_gamma,
         base_keys_out=formed["base_keys"], res_keys_out=formed["res_keys"], base_values_out=formed["base_values"],
         cu_seqlens=layout.cu_seqlens, chunk_indices=layout.chunk_indices, H=heads, K=key_dim, V=value_dim, C=CHUNK,
-        BK=bk, NKB=nk, BV=blocks["BV"], DT=flags.dt, **launch,
+        BK=bk, NKB=nk, BV=bv, DT=flags.dt, **launch,
     )
     return formed
 
@@ -615,12 +622,12 @@ def _preformed_reverse_writes(k, g, beta, gamma, value_dim: int, saved: dict, fl
     heads = k.shape[1]
     formed = _preformed_writes(k, None, value_dim, saved["b"], g, beta, gamma, saved["inv_beta"], saved["inv_gamma"],
                                flags, layout, residual_keys=flags.residual_passes)
-    blocks, launch = _options("output", key_dim=k.shape[-1], value_dim=value_dim, dtype=k.dtype)
+    bv, launch = _preformed_launch(k.shape[-1], value_dim, k.dtype)
 
     def writes(dx, strength, inverse, err, d_err_out):
-        reverse_writes_kernel[(triton.cdiv(value_dim, blocks["BV"]), layout.num_chunks, heads)](
+        reverse_writes_kernel[(triton.cdiv(value_dim, bv), layout.num_chunks, heads)](
             dx=dx, strength=strength, inverse=inverse, err=err, d_err_out=d_err_out, cu_seqlens=layout.cu_seqlens,
-            chunk_indices=layout.chunk_indices, clip=flags.clip, H=heads, V=value_dim, C=CHUNK, BV=blocks["BV"],
+            chunk_indices=layout.chunk_indices, clip=flags.clip, H=heads, V=value_dim, C=CHUNK, BV=bv,
             DT=flags.dt, TARGET=flags.target, **launch,
         )
 
