@@ -82,21 +82,33 @@ def fla_pass(x: dict, batch: int, value_factor: int):
     return lambda: chunk_gated_delta_rule_fwd_h(k, w, u, g=g, output_final_state=True)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def shape_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of the layer's shape (B, T, H and the head width), at the training micro-batch by default."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--width", type=int, default=256)
+    return parser
+
+
+def probe_inputs(args: argparse.Namespace) -> tuple[str, dict]:
+    """The device and ``inputs`` at the shape of ``args``; without CUDA a tiny shape for the interpreter's dry run
+    (written back into ``args``)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        args.batch, args.length, args.heads, args.width = 1, 128, 1, 32
+    torch.manual_seed(0)
+    return device, inputs(args.batch, args.length, args.heads, args.width, device)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = shape_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="writes chain_probe.json there")
     args = parser.parse_args(argv)
     from linmem.ops.triton import function
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":  # the interpreter's dry run at a tiny shape
-        args.batch, args.length, args.heads, args.width = 1, 128, 1, 32
-    torch.manual_seed(0)
-    x = inputs(args.batch, args.length, args.heads, args.width, device)
+    device, x = probe_inputs(args)
     rows = []
     for warps, stages, bv, keys_once in LAUNCHES:
         options = dict(num_warps=warps, num_stages=stages, BV=bv, KEYS_ONCE=keys_once, PREFORMED=False)

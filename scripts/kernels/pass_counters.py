@@ -14,7 +14,6 @@ Without CUDA it runs the variants once in Triton's interpreter at a tiny shape (
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,26 +21,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chain_probe import fla_pass, inputs, passes  # noqa: E402
+from chain_probe import fla_pass, passes, probe_inputs, shape_parser  # noqa: E402
 
 # (num_warps, num_stages, BV, KEYS_ONCE) of the forward's state passes; the first is the K = V = 256 row
 LAUNCHES = [(4, 3, 32, True), (4, 2, 64, False), (8, 2, 64, False)]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--width", type=int, default=256)
-    args = parser.parse_args(argv)
+    args = shape_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     from linmem.ops.triton import function
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":  # the interpreter's dry run at a tiny shape
-        args.batch, args.length, args.heads, args.width = 1, 128, 1, 32
-    torch.manual_seed(0)
-    x = inputs(args.batch, args.length, args.heads, args.width, device)
+    device, x = probe_inputs(args)
     variants = []
     for warps, stages, bv, keys_once in LAUNCHES:
         options = dict(num_warps=warps, num_stages=stages, BV=bv, KEYS_ONCE=keys_once, PREFORMED=False)
