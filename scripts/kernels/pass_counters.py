@@ -53,21 +53,20 @@ def main(argv: list[str] | None = None) -> None:
         run = fla_pass(x, args.batch, factor) if device == "cuda" else None
         variants.append((f"FLA chunk_gated_delta_rule_fwd_h, V x{factor}", run))
     variants = [(name, run) for name, run in variants if run is not None]
-    if device == "cpu":
-        for i, (name, run) in enumerate(variants):
-            print(f"[{i}] {name}", flush=True)
+    on_gpu = device == "cuda"
+    if on_gpu:
+        for _, run in variants:  # compile, autotune, warm
             run()
-        return
-    for _, run in variants:  # compile, autotune, warm
-        run()
-        run()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
+            run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
     for i, (name, run) in enumerate(variants):
         print(f"[{i}] {name}", flush=True)
         run()
-        torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+        if on_gpu:
+            torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":
