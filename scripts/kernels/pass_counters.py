@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
             function.override_options({"forward": options})
             return passes(x, True)
 
-        kept = {name: both()[name] for name in ("u", "w")}
+        formed = both()
+        kept = {name: formed[name] for name in ("u", "w")}  # this launch's own writes
 
         def from_writes(options=options, kept=kept):
             function.override_options({"forward": options})
